@@ -1,0 +1,27 @@
+# Warnings and sanitizers, applied per target (never as global flags).
+function(kjit_target_defaults target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wshadow -Wconversion
+                         -Wno-sign-conversion -Wno-missing-field-initializers $<$<BOOL:${KJIT_WERROR}>:-Werror>)
+  if(KJIT_SANITIZE)
+    string(REPLACE ";" "," _san "${KJIT_SANITIZE}")
+    target_compile_options(${target} PRIVATE -fsanitize=${_san} -fno-omit-frame-pointer
+                           -fno-sanitize-recover=all)
+    target_link_options(${target} PRIVATE -fsanitize=${_san})
+  endif()
+endfunction()
+
+# A layer of the library: an object library whose objects end up in libkjit. `DEPENDS` names
+# the lower layers it may include (dependencies point one way).
+function(kjit_add_layer name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPENDS" ${ARGN})
+  add_library(kjit_${name} OBJECT ${ARG_SOURCES})
+  set_target_properties(kjit_${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  target_include_directories(kjit_${name}
+    PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+    PRIVATE ${PROJECT_SOURCE_DIR}/lib ${PROJECT_SOURCE_DIR}/templates ${KJIT_XXHASH_INCLUDE_DIR})
+  target_link_libraries(kjit_${name} PRIVATE fmt::fmt)
+  foreach(dep IN LISTS ARG_DEPENDS)
+    target_link_libraries(kjit_${name} PRIVATE kjit_${dep})
+  endforeach()
+  kjit_target_defaults(kjit_${name})
+endfunction()

@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "codegen/families.hpp"
+
+#include <fmt/format.h>
+
+#include "codegen/family_decls.hpp"
+#include "kjit/error.hpp"
+
+namespace kjit::codegen {
+
+const std::vector<FamilyDecl>& families() {
+  static const std::vector<FamilyDecl> table = {
+      probe_family(),
+      merge_state_family(),
+      gdn_decode_family(),
+  };
+  return table;
+}
+
+const FamilyDecl& find_family(std::string_view name) {
+  std::string known;
+  for (const FamilyDecl& family : families()) {
+    if (family.name == name) return family;
+    known += fmt::format("{}{}", known.empty() ? "" : ", ", family.name);
+  }
+  throw InvalidArgument(
+      fmt::format("kernel family '{}' does not exist; known families: {}", name, known));
+}
+
+std::string_view device_type_name(DType dtype) {
+  switch (dtype) {
+    case DType::f16:
+      return "__half";
+    case DType::bf16:
+      return "__nv_bfloat16";
+    case DType::f32:
+      return "float";
+    case DType::f64:
+      return "double";
+    case DType::i32:
+      return "int";
+    case DType::i64:
+      return "long long";
+    case DType::u8:
+      return "unsigned char";
+    case DType::e4m3:
+      return "__nv_fp8_e4m3";
+  }
+  return "void";
+}
+
+std::string name_expression(const KernelSpec& spec) {
+  const FamilyDecl& family = find_family(spec.family);
+  std::string out = fmt::format("&{}<", family.kernel);
+  for (std::size_t i = 0; i < family.params.size(); ++i) {
+    const ParamDecl& decl = family.params[i];
+    const std::string& value = spec.get(decl.name);
+    if (i > 0) out += ", ";
+    switch (decl.kind) {
+      case ParamKind::dtype:
+        out += device_type_name(parse_dtype(value, decl.name));
+        break;
+      case ParamKind::integer:
+        out += value;
+        break;
+      case ParamKind::boolean:
+        out += value == "1" ? "true" : "false";
+        break;
+      case ParamKind::choice:
+        for (std::size_t c = 0; c < decl.choices.size(); ++c) {
+          if (decl.choices[c] == value) out += decl.rendered.at(c);
+        }
+        break;
+    }
+  }
+  out += ">";
+  return out;
+}
+
+std::string stub_source(const KernelSpec& spec) {
+  const FamilyDecl& family = find_family(spec.family);
+  // The entry point is instantiated through its NVRTC name expression, so the stub is only the
+  // include: every kernel body lives in a real .cuh file under templates/.
+  return fmt::format(
+      "// kjit specialization {}\n"
+      "// entry point: {}\n"
+      "#include \"{}\"\n",
+      spec.str(), name_expression(spec), family.include);
+}
+
+}  // namespace kjit::codegen

@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+// The declaration of every kernel family: which template, which parameters, which values are
+// accepted. KernelSpec::make checks specs against these; the stub and the NVRTC name
+// expression are derived from them, so no kernel body is ever assembled from strings.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kjit/spec.hpp"
+
+namespace kjit::codegen {
+
+enum class ParamKind {
+  /// A DType name; rendered as the device type (__nv_bfloat16, __half, float, ...).
+  dtype,
+  /// An integer in [min, max] that is a multiple of `multiple_of`; rendered as a literal.
+  integer,
+  /// One of `choices`; rendered as the `rendered` text at the same position.
+  choice,
+  /// "0" or "1"; rendered as false / true.
+  boolean,
+};
+
+struct ParamDecl {
+  std::string_view name;
+  ParamKind kind = ParamKind::integer;
+  std::vector<std::string_view> choices;
+  std::vector<std::string_view> rendered;
+  std::int64_t min = 0;
+  std::int64_t max = 0;
+  std::int64_t multiple_of = 1;
+  std::string_view doc;
+};
+
+struct FamilyDecl {
+  /// "merge_state": the text before ':' in a spec.
+  std::string_view name;
+  /// The template file a stub includes, "kjit/merge_state.cuh".
+  std::string_view include;
+  /// The qualified __global__ template, "kjit::merge_state_kernel".
+  std::string_view kernel;
+  /// Template arguments, in order.
+  std::vector<ParamDecl> params;
+  /// Lowest compute capability the template supports.
+  int min_sm = 80;
+  std::string_view doc;
+};
+
+/// Every declared family.
+const std::vector<FamilyDecl>& families();
+/// The family of that name; throws InvalidArgument listing the known families.
+const FamilyDecl& find_family(std::string_view name);
+
+/// "&kjit::merge_state_kernel<__nv_bfloat16, 128, 8>": what NVRTC is asked to instantiate and
+/// lower (nvrtcAddNameExpression).
+std::string name_expression(const KernelSpec& spec);
+/// The whole source handed to NVRTC: a comment naming the spec and one #include.
+std::string stub_source(const KernelSpec& spec);
+/// The C++ spelling of a DType inside templates.
+std::string_view device_type_name(DType dtype);
+
+}  // namespace kjit::codegen

@@ -1,0 +1,14 @@
+// SPDX-License-Identifier: Apache-2.0
+// One function per kernel family, each defined in family_<name>.cpp next to this file, so that
+// adding a family touches its own file and one line of families.cpp.
+#pragma once
+
+#include "codegen/families.hpp"
+
+namespace kjit::codegen {
+
+FamilyDecl probe_family();
+FamilyDecl merge_state_family();
+FamilyDecl gdn_decode_family();
+
+}  // namespace kjit::codegen

@@ -1,0 +1,3 @@
+// SPDX-License-Identifier: Apache-2.0
+// Placeholder: replaced as the layer is written.
+namespace kjit {}

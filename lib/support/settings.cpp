@@ -1,0 +1,80 @@
+// SPDX-License-Identifier: Apache-2.0
+// The only place kjit reads the environment.
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "kjit/error.hpp"
+#include "kjit/settings.hpp"
+
+namespace kjit {
+namespace {
+
+std::string env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? std::string(value) : std::string();
+}
+
+bool env_flag(const char* name) {
+  const std::string value = env(name);
+  if (value.empty() || value == "0" || value == "false" || value == "off" || value == "no") {
+    return false;
+  }
+  if (value == "1" || value == "true" || value == "on" || value == "yes") return true;
+  throw InvalidArgument(fmt::format("{}={}: expected 0/1, true/false, on/off or yes/no", name,
+                                    value));
+}
+
+LogLevel parse_log_level(const std::string& value) {
+  if (value.empty() || value == "warn" || value == "warning") return LogLevel::warn;
+  if (value == "off" || value == "0" || value == "none") return LogLevel::off;
+  if (value == "error") return LogLevel::error;
+  if (value == "info" || value == "1") return LogLevel::info;
+  if (value == "debug" || value == "2") return LogLevel::debug;
+  throw InvalidArgument(
+      fmt::format("KJIT_LOG={}: expected one of off, error, warn, info, debug", value));
+}
+
+}  // namespace
+
+Settings Settings::from_env() {
+  Settings s;
+  s.cache_dir = env("KJIT_CACHE_DIR");
+  const std::string bundles = env("KJIT_BUNDLE_PATH");
+  std::size_t start = 0;
+  while (start <= bundles.size() && !bundles.empty()) {
+    const std::size_t end = bundles.find(':', start);
+    const std::string item =
+        bundles.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (!item.empty()) s.bundle_paths.push_back(item);
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  s.disable_jit = env_flag("KJIT_DISABLE_JIT");
+  s.disable_disk_cache = env_flag("KJIT_DISABLE_DISK_CACHE");
+  s.dump_dir = env("KJIT_DUMP_DIR");
+  s.log_level = parse_log_level(env("KJIT_LOG"));
+  s.cuda_home = env("KJIT_CUDA_HOME");
+  if (s.cuda_home.empty()) s.cuda_home = env("CUDA_HOME");
+  s.nvrtc_library = env("KJIT_NVRTC_LIBRARY");
+  s.cuda_driver_library = env("KJIT_CUDA_DRIVER_LIBRARY");
+  s.allow_compile_in_capture = env_flag("KJIT_ALLOW_COMPILE_IN_CAPTURE");
+  s.debug_checks = env_flag("KJIT_DEBUG_CHECKS");
+  return s;
+}
+
+std::string Settings::resolved_cache_dir() const {
+  if (!cache_dir.empty()) return cache_dir;
+  // Read here rather than stored, so that a Settings built by hand still resolves.
+  if (const std::string xdg = env("XDG_CACHE_HOME"); !xdg.empty()) return xdg + "/kjit";
+  if (const std::string home = env("HOME"); !home.empty()) return home + "/.cache/kjit";
+  return "/tmp/kjit-cache";
+}
+
+std::string Settings::resolved_cuda_home() const {
+  return cuda_home.empty() ? std::string("/usr/local/cuda") : cuda_home;
+}
+
+}  // namespace kjit
