@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "kjit/device.hpp"
@@ -96,15 +98,50 @@ class Runtime {
   void launch(const LoadedKernel& kernel, const LaunchShape& shape, Stream stream,
               const void* params, std::size_t params_size);
 
-  /// Resolves and launches every launch of a plan in order with the same parameter block.
-  void launch(const Plan& plan, int device, Stream stream, const void* params,
+  /// A plan whose kernels are loaded on one device and whose every launch passed the final
+  /// check against the loaded functions' attributes. Launching it checks nothing again.
+  struct ResolvedPlan {
+    Plan plan;
+    int device = 0;
+    std::vector<const LoadedKernel*> kernels;
+  };
+
+  /// Loads every kernel of `plan` on `device` and checks each launch against the device and
+  /// the function (PlanError otherwise). Capture rules of load() apply.
+  ResolvedPlan resolve(Plan plan, int device, Stream stream = nullptr);
+
+  /// Launches launch `index` of a resolved plan with one by-value parameter block: the
+  /// steady-state path (no allocation, no check beyond the parameter size).
+  void launch(const ResolvedPlan& resolved, std::size_t index, Stream stream, const void* params,
               std::size_t params_size);
+
+  /// Memo of resolved plans by an op's problem signature (the bytes of a trivially copyable
+  /// struct): a steady-state call is one hash lookup. `make` runs on a miss, outside any lock
+  /// that other signatures need.
+  template <typename Signature, typename MakePlan>
+  const ResolvedPlan& memoized(const Signature& signature, Stream stream, MakePlan&& make);
 
   CacheStats stats() const;
 
  private:
+  const ResolvedPlan* find_memo(std::string_view signature) const;
+  const ResolvedPlan& insert_memo(std::string_view signature, ResolvedPlan resolved);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+template <typename Signature, typename MakePlan>
+const Runtime::ResolvedPlan& Runtime::memoized(const Signature& signature, Stream stream,
+                                               MakePlan&& make) {
+  static_assert(std::is_trivially_copyable_v<Signature>,
+                "a plan signature is hashed as bytes: it must be trivially copyable and have "
+                "no padding left uninitialized (value-initialize it)");
+  const std::string_view bytes(reinterpret_cast<const char*>(&signature), sizeof(Signature));
+  if (const ResolvedPlan* hit = find_memo(bytes)) return *hit;
+  // make() returns {Plan, device}.
+  auto [plan, device] = make();
+  return insert_memo(bytes, resolve(std::move(plan), device, stream));
+}
 
 }  // namespace kjit
