@@ -18,7 +18,7 @@ function(kjit_add_layer name)
   set_target_properties(kjit_${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
   target_include_directories(kjit_${name}
     PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
-    PRIVATE ${PROJECT_SOURCE_DIR}/lib ${PROJECT_SOURCE_DIR}/templates ${KJIT_XXHASH_INCLUDE_DIR})
+    PRIVATE ${PROJECT_SOURCE_DIR}/lib ${KJIT_TEMPLATE_INCLUDE_DIR} ${KJIT_XXHASH_INCLUDE_DIR})
   target_link_libraries(kjit_${name} PRIVATE fmt::fmt)
   foreach(dep IN LISTS ARG_DEPENDS)
     target_link_libraries(kjit_${name} PRIVATE kjit_${dep})

@@ -13,6 +13,7 @@ const std::vector<FamilyDecl>& families() {
       probe_family(),
       merge_state_family(),
       gdn_decode_family(),
+      bench_family(),
   };
   return table;
 }

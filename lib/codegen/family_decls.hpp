@@ -10,5 +10,6 @@ namespace kjit::codegen {
 FamilyDecl probe_family();
 FamilyDecl merge_state_family();
 FamilyDecl gdn_decode_family();
+FamilyDecl bench_family();
 
 }  // namespace kjit::codegen

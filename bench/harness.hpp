@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: Apache-2.0
+// The measuring method of ../shared/BENCHMARKING.md, shared by every GPU benchmark:
+// - GPU time per call: a ~10 ms spin kernel first, then every timed call between two events
+//   behind it (host launch cost excluded); median after warm-up.
+// - The same-run reference: a device-to-device copy of the same number of bytes moved.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/device_buffer.hpp"
+#include "driver/driver_api.hpp"
+#include "kjit/runtime.hpp"
+#include "kjit/spec.hpp"
+#include "support/numeric.hpp"
+#include "kjit/bench_params.h"
+
+namespace kjit::bench {
+
+using test::DeviceBuffer;
+
+inline const driver::DriverApi& cu() { return driver::driver_api(); }
+inline void check(CUresult result, const char* call) { driver::check(result, call); }
+
+/// One device, one stream, one runtime, the helper kernels and a pool of events.
+class Gpu {
+ public:
+  /// nullopt (and `why`) where no driver or device exists.
+  static std::optional<Gpu> open(std::string* why) {
+    std::string reason;
+    if (!driver::driver_loadable("", &reason)) {
+      *why = reason;
+      return std::nullopt;
+    }
+    int count = 0;
+    if (cu().cuDeviceGetCount(&count) != CUDA_SUCCESS || count == 0) {
+      *why = "no CUDA device";
+      return std::nullopt;
+    }
+    return std::optional<Gpu>(std::in_place);
+  }
+
+  Gpu() : runtime_(std::make_unique<Runtime>(Settings::from_env())) {
+    CUdevice dev = 0;
+    check(cu().cuDeviceGet(&dev, device), "cuDeviceGet");
+    check(cu().cuDevicePrimaryCtxRetain(&context_, dev), "cuDevicePrimaryCtxRetain");
+    check(cu().cuCtxSetCurrent(context_), "cuCtxSetCurrent");
+    CUstream s = nullptr;
+    check(cu().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    stream = reinterpret_cast<Stream>(s);
+    limits = runtime_->device_limits(device);
+    spin_ = &runtime_->load(KernelSpec::make("bench", {{"kernel", "spin"}}, limits.arch), device);
+    empty_ = &runtime_->load(KernelSpec::make("bench", {{"kernel", "empty"}}, limits.arch), device);
+    events_.resize(2 * kMaxReps + 2);
+    for (CUevent& e : events_) check(cu().cuEventCreate(&e, CU_EVENT_DEFAULT), "cuEventCreate");
+    int clock_khz = 0;
+    check(cu().cuDeviceGetAttribute(&clock_khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, dev),
+          "cuDeviceGetAttribute");
+    clock_khz_ = clock_khz;
+    flush_buffer_ = std::make_unique<DeviceBuffer>(std::size_t{256} << 20);
+  }
+  Gpu(Gpu&&) = default;
+
+  Runtime& runtime() { return *runtime_; }
+  CUstream cu_stream() const { return reinterpret_cast<CUstream>(stream); }
+
+  /// Enqueues a spin kernel of about `ms` milliseconds.
+  void spin(double ms) {
+    BenchParams params{static_cast<std::uint64_t>(ms * clock_khz_)};
+    runtime_->launch(*spin_, LaunchShape{{1, 1, 1}, {1, 1, 1}, 0}, stream, &params,
+                     sizeof params);
+  }
+  void launch_empty() {
+    BenchParams params{0};
+    runtime_->launch(*empty_, LaunchShape{{1, 1, 1}, {32, 1, 1}, 0}, stream, &params,
+                     sizeof params);
+  }
+
+  void synchronize() { check(cu().cuStreamSynchronize(cu_stream()), "cuStreamSynchronize"); }
+
+  static constexpr int kMaxReps = 200;
+  int device = 0;
+  Stream stream = nullptr;
+  DeviceLimits limits;
+  std::vector<CUevent> events_;
+  std::unique_ptr<DeviceBuffer> flush_buffer_;
+  std::map<std::size_t, double> copy_gbs_cache_;
+
+ private:
+  std::unique_ptr<Runtime> runtime_;
+  CUcontext context_ = nullptr;
+  const LoadedKernel* spin_ = nullptr;
+  const LoadedKernel* empty_ = nullptr;
+  double clock_khz_ = 1.98e6;
+};
+
+/// Evicts L2 by writing a 256 MB buffer.
+inline void flush_l2(Gpu& gpu) {
+  check(cu().cuMemsetD8Async(gpu.flush_buffer_->ptr(), 0x5A, gpu.flush_buffer_->bytes(),
+                             gpu.cu_stream()),
+        "cuMemsetD8Async");
+}
+
+/// Median GPU time in microseconds of `enqueue_one`, each call between two events, all queued
+/// behind a spin kernel so that host launch cost is not measured.
+inline double median_gpu_us(Gpu& gpu, const std::function<void(Stream)>& enqueue_one,
+                            int reps = 100, int warmup = 10) {
+  reps = std::clamp(reps, 1, Gpu::kMaxReps);
+  for (int i = 0; i < warmup; ++i) enqueue_one(gpu.stream);
+  gpu.synchronize();
+  gpu.spin(10.0);
+  CUevent spin_done = gpu.events_.back();
+  check(cu().cuEventRecord(spin_done, gpu.cu_stream()), "cuEventRecord");
+  for (int i = 0; i < reps; ++i) {
+    check(cu().cuEventRecord(gpu.events_[2 * i], gpu.cu_stream()), "cuEventRecord");
+    enqueue_one(gpu.stream);
+    check(cu().cuEventRecord(gpu.events_[2 * i + 1], gpu.cu_stream()), "cuEventRecord");
+  }
+  // If the spin finished before enqueueing did, host time leaked into the first calls.
+  const bool spin_outran = cu().cuEventQuery(spin_done) == CUDA_SUCCESS;
+  gpu.synchronize();
+  std::vector<double> us(static_cast<std::size_t>(reps));
+  for (int i = 0; i < reps; ++i) {
+    float ms = 0;
+    check(cu().cuEventElapsedTime(&ms, gpu.events_[2 * i], gpu.events_[2 * i + 1]),
+          "cuEventElapsedTime");
+    us[static_cast<std::size_t>(i)] = ms * 1000.0;
+  }
+  if (spin_outran) std::fprintf(stderr, "note: enqueueing outlasted the 10 ms spin kernel\n");
+  std::nth_element(us.begin(), us.begin() + reps / 2, us.end());
+  return us[static_cast<std::size_t>(reps / 2)];
+}
+
+/// Mean GPU time per call of `reps` identical calls with no events between them.
+inline double back_to_back_us(Gpu& gpu, const std::function<void(Stream)>& enqueue_one,
+                              int reps = 100) {
+  for (int i = 0; i < 5; ++i) enqueue_one(gpu.stream);
+  gpu.synchronize();
+  gpu.spin(10.0);
+  check(cu().cuEventRecord(gpu.events_[0], gpu.cu_stream()), "cuEventRecord");
+  for (int i = 0; i < reps; ++i) enqueue_one(gpu.stream);
+  check(cu().cuEventRecord(gpu.events_[1], gpu.cu_stream()), "cuEventRecord");
+  gpu.synchronize();
+  float ms = 0;
+  check(cu().cuEventElapsedTime(&ms, gpu.events_[0], gpu.events_[1]), "cuEventElapsedTime");
+  return ms * 1000.0 / reps;
+}
+
+/// Median GPU time of an empty kernel between two events: the floor for tiny shapes.
+inline double empty_kernel_us(Gpu& gpu) {
+  return median_gpu_us(gpu, [&](Stream) { gpu.launch_empty(); });
+}
+
+/// Device-to-device copy bandwidth in GB/s (bytes read + written) for a copy moving
+/// `bytes_moved` bytes, measured in this run (cached per size).
+inline double copy_gbs(Gpu& gpu, std::size_t bytes_moved) {
+  const std::size_t half = std::max<std::size_t>(bytes_moved / 2, 256) & ~std::size_t{255};
+  if (auto it = gpu.copy_gbs_cache_.find(half); it != gpu.copy_gbs_cache_.end()) return it->second;
+  DeviceBuffer src(half), dst(half);
+  check(cu().cuMemsetD8Async(src.ptr(), 1, half, gpu.cu_stream()), "cuMemsetD8Async");
+  const int reps = half * 2 > (std::size_t{1} << 30) ? 50 : 100;
+  flush_l2(gpu);
+  const double us = median_gpu_us(
+      gpu,
+      [&](Stream) {
+        check(cu().cuMemcpyDtoDAsync(dst.ptr(), src.ptr(), half, gpu.cu_stream()),
+              "cuMemcpyDtoDAsync");
+      },
+      reps);
+  const double gbs = static_cast<double>(2 * half) / (us * 1e3);
+  gpu.copy_gbs_cache_[half] = gbs;
+  return gbs;
+}
+
+/// Fills `count` elements of `dtype` with N(0,1) * scale (distinct values for the first 16M
+/// elements, then repeating), on the host, uploaded once.
+inline void fill_random(DeviceBuffer& buffer, DType dtype, std::size_t count, std::uint64_t seed,
+                        double scale = 1.0) {
+  const std::size_t esize = size_of(dtype);
+  const std::size_t distinct = std::min<std::size_t>(count, std::size_t{1} << 24);
+  std::vector<unsigned char> host(distinct * esize);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  for (std::size_t i = 0; i < distinct; ++i) {
+    support::store_from_double(host.data(), dtype, static_cast<std::int64_t>(i),
+                               normal(rng) * scale);
+  }
+  for (std::size_t done = 0; done < count; done += distinct) {
+    const std::size_t n = std::min(distinct, count - done);
+    check(cu().cuCtxSynchronize(), "cuCtxSynchronize");
+    check(cu().cuMemcpyHtoD(buffer.ptr() + done * esize, host.data(), n * esize), "cuMemcpyHtoD");
+  }
+}
+
+}  // namespace kjit::bench
