@@ -19,7 +19,7 @@ function(kjit_add_layer name)
   target_include_directories(kjit_${name}
     PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
     PRIVATE ${PROJECT_SOURCE_DIR}/lib ${KJIT_TEMPLATE_INCLUDE_DIR} ${KJIT_XXHASH_INCLUDE_DIR})
-  target_link_libraries(kjit_${name} PRIVATE fmt::fmt)
+  target_link_libraries(kjit_${name} PRIVATE fmt::fmt-header-only)
   foreach(dep IN LISTS ARG_DEPENDS)
     target_link_libraries(kjit_${name} PRIVATE kjit_${dep})
   endforeach()
