@@ -3,9 +3,90 @@
 
 namespace kjit::codegen {
 
-// Placeholder until the gdn_decode template lands; its owner replaces this declaration.
+// The order is the template parameter order of kjit::gdn_decode_kernel (templates/
+// gdn_decode.cuh); the ops layer (lib/ops/gdn_decode.cpp) builds specs by these names.
 FamilyDecl gdn_decode_family() {
-  return FamilyDecl{.name = "gdn_decode", .include = "kjit/gdn_decode.cuh", .kernel = "kjit::gdn_decode_kernel"};
+  const std::vector<std::string_view> floats = {"f16", "bf16", "f32"};
+  return FamilyDecl{
+      .name = "gdn_decode",
+      .include = "kjit/gdn_decode.cuh",
+      .kernel = "kjit::gdn_decode_kernel",
+      .params =
+          {
+              ParamDecl{.name = "qkv",
+                        .kind = ParamKind::dtype,
+                        .choices = floats,
+                        .doc = "element type of mixed_qkv"},
+              ParamDecl{.name = "gate",
+                        .kind = ParamKind::dtype,
+                        .choices = floats,
+                        .doc = "element type of a and b (f32 g and beta in the gated form)"},
+              ParamDecl{.name = "a_log",
+                        .kind = ParamKind::dtype,
+                        .choices = floats,
+                        .doc = "element type of A_log (f32 in the gated form, unused)"},
+              ParamDecl{.name = "dt_bias",
+                        .kind = ParamKind::dtype,
+                        .choices = floats,
+                        .doc = "element type of dt_bias (f32 in the gated form, unused)"},
+              ParamDecl{.name = "state",
+                        .kind = ParamKind::dtype,
+                        .choices = floats,
+                        .doc = "element type of the state pool"},
+              ParamDecl{.name = "out",
+                        .kind = ParamKind::dtype,
+                        .choices = floats,
+                        .doc = "element type of out"},
+              ParamDecl{.name = "index",
+                        .kind = ParamKind::dtype,
+                        .choices = {"i32", "i64"},
+                        .doc = "element type of state_indices"},
+              ParamDecl{.name = "k",
+                        .kind = ParamKind::integer,
+                        .min = 16,
+                        .max = 256,
+                        .multiple_of = 16,
+                        .doc = "key head dim K"},
+              ParamDecl{.name = "v",
+                        .kind = ParamKind::integer,
+                        .min = 16,
+                        .max = 256,
+                        .multiple_of = 16,
+                        .doc = "value head dim V"},
+              ParamDecl{.name = "bv",
+                        .kind = ParamKind::integer,
+                        .min = 1,
+                        .max = 256,
+                        .doc = "state rows (of V) per block; divides V"},
+              ParamDecl{.name = "warps",
+                        .kind = ParamKind::integer,
+                        .min = 1,
+                        .max = 8,
+                        .doc = "warps per block"},
+              ParamDecl{.name = "vec_bytes",
+                        .kind = ParamKind::choice,
+                        .choices = {"2", "4", "8", "16"},
+                        .rendered = {"2", "4", "8", "16"},
+                        .doc = "bytes per state load/store (alignment class of the pool)"},
+              ParamDecl{.name = "mode",
+                        .kind = ParamKind::choice,
+                        .choices = {"flat", "split", "folded"},
+                        .rendered = {"0", "1", "2"},
+                        .doc = "grid mode: flat (NV, B*HV), split (NV, HV, B), folded (x only)"},
+              ParamDecl{.name = "gated",
+                        .kind = ParamKind::boolean,
+                        .doc = "1: a/b hold precomputed f32 g (log decay) and beta"},
+              ParamDecl{
+                  .name = "l2norm", .kind = ParamKind::boolean, .doc = "1: L2-normalize q and k"},
+              ParamDecl{.name = "invalid",
+                        .kind = ParamKind::choice,
+                        .choices = {"negative", "nonpositive"},
+                        .rendered = {"0", "1"},
+                        .doc = "which state indices are invalid: < 0, or <= 0 (slot 0 null)"},
+          },
+      .min_sm = 80,
+      .doc = "Gated DeltaNet packed decode: one recurrent step per row, state pool in place",
+  };
 }
 
 }  // namespace kjit::codegen

@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: Apache-2.0
+// Gated DeltaNet helpers shared by the decode and prefill templates: element conversions,
+// the gating (softplus decay, sigmoid beta) and sub-warp reductions. All arithmetic is f32.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kjit/common/types.h"
+
+namespace kjit {
+namespace gdn {
+
+/// Element -> f32 for the storage types kjit's GDN kernels read.
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+/// f32 -> element, round to nearest even (the host reference rounds the same way).
+template <typename T>
+__device__ __forceinline__ T from_f32(float x);
+template <>
+__device__ __forceinline__ float from_f32<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+/// softplus with the usual linear cut-off: x above `threshold` returns x (log1p(exp(x)) == x
+/// there to f32 precision, and exp would overflow further up).
+__device__ __forceinline__ float softplus(float x, float threshold) {
+  return x > threshold ? x : log1pf(expf(x));
+}
+
+/// 1 / (1 + e^-x); expf overflow to inf gives the correct limit 0.
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/// Log-space decay g = -exp(A_log) * softplus(a + dt_bias); the state is scaled by exp(g).
+__device__ __forceinline__ float log_decay(float a, float a_log, float dt_bias,
+                                           float softplus_threshold) {
+  return -expf(a_log) * softplus(a + dt_bias, softplus_threshold);
+}
+
+/// 1 / sqrt(sum_sq + 1e-6): the L2-norm factor with eps inside the root (fla, vLLM, SGLang).
+__device__ __forceinline__ float l2_inv_norm(float sum_sq) { return rsqrtf(sum_sq + 1e-6f); }
+
+/// Sum over aligned groups of kWidth lanes (a power of two <= 32); every lane of the group gets
+/// the total. All 32 lanes of the warp must call it.
+template <int kWidth>
+__device__ __forceinline__ float group_sum(float x) {
+  static_assert(kWidth >= 1 && kWidth <= 32 && (kWidth & (kWidth - 1)) == 0,
+                "group width must be a power of two <= 32");
+#pragma unroll
+  for (int offset = kWidth / 2; offset > 0; offset /= 2) {
+    x += __shfl_xor_sync(0xffffffffu, x, offset);
+  }
+  return x;
+}
+
+}  // namespace gdn
+}  // namespace kjit

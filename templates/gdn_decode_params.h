@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+// Parameter block of the Gated DeltaNet packed decode kernel (templates/gdn_decode.cuh), shared
+// with host code (lib/ops/gdn_decode.cpp).
+#pragma once
+
+#include "kjit/common/types.h"
+
+namespace kjit {
+
+/// Grid modes of gdn_decode_kernel (template parameter kMode).
+enum GdnDecodeMode : int {
+  /// grid (NV, B*HV): needs B*HV <= max grid y.
+  kGdnDecodeFlat = 0,
+  /// grid (NV, HV, B): needs HV <= max grid y and B <= max grid z.
+  kGdnDecodeSplit = 1,
+  /// grid (min(NV*B*HV, max grid x)): every tile on x, a grid-stride loop covers the rest.
+  kGdnDecodeFolded = 2,
+};
+
+/// Which state indices mean "no state" (template parameter kInvalidRule).
+enum GdnInvalidRule : int {
+  /// index < 0 is invalid (SGLang; slot 0 is a real slot).
+  kGdnInvalidNegative = 0,
+  /// index <= 0 is invalid (vLLM; slot 0 is the null block).
+  kGdnInvalidNonpositive = 1,
+};
+
+/// Arguments of one decode step. Pointers are typed by the kernel's template parameters; all
+/// strides are in elements of the tensor they belong to.
+struct GdnDecodeParams {
+  /// [B, 2*H*K + HV*V] rows of [q | k | v]; last dim contiguous.
+  const void* qkv;
+  /// Raw form: a [B, HV] (decay input) and b [B, HV] (beta logit). Gated form: g [B, HV] f32
+  /// (log decay) and beta [B, HV] f32.
+  const void* a;
+  const void* b;
+  /// [HV] each; unused by the gated form.
+  const void* a_log;
+  const void* dt_bias;
+  /// [num_slots, HV, V, K] pool, inner [HV, V, K] contiguous; updated in place.
+  void* state;
+  /// [B] slot of each row.
+  const void* indices;
+  /// [B, HV, V]; inner [HV, V] contiguous.
+  void* out;
+  i64 qkv_row_stride;
+  i64 a_row_stride;
+  i64 b_row_stride;
+  i64 state_slot_stride;
+  i64 index_stride;
+  i64 out_row_stride;
+  /// Slots in the pool: an index >= num_slots is treated as invalid (never written).
+  i64 num_slots;
+  /// Folded mode: B * HV * NV tiles in all.
+  u64 total_tiles;
+  u32 batch;
+  u32 num_heads;
+  u32 num_value_heads;
+  /// HV / H: value heads per q/k head.
+  u32 heads_per_group;
+  float scale;
+  float softplus_threshold;
+};
+
+}  // namespace kjit
