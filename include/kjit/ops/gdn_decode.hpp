@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: Apache-2.0
+// Gated DeltaNet packed decode: one recurrent step for a batch of requests, each reading and
+// writing its state in place in a slot of a state pool.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "kjit/device.hpp"
+#include "kjit/plan.hpp"
+#include "kjit/types.hpp"
+
+namespace kjit {
+
+class Runtime;
+
+/// Which state indices mean "this row has no state" (padding). Such a row writes zeros to its
+/// output and leaves the pool untouched.
+enum class GdnInvalidIndex {
+  /// index < 0 is invalid; slot 0 is a real slot (SGLang's convention).
+  negative,
+  /// index <= 0 is invalid; slot 0 is a null block (vLLM's convention).
+  nonpositive,
+};
+
+/// Options of gdn_decode / gdn_decode_gated and their plan twins.
+struct GdnDecodeOptions {
+  /// Multiplier of q after normalization; default K^-0.5.
+  std::optional<float> scale;
+  /// L2-normalize q and k (x / sqrt(sum x^2 + 1e-6)) before use.
+  bool l2norm_qk = true;
+  /// softplus(x) = x above this, log1p(exp(x)) below (raw form only).
+  float softplus_threshold = 20.0f;
+  GdnInvalidIndex invalid_index = GdnInvalidIndex::negative;
+  /// CUDA device ordinal; -1: the device of the calling thread's current context.
+  int device = -1;
+  /// nullptr: Runtime::global().
+  Runtime* runtime = nullptr;
+  /// "" lets the planner choose; "flat", "split" or "folded" forces a grid mode (PlanError if
+  /// that mode cannot launch the problem on the device).
+  std::string force_mode;
+  /// 0 lets the planner choose; otherwise the state rows per block (a power of two dividing
+  /// V, at least the rows one warp covers). For tests and tuning.
+  int force_bv = 0;
+  /// Before launching, copy state_indices to the host and check that no valid index repeats
+  /// and that every valid index is < slots (InvalidArgument otherwise). Synchronizes the
+  /// stream, and is skipped while the stream is capturing. Also on with KJIT_DEBUG_CHECKS=1.
+  bool debug_check_indices = false;
+};
+
+/// One decode step, raw gate form.
+///
+/// - mixed_qkv [B, 2*H*K + HV*V] (f16, bf16, f32): rows [q: H*K | k: H*K | v: HV*V], head-major
+///   in each part; last dim contiguous, any row stride. H is inferred and must divide HV; q/k
+///   head of value head hv is hv / (HV/H).
+/// - a, b [B, HV] (f16, bf16, f32, same dtype): last dim contiguous, any row stride.
+/// - a_log (A_log), dt_bias [HV] (f16, bf16, f32), contiguous.
+/// - state [slots, HV, V, K] (f16, bf16, f32): inner [HV, V, K] contiguous (K last), any slot
+///   stride >= HV*V*K. Updated in place. K, V: multiples of 16 in 16..256.
+/// - state_indices [B] (i32, i64), any positive stride: slot of each row. Valid indices must
+///   be < slots and must not repeat within a call (a repeat races: caller error, caught by
+///   debug_check_indices). An index >= slots is treated as invalid by the kernel.
+/// - out [B, HV, V] (f16, bf16, f32): inner [HV, V] contiguous, any row stride.
+///
+/// Per (n, hv): g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b); q, k normalized,
+/// q *= scale; H = exp(g) H; u = beta (v - H k); H += u k^T; out = H q; arithmetic in f32.
+/// B from 1 to 2^24. Throws InvalidArgument naming the argument, PlanError if no grid mode
+/// fits the device.
+void gdn_decode(const TensorView& mixed_qkv, const TensorView& a, const TensorView& b,
+                const TensorView& a_log, const TensorView& dt_bias, const TensorView& state,
+                const TensorView& state_indices, const TensorView& out,
+                const GdnDecodeOptions& options = {}, Stream stream = nullptr);
+
+/// The plan gdn_decode would launch on a device with these limits: validation, grid mode and
+/// tile choice, with the reasons. Pointers are only inspected for alignment.
+Plan plan_gdn_decode(const TensorView& mixed_qkv, const TensorView& a, const TensorView& b,
+                     const TensorView& a_log, const TensorView& dt_bias, const TensorView& state,
+                     const TensorView& state_indices, const TensorView& out,
+                     const GdnDecodeOptions& options, const DeviceLimits& device);
+
+/// One decode step with precomputed gates: g [B, HV] f32 log decay (the state is scaled by
+/// exp(g)) and beta [B, HV] f32, both last dim contiguous with any row stride. Everything else
+/// as gdn_decode; softplus_threshold is unused.
+void gdn_decode_gated(const TensorView& mixed_qkv, const TensorView& g, const TensorView& beta,
+                      const TensorView& state, const TensorView& state_indices,
+                      const TensorView& out, const GdnDecodeOptions& options = {},
+                      Stream stream = nullptr);
+
+/// The plan gdn_decode_gated would launch on a device with these limits.
+Plan plan_gdn_decode_gated(const TensorView& mixed_qkv, const TensorView& g, const TensorView& beta,
+                           const TensorView& state, const TensorView& state_indices,
+                           const TensorView& out, const GdnDecodeOptions& options,
+                           const DeviceLimits& device);
+
+}  // namespace kjit

@@ -1,0 +1,623 @@
+// SPDX-License-Identifier: Apache-2.0
+// Gated DeltaNet packed decode: validation, grid mode and tile choice, plan, launch.
+#include "kjit/ops/gdn_decode.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "kjit/error.hpp"
+#include "kjit/gdn_decode_params.h"
+#include "kjit/runtime.hpp"
+#include "kjit/spec.hpp"
+
+// The debug index check copies indices back through kjit's driver loader, whose header needs
+// cuda.h; the ops layer sees the toolkit headers only when its target adds them.
+#if __has_include(<cuda.h>)
+#include "driver/driver_api.hpp"
+#define KJIT_GDN_DEBUG_CHECK_AVAILABLE 1
+#else
+#define KJIT_GDN_DEBUG_CHECK_AVAILABLE 0
+#endif
+
+namespace kjit {
+namespace {
+
+constexpr std::int64_t kMaxBatch = std::int64_t{1} << 24;
+constexpr int kMaxWarps = 8;
+/// Below this many blocks per SM the planner prefers smaller V tiles (more blocks).
+constexpr std::int64_t kMinBlocksPerSm = 2;
+/// Below this many warps per SM the planner gives each thread fewer rows (more warps), so a
+/// small batch still spreads its loads over every SM.
+constexpr std::int64_t kMinWarpsPerSm = 16;
+/// State floats a thread keeps in registers at most (x1.5 with the raw words in flight).
+constexpr int kStateFloatsPerThread = 32;
+
+enum class Form { raw, gated };
+
+std::string_view op_name(Form form) {
+  return form == Form::raw ? "gdn_decode" : "gdn_decode_gated";
+}
+
+bool is_float_type(DType d) { return d == DType::f16 || d == DType::bf16 || d == DType::f32; }
+
+/// Everything validated about one call; the plan is a function of it and the device.
+struct Problem {
+  Form form = Form::raw;
+  std::int64_t batch = 0, heads = 0, value_heads = 0, k = 0, v = 0, slots = 0;
+  DType qkv = DType::f32, gate = DType::f32, a_log = DType::f32, dt_bias = DType::f32;
+  DType state = DType::f32, out = DType::f32, index = DType::i32;
+  std::int64_t qkv_row_stride = 0, a_row_stride = 0, b_row_stride = 0, slot_stride = 0,
+               index_stride = 0, out_row_stride = 0;
+  int vec_bytes = 16;
+  float scale = 1.0f;
+};
+
+[[noreturn]] void fail(Form form, std::string_view argument, const TensorView& view,
+                       std::string_view accepted) {
+  throw InvalidArgument(
+      fmt::format("{}: {} is {}; {}", op_name(form), argument, view.str(), accepted));
+}
+
+void require_float(Form form, std::string_view name, const TensorView& view) {
+  if (!is_float_type(view.dtype)) fail(form, name, view, "its dtype must be f16, bf16 or f32");
+}
+
+void require_rank(Form form, std::string_view name, const TensorView& view, int rank,
+                  std::string_view shape) {
+  if (view.rank != rank) fail(form, name, view, fmt::format("expected rank {} {}", rank, shape));
+}
+
+void require_data(Form form, std::string_view name, const TensorView& view) {
+  if (view.data == nullptr) fail(form, name, view, "its data pointer is null");
+  const auto address = reinterpret_cast<std::uintptr_t>(view.data);
+  if (address % size_of(view.dtype) != 0) {
+    fail(form, name, view,
+         fmt::format("its data pointer {:#x} must be aligned to its element size {}", address,
+                     size_of(view.dtype)));
+  }
+}
+
+/// [rows, width] with the last dim contiguous and rows not overlapping (any larger row
+/// stride: a view into a wider tensor).
+void require_rows(Form form, std::string_view name, const TensorView& view, std::int64_t rows,
+                  std::int64_t width, std::string_view shape) {
+  require_rank(form, name, view, 2, shape);
+  if (view.shape[0] != rows || view.shape[1] != width) {
+    fail(form, name, view, fmt::format("expected shape {} = [{}, {}]", shape, rows, width));
+  }
+  if (width > 1 && view.strides[1] != 1) fail(form, name, view, "its last dim must be contiguous");
+  if (rows > 1 && view.strides[0] < width) {
+    fail(form, name, view,
+         fmt::format("its row stride must be >= the row width {} (rows may not overlap)", width));
+  }
+}
+
+int largest_vector(const TensorView& state, std::int64_t slot_stride, std::int64_t slots) {
+  const auto address = reinterpret_cast<std::uintptr_t>(state.data);
+  const std::size_t esize = size_of(state.dtype);
+  for (int bytes : {16, 8, 4, 2}) {
+    if (static_cast<std::size_t>(bytes) < esize) break;
+    if (address % static_cast<std::uintptr_t>(bytes) != 0) continue;
+    if (slots > 1 && (static_cast<std::size_t>(slot_stride) * esize) % bytes != 0) continue;
+    return bytes;
+  }
+  return static_cast<int>(esize);
+}
+
+Problem validate(Form form, const TensorView& qkv, const TensorView& a, const TensorView& b,
+                 const TensorView* a_log, const TensorView* dt_bias, const TensorView& state,
+                 const TensorView& indices, const TensorView& out,
+                 const GdnDecodeOptions& options) {
+  Problem p;
+  p.form = form;
+  const bool raw = form == Form::raw;
+  const std::string_view a_name = raw ? "a" : "g";
+  const std::string_view b_name = raw ? "b" : "beta";
+
+  // The pool fixes HV, V, K.
+  require_rank(form, "state", state, 4, "[slots, HV, V, K]");
+  require_float(form, "state", state);
+  require_data(form, "state", state);
+  p.slots = state.shape[0];
+  p.value_heads = state.shape[1];
+  p.v = state.shape[2];
+  p.k = state.shape[3];
+  if (p.slots < 1 || p.value_heads < 1) {
+    fail(form, "state", state, "slots and HV must be >= 1");
+  }
+  for (auto [dim, name] : {std::pair{p.k, "K"}, std::pair{p.v, "V"}}) {
+    if (dim < 16 || dim > 256 || dim % 16 != 0) {
+      fail(
+          form, "state", state,
+          fmt::format("{} = {} is not supported; accepted: multiples of 16 in 16..256", name, dim));
+    }
+  }
+  if (state.strides[3] != 1 || (p.v > 1 && state.strides[2] != p.k) ||
+      (p.value_heads > 1 && state.strides[1] != p.v * p.k)) {
+    fail(form, "state", state,
+         fmt::format("its inner [HV, V, K] dims must be contiguous (strides [*, {}, {}, 1]); only "
+                     "the slot stride may be padded",
+                     p.v * p.k, p.k));
+  }
+  p.slot_stride = state.strides[0];
+  if (p.slots > 1 && p.slot_stride < p.value_heads * p.v * p.k) {
+    fail(form, "state", state,
+         fmt::format("its slot stride must be >= HV*V*K = {} (slots may not overlap)",
+                     p.value_heads * p.v * p.k));
+  }
+  p.state = state.dtype;
+  p.vec_bytes = largest_vector(state, p.slot_stride, p.slots);
+
+  // Indices fix B.
+  require_rank(form, "state_indices", indices, 1, "[B]");
+  if (indices.dtype != DType::i32 && indices.dtype != DType::i64) {
+    fail(form, "state_indices", indices, "its dtype must be i32 or i64");
+  }
+  p.batch = indices.shape[0];
+  if (p.batch < 1 || p.batch > kMaxBatch) {
+    fail(form, "state_indices", indices,
+         fmt::format("B = {} is out of range; accepted: 1..{}", p.batch, kMaxBatch));
+  }
+  require_data(form, "state_indices", indices);
+  p.index = indices.dtype;
+  p.index_stride = p.batch > 1 ? indices.strides[0] : 1;
+  if (p.index_stride < 1) fail(form, "state_indices", indices, "its stride must be >= 1");
+
+  // mixed_qkv fixes H.
+  require_rank(form, "mixed_qkv", qkv, 2, "[B, 2*H*K + HV*V]");
+  require_float(form, "mixed_qkv", qkv);
+  const std::int64_t width = qkv.shape[1];
+  const std::int64_t qk_width = width - p.value_heads * p.v;
+  if (qk_width <= 0 || qk_width % (2 * p.k) != 0) {
+    fail(form, "mixed_qkv", qkv,
+         fmt::format("its width must be 2*H*K + HV*V with K = {}, HV*V = {}: 2*H*K = {} is not a "
+                     "positive multiple of 2*K",
+                     p.k, p.value_heads * p.v, qk_width));
+  }
+  p.heads = qk_width / (2 * p.k);
+  if (p.value_heads % p.heads != 0) {
+    fail(form, "mixed_qkv", qkv,
+         fmt::format("it implies H = {} q/k heads, which must divide HV = {}", p.heads,
+                     p.value_heads));
+  }
+  require_rows(form, "mixed_qkv", qkv, p.batch, width, "[B, 2*H*K + HV*V]");
+  require_data(form, "mixed_qkv", qkv);
+  p.qkv = qkv.dtype;
+  p.qkv_row_stride = p.batch > 1 ? qkv.strides[0] : width;
+
+  // Gates.
+  require_rows(form, a_name, a, p.batch, p.value_heads, "[B, HV]");
+  require_rows(form, b_name, b, p.batch, p.value_heads, "[B, HV]");
+  require_data(form, a_name, a);
+  require_data(form, b_name, b);
+  if (raw) {
+    require_float(form, "a", a);
+    if (b.dtype != a.dtype) {
+      fail(form, "b", b, fmt::format("its dtype must equal a's ({})", to_string(a.dtype)));
+    }
+    for (auto [view, name] : {std::pair{a_log, "a_log"}, std::pair{dt_bias, "dt_bias"}}) {
+      require_rank(form, name, *view, 1, "[HV]");
+      require_float(form, name, *view);
+      if (view->shape[0] != p.value_heads) {
+        fail(form, name, *view, fmt::format("expected shape [HV] = [{}]", p.value_heads));
+      }
+      if (p.value_heads > 1 && view->strides[0] != 1) {
+        fail(form, name, *view, "it must be contiguous");
+      }
+      require_data(form, name, *view);
+    }
+    p.gate = a.dtype;
+    p.a_log = a_log->dtype;
+    p.dt_bias = dt_bias->dtype;
+  } else {
+    if (a.dtype != DType::f32) fail(form, "g", a, "its dtype must be f32 (log decay)");
+    if (b.dtype != DType::f32) fail(form, "beta", b, "its dtype must be f32");
+  }
+  p.a_row_stride = p.batch > 1 ? a.strides[0] : p.value_heads;
+  p.b_row_stride = p.batch > 1 ? b.strides[0] : p.value_heads;
+
+  // Output.
+  require_rank(form, "out", out, 3, "[B, HV, V]");
+  require_float(form, "out", out);
+  if (out.shape[0] != p.batch || out.shape[1] != p.value_heads || out.shape[2] != p.v) {
+    fail(form, "out", out,
+         fmt::format("expected shape [B, HV, V] = [{}, {}, {}]", p.batch, p.value_heads, p.v));
+  }
+  if (out.strides[2] != 1 || (p.value_heads > 1 && out.strides[1] != p.v)) {
+    fail(form, "out", out,
+         "its inner [HV, V] dims must be contiguous; only the row stride may vary");
+  }
+  if (p.batch > 1 && out.strides[0] < p.value_heads * p.v) {
+    fail(form, "out", out,
+         fmt::format("its row stride must be >= HV*V = {} (rows may not overlap)",
+                     p.value_heads * p.v));
+  }
+  require_data(form, "out", out);
+  p.out = out.dtype;
+  p.out_row_stride = p.batch > 1 ? out.strides[0] : p.value_heads * p.v;
+
+  // Options.
+  p.scale = options.scale.value_or(static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.k))));
+  if (!std::isfinite(p.scale)) {
+    throw InvalidArgument(
+        fmt::format("{}: options.scale = {} must be finite", op_name(form), p.scale));
+  }
+  if (raw && std::isnan(options.softplus_threshold)) {
+    throw InvalidArgument(
+        fmt::format("{}: options.softplus_threshold is NaN; accepted: any number", op_name(form)));
+  }
+  return p;
+}
+
+/// How a V tile of `bv` rows maps onto threads.
+struct Tile {
+  int bv = 0;
+  int warps = 0;
+  int rows_per_thread = 0;
+};
+
+/// Lanes that share one state row and rows one warp covers, as the template derives them.
+struct RowLayout {
+  int lanes_per_row = 32;
+  int rows_per_warp = 1;
+  /// State elements one lane holds per row.
+  int elems_per_lane = 1;
+};
+
+RowLayout row_layout(const Problem& p) {
+  const int vec = p.vec_bytes / static_cast<int>(size_of(p.state));
+  const int chunks = static_cast<int>(p.k) / vec;
+  RowLayout layout;
+  layout.lanes_per_row = 1;
+  while (layout.lanes_per_row < std::min(chunks, 32)) layout.lanes_per_row *= 2;
+  layout.rows_per_warp = 32 / layout.lanes_per_row;
+  layout.elems_per_lane = (chunks + layout.lanes_per_row - 1) / layout.lanes_per_row * vec;
+  return layout;
+}
+
+/// Threads for a tile of `bv` rows with at most `max_rpt` rows per thread; nullopt when `bv`
+/// does not fit (V not whole tiles, rows not whole warps, or more than kMaxWarps warps).
+std::optional<Tile> shape_tile(const Problem& p, const RowLayout& layout, int bv, int max_rpt) {
+  if (bv < 1 || p.v % bv != 0 || bv % layout.rows_per_warp != 0) return std::nullopt;
+  const int rows = bv / layout.rows_per_warp;
+  for (int rpt = std::min(max_rpt, rows); rpt >= 1; --rpt) {
+    if (rows % rpt == 0 && rows / rpt <= kMaxWarps) return Tile{bv, rows / rpt, rpt};
+  }
+  return std::nullopt;
+}
+
+Tile choose_tile(const Problem& p, const DeviceLimits& device, int force_bv,
+                 std::vector<std::string>& reasons) {
+  const RowLayout layout = row_layout(p);
+  int rpt_cap = 1;
+  while (rpt_cap * 2 * layout.elems_per_lane <= kStateFloatsPerThread) rpt_cap *= 2;
+  const std::int64_t pairs = p.batch * p.value_heads;
+  const std::int64_t sms = std::max(device.sm_count, 1);
+  const std::int64_t warps_at_cap = pairs * p.v / (layout.rows_per_warp * rpt_cap);
+  int rpt = rpt_cap;
+  if (warps_at_cap < kMinWarpsPerSm * sms) rpt = std::max(1, rpt_cap / 4);
+  reasons.push_back(fmt::format(
+      "row layout: {} lanes per state row ({} B vectors, {} elements per lane), {} rows per "
+      "warp; up to {} rows per thread ({} with {} warps at {} rows per thread vs {} SMs)",
+      layout.lanes_per_row, p.vec_bytes, layout.elems_per_lane, layout.rows_per_warp, rpt,
+      rpt == rpt_cap ? "register cap" : "small grid: spread over more warps", warps_at_cap, rpt_cap,
+      sms));
+
+  if (force_bv != 0) {
+    const auto tile = shape_tile(p, layout, force_bv, rpt_cap);
+    if (!tile) {
+      throw InvalidArgument(fmt::format(
+          "{}: options.force_bv = {} is not accepted; it must divide V = {}, be a multiple of "
+          "{} (rows per warp) and need at most {} warps of <= {} rows per thread",
+          op_name(p.form), force_bv, p.v, layout.rows_per_warp, kMaxWarps, rpt_cap));
+    }
+    reasons.push_back(fmt::format("BV = {} forced by options.force_bv", force_bv));
+    return *tile;
+  }
+  std::optional<Tile> smallest;
+  for (int bv : {64, 32, 16, 8, 4, 2, 1}) {
+    const auto tile = shape_tile(p, layout, bv, rpt);
+    if (!tile) continue;
+    const std::int64_t blocks = pairs * (p.v / bv);
+    if (blocks >= kMinBlocksPerSm * sms) {
+      reasons.push_back(fmt::format(
+          "BV = {}: the largest V tile that still gives >= {} blocks per SM ({} blocks of {} "
+          "warps, {} rows per thread)",
+          bv, kMinBlocksPerSm, blocks, tile->warps, tile->rows_per_thread));
+      return *tile;
+    }
+    smallest = tile;
+  }
+  if (!smallest) {
+    throw PlanError(fmt::format("{}: no V tile fits V = {} with {} rows per warp", op_name(p.form),
+                                p.v, layout.rows_per_warp));
+  }
+  reasons.push_back(fmt::format(
+      "BV = {}: the smallest V tile (most blocks: {}) since no tile reaches {} blocks per SM",
+      smallest->bv, pairs * (p.v / smallest->bv), kMinBlocksPerSm));
+  return *smallest;
+}
+
+Plan make_plan(const Problem& p, const GdnDecodeOptions& options, const DeviceLimits& device) {
+  Plan plan;
+  plan.op = std::string(op_name(p.form));
+  plan.device = device;
+  const Tile tile = choose_tile(p, device, options.force_bv, plan.reasons);
+  const std::int64_t nv = p.v / tile.bv;
+  const std::int64_t pairs = p.batch * p.value_heads;
+  const std::int64_t total = pairs * nv;
+  const auto& grid_max = device.max_grid_dim;
+
+  const bool flat_ok = nv <= grid_max[0] && pairs <= grid_max[1];
+  const bool split_ok = nv <= grid_max[0] && p.value_heads <= grid_max[1] && p.batch <= grid_max[2];
+  const std::string flat_why =
+      flat_ok ? fmt::format("flat grid (NV, B*HV) = ({}, {}) fits (max grid y {})", nv, pairs,
+                            grid_max[1])
+              : fmt::format("flat ruled out: B*HV = {} > max grid y {} (or NV = {} > max grid x)",
+                            pairs, grid_max[1], nv);
+  const std::string split_why =
+      split_ok
+          ? fmt::format("split grid (NV, HV, B) = ({}, {}, {}) fits", nv, p.value_heads, p.batch)
+          : fmt::format("split ruled out: HV = {} vs max grid y {}, B = {} vs max grid z {}",
+                        p.value_heads, grid_max[1], p.batch, grid_max[2]);
+
+  std::string mode = options.force_mode;
+  if (mode.empty()) {
+    if (flat_ok) {
+      mode = "flat";
+      plan.reasons.push_back(flat_why);
+    } else if (split_ok) {
+      mode = "split";
+      plan.reasons.push_back(flat_why);
+      plan.reasons.push_back(split_why);
+    } else {
+      mode = "folded";
+      plan.reasons.push_back(flat_why);
+      plan.reasons.push_back(split_why);
+    }
+  } else if (mode == "flat" || mode == "split" || mode == "folded") {
+    plan.reasons.push_back(fmt::format("mode {} forced by options.force_mode", mode));
+  } else {
+    throw InvalidArgument(fmt::format(
+        "{}: options.force_mode = '{}' is not a grid mode; accepted: '' (planner), flat, split, "
+        "folded",
+        plan.op, mode));
+  }
+
+  LaunchShape shape;
+  shape.block = Dim3{static_cast<std::uint32_t>(tile.warps * 32), 1, 1};
+  // Sizes beyond 32 bits are clamped, not wrapped, so that check_launch reports them.
+  auto dim = [](std::int64_t x) {
+    return static_cast<std::uint32_t>(std::min<std::int64_t>(x, 0xFFFFFFFFll));
+  };
+  if (mode == "flat") {
+    shape.grid = Dim3{dim(nv), dim(pairs), 1};
+  } else if (mode == "split") {
+    shape.grid = Dim3{dim(nv), dim(p.value_heads), dim(p.batch)};
+  } else {
+    const std::int64_t x = std::min<std::int64_t>(total, grid_max[0]);
+    shape.grid = Dim3{dim(x), 1, 1};
+    plan.reasons.push_back(
+        x == total
+            ? fmt::format("folded grid: all {} tiles on x", total)
+            : fmt::format("folded grid: {} tiles on x = {} blocks (max grid x), grid-stride loop",
+                          total, x));
+  }
+  plan.mode = mode;
+
+  const auto dtype = [](DType d) { return std::string(to_string(d)); };
+  const bool gated = p.form == Form::gated;
+  KernelSpec spec = KernelSpec::make(
+      "gdn_decode",
+      {{"qkv", dtype(p.qkv)},
+       {"gate", dtype(gated ? DType::f32 : p.gate)},
+       {"a_log", dtype(gated ? DType::f32 : p.a_log)},
+       {"dt_bias", dtype(gated ? DType::f32 : p.dt_bias)},
+       {"state", dtype(p.state)},
+       {"out", dtype(p.out)},
+       {"index", dtype(p.index)},
+       {"k", std::to_string(p.k)},
+       {"v", std::to_string(p.v)},
+       {"bv", std::to_string(tile.bv)},
+       {"warps", std::to_string(tile.warps)},
+       {"vec_bytes", std::to_string(p.vec_bytes)},
+       {"mode", mode},
+       {"gated", gated ? "1" : "0"},
+       {"l2norm", options.l2norm_qk ? "1" : "0"},
+       {"invalid",
+        options.invalid_index == GdnInvalidIndex::nonpositive ? "nonpositive" : "negative"}},
+      device.arch);
+  plan.reasons.push_back(fmt::format(
+      "state vectors of {} B: the widest the pool base and slot stride allow", p.vec_bytes));
+  PlannedLaunch launch{std::move(spec), shape, check_launch(shape, device)};
+  require_legal(launch.checks, fmt::format("{} ({} mode)", plan.op, mode));
+  plan.launches.push_back(std::move(launch));
+  return plan;
+}
+
+/// The memo key: everything the plan and its resolution depend on, no pointer values (the
+/// pool's alignment class stands in for its address).
+struct Signature {
+  char op[16];
+  std::int32_t device;
+  std::int32_t force_bv;
+  std::uint8_t form, l2norm, invalid, vec_bytes;
+  std::uint8_t dtypes[7];
+  char force_mode[13];
+  std::int64_t batch, heads, value_heads, k, v, slots;
+  std::int64_t strides[6];
+  float scale, softplus_threshold;
+};
+
+// No padding anywhere: the bytes are the key.
+static_assert(sizeof(Signature) == 152 && std::is_trivially_copyable_v<Signature>);
+
+Signature signature(const Problem& p, const GdnDecodeOptions& options, int device) {
+  Signature sig{};
+  std::memcpy(sig.op, "gdn_decode", 10);
+  sig.device = device;
+  sig.force_bv = options.force_bv;
+  sig.form = static_cast<std::uint8_t>(p.form);
+  sig.l2norm = options.l2norm_qk;
+  sig.invalid = static_cast<std::uint8_t>(options.invalid_index);
+  sig.vec_bytes = static_cast<std::uint8_t>(p.vec_bytes);
+  const DType dtypes[7] = {p.qkv, p.gate, p.a_log, p.dt_bias, p.state, p.out, p.index};
+  for (int i = 0; i < 7; ++i) sig.dtypes[i] = static_cast<std::uint8_t>(dtypes[i]);
+  // Longer strings are not modes; validation in make_plan rejects them before any memo entry.
+  std::memcpy(sig.force_mode, options.force_mode.data(),
+              std::min<std::size_t>(options.force_mode.size(), sizeof sig.force_mode));
+  sig.batch = p.batch;
+  sig.heads = p.heads;
+  sig.value_heads = p.value_heads;
+  sig.k = p.k;
+  sig.v = p.v;
+  sig.slots = p.slots;
+  const std::int64_t strides[6] = {p.qkv_row_stride, p.a_row_stride, p.b_row_stride,
+                                   p.slot_stride,    p.index_stride, p.out_row_stride};
+  std::copy(std::begin(strides), std::end(strides), sig.strides);
+  sig.scale = p.scale;
+  sig.softplus_threshold = options.softplus_threshold;
+  return sig;
+}
+
+/// Debug check: reads the indices back and rejects repeated valid indices and out-of-range
+/// ones. Synchronizes `stream`; skipped while it captures (a copy there would break the graph).
+void check_indices(const Problem& p, const TensorView& indices, GdnInvalidIndex rule,
+                   Stream stream) {
+#if !KJIT_GDN_DEBUG_CHECK_AVAILABLE
+  (void)p;
+  (void)indices;
+  (void)rule;
+  (void)stream;
+  throw Error(
+      "gdn_decode: debug_check_indices needs kjit built with the CUDA headers visible to "
+      "lib/ops (target_include_directories(kjit_ops PRIVATE ${CUDAToolkit_INCLUDE_DIRS}))");
+#else
+  const driver::DriverApi& cu = driver::driver_api();
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  driver::check(cu.cuStreamIsCapturing(reinterpret_cast<CUstream>(stream), &capture),
+                "cuStreamIsCapturing");
+  if (capture != CU_STREAM_CAPTURE_STATUS_NONE) return;
+  driver::check(cu.cuStreamSynchronize(reinterpret_cast<CUstream>(stream)), "cuStreamSynchronize");
+  const std::size_t esize = size_of(p.index);
+  const std::size_t count = static_cast<std::size_t>((p.batch - 1) * p.index_stride + 1);
+  std::vector<unsigned char> host(count * esize);
+  driver::check(
+      cu.cuMemcpyDtoH(host.data(), reinterpret_cast<CUdeviceptr>(indices.data), host.size()),
+      "cuMemcpyDtoH");
+  std::unordered_set<std::int64_t> seen;
+  for (std::int64_t n = 0; n < p.batch; ++n) {
+    const std::size_t at = static_cast<std::size_t>(n * p.index_stride) * esize;
+    std::int64_t slot = 0;
+    if (p.index == DType::i32) {
+      std::int32_t v = 0;
+      std::memcpy(&v, host.data() + at, 4);
+      slot = v;
+    } else {
+      std::memcpy(&slot, host.data() + at, 8);
+    }
+    if (rule == GdnInvalidIndex::nonpositive ? slot <= 0 : slot < 0) continue;
+    if (slot >= p.slots) {
+      throw InvalidArgument(fmt::format(
+          "{}: state_indices[{}] = {} is out of range; the pool has {} slots (debug check)",
+          op_name(p.form), n, slot, p.slots));
+    }
+    if (!seen.insert(slot).second) {
+      throw InvalidArgument(fmt::format(
+          "{}: state_indices[{}] = {} repeats an earlier valid index; rows of one call must use "
+          "distinct slots (debug check)",
+          op_name(p.form), n, slot));
+    }
+  }
+#endif
+}
+
+void run(const Problem& p, const TensorView& qkv, const TensorView& a, const TensorView& b,
+         const TensorView* a_log, const TensorView* dt_bias, const TensorView& state,
+         const TensorView& indices, const TensorView& out, const GdnDecodeOptions& options,
+         Stream stream) {
+  Runtime& runtime = options.runtime != nullptr ? *options.runtime : Runtime::global();
+  const int device = options.device >= 0 ? options.device : runtime.current_device();
+  const Signature sig = signature(p, options, device);
+  const Runtime::ResolvedPlan& resolved = runtime.memoized(sig, stream, [&] {
+    return std::pair{make_plan(p, options, runtime.device_limits(device)), device};
+  });
+  if (options.debug_check_indices || runtime.settings().debug_checks) {
+    check_indices(p, indices, options.invalid_index, stream);
+  }
+  const std::int64_t bv = resolved.plan.launches.front().spec.get_int("bv");
+
+  GdnDecodeParams params{};
+  params.qkv = qkv.data;
+  params.a = a.data;
+  params.b = b.data;
+  params.a_log = a_log != nullptr ? a_log->data : nullptr;
+  params.dt_bias = dt_bias != nullptr ? dt_bias->data : nullptr;
+  params.state = state.data;
+  params.indices = indices.data;
+  params.out = out.data;
+  params.qkv_row_stride = p.qkv_row_stride;
+  params.a_row_stride = p.a_row_stride;
+  params.b_row_stride = p.b_row_stride;
+  params.state_slot_stride = p.slot_stride;
+  params.index_stride = p.index_stride;
+  params.out_row_stride = p.out_row_stride;
+  params.num_slots = p.slots;
+  params.total_tiles = static_cast<u64>(p.batch * p.value_heads * (p.v / bv));
+  params.batch = static_cast<u32>(p.batch);
+  params.num_heads = static_cast<u32>(p.heads);
+  params.num_value_heads = static_cast<u32>(p.value_heads);
+  params.heads_per_group = static_cast<u32>(p.value_heads / p.heads);
+  params.scale = p.scale;
+  params.softplus_threshold = options.softplus_threshold;
+  runtime.launch(resolved, 0, stream, &params, sizeof params);
+}
+
+}  // namespace
+
+void gdn_decode(const TensorView& mixed_qkv, const TensorView& a, const TensorView& b,
+                const TensorView& a_log, const TensorView& dt_bias, const TensorView& state,
+                const TensorView& state_indices, const TensorView& out,
+                const GdnDecodeOptions& options, Stream stream) {
+  const Problem p =
+      validate(Form::raw, mixed_qkv, a, b, &a_log, &dt_bias, state, state_indices, out, options);
+  run(p, mixed_qkv, a, b, &a_log, &dt_bias, state, state_indices, out, options, stream);
+}
+
+Plan plan_gdn_decode(const TensorView& mixed_qkv, const TensorView& a, const TensorView& b,
+                     const TensorView& a_log, const TensorView& dt_bias, const TensorView& state,
+                     const TensorView& state_indices, const TensorView& out,
+                     const GdnDecodeOptions& options, const DeviceLimits& device) {
+  const Problem p =
+      validate(Form::raw, mixed_qkv, a, b, &a_log, &dt_bias, state, state_indices, out, options);
+  return make_plan(p, options, device);
+}
+
+void gdn_decode_gated(const TensorView& mixed_qkv, const TensorView& g, const TensorView& beta,
+                      const TensorView& state, const TensorView& state_indices,
+                      const TensorView& out, const GdnDecodeOptions& options, Stream stream) {
+  const Problem p = validate(Form::gated, mixed_qkv, g, beta, nullptr, nullptr, state,
+                             state_indices, out, options);
+  run(p, mixed_qkv, g, beta, nullptr, nullptr, state, state_indices, out, options, stream);
+}
+
+Plan plan_gdn_decode_gated(const TensorView& mixed_qkv, const TensorView& g, const TensorView& beta,
+                           const TensorView& state, const TensorView& state_indices,
+                           const TensorView& out, const GdnDecodeOptions& options,
+                           const DeviceLimits& device) {
+  const Problem p = validate(Form::gated, mixed_qkv, g, beta, nullptr, nullptr, state,
+                             state_indices, out, options);
+  return make_plan(p, options, device);
+}
+
+}  // namespace kjit
