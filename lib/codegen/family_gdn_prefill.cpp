@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "codegen/family_decls.hpp"
+
+namespace kjit::codegen {
+
+// The order is the template parameter order of kjit::gdn_prefill_kernel (templates/
+// gdn_prefill.cuh); the ops layer (lib/ops/gdn_prefill.cpp) builds specs by these names. The
+// first value of every parameter gives the first-class instantiation (bf16, K = V = 128).
+FamilyDecl gdn_prefill_family() {
+  const std::vector<std::string_view> floats = {"f32", "bf16", "f16"};
+  return FamilyDecl{
+      .name = "gdn_prefill",
+      .include = "kjit/gdn_prefill.cuh",
+      .kernel = "kjit::gdn_prefill_kernel",
+      .params =
+          {
+              ParamDecl{.name = "qkv",
+                        .kind = ParamKind::dtype,
+                        .choices = {"bf16", "f16"},
+                        .doc = "element type of q, k and v"},
+              ParamDecl{.name = "gate",
+                        .kind = ParamKind::dtype,
+                        .choices = floats,
+                        .doc = "element type of a and b (f32 g and beta in the gated form)"},
+              ParamDecl{.name = "param",
+                        .kind = ParamKind::dtype,
+                        .choices = floats,
+                        .doc = "element type of A_log and dt_bias (unused in the gated form)"},
+              ParamDecl{.name = "state",
+                        .kind = ParamKind::dtype,
+                        .choices = {"f32", "bf16"},
+                        .doc = "element type of the state pool and the final states"},
+              ParamDecl{.name = "out",
+                        .kind = ParamKind::dtype,
+                        .choices = {"bf16", "f16", "f32"},
+                        .doc = "element type of out"},
+              ParamDecl{.name = "cu",
+                        .kind = ParamKind::dtype,
+                        .choices = {"i32", "i64"},
+                        .doc = "element type of cu_seqlens"},
+              ParamDecl{.name = "index",
+                        .kind = ParamKind::dtype,
+                        .choices = {"i32", "i64"},
+                        .doc = "element type of state_indices"},
+              ParamDecl{.name = "k",
+                        .kind = ParamKind::choice,
+                        .choices = {"128", "64", "256"},
+                        .rendered = {"128", "64", "256"},
+                        .doc = "key head dim K"},
+              ParamDecl{.name = "v",
+                        .kind = ParamKind::choice,
+                        .choices = {"128", "64", "256"},
+                        .rendered = {"128", "64", "256"},
+                        .doc = "value head dim V"},
+              ParamDecl{.name = "bv",
+                        .kind = ParamKind::choice,
+                        .choices = {"64", "32", "16"},
+                        .rendered = {"64", "32", "16"},
+                        .doc = "state rows (of V) per block; divides V, bv * K <= 8192"},
+              ParamDecl{.name = "gated",
+                        .kind = ParamKind::boolean,
+                        .doc = "1: a/b hold precomputed f32 g (log decay) and beta"},
+              ParamDecl{
+                  .name = "l2norm", .kind = ParamKind::boolean, .doc = "1: L2-normalize q and k"},
+          },
+      .min_sm = 80,
+      .doc =
+          "Gated DeltaNet chunked prefill (chunk 64, WY form on mma.sync bf16), varlen, "
+          "state pool in place",
+  };
+}
+
+}  // namespace kjit::codegen

@@ -1,0 +1,429 @@
+// SPDX-License-Identifier: Apache-2.0
+// Gated DeltaNet chunked prefill: argument checks, choice of the value tile, launch.
+#include "kjit/ops/gdn_prefill.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kjit/error.hpp"
+#include "kjit/gdn_prefill_params.h"
+#include "kjit/runtime.hpp"
+
+namespace kjit {
+
+GdnGates GdnGates::raw(TensorView a, TensorView b, TensorView a_log, TensorView dt_bias) {
+  return GdnGates{GdnGateKind::raw, a, b, a_log, dt_bias};
+}
+
+GdnGates GdnGates::precomputed(TensorView g, TensorView beta) {
+  return GdnGates{GdnGateKind::precomputed, g, beta, {}, {}};
+}
+
+namespace {
+
+constexpr const char* kOp = "gdn_prefill";
+
+[[noreturn]] void fail(const std::string& message) {
+  throw InvalidArgument(fmt::format("{}: {}", kOp, message));
+}
+
+void require_rank(const TensorView& t, const char* name, int rank, const char* layout) {
+  if (t.rank != rank) {
+    fail(fmt::format("{} must have rank {} ({}), got {}", name, rank, layout, t.str()));
+  }
+}
+
+void require_dtype(const TensorView& t, const char* name, std::initializer_list<DType> accepted) {
+  std::string list;
+  for (DType d : accepted) {
+    if (d == t.dtype) return;
+    list += fmt::format("{}{}", list.empty() ? "" : ", ", to_string(d));
+  }
+  fail(fmt::format("{} has dtype {}; accepted: {}", name, to_string(t.dtype), list));
+}
+
+void require_dim(const TensorView& t, const char* name, int dim, std::int64_t expected,
+                 const char* what) {
+  if (t.shape[dim] != expected) {
+    fail(fmt::format("{} dim {} is {}, expected {} ({}); {}", name, dim, t.shape[dim], expected,
+                     what, t.str()));
+  }
+}
+
+void require_aligned(const TensorView& t, const char* name, std::uintptr_t bytes) {
+  if (reinterpret_cast<std::uintptr_t>(t.data) % bytes != 0) {
+    fail(fmt::format("{} data pointer must be {}-byte aligned", name, bytes));
+  }
+}
+
+void require_stride_multiple(const TensorView& t, const char* name, int dim, std::int64_t m) {
+  if (t.shape[dim] > 1 && t.strides[dim] % m != 0) {
+    fail(fmt::format("{} stride of dim {} is {}; it must be a multiple of {} elements ({})", name,
+                     dim, t.strides[dim], m, t.str()));
+  }
+}
+
+void require_inner_contiguous(const TensorView& t, const char* name) {
+  if (t.strides[t.rank - 1] != 1 && t.shape[t.rank - 1] > 1) {
+    fail(fmt::format("{} must have a contiguous last dimension, got {}", name, t.str()));
+  }
+}
+
+// Checks every argument; fills the problem description the plan and the launch need.
+struct Problem {
+  std::int64_t tokens = 0, seqs = 0, heads = 0, value_heads = 0, k = 0, v = 0, slots = 0;
+};
+
+Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
+                 const GdnGates& gates, const TensorView& cu_seqlens, const TensorView& state,
+                 const TensorView& state_indices, const TensorView& has_initial_state,
+                 const TensorView& out, const GdnPrefillOptions& options) {
+  Problem pr;
+  require_rank(q, "q", 3, "[T, H, K]");
+  require_rank(k, "k", 3, "[T, H, K]");
+  require_rank(v, "v", 3, "[T, HV, V]");
+  require_dtype(q, "q", {DType::bf16, DType::f16});
+  if (k.dtype != q.dtype || v.dtype != q.dtype) {
+    fail(fmt::format("q, k and v must have one dtype, got {}, {}, {}", to_string(q.dtype),
+                     to_string(k.dtype), to_string(v.dtype)));
+  }
+  pr.tokens = q.shape[0];
+  pr.heads = q.shape[1];
+  pr.k = q.shape[2];
+  pr.value_heads = v.shape[1];
+  pr.v = v.shape[2];
+  if (pr.k != 64 && pr.k != 128 && pr.k != 256) {
+    fail(fmt::format("q head dim K is {}; accepted: 64, 128, 256", pr.k));
+  }
+  if (pr.v != 64 && pr.v != 128 && pr.v != 256) {
+    fail(fmt::format("v head dim V is {}; accepted: 64, 128, 256", pr.v));
+  }
+  require_dim(k, "k", 0, pr.tokens, "tokens T of q");
+  require_dim(k, "k", 1, pr.heads, "heads H of q");
+  require_dim(k, "k", 2, pr.k, "K of q");
+  require_dim(v, "v", 0, pr.tokens, "tokens T of q");
+  if (pr.heads < 1 || pr.value_heads < 1 || pr.value_heads % pr.heads != 0) {
+    fail(fmt::format("value heads HV = {} must be a positive multiple of q/k heads H = {}",
+                     pr.value_heads, pr.heads));
+  }
+  for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}}) {
+    require_inner_contiguous(*t, name);
+    require_aligned(*t, name, 16);
+    require_stride_multiple(*t, name, 0, 8);
+    require_stride_multiple(*t, name, 1, 8);
+  }
+  require_inner_contiguous(v, "v");
+  require_aligned(v, "v", 4);
+  require_stride_multiple(v, "v", 0, 2);
+  require_stride_multiple(v, "v", 1, 2);
+
+  const std::int64_t hv = pr.value_heads;
+  if (gates.kind == GdnGateKind::raw) {
+    require_rank(gates.a, "gates.a", 2, "[T, HV]");
+    require_rank(gates.b, "gates.b", 2, "[T, HV]");
+    require_dtype(gates.a, "gates.a", {DType::f32, DType::bf16, DType::f16});
+    if (gates.b.dtype != gates.a.dtype) fail("gates.a and gates.b must have one dtype");
+    require_rank(gates.a_log, "gates.a_log", 1, "[HV]");
+    require_rank(gates.dt_bias, "gates.dt_bias", 1, "[HV]");
+    require_dtype(gates.a_log, "gates.a_log", {DType::f32, DType::bf16, DType::f16});
+    if (gates.dt_bias.dtype != gates.a_log.dtype) {
+      fail("gates.a_log and gates.dt_bias must have one dtype");
+    }
+    require_dim(gates.a_log, "gates.a_log", 0, hv, "value heads HV");
+    require_dim(gates.dt_bias, "gates.dt_bias", 0, hv, "value heads HV");
+    require_inner_contiguous(gates.a_log, "gates.a_log");
+    require_inner_contiguous(gates.dt_bias, "gates.dt_bias");
+  } else {
+    require_rank(gates.a, "gates.g", 2, "[T, HV]");
+    require_rank(gates.b, "gates.beta", 2, "[T, HV]");
+    require_dtype(gates.a, "gates.g", {DType::f32});
+    require_dtype(gates.b, "gates.beta", {DType::f32});
+  }
+  const char* a_name = gates.kind == GdnGateKind::raw ? "gates.a" : "gates.g";
+  const char* b_name = gates.kind == GdnGateKind::raw ? "gates.b" : "gates.beta";
+  require_dim(gates.a, a_name, 0, pr.tokens, "tokens T");
+  require_dim(gates.a, a_name, 1, hv, "value heads HV");
+  require_dim(gates.b, b_name, 0, pr.tokens, "tokens T");
+  require_dim(gates.b, b_name, 1, hv, "value heads HV");
+  require_inner_contiguous(gates.a, a_name);
+  require_inner_contiguous(gates.b, b_name);
+
+  require_rank(cu_seqlens, "cu_seqlens", 1, "[N + 1]");
+  require_dtype(cu_seqlens, "cu_seqlens", {DType::i32, DType::i64});
+  if (cu_seqlens.shape[0] < 1) fail("cu_seqlens must hold N + 1 >= 1 offsets");
+  if (cu_seqlens.shape[0] > 1 && cu_seqlens.strides[0] != 1) {
+    fail(fmt::format("cu_seqlens must be contiguous, got {}", cu_seqlens.str()));
+  }
+  pr.seqs = cu_seqlens.shape[0] - 1;
+
+  require_rank(state, "state", 4, "[slots, HV, V, K]");
+  require_dtype(state, "state", {DType::f32, DType::bf16});
+  pr.slots = state.shape[0];
+  require_dim(state, "state", 1, hv, "value heads HV");
+  require_dim(state, "state", 2, pr.v, "V");
+  require_dim(state, "state", 3, pr.k, "K");
+  if (state.strides[3] != 1 || state.strides[2] != pr.k || state.strides[1] != pr.v * pr.k) {
+    fail(fmt::format("state must have a contiguous [HV, V, K] inner block, got {}", state.str()));
+  }
+  require_aligned(state, "state", 16);
+  require_stride_multiple(state, "state", 0, 4);
+
+  require_rank(state_indices, "state_indices", 1, "[N]");
+  require_dtype(state_indices, "state_indices", {DType::i32, DType::i64});
+  require_dim(state_indices, "state_indices", 0, pr.seqs, "sequences N of cu_seqlens");
+  if (has_initial_state.data != nullptr) {
+    require_rank(has_initial_state, "has_initial_state", 1, "[N]");
+    require_dtype(has_initial_state, "has_initial_state", {DType::u8});
+    require_dim(has_initial_state, "has_initial_state", 0, pr.seqs, "sequences N");
+  }
+
+  require_rank(out, "out", 3, "[T, HV, V]");
+  require_dtype(out, "out", {DType::bf16, DType::f16, DType::f32});
+  require_dim(out, "out", 0, pr.tokens, "tokens T");
+  require_dim(out, "out", 1, hv, "value heads HV");
+  require_dim(out, "out", 2, pr.v, "V");
+  require_inner_contiguous(out, "out");
+  require_aligned(out, "out", 8);
+  require_stride_multiple(out, "out", 0, 2);
+  require_stride_multiple(out, "out", 1, 2);
+
+  const TensorView& fs = options.final_state;
+  if (fs.data != nullptr) {
+    require_rank(fs, "options.final_state", 4, "[N, HV, V, K]");
+    if (fs.dtype != state.dtype) fail("options.final_state must have the dtype of state");
+    require_dim(fs, "options.final_state", 0, pr.seqs, "sequences N");
+    require_dim(fs, "options.final_state", 1, hv, "value heads HV");
+    require_dim(fs, "options.final_state", 2, pr.v, "V");
+    require_dim(fs, "options.final_state", 3, pr.k, "K");
+    if (fs.strides[3] != 1 || fs.strides[2] != pr.k || fs.strides[1] != pr.v * pr.k) {
+      fail(fmt::format("options.final_state must have a contiguous [HV, V, K] inner block, got {}",
+                       fs.str()));
+    }
+    require_aligned(fs, "options.final_state", 16);
+    require_stride_multiple(fs, "options.final_state", 0, 4);
+  }
+  if (options.checkpoint_every_n_tokens != 0) {
+    fail(
+        fmt::format("options.checkpoint_every_n_tokens = {}: per-chunk state checkpoints are not "
+                    "supported yet; accepted: 0",
+                    options.checkpoint_every_n_tokens));
+  }
+  if (!(options.scale >= 0.0f) || !std::isfinite(options.scale)) {
+    fail(fmt::format("options.scale = {} must be finite and >= 0 (0: K^-0.5)", options.scale));
+  }
+  return pr;
+}
+
+// Value tiles the kernel has, largest first, that divide V and keep the f32 state tile in 64
+// registers per thread.
+std::vector<int> value_tiles(std::int64_t k, std::int64_t v) {
+  std::vector<int> tiles;
+  for (int bv : {64, 32, 16}) {
+    if (v % bv == 0 && bv * k <= 8192) tiles.push_back(bv);
+  }
+  return tiles;
+}
+
+struct Choice {
+  int bv = 0;
+  std::vector<std::string> reasons;
+};
+
+Choice choose_tile(const Problem& pr, const std::string& force, const DeviceLimits& device) {
+  Choice choice;
+  const std::vector<int> tiles = value_tiles(pr.k, pr.v);
+  if (!force.empty() && force != "auto") {
+    for (int bv : {64, 32, 16}) {
+      if (force == fmt::format("bv{}", bv)) {
+        if (std::find(tiles.begin(), tiles.end(), bv) == tiles.end()) {
+          fail(
+              fmt::format("options.force_mode '{}' needs V % {} == 0 and {} * K <= 8192 (V = {}, "
+                          "K = {})",
+                          force, bv, bv, pr.v, pr.k));
+        }
+        choice.bv = bv;
+        choice.reasons.push_back(fmt::format("value tile {} forced by options.force_mode", bv));
+        return choice;
+      }
+    }
+    fail(fmt::format("options.force_mode '{}' is not a mode; accepted: auto, bv64, bv32, bv16",
+                     force));
+  }
+  // Blocks are (sequence, value head, value tile); each walks its sequence's chunks. A smaller
+  // tile recomputes the chunk's A, T and P once more per extra tile but multiplies the blocks:
+  // take the largest tile that still gives two blocks per SM, never below 32.
+  const std::int64_t want = 2 * std::int64_t{device.sm_count};
+  for (int bv : tiles) {
+    const std::int64_t blocks = pr.seqs * pr.value_heads * (pr.v / bv);
+    if (blocks >= want || bv == 32 || bv == tiles.back()) {
+      choice.bv = bv;
+      choice.reasons.push_back(fmt::format(
+          "value tile {}: {} blocks ({} sequences x {} value heads x {} tiles){}", bv, blocks,
+          pr.seqs, pr.value_heads, pr.v / bv,
+          blocks >= want ? fmt::format(" >= 2 per SM ({})", want)
+                         : fmt::format(" < 2 per SM ({}); smaller tiles are not worth the "
+                                       "recompute",
+                                       want)));
+      return choice;
+    }
+    choice.reasons.push_back(
+        fmt::format("value tile {} rejected: {} blocks < 2 per SM ({})", bv, blocks, want));
+  }
+  fail("no value tile fits");  // unreachable: 16 divides every accepted V
+}
+
+Plan make_plan(const Problem& pr, const TensorView& q, const GdnGates& gates,
+               const TensorView& cu_seqlens, const TensorView& state,
+               const TensorView& state_indices, const TensorView& out,
+               const GdnPrefillOptions& options, const DeviceLimits& device) {
+  Choice choice = choose_tile(pr, options.force_mode, device);
+  const bool raw = gates.kind == GdnGateKind::raw;
+  KernelSpec spec =
+      KernelSpec::make("gdn_prefill",
+                       {{"qkv", std::string(to_string(q.dtype))},
+                        {"gate", std::string(to_string(gates.a.dtype))},
+                        {"param", std::string(raw ? to_string(gates.a_log.dtype) : "f32")},
+                        {"state", std::string(to_string(state.dtype))},
+                        {"out", std::string(to_string(out.dtype))},
+                        {"cu", std::string(to_string(cu_seqlens.dtype))},
+                        {"index", std::string(to_string(state_indices.dtype))},
+                        {"k", std::to_string(pr.k)},
+                        {"v", std::to_string(pr.v)},
+                        {"bv", std::to_string(choice.bv)},
+                        {"gated", raw ? "0" : "1"},
+                        {"l2norm", options.l2norm_qk ? "1" : "0"}},
+                       device.arch);
+  Plan plan;
+  plan.op = kOp;
+  plan.mode = fmt::format("bv{}", choice.bv);
+  plan.reasons = std::move(choice.reasons);
+  plan.device = device;
+  if (pr.seqs == 0) {
+    plan.reasons.push_back("no sequences: nothing to launch");
+    return plan;
+  }
+  const std::int64_t blocks = pr.seqs * pr.value_heads * (pr.v / choice.bv);
+  LaunchShape shape;
+  shape.grid =
+      Dim3{static_cast<std::uint32_t>(std::min<std::int64_t>(blocks, (std::int64_t{1} << 32) - 1)),
+           1, 1};
+  shape.block = Dim3{kGdnPrefillThreads, 1, 1};
+  shape.dynamic_smem = gdn_prefill_smem(static_cast<int>(pr.k), choice.bv).total;
+  if (blocks > device.max_grid_dim[0]) {
+    throw PlanError(fmt::format("{}: grid x is {}, the launch needs {} blocks", kOp,
+                                device.max_grid_dim[0], blocks));
+  }
+  plan.reasons.push_back(fmt::format(
+      "one block of {} threads per (sequence, value head, value tile) walks its chunks of {} "
+      "tokens; {} bytes of dynamic shared memory",
+      kGdnPrefillThreads, kGdnPrefillChunk, shape.dynamic_smem));
+  PlannedLaunch launch{std::move(spec), shape, check_launch(shape, device)};
+  require_legal(launch.checks, fmt::format("{} ({})", kOp, launch.spec.str()));
+  plan.launches.push_back(std::move(launch));
+  return plan;
+}
+
+// The memo key of one call: everything the plan depends on, nothing it does not (pointers and
+// strides go to the parameter block). All fields are 8 bytes, so there is no padding.
+struct Signature {
+  std::int64_t device = 0;
+  std::int64_t seqs = 0, value_heads = 0, heads = 0, k = 0, v = 0;
+  std::int64_t dtypes = 0;
+  std::int64_t flags = 0;
+  char force[16] = {};
+};
+
+}  // namespace
+
+Plan plan_gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const GdnGates& gates, const TensorView& cu_seqlens, const TensorView& state,
+                      const TensorView& state_indices, const TensorView& has_initial_state,
+                      const TensorView& out, const GdnPrefillOptions& options,
+                      const DeviceLimits& device) {
+  const Problem pr =
+      validate(q, k, v, gates, cu_seqlens, state, state_indices, has_initial_state, out, options);
+  return make_plan(pr, q, gates, cu_seqlens, state, state_indices, out, options, device);
+}
+
+void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
+                 const GdnGates& gates, const TensorView& cu_seqlens, const TensorView& state,
+                 const TensorView& state_indices, const TensorView& has_initial_state,
+                 const TensorView& out, const GdnPrefillOptions& options, Stream stream) {
+  const Problem pr =
+      validate(q, k, v, gates, cu_seqlens, state, state_indices, has_initial_state, out, options);
+  if (pr.seqs == 0) return;
+  if (options.force_mode.size() >= sizeof(Signature::force)) {
+    fail(fmt::format("options.force_mode '{}' is not a mode; accepted: auto, bv64, bv32, bv16",
+                     options.force_mode));
+  }
+  Runtime& runtime = options.runtime != nullptr ? *options.runtime : Runtime::global();
+  const int device = options.device >= 0 ? options.device : runtime.current_device();
+
+  Signature sig{};
+  sig.device = device;
+  sig.seqs = pr.seqs;
+  sig.value_heads = pr.value_heads;
+  sig.heads = pr.heads;
+  sig.k = pr.k;
+  sig.v = pr.v;
+  const bool raw = gates.kind == GdnGateKind::raw;
+  sig.dtypes = static_cast<std::int64_t>(q.dtype) | static_cast<std::int64_t>(gates.a.dtype) << 8 |
+               static_cast<std::int64_t>(raw ? gates.a_log.dtype : DType::f32) << 16 |
+               static_cast<std::int64_t>(state.dtype) << 24 |
+               static_cast<std::int64_t>(out.dtype) << 32 |
+               static_cast<std::int64_t>(cu_seqlens.dtype) << 40 |
+               static_cast<std::int64_t>(state_indices.dtype) << 48;
+  sig.flags = (raw ? 1 : 0) | (options.l2norm_qk ? 2 : 0);
+  std::memcpy(sig.force, options.force_mode.data(), options.force_mode.size());
+
+  const Runtime::ResolvedPlan& resolved = runtime.memoized(sig, stream, [&] {
+    return std::pair{make_plan(pr, q, gates, cu_seqlens, state, state_indices, out, options,
+                               runtime.device_limits(device)),
+                     device};
+  });
+  const int bv = resolved.plan.mode == "bv16" ? 16 : resolved.plan.mode == "bv32" ? 32 : 64;
+
+  GdnPrefillParams p{};
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.a = gates.a.data;
+  p.b = gates.b.data;
+  p.a_log = raw ? gates.a_log.data : nullptr;
+  p.dt_bias = raw ? gates.dt_bias.data : nullptr;
+  p.cu_seqlens = cu_seqlens.data;
+  p.state_indices = state_indices.data;
+  p.has_initial_state = static_cast<const unsigned char*>(has_initial_state.data);
+  p.state = state.data;
+  p.final_state = options.final_state.data;
+  p.out = out.data;
+  p.q_stride_t = q.strides[0];
+  p.q_stride_h = q.strides[1];
+  p.k_stride_t = k.strides[0];
+  p.k_stride_h = k.strides[1];
+  p.v_stride_t = v.strides[0];
+  p.v_stride_h = v.strides[1];
+  p.a_stride_t = gates.a.strides[0];
+  p.b_stride_t = gates.b.strides[0];
+  p.out_stride_t = out.strides[0];
+  p.out_stride_h = out.strides[1];
+  p.state_slot_stride = state.strides[0];
+  p.final_seq_stride = options.final_state.data != nullptr ? options.final_state.strides[0] : 0;
+  p.index_stride = state_indices.strides[0];
+  p.has_init_stride = has_initial_state.data != nullptr ? has_initial_state.strides[0] : 0;
+  p.num_slots = pr.slots;
+  p.num_seqs = static_cast<u32>(pr.seqs);
+  p.num_value_heads = static_cast<u32>(pr.value_heads);
+  p.heads_per_group = static_cast<u32>(pr.value_heads / pr.heads);
+  p.v_tiles = static_cast<u32>(pr.v / bv);
+  p.scale = options.scale > 0.0f ? options.scale
+                                 : static_cast<float>(1.0 / std::sqrt(static_cast<double>(pr.k)));
+  p.softplus_threshold = options.softplus_threshold;
+  runtime.launch(resolved, 0, stream, &p, sizeof p);
+}
+
+}  // namespace kjit

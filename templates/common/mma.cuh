@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: Apache-2.0
+// Warp-level tensor-core helpers: mma.sync m16n8k16 (bf16 x bf16 -> f32) and ldmatrix fragment
+// loads from shared memory. sm_80 and later; NVRTC-clean (inline PTX only).
+//
+// Fragment ownership (lane = 4 * g + t, g in 0..7, t in 0..3), PTX ISA "mma.m16n8k16":
+//   A 16x16 (row): a[0] (g, 2t..2t+1), a[1] (g+8, 2t..), a[2] (g, 2t+8..), a[3] (g+8, 2t+8..)
+//   B 16x8 (col):  b[0] (k 2t..2t+1, n g), b[1] (k 2t+8.., n g)
+//   C 16x8 f32:    c[0], c[1] (g, 2t..2t+1), c[2], c[3] (g+8, 2t..2t+1)
+// Each 32-bit register holds two bf16, the lower column (or k) in the low half.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "kjit/common/types.h"
+
+namespace kjit {
+namespace mma {
+
+/// Shared-memory address of a generic pointer into shared memory, for ldmatrix.
+__device__ __forceinline__ u32 smem_addr(const void* ptr) {
+  return static_cast<u32>(__cvta_generic_to_shared(ptr));
+}
+
+/// Two f32 -> one register of two bf16 (round to nearest even); `lo` in the low half.
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return (u32(__bfloat16_as_ushort(v.y)) << 16) | u32(__bfloat16_as_ushort(v.x));
+}
+
+/// d += a * b for one 16x8x16 tile.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+/// A fragment of the 16x16 tile whose element (r, c) is base[r * ld + c] (row-major, the
+/// reduction dim contiguous). base and ld * 2 bytes must be 16-byte aligned.
+__device__ __forceinline__ void load_a(u32 (&a)[4], const __nv_bfloat16* base, int ld) {
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int m = lane >> 3, i = lane & 7;
+  ldmatrix_x4(a, smem_addr(base + (i + 8 * (m & 1)) * ld + 8 * (m >> 1)));
+}
+
+/// B fragments of two adjacent 16x8 tiles (n 0..7 -> b[0], b[1]; n 8..15 -> b[2], b[3]) whose
+/// element (k, n) is base[n * ld + k] (the reduction dim contiguous, "col").
+__device__ __forceinline__ void load_b2(u32 (&b)[4], const __nv_bfloat16* base, int ld) {
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int m = lane >> 3, i = lane & 7;
+  ldmatrix_x4(b, smem_addr(base + (i + 8 * (m >> 1)) * ld + 8 * (m & 1)));
+}
+
+/// As load_b2, for a tile stored the other way: element (k, n) is base[k * ld + n].
+__device__ __forceinline__ void load_b2_trans(u32 (&b)[4], const __nv_bfloat16* base, int ld) {
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int m = lane >> 3, i = lane & 7;
+  ldmatrix_x4_trans(b, smem_addr(base + (i + 8 * (m & 1)) * ld + 8 * (m >> 1)));
+}
+
+/// A fragment from an f32 row-major tile (element (r, c) at base[r * ld + c]), rounded to
+/// bf16. base and ld * 4 bytes must be 8-byte aligned.
+__device__ __forceinline__ void load_a_f32(u32 (&a)[4], const float* base, int ld) {
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int g = lane >> 2, t = lane & 3;
+  const float2 x0 = *reinterpret_cast<const float2*>(base + g * ld + 2 * t);
+  const float2 x1 = *reinterpret_cast<const float2*>(base + (g + 8) * ld + 2 * t);
+  const float2 x2 = *reinterpret_cast<const float2*>(base + g * ld + 2 * t + 8);
+  const float2 x3 = *reinterpret_cast<const float2*>(base + (g + 8) * ld + 2 * t + 8);
+  a[0] = pack_bf16(x0.x, x0.y);
+  a[1] = pack_bf16(x1.x, x1.y);
+  a[2] = pack_bf16(x2.x, x2.y);
+  a[3] = pack_bf16(x3.x, x3.y);
+}
+
+}  // namespace mma
+}  // namespace kjit
