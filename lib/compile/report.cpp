@@ -1,0 +1,255 @@
+// SPDX-License-Identifier: Apache-2.0
+// Text parsing around NVRTC: the ptxas resource report, PTX launch bounds, and log locations.
+// Pure functions of their input, so they are tested on synthetic text as well as real logs.
+#include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "compile/compiler.hpp"
+
+namespace kjit::compile {
+namespace {
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+std::vector<std::string_view> split_lines(std::string_view text) {
+  std::vector<std::string_view> lines;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(start, end - start);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    lines.push_back(line);
+    start = end + 1;
+  }
+  return lines;
+}
+
+std::string_view trim(std::string_view text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) {
+    text.remove_prefix(1);
+  }
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) {
+    text.remove_suffix(1);
+  }
+  return text;
+}
+
+// The integer written just before `suffix` in `line` ("169" in "Used 169 registers"), when the
+// suffix occurs preceded by digits. ptxas's wording varies between versions (fields appear,
+// vanish and move), so each field is looked up by its own unit rather than by position.
+bool number_before(std::string_view line, std::string_view suffix, std::int64_t* out) {
+  std::size_t from = 0;
+  while (true) {
+    const std::size_t at = line.find(suffix, from);
+    if (at == std::string_view::npos) return false;
+    std::size_t begin = at;
+    while (begin > 0 && is_digit(line[begin - 1])) --begin;
+    if (begin < at) {
+      std::int64_t value = 0;
+      for (std::size_t i = begin; i < at; ++i) value = value * 10 + (line[i] - '0');
+      *out = value;
+      return true;
+    }
+    from = at + 1;
+  }
+}
+
+struct FrameInfo {
+  std::int64_t stack = 0;
+  std::int64_t spill_stores = 0;
+  std::int64_t spill_loads = 0;
+};
+
+// Template include names are "kjit/<path under templates/>" by construction (see
+// cmake/EmbedTemplates.cmake), so a location in one maps to the file in the source tree.
+std::string map_file_name(std::string_view name) {
+  constexpr std::string_view kPrefix = "kjit/";
+  if (name.starts_with(kPrefix)) return "templates/" + std::string(name.substr(kPrefix.size()));
+  return std::string(name);
+}
+
+// "NAME(LINE): rest" -> "MAPPED:LINE: rest"; other lines unchanged.
+std::string map_leading_location(std::string_view line) {
+  const std::size_t open = line.find('(');
+  if (open == std::string_view::npos || open == 0) return std::string(line);
+  const std::string_view name = line.substr(0, open);
+  if (name.find_first_of(" \t") != std::string_view::npos) return std::string(line);
+  std::size_t close = open + 1;
+  while (close < line.size() && is_digit(line[close])) ++close;
+  if (close == open + 1 || line.substr(close, 2) != "):") {
+    return std::string(line);
+  }
+  return map_file_name(name) + ":" + std::string(line.substr(open + 1, close - open - 1)) +
+         std::string(line.substr(close + 1));
+}
+
+// "... at line 12 of kjit/x.cuh ..." -> "... at templates/x.cuh:12 ..." (instantiation
+// context lines name their location this way).
+std::string map_at_line(std::string line) {
+  constexpr std::string_view kAt = "at line ";
+  std::size_t from = 0;
+  while (true) {
+    const std::size_t at = line.find(kAt, from);
+    if (at == std::string::npos) return line;
+    std::size_t digits_end = at + kAt.size();
+    while (digits_end < line.size() && is_digit(line[digits_end])) ++digits_end;
+    constexpr std::string_view kOf = " of ";
+    if (digits_end == at + kAt.size() || line.compare(digits_end, kOf.size(), kOf) != 0) {
+      from = at + 1;
+      continue;
+    }
+    const std::size_t name_begin = digits_end + kOf.size();
+    std::size_t name_end = name_begin;
+    while (name_end < line.size() && !std::isspace(static_cast<unsigned char>(line[name_end]))) {
+      ++name_end;
+    }
+    if (name_end == name_begin) {
+      from = at + 1;
+      continue;
+    }
+    const std::string number = line.substr(at + kAt.size(), digits_end - at - kAt.size());
+    const std::string replacement =
+        "at " + map_file_name(std::string_view(line).substr(name_begin, name_end - name_begin)) +
+        ":" + number;
+    line.replace(at, name_end - at, replacement);
+    from = at + replacement.size();
+  }
+}
+
+bool is_error_line(std::string_view line) {
+  return line.find(": error") != std::string_view::npos ||
+         line.find("catastrophic error") != std::string_view::npos ||
+         line.find("Command-line error") != std::string_view::npos ||
+         line.find("ptxas fatal") != std::string_view::npos || line.starts_with("error") ||
+         line.find(": fatal") != std::string_view::npos;
+}
+
+}  // namespace
+
+std::map<std::string, KernelResources> parse_ptxas_report(std::string_view log) {
+  std::map<std::string, KernelResources> kernels;
+  std::map<std::string, FrameInfo> frames;
+  // The entry function ptxas is compiling; "Used N registers" lines belong to it. Frame lines
+  // belong to the last "Function properties for" name, which may be a non-inlined callee.
+  std::string entry;
+  std::string properties_of;
+  for (std::string_view line : split_lines(log)) {
+    constexpr std::string_view kEntry = "Compiling entry function '";
+    constexpr std::string_view kProperties = "Function properties for ";
+    if (const std::size_t at = line.find(kEntry); at != std::string_view::npos) {
+      const std::size_t begin = at + kEntry.size();
+      const std::size_t end = line.find('\'', begin);
+      if (end == std::string_view::npos) continue;
+      entry = std::string(line.substr(begin, end - begin));
+      kernels.try_emplace(entry);
+      continue;
+    }
+    if (const std::size_t at = line.find(kProperties); at != std::string_view::npos) {
+      properties_of = std::string(trim(line.substr(at + kProperties.size())));
+      continue;
+    }
+    if (line.find("bytes stack frame") != std::string_view::npos) {
+      if (properties_of.empty()) continue;
+      FrameInfo& frame = frames[properties_of];
+      number_before(line, " bytes stack frame", &frame.stack);
+      number_before(line, " bytes spill stores", &frame.spill_stores);
+      number_before(line, " bytes spill loads", &frame.spill_loads);
+      continue;
+    }
+    std::int64_t registers = 0;
+    if (line.find("Used ") != std::string_view::npos &&
+        number_before(line, " registers", &registers)) {
+      // Old reports name no entry function; the properties line is then the only name.
+      const std::string& owner = entry.empty() ? properties_of : entry;
+      if (owner.empty()) continue;
+      KernelResources& resources = kernels[owner];
+      resources.registers = static_cast<int>(registers);
+      number_before(line, " bytes smem", &resources.static_smem);
+      number_before(line, " bytes cmem[0]", &resources.const_bytes);
+      std::int64_t lmem = 0;
+      if (number_before(line, " bytes lmem", &lmem)) {
+        resources.local_bytes = std::max(resources.local_bytes, lmem);
+      }
+    }
+  }
+  for (auto& [name, resources] : kernels) {
+    const auto frame = frames.find(name);
+    if (frame == frames.end()) continue;
+    resources.local_bytes = std::max(resources.local_bytes, frame->second.stack);
+    resources.spill_store_bytes = frame->second.spill_stores;
+    resources.spill_load_bytes = frame->second.spill_loads;
+  }
+  return kernels;
+}
+
+int ptx_max_threads(std::string_view ptx, std::string_view entry) {
+  if (entry.empty()) return 0;
+  const std::string needle = ".entry " + std::string(entry);
+  std::size_t at = 0;
+  while (true) {
+    at = ptx.find(needle, at);
+    if (at == std::string_view::npos) return 0;
+    const std::size_t after = at + needle.size();
+    // Reject a longer name that merely starts with `entry`.
+    if (after < ptx.size() &&
+        (ptx[after] == '(' || std::isspace(static_cast<unsigned char>(ptx[after])))) {
+      break;
+    }
+    at = after;
+  }
+  const std::size_t body = ptx.find('{', at);
+  const std::string_view header =
+      ptx.substr(at, body == std::string_view::npos ? ptx.npos : body - at);
+  constexpr std::string_view kMaxntid = ".maxntid";
+  const std::size_t directive = header.find(kMaxntid);
+  if (directive == std::string_view::npos) return 0;
+  std::int64_t product = 1;
+  int dims = 0;
+  std::size_t i = directive + kMaxntid.size();
+  while (i < header.size() && dims < 3) {
+    while (i < header.size() && (header[i] == ' ' || header[i] == '\t' || header[i] == ',')) ++i;
+    if (i >= header.size() || !is_digit(header[i])) break;
+    std::int64_t value = 0;
+    while (i < header.size() && is_digit(header[i])) value = value * 10 + (header[i++] - '0');
+    product *= value;
+    ++dims;
+  }
+  return dims == 0 ? 0 : static_cast<int>(product);
+}
+
+std::string map_log_locations(std::string_view log) {
+  std::string out;
+  out.reserve(log.size() + 64);
+  std::size_t start = 0;
+  while (start < log.size()) {
+    std::size_t end = log.find('\n', start);
+    const bool has_newline = end != std::string_view::npos;
+    if (!has_newline) end = log.size();
+    out += map_at_line(map_leading_location(log.substr(start, end - start)));
+    if (has_newline) out += '\n';
+    start = end + 1;
+  }
+  return out;
+}
+
+std::vector<std::string> error_lines(std::string_view log, std::size_t max_lines) {
+  std::vector<std::string> found;
+  const std::vector<std::string_view> lines = split_lines(log);
+  for (std::string_view line : lines) {
+    if (found.size() >= max_lines) break;
+    if (is_error_line(line)) found.emplace_back(trim(line));
+  }
+  if (!found.empty()) return found;
+  for (std::string_view line : lines) {
+    if (found.size() >= max_lines) break;
+    if (!trim(line).empty()) found.emplace_back(trim(line));
+  }
+  return found;
+}
+
+}  // namespace kjit::compile
