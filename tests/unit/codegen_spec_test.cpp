@@ -1,0 +1,188 @@
+// SPDX-License-Identifier: Apache-2.0
+// KernelSpec text, its checks, the stub and name expression, and the embedded template table.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "codegen/embedded_templates.hpp"
+#include "codegen/families.hpp"
+#include "kjit/error.hpp"
+#include "kjit/spec.hpp"
+#include "support/hash.hpp"
+
+namespace kjit::codegen {
+namespace {
+
+// The message of the InvalidArgument that parsing `text` throws; fails the test if none is.
+std::string parse_error(const std::string& text) {
+  try {
+    (void)KernelSpec::parse(text);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  FAIL("spec '", text, "' was accepted");
+  return {};
+}
+
+bool contains(const std::string& text, std::string_view part) {
+  return text.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("probe specs round-trip through their text") {
+  for (const char* text : {"probe:heavy=0@sm_80", "probe:heavy=1@sm_90", "probe:heavy=1@sm_90a",
+                           "probe:heavy=0@sm_100f"}) {
+    CAPTURE(text);
+    const KernelSpec spec = KernelSpec::parse(text);
+    CHECK(spec.str() == text);
+    CHECK(KernelSpec::parse(spec.str()) == spec);
+    CHECK(KernelSpecHash{}(KernelSpec::parse(text)) == KernelSpecHash{}(spec));
+  }
+  // Other spellings parse to the canonical text.
+  const KernelSpec spelled = KernelSpec::parse("probe:heavy=true@9.0");
+  CHECK(spelled.str() == "probe:heavy=1@sm_90");
+  CHECK(spelled == KernelSpec::make("probe", {{"heavy", "1"}}, Arch{9, 0}));
+  CHECK(spelled.get("heavy") == "1");
+  CHECK(spelled.get_int("heavy") == 1);
+  CHECK(spelled != KernelSpec::parse("probe:heavy=0@sm_90"));
+  CHECK(spelled != KernelSpec::parse("probe:heavy=1@sm_90a"));
+}
+
+TEST_CASE("specs of every declared family round-trip") {
+  for (const FamilyDecl& family : families()) {
+    if (family.params.empty()) continue;
+    std::vector<std::pair<std::string, std::string>> params;
+    // Declared in reverse, to check that make() restores the declared order.
+    for (auto decl = family.params.rbegin(); decl != family.params.rend(); ++decl) {
+      std::string value;
+      switch (decl->kind) {
+        case ParamKind::dtype:
+          value = decl->choices.empty() ? "f32" : std::string(decl->choices.front());
+          break;
+        case ParamKind::integer: {
+          const std::int64_t step = std::max<std::int64_t>(decl->multiple_of, 1);
+          value = std::to_string(((decl->max / step) * step));
+          break;
+        }
+        case ParamKind::choice:
+          value = std::string(decl->choices.back());
+          break;
+        case ParamKind::boolean:
+          value = "1";
+          break;
+      }
+      params.emplace_back(std::string(decl->name), value);
+    }
+    const KernelSpec spec =
+        KernelSpec::make(family.name, params,
+                         Arch{std::max(family.min_sm, 80) / 10, std::max(family.min_sm, 80) % 10});
+    CAPTURE(spec.str());
+    REQUIRE(spec.params.size() == family.params.size());
+    for (std::size_t i = 0; i < family.params.size(); ++i) {
+      CHECK(spec.params[i].first == family.params[i].name);
+    }
+    CHECK(KernelSpec::parse(spec.str()) == spec);
+  }
+}
+
+TEST_CASE("bad specs name what is wrong") {
+  const std::string unknown_family = parse_error("nosuch:heavy=1@sm_90");
+  CHECK(contains(unknown_family, "nosuch"));
+  CHECK(contains(unknown_family, "probe"));  // the known families are listed
+
+  const std::string unknown_param = parse_error("probe:heavy=1,light=2@sm_90");
+  CHECK(contains(unknown_param, "'light'"));
+  CHECK(contains(unknown_param, "heavy"));  // the parameters it does have
+
+  CHECK(contains(parse_error("probe:@sm_90"), "'heavy'"));
+  CHECK(contains(parse_error("probe:heavy=1,heavy=0@sm_90"), "'heavy'"));
+
+  const std::string bad_value = parse_error("probe:heavy=2@sm_90");
+  CHECK(contains(bad_value, "'heavy'"));
+  CHECK(contains(bad_value, "2"));
+  CHECK(contains(bad_value, "0, 1"));
+
+  CHECK(contains(parse_error("probe heavy=1"), "malformed"));
+  CHECK(contains(parse_error("probe:heavy=1"), "malformed"));
+  CHECK(contains(parse_error("probe:heavy@sm_90"), "'heavy'"));
+  CHECK(contains(parse_error("probe:=1@sm_90"), "key=value"));
+
+  CHECK(contains(parse_error("probe:heavy=1@sm_xx"), "sm_xx"));
+  CHECK(contains(parse_error("probe:heavy=1@"), "arch"));
+  // Below the family's minimum compute capability.
+  const std::string too_old = parse_error("probe:heavy=1@sm_60");
+  CHECK(contains(too_old, "sm_60"));
+  CHECK(contains(too_old, "sm_70"));
+
+  CHECK_THROWS_AS(KernelSpec::parse("probe:heavy=1@sm_90").get("light"), InvalidArgument);
+}
+
+TEST_CASE("the stub is one include plus comments, and the name expression instantiates") {
+  const KernelSpec spec = KernelSpec::parse("probe:heavy=1@sm_90");
+  const std::string stub = stub_source(spec);
+  CHECK(contains(stub, "#include \"kjit/probe.cuh\"\n"));
+  CHECK(contains(stub, spec.str()));
+  CHECK(name_expression(spec) == "&kjit::probe_kernel<true>");
+  CHECK(name_expression(KernelSpec::parse("probe:heavy=0@sm_90")) == "&kjit::probe_kernel<false>");
+  // Only comments besides the include: no kernel text is assembled from strings.
+  std::size_t start = 0;
+  while (start < stub.size()) {
+    std::size_t end = stub.find('\n', start);
+    if (end == std::string::npos) end = stub.size();
+    const std::string line = stub.substr(start, end - start);
+    CHECK_MESSAGE((line.empty() || line.starts_with("//") || line.starts_with("#include")), line);
+    start = end + 1;
+  }
+  // The arch does not change the stub; the parameters do.
+  CHECK(stub_source(KernelSpec::parse("probe:heavy=1@sm_80")) != stub);
+  CHECK(device_type_name(DType::bf16) == "__nv_bfloat16");
+  CHECK(device_type_name(DType::f16) == "__half");
+}
+
+TEST_CASE("the embedded template table") {
+  const auto table = embedded_templates();
+  REQUIRE(!table.empty());
+  CHECK(std::is_sorted(table.begin(), table.end(),
+                       [](const EmbeddedTemplate& a, const EmbeddedTemplate& b) {
+                         return std::strcmp(a.include_name, b.include_name) < 0;
+                       }));
+  for (const char* name : {"kjit/probe.cuh", "kjit/probe_params.h", "kjit/common/types.h"}) {
+    CAPTURE(name);
+    const EmbeddedTemplate* file = find_template(name);
+    REQUIRE(file != nullptr);
+    CHECK(std::strlen(file->contents) > 0);
+  }
+  CHECK(contains(find_template("kjit/probe.cuh")->contents, "probe_kernel"));
+  CHECK(find_template("kjit/nope.cuh") == nullptr);
+  CHECK(find_template("probe.cuh") == nullptr);
+
+  for (const FamilyDecl& family : families()) {
+    if (find_template(family.include) == nullptr) {
+      // A declared family whose template has not landed must not claim parameters yet.
+      CHECK_MESSAGE(family.params.empty(), family.name, " declares parameters but ", family.include,
+                    " is not embedded");
+      MESSAGE("family ", family.name, ": ", family.include, " not embedded yet");
+    }
+  }
+}
+
+TEST_CASE("template_set_digest is 32 hex, stable, and covers every file") {
+  const std::string& digest = template_set_digest();
+  CHECK(digest.size() == 32);
+  CHECK(digest.find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK(template_set_digest() == digest);
+  // Recomputed from the table: a change to any name or byte changes the digest.
+  std::string material;
+  for (const EmbeddedTemplate& file : embedded_templates()) {
+    for (const char* field : {file.include_name, file.contents}) {
+      material += std::to_string(std::strlen(field)) + ":" + field;
+    }
+  }
+  CHECK(support::xxh3_128(material).hex() == digest);
+  CHECK(support::xxh3_128(material + " ").hex() != digest);
+}
+
+}  // namespace kjit::codegen

@@ -1,0 +1,456 @@
+// SPDX-License-Identifier: Apache-2.0
+// The compile layer against the real NVRTC (dlopen()ed; no GPU needed): every template
+// compiles for every target kjit ships, ptxas resources are read, and failures say where.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "codegen/embedded_templates.hpp"
+#include "codegen/families.hpp"
+#include "compile/compiler.hpp"
+#include "kjit/error.hpp"
+#include "kjit/settings.hpp"
+
+namespace kjit::compile {
+namespace {
+
+// NVRTC as the runtime would load it (KJIT_NVRTC_LIBRARY, KJIT_CUDA_HOME/CUDA_HOME). The
+// toolkit is a build dependency, so a machine that builds kjit can run these tests; a load
+// failure is a test failure.
+const Compiler& nvrtc() {
+  const Settings settings = Settings::from_env();
+  return compiler(settings.nvrtc_library, settings.resolved_cuda_home());
+}
+
+KernelSpec probe(bool heavy, std::string_view arch) {
+  return KernelSpec::make("probe", {{"heavy", heavy ? "1" : "0"}}, Arch::parse(arch));
+}
+
+// How representative_specs() picks integer values.
+enum class Pick {
+  // The minimum (rounded up to the declared multiple): the smallest legal-looking spec.
+  minimal,
+  // The largest power of two up to 128 that the declaration accepts: a shape real models use.
+  typical,
+};
+
+std::int64_t pick_integer(const codegen::ParamDecl& decl, Pick pick) {
+  const std::int64_t step = std::max<std::int64_t>(decl.multiple_of, 1);
+  std::int64_t minimal = decl.min;
+  const std::int64_t remainder = ((minimal % step) + step) % step;
+  if (remainder != 0) minimal += step - remainder;
+  if (pick == Pick::typical) {
+    for (std::int64_t value = 128; value >= 1; value /= 2) {
+      if (value >= decl.min && value <= decl.max && value % step == 0) return value;
+    }
+  }
+  return minimal;
+}
+
+// One spec per family for `arch` with the first accepted value of every parameter, and a
+// second one with every boolean set, so both branches of `if constexpr` get compiled.
+std::vector<KernelSpec> representative_specs(const codegen::FamilyDecl& family, Arch arch,
+                                             Pick pick) {
+  std::vector<std::pair<std::string, std::string>> first;
+  std::vector<std::pair<std::string, std::string>> second;
+  bool has_boolean = false;
+  for (const codegen::ParamDecl& decl : family.params) {
+    std::string value;
+    std::string alternative;
+    switch (decl.kind) {
+      case codegen::ParamKind::dtype:
+        value = decl.choices.empty() ? "f32" : std::string(decl.choices.front());
+        break;
+      case codegen::ParamKind::integer:
+        value = std::to_string(pick_integer(decl, pick));
+        break;
+      case codegen::ParamKind::choice:
+        value = decl.choices.empty() ? "" : std::string(decl.choices.front());
+        break;
+      case codegen::ParamKind::boolean:
+        value = "0";
+        alternative = "1";
+        has_boolean = true;
+        break;
+    }
+    first.emplace_back(std::string(decl.name), value);
+    second.emplace_back(std::string(decl.name), alternative.empty() ? value : alternative);
+  }
+  std::vector<KernelSpec> specs = {KernelSpec::make(family.name, first, arch)};
+  if (has_boolean) specs.push_back(KernelSpec::make(family.name, second, arch));
+  return specs;
+}
+
+bool is_elf(const std::string& bytes) {
+  return bytes.size() > 4 && bytes.starts_with(
+                                 "\x7f"
+                                 "ELF");
+}
+
+std::size_t line_count(std::string_view text) {
+  return static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+}  // namespace
+
+TEST_CASE("NVRTC loads and reports its identity") {
+  const Compiler& c = nvrtc();
+  const CompilerIdentity& id = c.identity();
+  CHECK(id.major >= 12);
+  const std::string prefix = fmt::format("nvrtc-{}.{}-", id.major, id.minor);
+  REQUIRE(id.id.starts_with(prefix));
+  const std::string hash = id.id.substr(prefix.size());
+  CHECK(hash.size() == 8);
+  CHECK(hash.find_first_not_of("0123456789abcdef") == std::string::npos);
+  // The banner of NVVM's PTX carries the build; without it two builds of one version collide.
+  CHECK(id.material.find("// Compiler Build ID") != std::string::npos);
+  CHECK(id.material.find(".version") == std::string::npos);
+  MESSAGE("NVRTC identity: ", id.id, " from ", c.library());
+
+  // Computed once per Compiler, equal across Compilers of the same library.
+  CHECK(&c.identity() == &id);
+  const Compiler other(c.library(), c.cuda_home());
+  CHECK(other.identity().id == id.id);
+  CHECK(other.identity().material == id.material);
+}
+
+TEST_CASE("supported_archs lists the bases and the a/f variants") {
+  const std::vector<Arch> archs = nvrtc().supported_archs();
+  CHECK(std::is_sorted(archs.begin(), archs.end()));
+  auto has = [&](std::string_view name) {
+    return std::find(archs.begin(), archs.end(), Arch::parse(name)) != archs.end();
+  };
+  CHECK(has("sm_80"));
+  CHECK(has("sm_90"));
+  CHECK(has("sm_90a"));
+  CHECK(has("sm_100"));
+  CHECK(has("sm_100a"));
+  CHECK(has("sm_100f"));
+  CHECK_FALSE(has("sm_80a"));
+  CHECK_FALSE(has("sm_90f"));
+}
+
+TEST_CASE("options_for is canonical and free of host paths") {
+  const Compiler& c = nvrtc();
+  const std::vector<std::string> options = c.options_for(probe(true, "sm_90a"));
+  CHECK(std::is_sorted(options.begin(), options.end()));
+  CHECK(std::find(options.begin(), options.end(), "--gpu-architecture=sm_90a") != options.end());
+  CHECK(std::find(options.begin(), options.end(), "-std=c++20") != options.end());
+  CHECK(std::find(options.begin(), options.end(), "-default-device") != options.end());
+  for (const std::string& option : options) {
+    CHECK(option.find(c.cuda_home()) == std::string::npos);
+    CHECK(option.find("-I") != 0);
+    CHECK(option.find("ptxas") == std::string::npos);
+    CHECK(option.find("fast_math") == std::string::npos);
+    CHECK(option.find("lineinfo") == std::string::npos);
+  }
+  // The parameters never reach the options: they live in the stub.
+  CHECK(c.options_for(probe(false, "sm_90a")) == options);
+  CHECK(c.options_for(probe(true, "sm_90")) != options);
+
+  const std::vector<std::string> full = c.compile_options_for(probe(true, "sm_90a"));
+  CHECK(std::find(full.begin(), full.end(), "-Xptxas=-v") != full.end());
+  CHECK(std::find(full.begin(), full.end(), "-I" + c.cuda_home() + "/include") != full.end());
+  CHECK(full.size() == options.size() + 2);
+}
+
+TEST_CASE("probe compiles to a loadable CUBIN with its ptxas report") {
+  const Compiler& c = nvrtc();
+  const KernelSpec spec = probe(false, "sm_90");
+  const auto start = std::chrono::steady_clock::now();
+  const CompiledKernel light = c.compile(spec);
+  const double light_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  CHECK(light.spec == spec);
+  CHECK(light.lowered_name == "_ZN4kjit12probe_kernelILb0EEEvNS_11ProbeParamsE");
+  CHECK(is_elf(light.cubin));
+  CHECK(light.ptx.find(".entry " + light.lowered_name) != std::string::npos);
+  CHECK(light.ptx.find(".target sm_90") != std::string::npos);
+  CHECK(light.ptx.back() != '\0');
+  CHECK(light.source == codegen::stub_source(spec));
+  CHECK(light.options.find("--gpu-architecture=sm_90") != std::string::npos);
+  CHECK(light.options.find("-Xptxas=-v") != std::string::npos);
+  CHECK(light.log.find("ptxas info") != std::string::npos);
+  CHECK(light.key.empty());
+  CHECK(light.resources.registers > 0);
+  CHECK(light.resources.registers <= 32);
+  CHECK(light.resources.max_threads == 0);
+  CHECK(light.resources.spill_store_bytes == 0);
+
+  const auto heavy_start = std::chrono::steady_clock::now();
+  const CompiledKernel heavy = c.compile(probe(true, "sm_90"));
+  const double heavy_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - heavy_start)
+          .count();
+  CHECK(heavy.lowered_name.starts_with("_Z"));
+  // The planner's registers x threads tests rely on this kernel needing many registers.
+  CHECK(heavy.resources.registers > 64);
+  MESSAGE(
+      fmt::format("probe@sm_90 compile: heavy=0 {:.0f} ms ({} registers), heavy=1 {:.0f} ms "
+                  "({} registers)",
+                  light_ms, light.resources.registers, heavy_ms, heavy.resources.registers));
+
+  // The same spec gives the same binary, which the cache and bundles depend on.
+  CHECK(c.compile(spec).cubin == light.cubin);
+}
+
+TEST_CASE("architecture-specific targets compile") {
+  const Compiler& c = nvrtc();
+  for (const char* arch : {"sm_90a", "sm_100a", "sm_100f"}) {
+    CAPTURE(arch);
+    const CompiledKernel kernel = c.compile(probe(false, arch));
+    CHECK(is_elf(kernel.cubin));
+    CHECK(kernel.options.find(fmt::format("--gpu-architecture={}", arch)) != std::string::npos);
+    CHECK(kernel.resources.registers > 0);
+  }
+}
+
+TEST_CASE("every family's template compiles for sm_80, sm_90 and sm_100a") {
+  const Compiler& c = nvrtc();
+  // Each job: the minimal spec, and the typical one to fall back on when the template's own
+  // static_asserts reject the minimal one (a constraint between parameters the declaration
+  // cannot express, e.g. gdn_decode's "a tile is whole rows-per-warp for every warp").
+  struct Job {
+    KernelSpec minimal;
+    KernelSpec typical;
+    CompiledKernel kernel;
+    std::string error;
+    std::string note;
+  };
+  std::vector<Job> jobs;
+  for (const codegen::FamilyDecl& family : codegen::families()) {
+    if (family.params.empty() && codegen::find_template(family.include) == nullptr) {
+      MESSAGE("skipping family ", family.name, ": ", family.include, " does not exist yet");
+      continue;
+    }
+    for (const char* arch_text : {"sm_80", "sm_90", "sm_100a"}) {
+      const Arch arch = Arch::parse(arch_text);
+      if (arch.sm() < family.min_sm) {
+        MESSAGE("skipping ", family.name, " at ", arch_text, ": it needs sm_", family.min_sm);
+        continue;
+      }
+      const std::vector<KernelSpec> minimal = representative_specs(family, arch, Pick::minimal);
+      const std::vector<KernelSpec> typical = representative_specs(family, arch, Pick::typical);
+      for (std::size_t i = 0; i < minimal.size(); ++i) {
+        jobs.push_back(Job{.minimal = minimal[i], .typical = typical[i]});
+      }
+    }
+  }
+  REQUIRE(!jobs.empty());
+
+  // Compiled on several threads at once: this is also the test that one Compiler is safe to
+  // share. Results are checked on this thread.
+  const unsigned workers = std::clamp(std::thread::hardware_concurrency(), 2u, 8u);
+  std::vector<std::thread> threads;
+  for (unsigned w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      for (std::size_t i = w; i < jobs.size(); i += workers) {
+        Job& job = jobs[i];
+        try {
+          job.kernel = c.compile(job.minimal);
+          continue;
+        } catch (const CompileError& e) {
+          const bool only_constraints =
+              e.log().find("static assertion failed") != std::string::npos;
+          if (!only_constraints || job.typical == job.minimal) {
+            job.error = std::string(e.what()) + "\n" + e.log();
+            continue;
+          }
+          job.note = error_lines(e.log(), 1).front();
+        }
+        try {
+          job.kernel = c.compile(job.typical);
+        } catch (const CompileError& e) {
+          job.error = std::string(e.what()) + "\n" + e.log();
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+
+  for (const Job& job : jobs) {
+    CAPTURE(job.minimal.str());
+    CHECK_MESSAGE(job.error.empty(), job.error);
+    if (!job.error.empty()) continue;
+    if (!job.note.empty()) {
+      MESSAGE("the declaration accepts ", job.minimal.str(), " but the template rejects it (",
+              job.note, "); compiled ", job.typical.str(), " instead");
+    }
+    const CompiledKernel& kernel = job.kernel;
+    CHECK((kernel.spec == job.minimal || kernel.spec == job.typical));
+    CHECK(kernel.lowered_name.starts_with("_Z"));
+    CHECK(is_elf(kernel.cubin));
+    CHECK(kernel.ptx.find(".entry") != std::string::npos);
+    CHECK(kernel.resources.registers > 0);
+  }
+}
+
+TEST_CASE("every embedded template compiles standalone") {
+  // Includes each file on its own, so a header that forgets an #include it needs fails here
+  // even when every family happens to include things in a working order.
+  const Compiler& c = nvrtc();
+  const std::vector<HeaderFile> headers = embedded_headers();
+  const KernelSpec target = probe(false, "sm_90");
+  for (const codegen::EmbeddedTemplate& file : codegen::embedded_templates()) {
+    CAPTURE(file.include_name);
+    SourceProgram program;
+    program.name = "kjit_standalone.cu";
+    program.source = fmt::format("#include \"{}\"\n", file.include_name);
+    program.headers = headers;
+    program.options = c.compile_options_for(target);
+    program.what = file.include_name;
+    CHECK_NOTHROW(c.compile_source(program));
+  }
+}
+
+TEST_CASE("compile_source reports shared memory and launch bounds") {
+  const Compiler& c = nvrtc();
+  SourceProgram program;
+  program.name = "kjit_bounds.cu";
+  program.source =
+      "__global__ void __launch_bounds__(128) bounded(float* out) {\n"
+      "  __shared__ float tile[64];\n"
+      "  tile[threadIdx.x % 64] = float(threadIdx.x);\n"
+      "  __syncthreads();\n"
+      "  out[threadIdx.x] = tile[(threadIdx.x + 1) % 64];\n"
+      "}\n";
+  program.name_expression = "&bounded";
+  program.options = c.compile_options_for(probe(false, "sm_90"));
+  program.what = "bounded test kernel";
+  const CompileOutput output = c.compile_source(program);
+  REQUIRE(output.lowered_name == "_Z7boundedPf");
+  CHECK(ptx_max_threads(output.ptx, output.lowered_name) == 128);
+  const auto report = parse_ptxas_report(output.log);
+  REQUIRE(report.count(output.lowered_name) == 1);
+  CHECK(report.at(output.lowered_name).static_smem == 64 * 4);
+}
+
+TEST_CASE("spills are read from a real ptxas report") {
+  const Compiler& c = nvrtc();
+  const KernelSpec spec = probe(true, "sm_90");
+  SourceProgram program;
+  program.name = program_name(spec);
+  program.source = codegen::stub_source(spec);
+  program.name_expression = codegen::name_expression(spec);
+  program.headers = embedded_headers();
+  program.options = c.compile_options_for(spec);
+  // Forces the heavy probe to spill.
+  program.options.push_back("--maxrregcount=32");
+  program.what = spec.str();
+  const CompileOutput output = c.compile_source(program);
+  const KernelResources resources = parse_ptxas_report(output.log).at(output.lowered_name);
+  CHECK(resources.registers <= 32);
+  CHECK(resources.spill_store_bytes > 0);
+  CHECK(resources.spill_load_bytes > 0);
+  CHECK(resources.local_bytes > 0);
+}
+
+TEST_CASE("a broken template fails with its file:line in the log") {
+  const Compiler& c = nvrtc();
+  const KernelSpec spec = probe(true, "sm_90");
+  std::vector<HeaderFile> headers = embedded_headers();
+  const auto probe_header = std::find_if(headers.begin(), headers.end(), [](const HeaderFile& h) {
+    return h.name == "kjit/probe.cuh";
+  });
+  REQUIRE(probe_header != headers.end());
+  if (!probe_header->contents.ends_with('\n')) probe_header->contents += '\n';
+  const std::size_t broken_line = line_count(probe_header->contents) + 1;
+  probe_header->contents += "namespace kjit { __device__ int broken = kjit_undefined_name; }\n";
+
+  SourceProgram program;
+  program.name = program_name(spec);
+  program.source = codegen::stub_source(spec);
+  program.name_expression = codegen::name_expression(spec);
+  program.headers = headers;
+  program.options = c.compile_options_for(spec);
+  program.what = spec.str();
+  CHECK(program.name == "kjit_stub_probe.cu");
+  try {
+    c.compile_source(program);
+    FAIL("a broken template compiled");
+  } catch (const CompileError& e) {
+    const std::string location = fmt::format("templates/probe.cuh:{}:", broken_line);
+    const std::string what = e.what();
+    CHECK(what.find(spec.str()) != std::string::npos);
+    CHECK(what.find(location) != std::string::npos);
+    CHECK(what.find("kjit_undefined_name") != std::string::npos);
+    CHECK(what.find("--gpu-architecture=sm_90") != std::string::npos);
+    CHECK(e.log().find(location + " error") != std::string::npos);
+    CHECK(e.log().find("kjit/probe.cuh(") == std::string::npos);
+    CHECK(e.spec() == spec.str());
+    CHECK(e.options().find("-std=c++20") != std::string::npos);
+  }
+}
+
+TEST_CASE("an error in the stub names the stub") {
+  const Compiler& c = nvrtc();
+  SourceProgram program;
+  program.name = "kjit_stub_probe.cu";
+  program.source = "// line 1\n#include \"kjit/probe.cuh\"\nstatic_assert(false, \"kjit test\");\n";
+  program.headers = embedded_headers();
+  program.options = c.compile_options_for(probe(false, "sm_90"));
+  program.what = "stub test";
+  try {
+    c.compile_source(program);
+    FAIL("a broken stub compiled");
+  } catch (const CompileError& e) {
+    CHECK(e.log().find("kjit_stub_probe.cu:3: error") != std::string::npos);
+    CHECK(std::string(e.what()).find("stub test") != std::string::npos);
+  }
+}
+
+TEST_CASE("an unsupported target is refused before compiling") {
+  const Compiler& c = nvrtc();
+  for (const char* arch : {"sm_89a", "sm_70"}) {
+    CAPTURE(arch);
+    try {
+      c.compile(probe(false, arch));
+      FAIL("compiled for an unsupported target");
+    } catch (const CompileError& e) {
+      const std::string what = e.what();
+      CHECK(what.find(std::string("cannot target ") + arch) != std::string::npos);
+      CHECK(what.find("sm_90a") != std::string::npos);
+      CHECK(e.spec() == probe(false, arch).str());
+    }
+  }
+}
+
+TEST_CASE("missing libnvrtc says how to point kjit at one") {
+  const std::string path = "/nonexistent/libnvrtc.so";
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      // Through the accessor twice: a failed load must not be cached as a success.
+      (void)compiler(path, "/nonexistent/cuda");
+      FAIL("loaded a library that does not exist");
+    } catch (const CompileError& e) {
+      const std::string what = e.what();
+      CHECK(what.find(path) != std::string::npos);
+      CHECK(what.find("KJIT_NVRTC_LIBRARY") != std::string::npos);
+      // dlerror's text is kept.
+      CHECK(what.find("No such file") != std::string::npos);
+    }
+  }
+  CHECK_THROWS_AS(Compiler("/nonexistent/libnvrtc.so", ""), CompileError);
+  // A library that exists but is not NVRTC.
+  try {
+    Compiler not_nvrtc("libc.so.6", "");
+    FAIL("libc accepted as NVRTC");
+  } catch (const CompileError& e) {
+    CHECK(std::string(e.what()).find("nvrtc") != std::string::npos);
+  }
+}
+
+TEST_CASE("a Compiler can be moved") {
+  Compiler first(nvrtc().library(), nvrtc().cuda_home());
+  Compiler second = std::move(first);
+  CHECK(second.compile(probe(false, "sm_80")).lowered_name.starts_with("_Z"));
+  first = std::move(second);
+  CHECK(!first.identity().id.empty());
+}
+
+}  // namespace kjit::compile
