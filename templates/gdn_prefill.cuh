@@ -42,26 +42,30 @@ __device__ __forceinline__ float bits_to_f32<__half>(u32 bits) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
 }
 
-/// kN consecutive 16-bit elements with one vector load (the host checks the alignment).
-template <typename T, int kN>
-__device__ __forceinline__ void load_row(const T* ptr, float (&x)[kN]) {
-  u32 w[kN / 2];
-  if constexpr (kN == 8) {
-    const uint4 v = *reinterpret_cast<const uint4*>(ptr);
+/// kW 32-bit words (2 kW consecutive 16-bit elements) with one vector load when `valid`, zeros
+/// otherwise (the host checks the alignment).
+template <typename T, int kW>
+__device__ __forceinline__ void load_words(const T* ptr, bool valid, u32 (&w)[kW]) {
+  if constexpr (kW == 4) {
+    const uint4 v = valid ? *reinterpret_cast<const uint4*>(ptr) : make_uint4(0u, 0u, 0u, 0u);
     w[0] = v.x;
     w[1] = v.y;
     w[2] = v.z;
     w[3] = v.w;
-  } else if constexpr (kN == 4) {
-    const uint2 v = *reinterpret_cast<const uint2*>(ptr);
+  } else if constexpr (kW == 2) {
+    const uint2 v = valid ? *reinterpret_cast<const uint2*>(ptr) : make_uint2(0u, 0u);
     w[0] = v.x;
     w[1] = v.y;
   } else {
-    static_assert(kN == 2, "K / 32 must be 2, 4 or 8");
-    w[0] = *reinterpret_cast<const u32*>(ptr);
+    static_assert(kW == 1, "K / 32 must be 2, 4 or 8");
+    w[0] = valid ? *reinterpret_cast<const u32*>(ptr) : 0u;
   }
+}
+
+template <typename T, int kW>
+__device__ __forceinline__ void unpack_words(const u32 (&w)[kW], float (&x)[2 * kW]) {
 #pragma unroll
-  for (int i = 0; i < kN / 2; ++i) {
+  for (int i = 0; i < kW; ++i) {
     x[2 * i] = bits_to_f32<T>(w[i] & 0xffffu);
     x[2 * i + 1] = bits_to_f32<T>(w[i] >> 16);
   }
@@ -207,35 +211,66 @@ __global__ void __launch_bounds__(kGdnPrefillThreads) gdn_prefill_kernel(const G
     // The previous chunk's state update still reads s_k.
     __syncthreads();
 
-    // 1. q, k rows (L2-normalized, bf16), gates and the cumulative decay.
-#pragma unroll 4
-    for (int rr = 0; rr < 16; ++rr) {
-      const int r = row0 + rr;
-      float xq[kPerLane], xk[kPerLane];
-      if (r < rows) {
-        load_row(q_base + (t0 + r) * p.q_stride_t, xq);
-        load_row(k_base + (t0 + r) * p.k_stride_t, xk);
-      } else {
+    // 1. q, k rows (L2-normalized, bf16), gates and the cumulative decay. Every global load of
+    // the chunk (q, k, this thread's v pairs, gates) is issued before any is consumed: one
+    // memory latency per chunk instead of one per row.
+    u32 v_raw[2][kVT8];
 #pragma unroll
-        for (int e = 0; e < kPerLane; ++e) xq[e] = xk[e] = 0.f;
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = row0 + g + 8 * hf;
+#pragma unroll
+      for (int nt = 0; nt < kVT8; ++nt) {
+        v_raw[hf][nt] =
+            i < rows
+                ? *reinterpret_cast<const u32*>(v_base + (t0 + i) * p.v_stride_t + nt * 8 + 2 * t4)
+                : 0u;
       }
-      if constexpr (kL2Norm) {
-        float sq = 0.f, sk = 0.f;
+    }
+    float gate_a[2] = {0.f, 0.f}, gate_b[2] = {0.f, 0.f};
+    if (warp == 0) {
 #pragma unroll
-        for (int e = 0; e < kPerLane; ++e) {
-          sq = fmaf(xq[e], xq[e], sq);
-          sk = fmaf(xk[e], xk[e], sk);
-        }
-        const float iq = gdn::l2_inv_norm(gdn::group_sum<32>(sq));
-        const float ik = gdn::l2_inv_norm(gdn::group_sum<32>(sk));
-#pragma unroll
-        for (int e = 0; e < kPerLane; ++e) {
-          xq[e] *= iq;
-          xk[e] *= ik;
+      for (int e = 0; e < 2; ++e) {
+        const int r = 2 * lane + e;
+        if (r < rows) {
+          gate_a[e] = gdn::to_f32(static_cast<const Tgate*>(p.a)[(t0 + r) * p.a_stride_t + hv]);
+          gate_b[e] = gdn::to_f32(static_cast<const Tgate*>(p.b)[(t0 + r) * p.b_stride_t + hv]);
         }
       }
-      store_row_bf16(s_q + r * kLdK + lane * kPerLane, xq);
-      store_row_bf16(s_k + r * kLdK + lane * kPerLane, xk);
+    }
+    constexpr int kBatch = kPerLane <= 4 ? 16 : 8;
+#pragma unroll 1
+    for (int rb = 0; rb < 16; rb += kBatch) {
+      u32 wq[kBatch][kPerLane / 2], wk[kBatch][kPerLane / 2];
+#pragma unroll
+      for (int rr = 0; rr < kBatch; ++rr) {
+        const int r = row0 + rb + rr;
+        load_words(q_base + (t0 + r) * p.q_stride_t, r < rows, wq[rr]);
+        load_words(k_base + (t0 + r) * p.k_stride_t, r < rows, wk[rr]);
+      }
+#pragma unroll
+      for (int rr = 0; rr < kBatch; ++rr) {
+        const int r = row0 + rb + rr;
+        float xq[kPerLane], xk[kPerLane];
+        unpack_words<Tin>(wq[rr], xq);
+        unpack_words<Tin>(wk[rr], xk);
+        if constexpr (kL2Norm) {
+          float sq = 0.f, sk = 0.f;
+#pragma unroll
+          for (int e = 0; e < kPerLane; ++e) {
+            sq = fmaf(xq[e], xq[e], sq);
+            sk = fmaf(xk[e], xk[e], sk);
+          }
+          const float iq = gdn::l2_inv_norm(gdn::group_sum<32>(sq));
+          const float ik = gdn::l2_inv_norm(gdn::group_sum<32>(sk));
+#pragma unroll
+          for (int e = 0; e < kPerLane; ++e) {
+            xq[e] *= iq;
+            xk[e] *= ik;
+          }
+        }
+        store_row_bf16(s_q + r * kLdK + lane * kPerLane, xq);
+        store_row_bf16(s_k + r * kLdK + lane * kPerLane, xk);
+      }
     }
     if (warp == 0) {
       float gl[2], bl[2];
@@ -245,17 +280,14 @@ __global__ void __launch_bounds__(kGdnPrefillThreads) gdn_prefill_kernel(const G
         gl[e] = 0.f;
         bl[e] = 0.f;
         if (r < rows) {
-          const i64 t = t0 + r;
-          const float a = gdn::to_f32(static_cast<const Tgate*>(p.a)[t * p.a_stride_t + hv]);
-          const float b = gdn::to_f32(static_cast<const Tgate*>(p.b)[t * p.b_stride_t + hv]);
           if constexpr (kGated) {
-            gl[e] = a;
-            bl[e] = b;
+            gl[e] = gate_a[e];
+            bl[e] = gate_b[e];
           } else {
             const float a_log = gdn::to_f32(static_cast<const Tparam*>(p.a_log)[hv]);
             const float dt_bias = gdn::to_f32(static_cast<const Tparam*>(p.dt_bias)[hv]);
-            gl[e] = gdn::log_decay(a, a_log, dt_bias, p.softplus_threshold);
-            bl[e] = gdn::sigmoid(b);
+            gl[e] = gdn::log_decay(gate_a[e], a_log, dt_bias, p.softplus_threshold);
+            bl[e] = gdn::sigmoid(gate_b[e]);
           }
         }
       }
@@ -321,9 +353,8 @@ __global__ void __launch_bounds__(kGdnPrefillThreads) gdn_prefill_kernel(const G
           const int c = nt * 8 + 2 * t4;
           float r0 = 0.f, r1 = 0.f;
           if (i < rows) {
-            const float2 vv = load_pair(v_base + (t0 + i) * p.v_stride_t + c);
-            r0 = bi * (vv.x - eg * acc_r[nt][2 * hf]);
-            r1 = bi * (vv.y - eg * acc_r[nt][2 * hf + 1]);
+            r0 = bi * (bits_to_f32<Tin>(v_raw[hf][nt] & 0xffffu) - eg * acc_r[nt][2 * hf]);
+            r1 = bi * (bits_to_f32<Tin>(v_raw[hf][nt] >> 16) - eg * acc_r[nt][2 * hf + 1]);
           }
           s_r[c * kLd + i] = __float2bfloat16_rn(r0);
           s_r[(c + 1) * kLd + i] = __float2bfloat16_rn(r1);
