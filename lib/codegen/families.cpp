@@ -14,6 +14,7 @@ const std::vector<FamilyDecl>& families() {
       merge_state_family(),
       gdn_decode_family(),
       bench_family(),
+      gdn_prefill_family(),
   };
   return table;
 }

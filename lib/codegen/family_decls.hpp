@@ -11,5 +11,6 @@ FamilyDecl probe_family();
 FamilyDecl merge_state_family();
 FamilyDecl gdn_decode_family();
 FamilyDecl bench_family();
+FamilyDecl gdn_prefill_family();
 
 }  // namespace kjit::codegen

@@ -23,20 +23,10 @@
 #include "driver/driver_api.hpp"
 #include "driver/launch.hpp"
 #include "kjit/error.hpp"
+#include "runtime/loaded_kernel.hpp"
 #include "support/log.hpp"
 
 namespace kjit {
-
-/// A kernel loaded on one device: the compiled artifacts, the library handle that owns the
-/// function, and what the driver says of the function.
-class LoadedKernel {
- public:
-  std::shared_ptr<const CompiledKernel> compiled;
-  int device = 0;
-  driver::LoadedLibrary library;
-  CUfunction function = nullptr;
-  FunctionLimits limits;
-};
 
 namespace {
 
