@@ -1,0 +1,224 @@
+// SPDX-License-Identifier: Apache-2.0
+// Gated DeltaNet packed decode: median GPU time, bandwidth and its ratio to a same-run
+// device-to-device copy of the same bytes, for the Qwen3-Next shapes of BENCHMARKING.md
+// (H = 16, K = V = 128, bf16 q/k/v, f32 state). Cold data: L2 flushed per shape and the calls
+// rotate through >= 512 MB of pool slots. Each shape is first checked against the float64
+// reference on a sample of rows.
+//
+//   bench_gdn_decode [results.jsonl]
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+#include "kjit/ops/gdn_decode.hpp"
+#include "ops/gdn_reference.hpp"
+#include "support/numeric.hpp"
+
+namespace {
+
+using kjit::DType;
+using kjit::TensorView;
+using kjit::bench::DeviceBuffer;
+
+constexpr std::int64_t kHeads = 16, kDim = 128;
+constexpr std::size_t kRotationBytes = std::size_t{512} << 20;
+
+TensorView view(const DeviceBuffer& buffer, DType dtype, std::initializer_list<std::int64_t> shape,
+                std::size_t byte_offset = 0) {
+  return TensorView::contiguous(static_cast<char*>(buffer.get()) + byte_offset, dtype, shape);
+}
+
+template <typename T>
+std::vector<T> download(const DeviceBuffer& buffer, std::size_t offset_bytes, std::size_t count) {
+  std::vector<T> host(count);
+  kjit::bench::check(kjit::bench::cu().cuCtxSynchronize(), "cuCtxSynchronize");
+  kjit::bench::check(
+      kjit::bench::cu().cuMemcpyDtoH(host.data(), buffer.ptr() + offset_bytes, count * sizeof(T)),
+      "cuMemcpyDtoH");
+  return host;
+}
+
+struct Result {
+  bool ok = true;
+  double max_err = 0;
+};
+
+/// Runs one step on rotation 0 and compares sampled rows (out and their slots) with the
+/// float64 reference.
+Result verify(std::int64_t batch, std::int64_t value_heads, const DeviceBuffer& qkv,
+              const DeviceBuffer& ab, const DeviceBuffer& params, const DeviceBuffer& pool,
+              const DeviceBuffer& indices, const DeviceBuffer& out,
+              const kjit::GdnDecodeOptions& options, kjit::bench::Gpu& gpu) {
+  const std::int64_t width = 2 * kHeads * kDim + value_heads * kDim;
+  const std::int64_t slot_elems = value_heads * kDim * kDim;
+  const std::vector<std::int64_t> rows = {0, batch / 2, batch - 1};
+  const auto slots = download<std::int32_t>(indices, 0, static_cast<std::size_t>(batch));
+  // Host copies of the sampled rows, as a 3-row problem with slots 0..2.
+  const std::int64_t n_rows = static_cast<std::int64_t>(rows.size());
+  std::vector<std::uint16_t> h_qkv, h_a, h_b;
+  std::vector<float> h_state, h_params = download<float>(params, 0, 2 * value_heads);
+  for (std::int64_t n : rows) {
+    auto q = download<std::uint16_t>(qkv, n * width * 2, width);
+    h_qkv.insert(h_qkv.end(), q.begin(), q.end());
+    auto a = download<std::uint16_t>(ab, n * value_heads * 2, value_heads);
+    auto b = download<std::uint16_t>(ab, (batch + n) * value_heads * 2, value_heads);
+    h_a.insert(h_a.end(), a.begin(), a.end());
+    h_b.insert(h_b.end(), b.begin(), b.end());
+    auto s = download<float>(pool, slots[n] * slot_elems * 4, slot_elems);
+    h_state.insert(h_state.end(), s.begin(), s.end());
+  }
+  std::vector<std::int32_t> h_idx(rows.size());
+  std::iota(h_idx.begin(), h_idx.end(), 0);
+  std::vector<std::uint16_t> h_out(rows.size() * value_heads * kDim);
+
+  kjit::gdn_decode(view(qkv, DType::bf16, {batch, width}),
+                   view(ab, DType::bf16, {batch, value_heads}),
+                   view(ab, DType::bf16, {batch, value_heads}, batch * value_heads * 2),
+                   view(params, DType::f32, {value_heads}),
+                   view(params, DType::f32, {value_heads}, value_heads * 4),
+                   view(pool, DType::f32,
+                        {std::int64_t(pool.bytes() / 4 / slot_elems), value_heads, kDim, kDim}),
+                   view(indices, DType::i32, {batch}),
+                   view(out, DType::bf16, {batch, value_heads, kDim}), options, gpu.stream);
+  gpu.synchronize();
+
+  std::vector<double> want_out(h_out.size());
+  kjit::reference::gdn_decode_reference(
+      TensorView::contiguous(h_qkv.data(), DType::bf16, {n_rows, width}),
+      TensorView::contiguous(h_a.data(), DType::bf16, {n_rows, value_heads}),
+      TensorView::contiguous(h_b.data(), DType::bf16, {n_rows, value_heads}),
+      TensorView::contiguous(h_params.data(), DType::f32, {value_heads}),
+      TensorView::contiguous(h_params.data() + value_heads, DType::f32, {value_heads}),
+      TensorView::contiguous(h_state.data(), DType::f32, {n_rows, value_heads, kDim, kDim}),
+      TensorView::contiguous(h_idx.data(), DType::i32, {n_rows}),
+      TensorView::contiguous(h_out.data(), DType::bf16, {n_rows, value_heads, kDim}), options,
+      want_out);
+  Result result;
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    const std::int64_t n = rows[r];
+    auto got = download<std::uint16_t>(out, n * value_heads * kDim * 2, value_heads * kDim);
+    for (std::int64_t i = 0; i < value_heads * kDim; ++i) {
+      const double g = kjit::support::bf16_to_float(got[i]);
+      const double w = want_out[r * value_heads * kDim + i];
+      const double err = std::fabs(g - w);
+      result.max_err = std::max(result.max_err, err);
+      if (!(err <= 2e-2 + 1e-2 * std::fabs(w))) result.ok = false;
+    }
+    auto state = download<float>(pool, slots[n] * slot_elems * 4, slot_elems);
+    for (std::int64_t i = 0; i < slot_elems; ++i) {
+      const double w = h_state[r * slot_elems + i];
+      const double err = std::fabs(state[i] - w);
+      if (!(err <= 1e-4 + 1e-4 * std::fabs(w))) result.ok = false;
+    }
+  }
+  return result;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string why;
+  auto gpu = kjit::bench::Gpu::open(&why);
+  if (!gpu) {
+    std::printf("SKIPPED: %s\n", why.c_str());
+    return 0;
+  }
+  std::FILE* json = argc > 1 ? std::fopen(argv[1], "w") : nullptr;
+  kjit::GdnDecodeOptions options;
+  options.runtime = &gpu->runtime();
+  options.device = gpu->device;
+  std::printf("gdn_decode H=16 K=V=128 bf16 qkv, f32 state; median GPU us of %s\n",
+              "cold calls (L2 flushed, pools rotated)");
+  bool all_ok = true;
+  for (std::int64_t value_heads : {32, 64}) {
+    for (std::int64_t batch : {1, 8, 32, 256, 1024, 2048}) {
+      const std::int64_t width = 2 * kHeads * kDim + value_heads * kDim;
+      const std::size_t slot_bytes = static_cast<std::size_t>(value_heads * kDim * kDim * 4);
+      const std::size_t step_bytes = slot_bytes * static_cast<std::size_t>(batch);
+      const std::int64_t rotations =
+          std::max<std::int64_t>(1, static_cast<std::int64_t>(kRotationBytes / step_bytes));
+      const std::int64_t slots = rotations * batch;
+
+      DeviceBuffer qkv(static_cast<std::size_t>(batch * width * 2));
+      DeviceBuffer ab(static_cast<std::size_t>(2 * batch * value_heads * 2));
+      DeviceBuffer params(static_cast<std::size_t>(2 * value_heads * 4));
+      DeviceBuffer pool(static_cast<std::size_t>(slots) * slot_bytes);
+      DeviceBuffer indices(static_cast<std::size_t>(slots * 4));
+      DeviceBuffer out(static_cast<std::size_t>(batch * value_heads * kDim * 2));
+      const std::uint64_t seed = 0x9d2c5680u + static_cast<std::uint64_t>(batch * value_heads);
+      kjit::bench::fill_random(qkv, DType::bf16, qkv.bytes() / 2, seed);
+      kjit::bench::fill_random(ab, DType::bf16, ab.bytes() / 2, seed + 1);
+      kjit::bench::fill_random(params, DType::f32, params.bytes() / 4, seed + 2, 0.5);
+      kjit::bench::fill_random(pool, DType::f32, pool.bytes() / 4, seed + 3, 0.1);
+      std::vector<std::int32_t> perm(static_cast<std::size_t>(slots));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), std::mt19937_64(seed + 4));
+      indices.upload(perm.data(), perm.size() * 4);
+
+      const TensorView pool_view = view(pool, DType::f32, {slots, value_heads, kDim, kDim});
+      auto views_for = [&](std::int64_t rotation) {
+        return view(indices, DType::i32, {batch}, static_cast<std::size_t>(rotation * batch * 4));
+      };
+      const TensorView v_qkv = view(qkv, DType::bf16, {batch, width});
+      const TensorView v_a = view(ab, DType::bf16, {batch, value_heads});
+      const TensorView v_b = view(ab, DType::bf16, {batch, value_heads},
+                                  static_cast<std::size_t>(batch * value_heads * 2));
+      const TensorView v_alog = view(params, DType::f32, {value_heads});
+      const TensorView v_dtb =
+          view(params, DType::f32, {value_heads}, static_cast<std::size_t>(value_heads * 4));
+      const TensorView v_out = view(out, DType::bf16, {batch, value_heads, kDim});
+
+      const Result check =
+          verify(batch, value_heads, qkv, ab, params, pool, indices, out, options, *gpu);
+      all_ok = all_ok && check.ok;
+      const kjit::Plan plan = kjit::plan_gdn_decode(v_qkv, v_a, v_b, v_alog, v_dtb, pool_view,
+                                                    views_for(0), v_out, options, gpu->limits);
+      const kjit::KernelSpec& spec = plan.launches.front().spec;
+
+      std::int64_t call = 0;
+      kjit::bench::flush_l2(*gpu);
+      const std::size_t moved =
+          2 * step_bytes +
+          static_cast<std::size_t>(batch * width * 2 + 2 * batch * value_heads * 2 +
+                                   batch * value_heads * kDim * 2);
+      const int reps = moved > (std::size_t{1} << 30) ? 50 : 100;
+      const double us = kjit::bench::median_gpu_us(
+          *gpu,
+          [&](kjit::Stream stream) {
+            kjit::gdn_decode(v_qkv, v_a, v_b, v_alog, v_dtb, pool_view,
+                             views_for(call++ % rotations), v_out, options, stream);
+          },
+          reps);
+      const double gbs = static_cast<double>(moved) / (us * 1e3);
+      const double copy = kjit::bench::copy_gbs(*gpu, moved);
+      const std::string line = fmt::format(
+          "HV={:>2} B={:>4}  {:>9.2f} us  {:>7.1f} GB/s  copy {:>7.1f} GB/s  ratio {:.3f}  "
+          "mode={} bv={} warps={} vec={}  check={} (max err {:.2e})",
+          value_heads, batch, us, gbs, copy, gbs / copy, plan.mode, spec.get("bv"),
+          spec.get("warps"), spec.get("vec_bytes"), check.ok ? "ok" : "FAILED", check.max_err);
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+      if (json != nullptr) {
+        std::fprintf(
+            json,
+            "{\"op\":\"gdn_decode\",\"H\":16,\"HV\":%lld,\"B\":%lld,\"K\":128,\"V\":128,"
+            "\"qkv\":\"bf16\",\"state\":\"f32\",\"us\":%.3f,\"gbs\":%.1f,\"copy_gbs\":%.1f,"
+            "\"ratio\":%.4f,\"bytes\":%zu,\"mode\":\"%s\",\"spec\":\"%s\",\"check\":%s,"
+            "\"max_err\":%.3e}\n",
+            static_cast<long long>(value_heads), static_cast<long long>(batch), us, gbs, copy,
+            gbs / copy, moved, plan.mode.c_str(), spec.str().c_str(), check.ok ? "true" : "false",
+            check.max_err);
+      }
+    }
+  }
+  if (json != nullptr) std::fclose(json);
+  return all_ok ? 0 : 1;
+}

@@ -1,0 +1,383 @@
+// SPDX-License-Identifier: Apache-2.0
+// gdn_decode on the GPU against the float64 reference: every dtype combination, several steps
+// feeding the pool back, invalid indices under both rules (pool bit-identical), the grid
+// boundaries (B*HV = 65535, 65536, 131072; B = 70000), strided views, both forms.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/gpu.hpp"
+#include "kjit/ops/gdn_decode.hpp"
+#include "ops/gdn_reference.hpp"
+#include "support/numeric.hpp"
+
+namespace kjit {
+namespace {
+
+using support::load_as_double;
+using support::store_from_double;
+
+/// A host tensor with explicit strides and its device twin.
+struct Tensor {
+  DType dtype = DType::f32;
+  std::vector<std::int64_t> shape, strides;
+  std::vector<unsigned char> host;
+  test::DeviceBuffer device{1};
+
+  Tensor(DType d, std::vector<std::int64_t> s, std::vector<std::int64_t> st = {})
+      : dtype(d), shape(std::move(s)), strides(std::move(st)) {
+    if (strides.empty()) {
+      strides.assign(shape.size(), 1);
+      for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) {
+        strides[i] = strides[i + 1] * shape[i + 1];
+      }
+    }
+    std::int64_t span = 1;
+    for (std::size_t i = 0; i < shape.size(); ++i) span += (shape[i] - 1) * strides[i];
+    host.assign(static_cast<std::size_t>(span) * size_of(dtype), 0);
+    device = test::DeviceBuffer(host.size());
+  }
+  std::int64_t elements() const { return static_cast<std::int64_t>(host.size() / size_of(dtype)); }
+  double get(std::int64_t i) const { return load_as_double(host.data(), dtype, i); }
+  void set(std::int64_t i, double v) { store_from_double(host.data(), dtype, i, v); }
+  TensorView view(bool on_device) {
+    TensorView t;
+    t.data = on_device ? device.get() : host.data();
+    t.dtype = dtype;
+    t.rank = static_cast<int>(shape.size());
+    for (int i = 0; i < t.rank; ++i) {
+      t.shape[i] = shape[i];
+      t.strides[i] = strides[i];
+    }
+    return t;
+  }
+  void upload() { device.upload(host.data(), host.size()); }
+  std::vector<unsigned char> download() const {
+    std::vector<unsigned char> bytes(host.size());
+    device.download(bytes.data(), bytes.size());
+    return bytes;
+  }
+  /// Every element (padding included) drawn from N(0, sigma).
+  void fill(test::Rng& rng, double sigma) {
+    std::normal_distribution<double> normal(0.0, sigma);
+    for (std::int64_t i = 0; i < elements(); ++i) set(i, normal(rng));
+  }
+};
+
+struct Case {
+  std::int64_t batch = 5, heads = 2, value_heads = 4, k = 128, v = 128;
+  DType qkv = DType::bf16, gate = DType::bf16, state = DType::f32, out = DType::bf16;
+  DType index = DType::i32, a_log = DType::f32, dt_bias = DType::bf16;
+  GdnInvalidIndex rule = GdnInvalidIndex::negative;
+  bool gated = false;
+  bool l2norm = true;
+  int steps = 3;
+  /// Extra elements per row / slot; index stride.
+  std::int64_t qkv_pad = 0, gate_pad = 0, slot_pad = 0, out_pad = 0, index_stride = 1;
+  /// Rows whose index is invalid (every `invalid_every`-th row; 0: none).
+  std::int64_t invalid_every = 4;
+  std::string force_mode;
+  int force_bv = 0;
+  std::string expect_mode;
+
+  std::string str() const {
+    return fmt::format(
+        "B={} H={} HV={} K={} V={} qkv={} gate={} state={} out={} index={} rule={} gated={} "
+        "pads=({},{},{},{},{}) mode={} bv={}",
+        batch, heads, value_heads, k, v, to_string(qkv), to_string(gate), to_string(state),
+        to_string(out), to_string(index),
+        rule == GdnInvalidIndex::negative ? "negative" : "nonpositive", gated, qkv_pad, gate_pad,
+        slot_pad, out_pad, index_stride, force_mode, force_bv);
+  }
+};
+
+bool is16(DType d) { return d == DType::bf16 || d == DType::f16; }
+
+/// |got - want| <= atol + rtol |want|; reports the first few failures.
+void compare(const char* what, const Tensor& got_t, const std::vector<unsigned char>& got_bytes,
+             const Tensor& want, double atol, double rtol,
+             const std::vector<bool>* mask = nullptr) {
+  std::int64_t bad = 0;
+  double worst = 0;
+  for (std::int64_t i = 0; i < want.elements(); ++i) {
+    if (mask != nullptr && !(*mask)[static_cast<std::size_t>(i)]) continue;
+    const double g = load_as_double(got_bytes.data(), got_t.dtype, i);
+    const double w = want.get(i);
+    const double err = std::fabs(g - w);
+    if (!(err <= atol + rtol * std::fabs(w))) {
+      if (bad < 5) MESSAGE(fmt::format("{}[{}]: got {} want {}", what, i, g, w));
+      ++bad;
+    }
+    if (std::isfinite(err)) worst = std::max(worst, err);
+  }
+  CHECK_MESSAGE(bad == 0,
+                fmt::format("{}: {} elements out of tolerance (max err {})", what, bad, worst));
+}
+
+void run_case(const Case& c) {
+  INFO(c.str());
+  test::Rng rng(test::fresh_seed());
+  const std::int64_t width = 2 * c.heads * c.k + c.value_heads * c.v;
+  const std::int64_t slots = c.batch + 2;
+  Tensor qkv(c.qkv, {c.batch, width}, {width + c.qkv_pad, 1});
+  Tensor a(c.gated ? DType::f32 : c.gate, {c.batch, c.value_heads},
+           {c.value_heads + c.gate_pad, 1});
+  Tensor b(c.gated ? DType::f32 : c.gate, {c.batch, c.value_heads},
+           {c.value_heads + c.gate_pad, 1});
+  Tensor a_log(c.a_log, {c.value_heads});
+  Tensor dt_bias(c.dt_bias, {c.value_heads});
+  const std::int64_t slot_size = c.value_heads * c.v * c.k;
+  Tensor state(c.state, {slots, c.value_heads, c.v, c.k},
+               {slot_size + c.slot_pad, c.v * c.k, c.k, 1});
+  Tensor indices(c.index, {c.batch}, {c.index_stride});
+  Tensor out(c.out, {c.batch, c.value_heads, c.v}, {c.value_heads * c.v + c.out_pad, c.v, 1});
+  Tensor ref_out(c.out, out.shape, out.strides);
+
+  // Valid rows get distinct slots from 1..slots-1 (slot 0 is left for the nonpositive rule's
+  // null block); invalid rows get -1, or 0 under the nonpositive rule.
+  std::vector<std::int64_t> free_slots(static_cast<std::size_t>(slots - 1));
+  std::iota(free_slots.begin(), free_slots.end(), 1);
+  std::shuffle(free_slots.begin(), free_slots.end(), rng);
+  for (std::int64_t i = 0; i < indices.elements(); ++i) indices.set(i, -3);  // stride padding
+  for (std::int64_t n = 0; n < c.batch; ++n) {
+    std::int64_t slot = free_slots[static_cast<std::size_t>(n)];
+    if (c.invalid_every > 0 && n % c.invalid_every == 1) {
+      slot = (c.rule == GdnInvalidIndex::nonpositive && (n / c.invalid_every) % 2 == 0) ? 0 : -1;
+    }
+    indices.set(n * c.index_stride, static_cast<double>(slot));
+  }
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  for (std::int64_t i = 0; i < c.value_heads; ++i) {
+    a_log.set(i, uniform(rng));
+    dt_bias.set(i, 0.5 * uniform(rng));
+  }
+  state.fill(rng, 0.1);
+  const std::vector<unsigned char> initial_state = state.host;
+  state.upload();
+  indices.upload();
+  a_log.upload();
+  dt_bias.upload();
+
+  GdnDecodeOptions options;
+  options.runtime = &test::runtime();
+  options.device = test::device();
+  options.invalid_index = c.rule;
+  options.l2norm_qk = c.l2norm;
+  options.force_mode = c.force_mode;
+  options.force_bv = c.force_bv;
+
+  for (int step = 0; step < c.steps; ++step) {
+    CAPTURE(step);
+    qkv.fill(rng, 1.0);
+    if (c.gated) {
+      std::normal_distribution<double> normal(0.0, 1.0);
+      for (std::int64_t i = 0; i < a.elements(); ++i) {
+        a.set(i, reference::gdn_log_decay(normal(rng), a_log.get(i % c.value_heads), 0.0, 20.0));
+        b.set(i, reference::gdn_sigmoid(normal(rng)));
+      }
+    } else {
+      a.fill(rng, 1.0);
+      b.fill(rng, 1.0);
+    }
+    qkv.upload();
+    a.upload();
+    b.upload();
+    out.device.poison();
+    if (c.gated) {
+      gdn_decode_gated(qkv.view(true), a.view(true), b.view(true), state.view(true),
+                       indices.view(true), out.view(true), options, test::stream());
+      reference::gdn_decode_gated_reference(qkv.view(false), a.view(false), b.view(false),
+                                            state.view(false), indices.view(false),
+                                            ref_out.view(false), options);
+    } else {
+      gdn_decode(qkv.view(true), a.view(true), b.view(true), a_log.view(true), dt_bias.view(true),
+                 state.view(true), indices.view(true), out.view(true), options, test::stream());
+      reference::gdn_decode_reference(qkv.view(false), a.view(false), b.view(false),
+                                      a_log.view(false), dt_bias.view(false), state.view(false),
+                                      indices.view(false), ref_out.view(false), options);
+    }
+    test::sync();
+    const bool coarse = is16(c.qkv) || is16(c.state) || is16(c.out) || is16(c.gate);
+    const double atol = coarse ? 2e-2 : 1e-4, rtol = coarse ? 1e-2 : 1e-4;
+    // Only the [B, HV, V] elements: the row padding of out stays poisoned.
+    std::vector<bool> out_mask(static_cast<std::size_t>(ref_out.elements()), false);
+    for (std::int64_t n = 0; n < c.batch; ++n) {
+      for (std::int64_t i = 0; i < c.value_heads * c.v; ++i) {
+        out_mask[static_cast<std::size_t>(n * out.strides[0] + i)] = true;
+      }
+    }
+    compare("out", out, out.download(), ref_out, atol, rtol, &out_mask);
+    compare("state", state, state.download(), state, atol, rtol);
+  }
+
+  // Slots no valid row owns, and the slot padding, are bit-identical to what was uploaded.
+  const std::vector<unsigned char> final_state = state.download();
+  std::vector<bool> owned(static_cast<std::size_t>(slots), false);
+  for (std::int64_t n = 0; n < c.batch; ++n) {
+    const auto slot = static_cast<std::int64_t>(indices.get(n * c.index_stride));
+    const bool invalid = c.rule == GdnInvalidIndex::nonpositive ? slot <= 0 : slot < 0;
+    if (!invalid) owned[static_cast<std::size_t>(slot)] = true;
+  }
+  const std::size_t esize = size_of(c.state);
+  std::int64_t changed = 0;
+  for (std::int64_t s = 0; s < slots; ++s) {
+    const std::size_t begin = static_cast<std::size_t>(s * state.strides[0]) * esize;
+    const std::size_t end =
+        std::min(final_state.size(), static_cast<std::size_t>((s + 1) * state.strides[0]) * esize);
+    const std::size_t owned_end = owned[static_cast<std::size_t>(s)]
+                                      ? begin + static_cast<std::size_t>(slot_size) * esize
+                                      : begin;
+    for (std::size_t i = owned_end; i < end; ++i) changed += final_state[i] != initial_state[i];
+  }
+  CHECK_MESSAGE(changed == 0,
+                fmt::format("{} bytes changed outside the slots of valid rows", changed));
+  if (!c.expect_mode.empty()) {
+    const Plan plan =
+        plan_gdn_decode(qkv.view(true), a.view(true), b.view(true), a_log.view(true),
+                        dt_bias.view(true), state.view(true), indices.view(true), out.view(true),
+                        options, test::runtime().device_limits(test::device()));
+    CHECK(plan.mode == c.expect_mode);
+  }
+}
+
+TEST_CASE("gdn_decode gpu: every dtype combination, three steps") {
+  for (DType qkv : {DType::bf16, DType::f16, DType::f32}) {
+    for (DType state : {DType::f32, DType::bf16, DType::f16}) {
+      for (DType index : {DType::i32, DType::i64}) {
+        Case c;
+        c.qkv = c.gate = c.out = c.dt_bias = qkv;
+        c.state = state;
+        c.index = index;
+        run_case(c);
+      }
+    }
+  }
+  Case mixed;  // f32 output and f32 gates with bf16 inputs
+  mixed.out = DType::f32;
+  mixed.gate = DType::f32;
+  mixed.a_log = DType::bf16;
+  run_case(mixed);
+}
+
+TEST_CASE("gdn_decode gpu: head dims") {
+  const std::pair<std::int64_t, std::int64_t> dims[] = {
+      {64, 64}, {128, 128}, {256, 256}, {64, 256}, {256, 64}, {80, 48}, {16, 16}, {96, 112}};
+  for (auto [k, v] : dims) {
+    for (DType state : {DType::f32, DType::bf16}) {
+      Case c;
+      c.k = k;
+      c.v = v;
+      c.state = state;
+      c.batch = 3;
+      c.steps = 2;
+      run_case(c);
+    }
+  }
+}
+
+TEST_CASE("gdn_decode gpu: invalid indices under both rules leave their slots bit-identical") {
+  for (GdnInvalidIndex rule : {GdnInvalidIndex::negative, GdnInvalidIndex::nonpositive}) {
+    Case c;
+    c.rule = rule;
+    c.batch = 9;
+    c.invalid_every = 2;
+    run_case(c);
+    c.l2norm = false;
+    c.gated = true;
+    run_case(c);
+  }
+}
+
+TEST_CASE("gdn_decode gpu: grid boundaries") {
+  struct Shape {
+    std::int64_t batch, value_heads;
+    const char* mode;
+  };
+  for (Shape s : {Shape{65535, 1, "flat"}, Shape{65536, 1, "folded"}, Shape{32768, 2, "split"},
+                  Shape{32768, 4, "split"}, Shape{70000, 1, "folded"}}) {
+    Case c;
+    c.batch = s.batch;
+    c.heads = 1;
+    c.value_heads = s.value_heads;
+    c.k = c.v = 16;
+    c.steps = 1;
+    c.invalid_every = 1000;
+    c.expect_mode = s.mode;
+    run_case(c);
+  }
+}
+
+TEST_CASE("gdn_decode gpu: every grid mode and tile size decodes the same tiles") {
+  for (const char* mode : {"flat", "split", "folded"}) {
+    for (int bv : {0, 1, 8, 32, 64}) {
+      Case c;
+      c.batch = 7;
+      c.heads = 3;
+      c.value_heads = 6;
+      c.force_mode = mode;
+      c.force_bv = bv;
+      c.steps = 1;
+      run_case(c);
+    }
+  }
+}
+
+TEST_CASE("gdn_decode gpu: strided views") {
+  Case c;
+  c.batch = 6;
+  c.qkv_pad = 40;
+  c.gate_pad = 3;
+  c.slot_pad = 8;
+  c.out_pad = 5;
+  c.index_stride = 2;
+  run_case(c);
+  c.slot_pad = 3;  // f32 pool rows only 4-byte aligned: narrower vectors
+  c.index = DType::i64;
+  run_case(c);
+  c.state = DType::bf16;
+  c.slot_pad = 1;  // 2-byte aligned
+  run_case(c);
+}
+
+TEST_CASE("gdn_decode gpu: small batches (split V tiles) and Qwen3-Next shapes") {
+  for (std::int64_t batch : {1, 2, 32}) {
+    Case c;
+    c.batch = batch;
+    c.heads = 16;
+    c.value_heads = 32;
+    c.invalid_every = 0;
+    c.steps = 2;
+    run_case(c);
+  }
+}
+
+TEST_CASE("gdn_decode gpu: debug check rejects repeated indices") {
+  Tensor qkv(DType::bf16, {2, 2 * 16 + 16});
+  Tensor ab(DType::bf16, {2, 1});
+  Tensor vec(DType::f32, {1});
+  Tensor state(DType::f32, {4, 1, 16, 16});
+  Tensor indices(DType::i32, {2});
+  Tensor out(DType::bf16, {2, 1, 16});
+  indices.set(0, 3);
+  indices.set(1, 3);
+  indices.upload();
+  GdnDecodeOptions options;
+  options.runtime = &test::runtime();
+  options.device = test::device();
+  options.debug_check_indices = true;
+  CHECK_THROWS_WITH_AS(
+      gdn_decode(qkv.view(true), ab.view(true), ab.view(true), vec.view(true), vec.view(true),
+                 state.view(true), indices.view(true), out.view(true), options, test::stream()),
+      doctest::Contains("repeats"), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace kjit

@@ -1,0 +1,407 @@
+// SPDX-License-Identifier: Apache-2.0
+// gdn_decode planning (legal at every batch, mode choice at the grid boundaries, x-folding on a
+// tiny device), validation messages, and the float64 reference against hand-computed steps.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kjit/error.hpp"
+#include "kjit/ops/gdn_decode.hpp"
+#include "kjit/plan.hpp"
+#include "ops/gdn_reference.hpp"
+#include "support/numeric.hpp"
+
+namespace kjit {
+namespace {
+
+/// Fake, 256-byte aligned device addresses: planning only looks at their alignment.
+void* fake(std::uintptr_t n) { return reinterpret_cast<void*>((n + 1) << 28); }
+
+struct Views {
+  TensorView qkv, a, b, a_log, dt_bias, state, indices, out;
+};
+
+Views views(std::int64_t batch, std::int64_t heads, std::int64_t value_heads, std::int64_t k,
+            std::int64_t v, DType state_dtype = DType::f32, DType qkv_dtype = DType::bf16,
+            std::int64_t slots = 8) {
+  Views w;
+  w.qkv = TensorView::contiguous(fake(0), qkv_dtype, {batch, 2 * heads * k + value_heads * v});
+  w.a = TensorView::contiguous(fake(1), qkv_dtype, {batch, value_heads});
+  w.b = TensorView::contiguous(fake(2), qkv_dtype, {batch, value_heads});
+  w.a_log = TensorView::contiguous(fake(3), DType::f32, {value_heads});
+  w.dt_bias = TensorView::contiguous(fake(4), DType::f32, {value_heads});
+  w.state = TensorView::contiguous(fake(5), state_dtype, {slots, value_heads, v, k});
+  w.indices = TensorView::contiguous(fake(6), DType::i32, {batch});
+  w.out = TensorView::contiguous(fake(7), qkv_dtype, {batch, value_heads, v});
+  return w;
+}
+
+Plan plan(const Views& w, const DeviceLimits& device, const GdnDecodeOptions& options = {}) {
+  return plan_gdn_decode(w.qkv, w.a, w.b, w.a_log, w.dt_bias, w.state, w.indices, w.out, options,
+                         device);
+}
+
+std::string rejection(const Views& w, const GdnDecodeOptions& options = {}) {
+  try {
+    plan(w, DeviceLimits::for_arch(Arch{9, 0}), options);
+  } catch (const InvalidArgument& error) {
+    return error.what();
+  }
+  return {};
+}
+
+bool all_ok(const Plan& p) {
+  for (const PlannedLaunch& launch : p.launches) {
+    for (const LimitCheck& check : launch.checks) {
+      if (!check.ok()) return false;
+    }
+  }
+  return !p.launches.empty();
+}
+
+TEST_CASE("gdn_decode plan: legal for every batch, head count and head dim on sm_90") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  for (std::int64_t batch : {1, 8, 2047, 2048, 65535, 65536, 70000, 1 << 24}) {
+    for (std::int64_t value_heads : {1, 32, 64}) {
+      for (std::int64_t k : {64, 128, 256}) {
+        for (std::int64_t v : {64, 128, 256}) {
+          CAPTURE(batch);
+          CAPTURE(value_heads);
+          CAPTURE(k);
+          CAPTURE(v);
+          const Plan p = plan(views(batch, 1, value_heads, k, v), h200);
+          REQUIRE(p.launches.size() == 1);
+          CHECK(all_ok(p));
+          const std::int64_t pairs = batch * value_heads;
+          const std::string expected = pairs <= 65535   ? "flat"
+                                       : batch <= 65535 ? "split"
+                                                        : "folded";
+          CHECK(p.mode == expected);
+          CHECK(p.launches[0].spec.get("mode") == expected);
+          const std::int64_t bv = p.launches[0].spec.get_int("bv");
+          CHECK(v % bv == 0);
+          const Dim3 grid = p.launches[0].shape.grid;
+          if (expected == "folded") {
+            CHECK(grid.x == std::min<std::int64_t>(pairs * (v / bv), 2147483647));
+          } else {
+            CHECK(grid.count() == static_cast<std::uint64_t>(pairs * (v / bv)));
+          }
+          CHECK(p.launches[0].shape.block.x % 32 == 0);
+          CHECK(p.launches[0].shape.block.x <= 256);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("gdn_decode plan: mode at the grid-y boundary") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  CHECK(plan(views(65535, 1, 1, 128, 128), h200).mode == "flat");
+  CHECK(plan(views(65536, 1, 1, 128, 128), h200).mode == "folded");  // B > max grid z
+  CHECK(plan(views(2048, 16, 32, 128, 128), h200).mode == "split");  // B*HV = 65536
+  CHECK(plan(views(2047, 16, 32, 128, 128), h200).mode == "flat");   // 65504
+  CHECK(plan(views(70000, 1, 1, 16, 16), h200).mode == "folded");
+  const Plan split = plan(views(2048, 16, 32, 128, 128), h200);
+  CHECK(split.launches[0].shape.grid.y == 32);
+  CHECK(split.launches[0].shape.grid.z == 2048);
+  CHECK_FALSE(split.reasons.empty());
+  CHECK(split.explain().find("flat ruled out") != std::string::npos);
+
+  GdnDecodeOptions forced;
+  forced.force_mode = "flat";
+  CHECK_THROWS_AS(plan(views(2048, 16, 32, 128, 128), h200, forced), PlanError);
+  forced.force_mode = "folded";
+  CHECK(plan(views(8, 16, 32, 128, 128), h200, forced).mode == "folded");
+  forced.force_mode = "diagonal";
+  CHECK(rejection(views(8, 16, 32, 128, 128), forced).find("force_mode") != std::string::npos);
+}
+
+TEST_CASE("gdn_decode plan: a tiny device still plans by folding onto x") {
+  DeviceLimits tiny = DeviceLimits::for_arch(Arch{9, 0});
+  tiny.max_grid_dim = {1000, 7, 7};
+  for (std::int64_t batch : {1, 5, 8, 100, 70000}) {
+    for (std::int64_t value_heads : {1, 7, 32}) {
+      CAPTURE(batch);
+      CAPTURE(value_heads);
+      const Plan p = plan(views(batch, 1, value_heads, 128, 128), tiny);
+      CHECK(all_ok(p));
+      const std::int64_t pairs = batch * value_heads;
+      const std::int64_t nv = 128 / p.launches[0].spec.get_int("bv");
+      if (pairs <= 7) {
+        CHECK(p.mode == "flat");
+      } else if (value_heads <= 7 && batch <= 7) {
+        CHECK(p.mode == "split");
+      } else {
+        CHECK(p.mode == "folded");
+        CHECK(p.launches[0].shape.grid.x == std::min<std::int64_t>(pairs * nv, 1000));
+      }
+    }
+  }
+}
+
+TEST_CASE("gdn_decode plan: V tiles shrink at small batch, grow at large batch") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  const Plan small = plan(views(1, 16, 32, 128, 128), h200);
+  const std::int64_t bv_small = small.launches[0].spec.get_int("bv");
+  CHECK(32 * (128 / bv_small) >= 2 * 132);
+  CHECK(bv_small <= 16);
+  const Plan large = plan(views(1024, 16, 32, 128, 128), h200);
+  CHECK(large.launches[0].spec.get_int("bv") == 64);
+  CHECK(large.launches[0].spec.get_int("vec_bytes") == 16);
+
+  GdnDecodeOptions forced;
+  forced.force_bv = 32;
+  CHECK(plan(views(1, 16, 32, 128, 128), h200, forced).launches[0].spec.get_int("bv") == 32);
+  forced.force_bv = 48;
+  CHECK(rejection(views(1, 16, 32, 128, 128), forced).find("force_bv") != std::string::npos);
+}
+
+TEST_CASE("gdn_decode plan: the pool's alignment picks the vector width") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  Views w = views(4, 1, 2, 64, 64);
+  w.state.data = static_cast<char*>(w.state.data) + 4;
+  CHECK(plan(w, h200).launches[0].spec.get_int("vec_bytes") == 4);
+  w = views(4, 1, 2, 64, 64);
+  w.state.strides[0] += 2;  // padded slot stride: 8-byte multiple
+  CHECK(plan(w, h200).launches[0].spec.get_int("vec_bytes") == 8);
+  w = views(4, 1, 2, 64, 64, DType::bf16);
+  w.state.strides[0] += 1;  // 2-byte multiple
+  const Plan narrow = plan(w, h200);
+  CHECK(narrow.launches[0].spec.get_int("vec_bytes") == 2);
+  CHECK(all_ok(narrow));
+}
+
+TEST_CASE("gdn_decode plan: every dtype combination and both forms plan") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  for (DType qkv : {DType::f16, DType::bf16, DType::f32}) {
+    for (DType state : {DType::f16, DType::bf16, DType::f32}) {
+      for (DType index : {DType::i32, DType::i64}) {
+        Views w = views(3, 2, 4, 80, 48, state, qkv);
+        w.indices.dtype = index;
+        const Plan p = plan(w, h200);
+        CHECK(all_ok(p));
+        CHECK(p.launches[0].spec.get("state") == to_string(state));
+        TensorView g = TensorView::contiguous(fake(9), DType::f32, {3, 4});
+        const Plan gated = plan_gdn_decode_gated(w.qkv, g, g, w.state, w.indices, w.out, {}, h200);
+        CHECK(gated.launches[0].spec.get("gated") == "1");
+        CHECK(all_ok(gated));
+      }
+    }
+  }
+}
+
+TEST_CASE("gdn_decode validation names the argument, its value and what is accepted") {
+  Views w = views(4, 2, 4, 128, 128);
+  w.qkv.shape[1] += 1;
+  CHECK(rejection(w).find("mixed_qkv") != std::string::npos);
+
+  w = views(4, 3, 4, 128, 128);  // H = 3 does not divide HV = 4
+  CHECK(rejection(w).find("must divide HV = 4") != std::string::npos);
+
+  w = views(4, 2, 4, 128, 128);
+  w.state.strides[2] = 256;
+  CHECK(rejection(w).find("state") != std::string::npos);
+
+  w = views(4, 2, 4, 72, 128);
+  CHECK(rejection(w).find("K = 72") != std::string::npos);
+
+  w = views(4, 2, 4, 128, 128);
+  w.indices.dtype = DType::f32;
+  CHECK(rejection(w).find("state_indices") != std::string::npos);
+
+  w = views(4, 2, 4, 128, 128);
+  w.b.dtype = DType::f32;
+  CHECK(rejection(w).find("b is") != std::string::npos);
+
+  w = views(4, 2, 4, 128, 128);
+  w.out.shape[2] = 64;
+  CHECK(rejection(w).find("out") != std::string::npos);
+
+  w = views(4, 2, 4, 128, 128);
+  w.a.strides[1] = 2;
+  CHECK(rejection(w).find("a is") != std::string::npos);
+
+  w = views(4, 2, 4, 128, 128);
+  w.indices.shape[0] = 0;
+  CHECK(rejection(w).find("state_indices") != std::string::npos);
+
+  w = views(4, 2, 4, 128, 128);
+  w.qkv.data = nullptr;
+  CHECK(rejection(w).find("null") != std::string::npos);
+
+  w = views(4, 2, 4, 128, 128);
+  TensorView g = TensorView::contiguous(fake(9), DType::bf16, {4, 4});
+  CHECK_THROWS_WITH_AS(plan_gdn_decode_gated(w.qkv, g, g, w.state, w.indices, w.out, {},
+                                             DeviceLimits::for_arch(Arch{9, 0})),
+                       doctest::Contains("g is"), InvalidArgument);
+}
+
+// --- float64 reference -------------------------------------------------------------------
+
+TEST_CASE("gdn reference: one step by hand") {
+  // K = V = 1, no normalization: H = 2 * 0.5 = 1; u = 0.5 * (5 - 1 * 4) = 0.5;
+  // H = 1 + 0.5 * 4 = 3; o = 3 * 3 = 9.
+  std::vector<double> h = {2.0}, o = {0.0};
+  const std::vector<double> q = {3.0}, k = {4.0}, v = {5.0};
+  reference::gdn_step(h, q, k, v, std::log(0.5), 0.5, 1.0, false, o);
+  CHECK(h[0] == doctest::Approx(3.0));
+  CHECK(o[0] == doctest::Approx(9.0));
+
+  // With L2 norm q, k -> ~1: H = 1, u = 0.5 * (5 - 1) = 2, H = 3, o = 3.
+  h = {2.0};
+  reference::gdn_step(h, q, k, v, std::log(0.5), 0.5, 1.0, true, o);
+  CHECK(h[0] == doctest::Approx(3.0).epsilon(1e-6));
+  CHECK(o[0] == doctest::Approx(3.0).epsilon(1e-6));
+
+  // K = V = 2: H = I, k = e0, q = e1, v = (2, 3), g = 0, beta = 1:
+  // Hk = (1, 0), u = (1, 3), H = [[2, 0], [3, 1]], o = Hq = (0, 1).
+  std::vector<double> h2 = {1, 0, 0, 1}, o2 = {0, 0};
+  const std::vector<double> q2 = {0, 1}, k2 = {1, 0}, v2 = {2, 3};
+  reference::gdn_step(h2, q2, k2, v2, 0.0, 1.0, 1.0, false, o2);
+  CHECK(h2 == std::vector<double>{2, 0, 3, 1});
+  CHECK(o2 == std::vector<double>{0, 1});
+
+  CHECK(reference::gdn_softplus(25.0, 20.0) == 25.0);
+  CHECK(reference::gdn_softplus(1.0, 20.0) == doctest::Approx(std::log1p(std::exp(1.0))));
+  CHECK(reference::gdn_sigmoid(0.0) == 0.5);
+  CHECK(reference::gdn_log_decay(0.5, 0.0, 0.5, 20.0) ==
+        doctest::Approx(-std::log1p(std::exp(1.0))));
+}
+
+/// A small host problem: B rows, H = 1, HV = 2, K = V = 2, f32 everywhere.
+struct HostProblem {
+  static constexpr std::int64_t kB = 3, kHV = 2, kK = 2, kV = 2, kSlots = 4;
+  std::vector<float> qkv, a, b, a_log, dt_bias, state, out, g, beta;
+  std::vector<std::int32_t> indices;
+
+  HostProblem() {
+    const std::int64_t width = 2 * kK + kHV * kV;
+    qkv.resize(kB * width);
+    for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = 0.25f * float(i % 7) - 0.5f;
+    a = {0.1f, -0.3f, 0.7f, 1.5f, -2.0f, 0.0f};
+    b = {0.2f, -1.0f, 0.4f, 3.0f, -0.5f, 0.9f};
+    a_log = {0.3f, -0.6f};
+    dt_bias = {0.05f, -0.2f};
+    state.resize(kSlots * kHV * kV * kK);
+    for (std::size_t i = 0; i < state.size(); ++i) state[i] = 0.1f * float(i) - 1.0f;
+    out.assign(kB * kHV * kV, -7.0f);
+    indices = {2, -1, 0};
+    g.resize(kB * kHV);
+    beta.resize(kB * kHV);
+    for (std::int64_t i = 0; i < kB * kHV; ++i) {
+      g[i] = float(reference::gdn_log_decay(a[i], a_log[i % kHV], dt_bias[i % kHV], 20.0));
+      beta[i] = float(reference::gdn_sigmoid(b[i]));
+    }
+  }
+  TensorView view(std::vector<float>& data, std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(data.data(), DType::f32, shape);
+  }
+  void run(const GdnDecodeOptions& options, bool gated) {
+    const TensorView x = view(qkv, {kB, 2 * kK + kHV * kV});
+    const TensorView s = view(state, {kSlots, kHV, kV, kK});
+    const TensorView idx = TensorView::contiguous(indices.data(), DType::i32, {kB});
+    const TensorView o = view(out, {kB, kHV, kV});
+    if (gated) {
+      reference::gdn_decode_gated_reference(x, view(g, {kB, kHV}), view(beta, {kB, kHV}), s, idx, o,
+                                            options);
+    } else {
+      reference::gdn_decode_reference(x, view(a, {kB, kHV}), view(b, {kB, kHV}), view(a_log, {kHV}),
+                                      view(dt_bias, {kHV}), s, idx, o, options);
+    }
+  }
+};
+
+TEST_CASE("gdn reference: invalid rows write zeros and leave the pool untouched") {
+  for (GdnInvalidIndex rule : {GdnInvalidIndex::negative, GdnInvalidIndex::nonpositive}) {
+    HostProblem p;
+    const std::vector<float> before = p.state;
+    GdnDecodeOptions options;
+    options.invalid_index = rule;
+    p.run(options, false);
+    const std::int64_t row = HostProblem::kHV * HostProblem::kV;
+    const std::int64_t slot = HostProblem::kHV * HostProblem::kV * HostProblem::kK;
+    // Row 1 (index -1) is invalid under both rules; row 2 (index 0) only under nonpositive.
+    for (std::int64_t i = 0; i < row; ++i) CHECK(p.out[row + i] == 0.0f);
+    for (std::int64_t i = 0; i < row; ++i) {
+      if (rule == GdnInvalidIndex::nonpositive) {
+        CHECK(p.out[2 * row + i] == 0.0f);
+      } else {
+        CHECK(p.out[2 * row + i] != 0.0f);
+      }
+    }
+    for (std::int64_t s = 0; s < HostProblem::kSlots; ++s) {
+      const bool written = s == 2 || (s == 0 && rule == GdnInvalidIndex::negative);
+      const bool same = std::memcmp(&p.state[s * slot], &before[s * slot], slot * 4) == 0;
+      CHECK(same != written);
+    }
+  }
+}
+
+TEST_CASE("gdn reference: the gated form equals the raw form with g, beta from a, b") {
+  HostProblem raw, gated;
+  raw.run({}, false);
+  gated.run({}, true);
+  // g and beta pass through f32 in the gated form: equal to f32 rounding.
+  for (std::size_t i = 0; i < raw.out.size(); ++i) {
+    CHECK(gated.out[i] == doctest::Approx(raw.out[i]).epsilon(1e-6));
+  }
+  for (std::size_t i = 0; i < raw.state.size(); ++i) {
+    CHECK(gated.state[i] == doctest::Approx(raw.state[i]).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("gdn reference: decode row matches gdn_step on the same numbers") {
+  HostProblem p;
+  const std::vector<float> before = p.state;
+  GdnDecodeOptions options;
+  options.scale = 0.75f;
+  options.l2norm_qk = false;
+  p.run(options, false);
+  // Row 0 uses slot 2; head hv = 1 reads q, k of head 0 and v of head 1.
+  const std::int64_t width = 2 * HostProblem::kK + HostProblem::kHV * HostProblem::kV;
+  std::vector<double> h(4), o(2), q(2), k(2), v(2);
+  for (int i = 0; i < 4; ++i) h[i] = before[(2 * HostProblem::kHV + 1) * 4 + i];
+  for (int i = 0; i < 2; ++i) {
+    q[i] = p.qkv[i];
+    k[i] = p.qkv[2 + i];
+    v[i] = p.qkv[4 + 2 + i];
+  }
+  (void)width;
+  const double g = reference::gdn_log_decay(p.a[1], p.a_log[1], p.dt_bias[1], 20.0);
+  reference::gdn_step(h, q, k, v, g, reference::gdn_sigmoid(p.b[1]), 0.75, false, o);
+  CHECK(p.out[2] == doctest::Approx(o[0]).epsilon(1e-6));
+  CHECK(p.out[3] == doctest::Approx(o[1]).epsilon(1e-6));
+  CHECK(p.state[(2 * HostProblem::kHV + 1) * 4 + 3] == doctest::Approx(h[3]).epsilon(1e-6));
+}
+
+TEST_CASE("gdn reference: 16-bit pools round the stored state") {
+  // One bf16 slot: the stored state is the f32 result rounded to bf16.
+  std::vector<std::uint16_t> state(2 * 2 * 2);
+  for (std::size_t i = 0; i < state.size(); ++i) {
+    state[i] = support::float_to_bf16(0.3f * float(i) - 0.5f);
+  }
+  std::vector<float> qkv = {1.0f, 0.5f, -0.5f, 2.0f, 0.25f, -1.0f};
+  std::vector<float> g = {-0.1f}, beta = {0.6f}, out(2);
+  std::vector<std::int64_t> idx = {1};
+  const TensorView s = TensorView::contiguous(state.data(), DType::bf16, {2, 1, 2, 2});
+  GdnDecodeOptions options;
+  reference::gdn_decode_gated_reference(TensorView::contiguous(qkv.data(), DType::f32, {1, 6}),
+                                        TensorView::contiguous(g.data(), DType::f32, {1, 1}),
+                                        TensorView::contiguous(beta.data(), DType::f32, {1, 1}), s,
+                                        TensorView::contiguous(idx.data(), DType::i64, {1}),
+                                        TensorView::contiguous(out.data(), DType::f32, {1, 1, 2}),
+                                        options);
+  for (std::size_t i = 0; i < 4; ++i) {
+    // Slot 0 untouched, slot 1 exactly representable in bf16 (trivially: it is bf16 bits).
+    CHECK(state[i] == support::float_to_bf16(0.3f * float(i) - 0.5f));
+  }
+  CHECK(std::isfinite(out[0]));
+  CHECK(std::isfinite(out[1]));
+}
+
+}  // namespace
+}  // namespace kjit
