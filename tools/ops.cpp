@@ -1,0 +1,346 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "ops.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+
+#include "cli.hpp"
+#include "kjit/error.hpp"
+#include "kjit/types.hpp"
+
+// CMake defines KJIT_TOOL_HAVE_<OP>=1 for the ops whose header and implementation exist in
+// this build, so that the tool builds while ops are still being written.
+#ifndef KJIT_TOOL_HAVE_MERGE_STATE
+#define KJIT_TOOL_HAVE_MERGE_STATE 0
+#endif
+#ifndef KJIT_TOOL_HAVE_GDN_DECODE
+#define KJIT_TOOL_HAVE_GDN_DECODE 0
+#endif
+#ifndef KJIT_TOOL_HAVE_GDN_PREFILL
+#define KJIT_TOOL_HAVE_GDN_PREFILL 0
+#endif
+#if KJIT_TOOL_HAVE_MERGE_STATE
+#include "kjit/ops/merge_state.hpp"
+#endif
+#if KJIT_TOOL_HAVE_GDN_DECODE
+#include "kjit/ops/gdn_decode.hpp"
+#endif
+#if KJIT_TOOL_HAVE_GDN_PREFILL
+#include "kjit/ops/gdn_prefill.hpp"
+#endif
+
+namespace kjit::tool {
+namespace {
+
+/// Hands out distinct, 4 KiB-aligned, non-overlapping fake device addresses: the planners
+/// inspect alignment (which picks vector widths) and may check overlap, never the memory.
+class FakeMemory {
+ public:
+  TensorView tensor(DType dtype, std::initializer_list<std::int64_t> shape) {
+    std::uint64_t bytes = size_of(dtype);
+    for (std::int64_t dim : shape) bytes *= static_cast<std::uint64_t>(dim < 1 ? 1 : dim);
+    void* data = reinterpret_cast<void*>(next_);
+    next_ += (bytes + 2 * kAlign - 1) / kAlign * kAlign;
+    return TensorView::contiguous(data, dtype, shape);
+  }
+  /// A view with data == nullptr (an optional output left out).
+  static TensorView none(DType dtype, std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(nullptr, dtype, shape);
+  }
+
+ private:
+  static constexpr std::uint64_t kAlign = 4096;
+  std::uint64_t next_ = std::uint64_t{1} << 32;
+};
+
+OpParam size(std::string name, std::string representative, std::string doc) {
+  return OpParam{std::move(name), true, "", std::move(representative), std::move(doc)};
+}
+OpParam option(std::string name, std::string fallback, std::string doc) {
+  std::string representative = fallback;
+  return OpParam{std::move(name), false, std::move(fallback), std::move(representative),
+                 std::move(doc)};
+}
+
+std::vector<OpParam> merge_state_params(bool states) {
+  std::vector<OpParam> params = {
+      size("tokens", "1,7,64,512,4096,32768,262144", "tokens T"),
+      size("heads", "", "heads H"),
+      size("head_dim", "", "head dim D (multiple of 8, 8..1024)"),
+      option("dtype", "bf16", "dtype of the partial outputs v"),
+      option("out_dtype", "=dtype", "dtype of v_out (v's dtype or f32)"),
+      option("lse_base", "e", "base of the LSEs: e or 2"),
+      option("layout", "token_major", "LSE layout: token_major or head_major"),
+      option("pos_inf_empty", "1", "1: an LSE of +inf marks an empty state"),
+      option("mode", "", "force a grid mode (token_major, flat)"),
+  };
+  // A manifest covers both LSE bases unless it names one: they are distinct kernels.
+  params[5].representative = "e,2";
+  if (states) params.insert(params.begin() + 1, size("states", "2,3,4,8", "states S"));
+  return params;
+}
+
+std::vector<OpParam> gdn_decode_params() {
+  return {
+      size("batch", "1,2,8,64,256,1024,4096,16384", "rows B"),
+      size("heads", "", "q/k heads H"),
+      size("v_heads", "", "value heads HV (a multiple of H)"),
+      size("k", "", "key head dim K"),
+      size("v", "", "value head dim V"),
+      option("dtype", "bf16", "dtype of mixed_qkv"),
+      option("gate_dtype", "=dtype", "dtype of a and b"),
+      option("a_log_dtype", "f32", "dtype of A_log"),
+      option("dt_bias_dtype", "=dtype", "dtype of dt_bias"),
+      option("state_dtype", "f32", "dtype of the state pool"),
+      option("out_dtype", "=dtype", "dtype of out"),
+      option("index_dtype", "i32", "dtype of state_indices (i32, i64)"),
+      option("gated", "0", "1: precomputed f32 g and beta (gdn_decode_gated)"),
+      option("l2norm", "1", "1: L2-normalize q and k"),
+      option("invalid", "negative", "invalid state indices: negative or nonpositive"),
+      option("mode", "", "force a grid mode (flat, split, folded)"),
+  };
+}
+
+std::vector<OpParam> gdn_prefill_params() {
+  return {
+      size("tokens", "1,64,1000,8192,65536", "tokens T over all sequences"),
+      size("seqs", "1,4,64", "sequences N"),
+      size("heads", "", "q/k heads H"),
+      size("v_heads", "", "value heads HV (a multiple of H)"),
+      size("k", "", "key head dim K (64, 128, 256)"),
+      size("v", "", "value head dim V (64, 128, 256)"),
+      option("dtype", "bf16", "dtype of q, k, v (bf16, f16)"),
+      option("gate_dtype", "=dtype", "dtype of a and b (raw gates)"),
+      option("param_dtype", "f32", "dtype of A_log and dt_bias"),
+      option("state_dtype", "f32", "dtype of the state pool (f32, bf16)"),
+      option("out_dtype", "=dtype", "dtype of out"),
+      option("cu_dtype", "i32", "dtype of cu_seqlens (i32, i64)"),
+      option("index_dtype", "i32", "dtype of state_indices (i32, i64)"),
+      option("gated", "0", "1: precomputed f32 g and beta"),
+      option("l2norm", "1", "1: L2-normalize q and k"),
+      option("mode", "", "force a value tile (bv64, bv32, bv16)"),
+  };
+}
+
+std::int64_t get_int(const ShapeValues& values, const std::string& name) {
+  return parse_int(values.at(name), name);
+}
+DType get_dtype(const ShapeValues& values, const std::string& name) {
+  return parse_dtype(values.at(name), name);
+}
+bool get_bool(const ShapeValues& values, const std::string& name) {
+  const std::string& text = values.at(name);
+  if (text == "1" || text == "true") return true;
+  if (text == "0" || text == "false") return false;
+  throw UsageError(fmt::format("{} must be 0 or 1, got '{}'", name, text));
+}
+
+#if KJIT_TOOL_HAVE_MERGE_STATE
+MergeStateOptions merge_options(const ShapeValues& values) {
+  MergeStateOptions options;
+  const std::string& base = values.at("lse_base");
+  if (base == "e") {
+    options.lse_base = LseBase::e;
+  } else if (base == "2" || base == "two") {
+    options.lse_base = LseBase::two;
+  } else {
+    throw UsageError(fmt::format("lse_base must be e or 2, got '{}'", base));
+  }
+  const std::string& layout = values.at("layout");
+  if (layout == "token_major") {
+    options.lse_layout = LseLayout::token_major;
+  } else if (layout == "head_major") {
+    options.lse_layout = LseLayout::head_major;
+  } else {
+    throw UsageError(fmt::format("layout must be token_major or head_major, got '{}'", layout));
+  }
+  options.pos_inf_as_empty = get_bool(values, "pos_inf_empty");
+  options.force_mode = values.at("mode");
+  return options;
+}
+
+Plan plan_merge(const std::string& op, const ShapeValues& values, const DeviceLimits& device) {
+  const MergeStateOptions options = merge_options(values);
+  const std::int64_t t = get_int(values, "tokens");
+  const std::int64_t h = get_int(values, "heads");
+  const std::int64_t d = get_int(values, "head_dim");
+  const DType in = get_dtype(values, "dtype");
+  const DType out = get_dtype(values, "out_dtype");
+  const bool token_major = options.lse_layout == LseLayout::token_major;
+  FakeMemory memory;
+  auto lse = [&](std::int64_t tokens, std::int64_t heads) {
+    return token_major ? memory.tensor(DType::f32, {tokens, heads})
+                       : memory.tensor(DType::f32, {heads, tokens});
+  };
+  if (op == "merge_states") {
+    const std::int64_t s = get_int(values, "states");
+    const TensorView v = memory.tensor(in, {t, s, h, d});
+    const TensorView lse_in =
+        token_major ? memory.tensor(DType::f32, {t, s, h}) : memory.tensor(DType::f32, {h, t, s});
+    return plan_merge_states(v, lse_in, memory.tensor(out, {t, h, d}), lse(t, h), options, device);
+  }
+  const TensorView v_a = memory.tensor(in, {t, h, d});
+  const TensorView s_a = lse(t, h);
+  const TensorView v_b = memory.tensor(in, {t, h, d});
+  const TensorView s_b = lse(t, h);
+  if (op == "merge_state_in_place") {
+    return plan_merge_state_in_place(v_a, s_a, v_b, s_b, FakeMemory::none(DType::u8, {t}), options,
+                                     device);
+  }
+  return plan_merge_state(v_a, s_a, v_b, s_b, memory.tensor(out, {t, h, d}), lse(t, h), options,
+                          device);
+}
+#endif
+
+#if KJIT_TOOL_HAVE_GDN_DECODE
+Plan plan_decode(const ShapeValues& values, const DeviceLimits& device) {
+  const std::int64_t b = get_int(values, "batch");
+  const std::int64_t h = get_int(values, "heads");
+  const std::int64_t hv = get_int(values, "v_heads");
+  const std::int64_t k = get_int(values, "k");
+  const std::int64_t v = get_int(values, "v");
+  GdnDecodeOptions options;
+  options.l2norm_qk = get_bool(values, "l2norm");
+  const std::string& invalid = values.at("invalid");
+  if (invalid == "negative") {
+    options.invalid_index = GdnInvalidIndex::negative;
+  } else if (invalid == "nonpositive") {
+    options.invalid_index = GdnInvalidIndex::nonpositive;
+  } else {
+    throw UsageError(fmt::format("invalid must be negative or nonpositive, got '{}'", invalid));
+  }
+  options.force_mode = values.at("mode");
+  FakeMemory memory;
+  const TensorView qkv = memory.tensor(get_dtype(values, "dtype"), {b, 2 * h * k + hv * v});
+  const TensorView state = memory.tensor(get_dtype(values, "state_dtype"), {b + 1, hv, v, k});
+  const TensorView indices = memory.tensor(get_dtype(values, "index_dtype"), {b});
+  const TensorView out = memory.tensor(get_dtype(values, "out_dtype"), {b, hv, v});
+  if (get_bool(values, "gated")) {
+    const TensorView g = memory.tensor(DType::f32, {b, hv});
+    const TensorView beta = memory.tensor(DType::f32, {b, hv});
+    return plan_gdn_decode_gated(qkv, g, beta, state, indices, out, options, device);
+  }
+  const DType gate = get_dtype(values, "gate_dtype");
+  const TensorView a = memory.tensor(gate, {b, hv});
+  const TensorView bt = memory.tensor(gate, {b, hv});
+  const TensorView a_log = memory.tensor(get_dtype(values, "a_log_dtype"), {hv});
+  const TensorView dt_bias = memory.tensor(get_dtype(values, "dt_bias_dtype"), {hv});
+  return plan_gdn_decode(qkv, a, bt, a_log, dt_bias, state, indices, out, options, device);
+}
+#endif
+
+#if KJIT_TOOL_HAVE_GDN_PREFILL
+Plan plan_prefill(const ShapeValues& values, const DeviceLimits& device) {
+  const std::int64_t t = get_int(values, "tokens");
+  const std::int64_t n = get_int(values, "seqs");
+  const std::int64_t h = get_int(values, "heads");
+  const std::int64_t hv = get_int(values, "v_heads");
+  const std::int64_t k = get_int(values, "k");
+  const std::int64_t v = get_int(values, "v");
+  const DType dtype = get_dtype(values, "dtype");
+  GdnPrefillOptions options;
+  options.l2norm_qk = get_bool(values, "l2norm");
+  options.force_mode = values.at("mode");
+  FakeMemory memory;
+  const TensorView q = memory.tensor(dtype, {t, h, k});
+  const TensorView kk = memory.tensor(dtype, {t, h, k});
+  const TensorView vv = memory.tensor(dtype, {t, hv, v});
+  GdnGates gates;
+  if (get_bool(values, "gated")) {
+    gates = GdnGates::precomputed(memory.tensor(DType::f32, {t, hv}),
+                                  memory.tensor(DType::f32, {t, hv}));
+  } else {
+    const DType gate = get_dtype(values, "gate_dtype");
+    const DType param = get_dtype(values, "param_dtype");
+    gates = GdnGates::raw(memory.tensor(gate, {t, hv}), memory.tensor(gate, {t, hv}),
+                          memory.tensor(param, {hv}), memory.tensor(param, {hv}));
+  }
+  const TensorView cu = memory.tensor(get_dtype(values, "cu_dtype"), {n + 1});
+  const TensorView state = memory.tensor(get_dtype(values, "state_dtype"), {n + 1, hv, v, k});
+  const TensorView indices = memory.tensor(get_dtype(values, "index_dtype"), {n});
+  const TensorView has_initial = FakeMemory::none(DType::u8, {n});
+  const TensorView out = memory.tensor(get_dtype(values, "out_dtype"), {t, hv, v});
+  return plan_gdn_prefill(q, kk, vv, gates, cu, state, indices, has_initial, out, options, device);
+}
+#endif
+
+}  // namespace
+
+const std::vector<OpInfo>& known_ops() {
+  static const std::vector<OpInfo> ops = {
+      {"merge_state", merge_state_params(false), KJIT_TOOL_HAVE_MERGE_STATE != 0,
+       "merge two partial attention states (v_a, s_a) + (v_b, s_b) -> (v_out, s_out)"},
+      {"merge_state_in_place", merge_state_params(false), KJIT_TOOL_HAVE_MERGE_STATE != 0,
+       "merge (v_other, s_other) into (v, s) in place"},
+      {"merge_states", merge_state_params(true), KJIT_TOOL_HAVE_MERGE_STATE != 0,
+       "merge S partial states per (token, head)"},
+      {"gdn_decode", gdn_decode_params(), KJIT_TOOL_HAVE_GDN_DECODE != 0,
+       "Gated DeltaNet decode step over a state pool"},
+      {"gdn_prefill", gdn_prefill_params(), KJIT_TOOL_HAVE_GDN_PREFILL != 0,
+       "Gated DeltaNet chunked varlen prefill"},
+  };
+  return ops;
+}
+
+const OpInfo& find_op(std::string_view name) {
+  std::string names;
+  for (const OpInfo& op : known_ops()) {
+    if (op.name == name) {
+      if (!op.available) {
+        throw UsageError(fmt::format("op '{}' is not available in this build", name));
+      }
+      return op;
+    }
+    names += names.empty() ? op.name : ", " + op.name;
+  }
+  throw UsageError(fmt::format("unknown op '{}'; known: {}", name, names));
+}
+
+ShapeValues complete_values(const OpInfo& op, ShapeValues values, bool require_sizes) {
+  for (const auto& [key, value] : values) {
+    bool known = false;
+    for (const OpParam& param : op.params) known = known || param.name == key;
+    if (!known) {
+      std::string accepted;
+      for (const OpParam& param : op.params) {
+        accepted += (accepted.empty() ? "" : ", ") + param.name;
+      }
+      throw UsageError(
+          fmt::format("{} has no parameter '{}'; accepted: {}", op.name, key, accepted));
+    }
+  }
+  for (const OpParam& param : op.params) {
+    if (values.count(param.name)) continue;
+    if (param.size) {
+      if (require_sizes) {
+        std::string flag = param.name;
+        for (char& c : flag) c = c == '_' ? '-' : c;
+        throw UsageError(fmt::format("{} needs --{} ({})", op.name, flag, param.doc));
+      }
+      continue;
+    }
+    values[param.name] = param.fallback;
+  }
+  for (auto& [key, value] : values) {
+    if (value.starts_with('=')) value = values.at(value.substr(1));
+  }
+  return values;
+}
+
+Plan plan_op(const OpInfo& op, const ShapeValues& values, const DeviceLimits& device) {
+  (void)values;
+  (void)device;
+#if KJIT_TOOL_HAVE_MERGE_STATE
+  if (op.name.starts_with("merge_state")) return plan_merge(op.name, values, device);
+#endif
+#if KJIT_TOOL_HAVE_GDN_DECODE
+  if (op.name == "gdn_decode") return plan_decode(values, device);
+#endif
+#if KJIT_TOOL_HAVE_GDN_PREFILL
+  if (op.name == "gdn_prefill") return plan_prefill(values, device);
+#endif
+  throw UsageError(fmt::format("op '{}' is not available in this build", op.name));
+}
+
+}  // namespace kjit::tool

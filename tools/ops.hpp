@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: Apache-2.0
+// The ops the tool can plan, described by named shape values ("tokens", "heads", "head_dim",
+// ...), so that `kjit plan` options and manifest lines share one vocabulary. Tensors are built
+// with fake, aligned, non-overlapping addresses: planning never dereferences them.
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kjit/device.hpp"
+#include "kjit/plan.hpp"
+
+namespace kjit::tool {
+
+/// One value an op's plan depends on.
+struct OpParam {
+  std::string name;
+  /// A problem size (tokens, batch, ...): `kjit plan` requires it; a manifest line that omits
+  /// it uses `representative`.
+  bool size = false;
+  /// Default for `kjit plan` ("" with size: required). "=dtype" means: the value of dtype.
+  std::string fallback;
+  /// Values a manifest line enumerates when it omits the parameter (comma separated).
+  std::string representative;
+  std::string doc;
+};
+
+/// An op the tool knows, and whether this build has it.
+struct OpInfo {
+  std::string name;
+  std::vector<OpParam> params;
+  bool available = false;
+  std::string doc;
+};
+
+/// Named values of one concrete problem, e.g. {"tokens": "64", "dtype": "bf16"}.
+using ShapeValues = std::map<std::string, std::string>;
+
+/// Every op the tool knows (available in this build or not).
+const std::vector<OpInfo>& known_ops();
+/// The op of that name; UsageError listing the known ops, or saying that it is not available
+/// in this build.
+const OpInfo& find_op(std::string_view name);
+
+/// Fills defaults of `values` ("=dtype" references resolved) and checks that every key is a
+/// parameter of the op and every size is given. UsageError otherwise.
+ShapeValues complete_values(const OpInfo& op, ShapeValues values, bool require_sizes);
+
+/// The plan of the op for the problem on a device with these limits. Throws InvalidArgument
+/// (bad values) or PlanError (no legal launch) from the op.
+Plan plan_op(const OpInfo& op, const ShapeValues& values, const DeviceLimits& device);
+
+}  // namespace kjit::tool
