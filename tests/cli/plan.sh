@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# kjit plan: JSON and text output, every op, and one-line usage errors with exit code 2.
+. "$(dirname "$0")/common.sh"
+
+run 0 plan merge_state --dtype bf16 --tokens 64 --heads 256 --head-dim 128 --arch sm_90 --json
+J="$OUT"
+[ "$(json 'j["op"]' "$J" '.op')" = merge_state ] || fail "op: $J"
+[ -n "$(json 'j["mode"]' "$J" '.mode')" ] || fail "mode: $J"
+[ "$(json 'len(j["launches"])' "$J" '.launches | length')" = 1 ] || fail "launches: $J"
+spec=$(json 'j["launches"][0]["spec"]' "$J" '.launches[0].spec')
+case "$spec" in merge_state:*head_dim=128*@sm_90) ;; *) fail "spec: $spec" ;; esac
+contains "$spec" "in=bf16"
+[ "$(json 'len(j["launches"][0]["grid"])' "$J" '.launches[0].grid | length')" = 3 ] || fail "grid"
+[ "$(json 'len(j["launches"][0]["block"])' "$J" '.launches[0].block | length')" = 3 ] || fail "block"
+smem=$(json 'j["launches"][0]["dynamic_smem"]' "$J" '.launches[0].dynamic_smem')
+[ "$smem" -ge 0 ] || fail "dynamic_smem: $smem"
+
+# The same problem as text, by product name, and with --opt=value spelling.
+run 0 plan merge_state --dtype=bf16 --tokens 64 --heads 256 --head-dim 128 --arch h100
+contains "$OUT" "launch 1 of 1: $spec"
+contains "$OUT" "op merge_state"
+
+run 0 plan merge_states --tokens 7 --states 4 --heads 128 --head-dim 512 --arch sm_100a --json
+contains "$(json 'j["launches"][0]["spec"]' "$OUT" '.launches[0].spec')" "@sm_100a"
+run 0 plan gdn_decode --batch 8 --heads 16 --v-heads 32 --k 128 --v 128 --state-dtype f32 --arch sm_90
+contains "$OUT" "gdn_decode:"
+run 0 plan gdn_prefill --tokens 1000 --seqs 4 --heads 16 --v-heads 32 --k 128 --v 128 --arch h200
+contains "$OUT" "gdn_prefill:"
+run 0 plan --help
+contains "$OUT" "--head-dim"
+run 0 --help
+contains "$OUT" "precompile"
+
+# Bad arguments: one line on stderr, exit 2.
+usage_error
+usage_error frobnicate
+usage_error plan
+usage_error plan attention --tokens 1 --arch sm_90
+usage_error plan merge_state --tokens 64 --heads 8 --head-dim 128
+usage_error plan merge_state --tokens 64 --heads 8 --head-dim 128 --arch sm_90 --device 0
+usage_error plan merge_state --tokens 64 --heads 8 --arch sm_90
+usage_error plan merge_state --tokens many --heads 8 --head-dim 128 --arch sm_90
+usage_error plan merge_state --tokens 64 --heads 8 --head-dim 128 --arch sm_42
+usage_error plan merge_state --tokens 64 --heads 8 --head-dim 128 --arch sm_90 --color red
+usage_error plan merge_state --tokens 64 --heads 8 --head-dim 128 --arch sm_90 --json=yes
+usage_error plan merge_state --tokens 64 --heads 8 --head-dim 12 --arch sm_90
+usage_error plan merge_state --tokens 64 --heads 8 --head-dim 128 --lse-base 10 --arch sm_90
+usage_error plan gdn_decode --batch 8 --heads 3 --v-heads 32 --k 128 --v 128 --arch sm_90
+usage_error source
+usage_error source 'nofamily:x=1@sm_90'
+usage_error inspect 'probe:heavy=2@sm_90'
+usage_error cache
+usage_error cache prune
+usage_error cache prune --max-size lots
+usage_error cache explain nothex
+usage_error bundle info
+usage_error precompile
+usage_error precompile /nonexistent.txt --arch sm_90 -o x.kjb
+usage_error precompile /nonexistent.txt --arch sm_90 -o x.kjb -j 0
+echo "plan: ok"
