@@ -50,6 +50,7 @@ struct DriverApi {
   decltype(&::cuGraphExecDestroy) cuGraphExecDestroy = nullptr;
   decltype(&::cuMemAlloc) cuMemAlloc = nullptr;
   decltype(&::cuMemFree) cuMemFree = nullptr;
+  decltype(&::cuMemGetInfo) cuMemGetInfo = nullptr;
   decltype(&::cuMemcpyHtoD) cuMemcpyHtoD = nullptr;
   decltype(&::cuMemcpyDtoH) cuMemcpyDtoH = nullptr;
   decltype(&::cuMemcpyDtoDAsync) cuMemcpyDtoDAsync = nullptr;
@@ -63,15 +64,24 @@ struct DriverApi {
   decltype(&::cuEventQuery) cuEventQuery = nullptr;
 };
 
-/// The process-wide driver API, loaded and cuInit()ed on first call from `library` (empty:
-/// "libcuda.so.1"). Throws DriverError saying why when libcuda is missing, too old, or
-/// cuInit fails (e.g. no device). Later calls return the same object or rethrow the same error.
+/// The process-wide driver API, loaded and cuInit()ed on first call from `library` (a soname or
+/// a path, e.g. Settings::cuda_driver_library). Empty: the driver this process already loaded,
+/// else "libcuda.so.1". Throws DriverError saying why when libcuda is missing, is the toolkit's
+/// stub, is too old (CUDA < 12.0), lacks an entry point, or cuInit fails (e.g.
+/// CUDA_ERROR_NO_DEVICE). Each library is tried once: later calls return the same object or
+/// rethrow the same error. Thread-safe.
 const DriverApi& driver_api(const std::string& library = {});
+
+/// driver_api({}): the driver this process loaded, which the helpers of this layer call
+/// through. Throws like driver_api().
+const DriverApi& loaded_api();
 
 /// True when driver_api() would succeed; otherwise `why` says why. Never throws.
 bool driver_loadable(const std::string& library, std::string* why) noexcept;
 
-/// "CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was encountered)".
+/// "CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was encountered)" once a driver is
+/// loaded; without one "CUDA_ERROR_ILLEGAL_ADDRESS (700)" from a built-in table of names, or
+/// "CUresult 12345" for a value the table lacks.
 std::string describe(CUresult result);
 
 /// Throws DriverError naming `call` and the result when `result` is not CUDA_SUCCESS.
