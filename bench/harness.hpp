@@ -26,7 +26,7 @@
 
 namespace kjit::bench {
 
-using test::DeviceBuffer;
+using DeviceBuffer = test::DeviceMemory;
 
 inline const driver::DriverApi& cu() { return driver::driver_api(); }
 inline void check(CUresult result, const char* call) { driver::check(result, call); }

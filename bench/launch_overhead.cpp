@@ -38,7 +38,7 @@ int child_main() {
   const auto first = Clock::now();
   const kjit::LoadedKernel& kernel = runtime.load(
       kjit::KernelSpec::make("probe", {{"heavy", "0"}}, limits.arch), 0, nullptr);
-  kjit::test::DeviceBuffer out(32 * sizeof(float));
+  kjit::bench::DeviceBuffer out(32 * sizeof(float));
   kjit::ProbeParams params{static_cast<float*>(out.get()), 32, 1.0f, 0};
   runtime.launch(kernel, kjit::LaunchShape{{1, 1, 1}, {32, 1, 1}, 0}, nullptr, &params,
                  sizeof params);
@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
     kjit::Runtime& runtime = gpu->runtime();
     const kjit::KernelSpec spec = kjit::KernelSpec::make("probe", {{"heavy", "0"}}, gpu->limits.arch);
     const kjit::LoadedKernel& kernel = runtime.load(spec, gpu->device);
-    kjit::test::DeviceBuffer out(32 * sizeof(float));
+    kjit::bench::DeviceBuffer out(32 * sizeof(float));
     kjit::ProbeParams params{static_cast<float*>(out.get()), 32, 1.0f, 0};
     const kjit::LaunchShape shape{{1, 1, 1}, {32, 1, 1}, 0};
 

@@ -15,25 +15,25 @@
 
 namespace kjit::test {
 
-/// Move-only owner of one cuMemAlloc allocation.
-class DeviceBuffer {
+/// Move-only owner of one cuMemAlloc allocation in the current context.
+class DeviceMemory {
  public:
-  explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+  explicit DeviceMemory(std::size_t bytes) : bytes_(bytes) {
     // At least one byte, so that empty tensors still get a valid, unique pointer.
     driver::check(driver::driver_api().cuMemAlloc(&ptr_, bytes == 0 ? 1 : bytes), "cuMemAlloc");
   }
-  ~DeviceBuffer() {
+  ~DeviceMemory() {
     if (ptr_ != 0) driver::driver_api().cuMemFree(ptr_);
   }
-  DeviceBuffer(DeviceBuffer&& other) noexcept
+  DeviceMemory(DeviceMemory&& other) noexcept
       : ptr_(std::exchange(other.ptr_, 0)), bytes_(std::exchange(other.bytes_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+  DeviceMemory& operator=(DeviceMemory&& other) noexcept {
     std::swap(ptr_, other.ptr_);
     std::swap(bytes_, other.bytes_);
     return *this;
   }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
 
   void* get() const { return reinterpret_cast<void*>(ptr_); }
   CUdeviceptr ptr() const { return ptr_; }
@@ -72,7 +72,7 @@ class DeviceBuffer {
  private:
   void require_fits(std::size_t bytes, const char* what) const {
     if (bytes > bytes_) {
-      throw Error(fmt::format("DeviceBuffer::{} of {} bytes into a buffer of {} bytes", what,
+      throw Error(fmt::format("DeviceMemory::{} of {} bytes into a buffer of {} bytes", what,
                               bytes, bytes_));
     }
   }

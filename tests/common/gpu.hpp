@@ -84,6 +84,13 @@ inline void sync() {
   check_cu(cu().cuStreamSynchronize(reinterpret_cast<CUstream>(stream())), "cuStreamSynchronize");
 }
 
+/// Device memory on the suite's device: makes the suite's context current before allocating,
+/// so a test may allocate before anything else touched the GPU.
+class DeviceBuffer : public DeviceMemory {
+ public:
+  explicit DeviceBuffer(std::size_t bytes) : DeviceMemory((context(), bytes)) {}
+};
+
 using Rng = std::mt19937_64;
 
 /// A fresh seed per call (KJIT_TEST_SEED fixes it for reproduction), recorded in doctest's
