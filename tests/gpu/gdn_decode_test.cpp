@@ -59,11 +59,25 @@ struct Tensor {
     }
     return t;
   }
-  void upload() { device.upload(host.data(), host.size()); }
+  // Copies are ordered against the suite's stream explicitly (it is non-blocking, so the
+  // synchronous copies would not wait for it).
+  void upload() {
+    test::sync();
+    test::check_cu(test::cu().cuMemcpyHtoD(device.ptr(), host.data(), host.size()), "cuMemcpyHtoD");
+  }
   std::vector<unsigned char> download() const {
     std::vector<unsigned char> bytes(host.size());
-    device.download(bytes.data(), bytes.size());
+    test::sync();
+    test::check_cu(test::cu().cuMemcpyDtoH(bytes.data(), device.ptr(), bytes.size()),
+                   "cuMemcpyDtoH");
     return bytes;
+  }
+  /// 0xFF bytes: NaN in every float format, so unwritten outputs fail the comparison.
+  void poison() {
+    test::check_cu(test::cu().cuMemsetD8Async(device.ptr(), 0xFF, host.size(),
+                                              reinterpret_cast<CUstream>(test::stream())),
+                   "cuMemsetD8Async");
+    test::sync();
   }
   /// Every element (padding included) drawn from N(0, sigma).
   void fill(test::Rng& rng, double sigma) {
@@ -124,6 +138,7 @@ void compare(const char* what, const Tensor& got_t, const std::vector<unsigned c
 
 void run_case(const Case& c) {
   INFO(c.str());
+  test::runtime();  // the runtime first, then its context current for device buffers
   test::Rng rng(test::fresh_seed());
   const std::int64_t width = 2 * c.heads * c.k + c.value_heads * c.v;
   const std::int64_t slots = c.batch + 2;
@@ -190,7 +205,7 @@ void run_case(const Case& c) {
     qkv.upload();
     a.upload();
     b.upload();
-    out.device.poison();
+    out.poison();
     if (c.gated) {
       gdn_decode_gated(qkv.view(true), a.view(true), b.view(true), state.view(true),
                        indices.view(true), out.view(true), options, test::stream());
@@ -360,6 +375,7 @@ TEST_CASE("gdn_decode gpu: small batches (split V tiles) and Qwen3-Next shapes")
 }
 
 TEST_CASE("gdn_decode gpu: debug check rejects repeated indices") {
+  test::runtime();
   Tensor qkv(DType::bf16, {2, 2 * 16 + 16});
   Tensor ab(DType::bf16, {2, 1});
   Tensor vec(DType::f32, {1});
