@@ -15,6 +15,7 @@
 #include <shared_mutex>
 #include <unordered_map>
 
+#include "cache/bundle.hpp"
 #include "cache/disk_cache.hpp"
 #include "cache/key.hpp"
 #include "codegen/embedded_templates.hpp"
@@ -47,9 +48,14 @@ double ms_since(Clock::time_point start) {
 }  // namespace
 
 struct Runtime::Impl {
-  explicit Impl(Settings s) : settings(std::move(s)) { support::set_log_level(settings.log_level); }
+  explicit Impl(Settings s)
+      : settings((support::set_log_level(s.log_level), std::move(s))),
+        bundles(settings.bundle_paths) {}
 
   Settings settings;
+  // Searched before the disk cache; a bad bundle fails construction loudly (CacheError) rather
+  // than silently falling back to JIT in production.
+  cache::BundleSet bundles;
 
   // NVRTC and the disk cache are created on first need: planning, bundle loads and launches of
   // already-loaded kernels work without libnvrtc.
@@ -119,13 +125,13 @@ struct Runtime::Impl {
   }
 
   std::shared_ptr<const CompiledKernel> produce(const KernelSpec& spec, KernelSource* source) {
-    if (settings.disable_jit) {
-      throw KernelNotInBundle(fmt::format(
-          "{} is in no bundle and JIT is disabled (KJIT_DISABLE_JIT=1); bundles searched: {}",
-          spec.str(),
-          settings.bundle_paths.empty() ? std::string("none (KJIT_BUNDLE_PATH is empty)")
-                                        : fmt::format("{}", fmt::join(settings.bundle_paths, ":"))));
+    // Bundles first: a deployment that ships them never loads NVRTC.
+    if (auto hit = bundles.find(spec)) {
+      bundle_hits.fetch_add(1, std::memory_order_relaxed);
+      if (source) *source = KernelSource::bundle;
+      return hit;
     }
+    if (settings.disable_jit) throw KernelNotInBundle(bundles.miss_message(spec));
     compile::Compiler& nvrtc = get_compiler();
     const cache::KeyMaterial material = key_material(spec, nvrtc);
     const support::Hash128 key = material.key();

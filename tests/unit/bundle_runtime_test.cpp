@@ -1,11 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The Runtime's use of KJIT_BUNDLE_PATH bundles: searched before the disk cache, usable without
 // NVRTC, and with KJIT_DISABLE_JIT=1 a miss is KernelNotInBundle naming the nearest specs.
-//
-// NEEDS the lead's Runtime wiring (a cache::BundleSet opened from Settings::bundle_paths,
-// consulted in Runtime::compiled before the disk cache, KernelNotInBundle with
-// BundleSet::miss_message). Until then these cases are marked may_fail: they run and report,
-// but do not fail the suite. Remove the decorator once the wiring lands.
+
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -56,7 +52,7 @@ struct BundleFixture {
 
 }  // namespace
 
-TEST_CASE("the runtime serves a bundled kernel without NVRTC" * doctest::may_fail()) {
+TEST_CASE("the runtime serves a bundled kernel without NVRTC") {
   BundleFixture fixture;
   Runtime runtime(fixture.settings());
   KernelSource source = KernelSource::compiled;
@@ -67,7 +63,7 @@ TEST_CASE("the runtime serves a bundled kernel without NVRTC" * doctest::may_fai
   CHECK(runtime.stats().bundle_hits == 1);
 }
 
-TEST_CASE("with JIT disabled a bundle miss names the nearest bundled specs" * doctest::may_fail()) {
+TEST_CASE("with JIT disabled a bundle miss names the nearest bundled specs") {
   BundleFixture fixture;
   Runtime runtime(fixture.settings());
   CHECK_THROWS_WITH_AS(runtime.compiled(KernelSpec::parse("probe:heavy=1@sm_90")),
