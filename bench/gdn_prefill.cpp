@@ -1,0 +1,221 @@
+// SPDX-License-Identifier: Apache-2.0
+// Gated DeltaNet chunked prefill: median GPU time, M tokens/s, estimated TFLOP/s, host time per
+// call, and the ratio to fla's chunk_gated_delta_rule figures of BENCHMARKING.md (same H200,
+// same shapes: K = V = 128, bf16 q/k/v, raw bf16 gates, f32 state pool, varlen with uneven
+// lengths). A small shape is first checked against the float64 reference.
+//
+//   bench_gdn_prefill [results.jsonl]
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+#include "kjit/ops/gdn_prefill.hpp"
+#include "ops/gdn_prefill_reference.hpp"
+#include "support/numeric.hpp"
+
+namespace {
+
+using kjit::DType;
+using kjit::TensorView;
+using kjit::bench::DeviceBuffer;
+
+constexpr std::int64_t kDim = 128;
+
+struct Inputs {
+  std::int64_t tokens = 0, seqs = 0, heads = 0, value_heads = 0;
+  std::vector<std::int32_t> cu;
+  DeviceBuffer q, k, v, a, b, a_log, dt_bias, cu_dev, pool, indices, out;
+};
+
+// Uneven lengths summing to `tokens`: weights 1..seqs shuffled, so one sequence is ~2/seqs of
+// the batch (the longest bounds the time of a per-sequence recurrence).
+std::vector<std::int32_t> uneven_offsets(std::int64_t tokens, std::int64_t seqs,
+                                         std::uint64_t seed) {
+  std::vector<std::int64_t> weights(static_cast<std::size_t>(seqs));
+  for (std::int64_t i = 0; i < seqs; ++i) weights[static_cast<std::size_t>(i)] = i + 1;
+  std::shuffle(weights.begin(), weights.end(), std::mt19937_64(seed));
+  const std::int64_t total = seqs * (seqs + 1) / 2;
+  std::vector<std::int32_t> cu{0};
+  std::int64_t used = 0;
+  for (std::int64_t i = 0; i < seqs; ++i) {
+    const std::int64_t len =
+        i + 1 == seqs ? tokens - used : tokens * weights[static_cast<std::size_t>(i)] / total;
+    used += len;
+    cu.push_back(static_cast<std::int32_t>(used));
+  }
+  return cu;
+}
+
+Inputs make_inputs(std::int64_t tokens, std::int64_t seqs, std::int64_t heads,
+                   std::int64_t value_heads) {
+  Inputs in{tokens,
+            seqs,
+            heads,
+            value_heads,
+            uneven_offsets(tokens, seqs, 7),
+            DeviceBuffer(static_cast<std::size_t>(tokens * heads * kDim) * 2),
+            DeviceBuffer(static_cast<std::size_t>(tokens * heads * kDim) * 2),
+            DeviceBuffer(static_cast<std::size_t>(tokens * value_heads * kDim) * 2),
+            DeviceBuffer(static_cast<std::size_t>(tokens * value_heads) * 2),
+            DeviceBuffer(static_cast<std::size_t>(tokens * value_heads) * 2),
+            DeviceBuffer(static_cast<std::size_t>(value_heads) * 4),
+            DeviceBuffer(static_cast<std::size_t>(value_heads) * 4),
+            DeviceBuffer(static_cast<std::size_t>(seqs + 1) * 4),
+            DeviceBuffer(static_cast<std::size_t>(seqs * value_heads * kDim * kDim) * 4),
+            DeviceBuffer(static_cast<std::size_t>(seqs) * 4),
+            DeviceBuffer(static_cast<std::size_t>(tokens * value_heads * kDim) * 2)};
+  using kjit::bench::fill_random;
+  fill_random(in.q, DType::bf16, static_cast<std::size_t>(tokens * heads * kDim), 1);
+  fill_random(in.k, DType::bf16, static_cast<std::size_t>(tokens * heads * kDim), 2);
+  fill_random(in.v, DType::bf16, static_cast<std::size_t>(tokens * value_heads * kDim), 3);
+  fill_random(in.a, DType::bf16, static_cast<std::size_t>(tokens * value_heads), 4);
+  fill_random(in.b, DType::bf16, static_cast<std::size_t>(tokens * value_heads), 5);
+  fill_random(in.a_log, DType::f32, static_cast<std::size_t>(value_heads), 6, 0.5);
+  fill_random(in.dt_bias, DType::f32, static_cast<std::size_t>(value_heads), 7, 0.5);
+  fill_random(in.pool, DType::f32, static_cast<std::size_t>(seqs * value_heads * kDim * kDim), 8,
+              0.1);
+  in.cu_dev.upload(in.cu);
+  std::vector<std::int32_t> idx(static_cast<std::size_t>(seqs));
+  for (std::int64_t i = 0; i < seqs; ++i)
+    idx[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+  in.indices.upload(idx);
+  return in;
+}
+
+void call(Inputs& in, const kjit::GdnPrefillOptions& options, kjit::Stream stream) {
+  const std::int64_t t = in.tokens, h = in.heads, hv = in.value_heads, n = in.seqs;
+  kjit::gdn_prefill(TensorView::contiguous(in.q.get(), DType::bf16, {t, h, kDim}),
+                    TensorView::contiguous(in.k.get(), DType::bf16, {t, h, kDim}),
+                    TensorView::contiguous(in.v.get(), DType::bf16, {t, hv, kDim}),
+                    kjit::GdnGates::raw(TensorView::contiguous(in.a.get(), DType::bf16, {t, hv}),
+                                        TensorView::contiguous(in.b.get(), DType::bf16, {t, hv}),
+                                        TensorView::contiguous(in.a_log.get(), DType::f32, {hv}),
+                                        TensorView::contiguous(in.dt_bias.get(), DType::f32, {hv})),
+                    TensorView::contiguous(in.cu_dev.get(), DType::i32, {n + 1}),
+                    TensorView::contiguous(in.pool.get(), DType::f32, {n, hv, kDim, kDim}),
+                    TensorView::contiguous(in.indices.get(), DType::i32, {n}), TensorView{},
+                    TensorView::contiguous(in.out.get(), DType::bf16, {t, hv, kDim}), options,
+                    stream);
+}
+
+// Downloads a device buffer of `dtype` to host bytes.
+std::vector<unsigned char> host_copy(const DeviceBuffer& buffer) {
+  std::vector<unsigned char> host(buffer.bytes());
+  buffer.download(host.data(), host.size());
+  return host;
+}
+
+/// One call on a small uneven batch against the float64 reference: relative L2 error of out and
+/// of the pool.
+bool verify(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& options) {
+  Inputs in = make_inputs(1500, 5, 2, 4);
+  auto pool = host_copy(in.pool);
+  call(in, options, gpu.stream);
+  gpu.synchronize();
+  auto q = host_copy(in.q), k = host_copy(in.k), v = host_copy(in.v), a = host_copy(in.a),
+       b = host_copy(in.b), al = host_copy(in.a_log), dt = host_copy(in.dt_bias);
+  std::vector<std::int32_t> idx(5);
+  for (int i = 0; i < 5; ++i) idx[static_cast<std::size_t>(i)] = i;
+  std::vector<unsigned char> ref_out(in.out.bytes());
+  const std::int64_t t = 1500, h = 2, hv = 4, n = 5;
+  kjit::ops::gdn_prefill_reference(
+      TensorView::contiguous(q.data(), DType::bf16, {t, h, kDim}),
+      TensorView::contiguous(k.data(), DType::bf16, {t, h, kDim}),
+      TensorView::contiguous(v.data(), DType::bf16, {t, hv, kDim}),
+      kjit::GdnGates::raw(TensorView::contiguous(a.data(), DType::bf16, {t, hv}),
+                          TensorView::contiguous(b.data(), DType::bf16, {t, hv}),
+                          TensorView::contiguous(al.data(), DType::f32, {hv}),
+                          TensorView::contiguous(dt.data(), DType::f32, {hv})),
+      TensorView::contiguous(in.cu.data(), DType::i32, {n + 1}),
+      TensorView::contiguous(pool.data(), DType::f32, {n, hv, kDim, kDim}),
+      TensorView::contiguous(idx.data(), DType::i32, {n}), TensorView{},
+      TensorView::contiguous(ref_out.data(), DType::bf16, {t, hv, kDim}), {});
+  auto rel = [](const std::vector<unsigned char>& got, const std::vector<unsigned char>& ref,
+                DType dtype) {
+    double d2 = 0, r2 = 0;
+    const auto count = static_cast<std::int64_t>(got.size() / kjit::size_of(dtype));
+    for (std::int64_t i = 0; i < count; ++i) {
+      const double x = kjit::support::load_as_double(got.data(), dtype, i);
+      const double y = kjit::support::load_as_double(ref.data(), dtype, i);
+      d2 += (x - y) * (x - y);
+      r2 += y * y;
+    }
+    return std::sqrt(d2 / std::max(r2, 1e-300));
+  };
+  const double eo = rel(host_copy(in.out), ref_out, DType::bf16);
+  const double es = rel(host_copy(in.pool), pool, DType::f32);
+  std::printf("verify (T=1500, 5 seqs, H=2, HV=4): out rel err %.2e, state rel err %.2e -> %s\n",
+              eo, es, eo <= 2e-2 && es <= 2e-2 ? "ok" : "FAILED");
+  return eo <= 2e-2 && es <= 2e-2;
+}
+
+struct Anchor {
+  std::int64_t heads, value_heads, tokens, seqs;
+  double fla_us;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string why;
+  auto gpu = kjit::bench::Gpu::open(&why);
+  if (!gpu) {
+    std::printf("SKIPPED: %s\n", why.c_str());
+    return 0;
+  }
+  FILE* json = argc > 1 ? std::fopen(argv[1], "a") : nullptr;
+  kjit::GdnPrefillOptions options;
+  options.runtime = &gpu->runtime();
+  options.device = gpu->device;
+  if (!verify(*gpu, options)) return 1;
+
+  // fla chunk_gated_delta_rule on the same H200 (BENCHMARKING.md), GPU us per call.
+  const std::vector<Anchor> anchors = {
+      {16, 16, 8192, 4, 284}, {16, 16, 32768, 16, 1076}, {16, 16, 131072, 16, 4179},
+      {16, 32, 8192, 4, 510}, {16, 32, 32768, 16, 1973}, {16, 32, 131072, 16, 7795},
+  };
+  std::printf("%4s %4s %8s %5s | %10s %10s %8s %9s | %8s %8s\n", "H", "HV", "T", "seqs", "GPU us",
+              "Mtok/s", "TFLOP/s", "host us", "fla us", "speedup");
+  for (const Anchor& s : anchors) {
+    Inputs in = make_inputs(s.tokens, s.seqs, s.heads, s.value_heads);
+    kjit::bench::flush_l2(*gpu);
+    const double us = kjit::bench::median_gpu_us(
+        *gpu, [&](kjit::Stream stream) { call(in, options, stream); }, 20, 3);
+    // Host cost: back-to-back calls without sync, wall time / count (the GPU queue absorbs
+    // them; the first call memoized the plan).
+    constexpr int kHostCalls = 200;
+    gpu->synchronize();
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kHostCalls; ++i) call(in, options, gpu->stream);
+    const auto stop = std::chrono::steady_clock::now();
+    gpu->synchronize();
+    const double host_us =
+        std::chrono::duration<double, std::micro>(stop - start).count() / kHostCalls;
+    const double mtok = static_cast<double>(s.tokens) / us;
+    const double flops = (6.0 * kDim * kDim + 4.0 * 64 * (kDim + kDim)) *
+                         static_cast<double>(s.tokens * s.value_heads);
+    const double tflops = flops / (us * 1e6);
+    std::printf("%4lld %4lld %8lld %5lld | %10.1f %10.2f %8.1f %9.2f | %8.0f %7.2fx\n",
+                static_cast<long long>(s.heads), static_cast<long long>(s.value_heads),
+                static_cast<long long>(s.tokens), static_cast<long long>(s.seqs), us, mtok, tflops,
+                host_us, s.fla_us, s.fla_us / us);
+    if (json != nullptr) {
+      std::fprintf(json,
+                   "{\"bench\":\"gdn_prefill\",\"heads\":%lld,\"value_heads\":%lld,\"tokens\":%lld,"
+                   "\"seqs\":%lld,\"gpu_us\":%.2f,\"mtokens_per_s\":%.3f,\"tflops\":%.2f,"
+                   "\"host_us\":%.3f,\"fla_us\":%.0f,\"speedup_vs_fla\":%.3f}\n",
+                   static_cast<long long>(s.heads), static_cast<long long>(s.value_heads),
+                   static_cast<long long>(s.tokens), static_cast<long long>(s.seqs), us, mtok,
+                   tflops, host_us, s.fla_us, s.fla_us / us);
+    }
+  }
+  if (json != nullptr) std::fclose(json);
+  return 0;
+}

@@ -1,0 +1,330 @@
+// SPDX-License-Identifier: Apache-2.0
+// gdn_prefill on the GPU against the float64 token-by-token reference: mixed lengths (0, 1, 63,
+// 64, 65, 1000) in one batch, one 100k-token sequence, padding indices, has_initial_state,
+// f16/bf16 inputs, f32/bf16 pools, a separate final-state output, and T decode steps against
+// one prefill of T tokens.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "common/gpu.hpp"
+#include "kjit/ops/gdn_decode.hpp"
+#include "kjit/ops/gdn_prefill.hpp"
+#include "ops/gdn_prefill_reference.hpp"
+#include "support/numeric.hpp"
+
+namespace kjit {
+namespace {
+
+using test::DeviceBuffer;
+using Bytes = std::vector<unsigned char>;
+
+struct Case {
+  std::vector<std::int64_t> lengths;
+  std::int64_t heads = 2, value_heads = 4, k = 128, v = 128;
+  DType in = DType::bf16, state = DType::f32, out = DType::bf16;
+  DType cu = DType::i32, index = DType::i32;
+  bool precomputed = false;
+  bool separate_final = false;
+  bool all_have_state = false;  // has_initial_state passed as data == nullptr
+  std::string force_mode;
+};
+
+Bytes random_bytes(test::Rng& rng, DType dtype, std::int64_t count, double scale,
+                   double shift = 0) {
+  Bytes host(static_cast<std::size_t>(count) * size_of(dtype));
+  std::normal_distribution<double> normal(0.0, 1.0);
+  for (std::int64_t i = 0; i < count; ++i) {
+    support::store_from_double(host.data(), dtype, i, normal(rng) * scale + shift);
+  }
+  return host;
+}
+
+DeviceBuffer upload(const Bytes& host) {
+  DeviceBuffer buffer(host.size());
+  buffer.upload(host.data(), host.size());
+  return buffer;
+}
+
+struct Diff {
+  double rel = 0, max_abs = 0;
+  std::int64_t non_finite = 0;
+};
+
+Diff compare(const Bytes& got, const Bytes& ref, DType dtype) {
+  const auto n = static_cast<std::int64_t>(got.size() / size_of(dtype));
+  double d2 = 0, r2 = 0;
+  Diff e;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double a = support::load_as_double(got.data(), dtype, i);
+    const double b = support::load_as_double(ref.data(), dtype, i);
+    if (!std::isfinite(a)) ++e.non_finite;
+    d2 += (a - b) * (a - b);
+    r2 += b * b;
+    e.max_abs = std::max(e.max_abs, std::abs(a - b));
+  }
+  e.rel = std::sqrt(d2 / std::max(r2, 1e-300));
+  return e;
+}
+
+void run_case(const Case& c) {
+  test::Rng rng(test::fresh_seed());
+  const std::int64_t n = static_cast<std::int64_t>(c.lengths.size());
+  const std::int64_t h = c.heads, hv = c.value_heads, kd = c.k, vd = c.v;
+  std::vector<std::int64_t> cu{0};
+  for (std::int64_t len : c.lengths) cu.push_back(cu.back() + len);
+  const std::int64_t t = cu.back();
+  const std::int64_t slots = n + 3;
+
+  Bytes cu_host((static_cast<std::size_t>(n) + 1) * size_of(c.cu));
+  for (std::int64_t i = 0; i <= n; ++i) {
+    support::store_from_double(cu_host.data(), c.cu, i, static_cast<double>(cu[i]));
+  }
+  // Every 4th sequence is padding (-1); the others take distinct slots from the top, so slots
+  // 0 and slots-1 stay unnamed and must come back bit-identical.
+  Bytes idx_host(static_cast<std::size_t>(n) * size_of(c.index));
+  Bytes init_host(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    support::store_from_double(idx_host.data(), c.index, i,
+                               i % 4 == 3 ? -1.0 : double(slots - 2 - i));
+    init_host[static_cast<std::size_t>(i)] = c.all_have_state || i % 3 != 1 ? 1 : 0;
+  }
+  const Bytes q = random_bytes(rng, c.in, t * h * kd, 1.0);
+  const Bytes k = random_bytes(rng, c.in, t * h * kd, 1.0);
+  const Bytes v = random_bytes(rng, c.in, t * hv * vd, 1.0);
+  Bytes ga, gb, a_log, dt_bias;
+  if (c.precomputed) {
+    ga.resize(static_cast<std::size_t>(t * hv) * 4);
+    gb.resize(ga.size());
+    std::uniform_real_distribution<double> unit(0.0, 1.0);
+    for (std::int64_t i = 0; i < t * hv; ++i) {
+      support::store_from_double(ga.data(), DType::f32, i, -0.2 * unit(rng));
+      support::store_from_double(gb.data(), DType::f32, i, unit(rng));
+    }
+  } else {
+    ga = random_bytes(rng, DType::bf16, t * hv, 1.0);
+    gb = random_bytes(rng, DType::bf16, t * hv, 1.0);
+    a_log = random_bytes(rng, DType::f32, hv, 0.5, -1.0);
+    dt_bias = random_bytes(rng, DType::f32, hv, 0.5);
+  }
+  const Bytes pool = random_bytes(rng, c.state, slots * hv * vd * kd, 0.3);
+
+  DeviceBuffer dq = upload(q), dk = upload(k), dv = upload(v), dga = upload(ga), dgb = upload(gb);
+  DeviceBuffer dalog = upload(c.precomputed ? Bytes(4) : a_log);
+  DeviceBuffer ddt = upload(c.precomputed ? Bytes(4) : dt_bias);
+  DeviceBuffer dcu = upload(cu_host), didx = upload(idx_host), dinit = upload(init_host);
+  DeviceBuffer dpool = upload(pool);
+  DeviceBuffer dout(static_cast<std::size_t>(t * hv * vd) * size_of(c.out));
+  dout.poison();
+  const std::int64_t final_elems = n * hv * vd * kd;
+  DeviceBuffer dfinal(c.separate_final ? static_cast<std::size_t>(final_elems) * size_of(c.state)
+                                       : 0);
+  if (c.separate_final) dfinal.poison();
+
+  auto gates_of = [&](void* a, void* b, void* al, void* dt) {
+    const DType gd = c.precomputed ? DType::f32 : DType::bf16;
+    TensorView va = TensorView::contiguous(a, gd, {t, hv});
+    TensorView vb = TensorView::contiguous(b, gd, {t, hv});
+    return c.precomputed ? GdnGates::precomputed(va, vb)
+                         : GdnGates::raw(va, vb, TensorView::contiguous(al, DType::f32, {hv}),
+                                         TensorView::contiguous(dt, DType::f32, {hv}));
+  };
+  GdnPrefillOptions options;
+  options.runtime = &test::runtime();
+  options.device = test::device();
+  options.force_mode = c.force_mode;
+  if (c.separate_final) {
+    options.final_state = TensorView::contiguous(dfinal.get(), c.state, {n, hv, vd, kd});
+  }
+  gdn_prefill(TensorView::contiguous(dq.get(), c.in, {t, h, kd}),
+              TensorView::contiguous(dk.get(), c.in, {t, h, kd}),
+              TensorView::contiguous(dv.get(), c.in, {t, hv, vd}),
+              gates_of(dga.get(), dgb.get(), dalog.get(), ddt.get()),
+              TensorView::contiguous(dcu.get(), c.cu, {n + 1}),
+              TensorView::contiguous(dpool.get(), c.state, {slots, hv, vd, kd}),
+              TensorView::contiguous(didx.get(), c.index, {n}),
+              c.all_have_state ? TensorView{} : TensorView::contiguous(dinit.get(), DType::u8, {n}),
+              TensorView::contiguous(dout.get(), c.out, {t, hv, vd}), options, test::stream());
+  test::sync();
+
+  // The reference on host copies of the same inputs.
+  Bytes ref_out(dout.bytes(), 0), ref_pool = pool, ref_final(dfinal.bytes(), 0);
+  Bytes hq = q, hk = k, hvv = v, hga = ga, hgb = gb, hal = a_log, hdt = dt_bias;
+  GdnPrefillOptions ref_options;
+  if (c.separate_final) {
+    ref_options.final_state = TensorView::contiguous(ref_final.data(), c.state, {n, hv, vd, kd});
+  }
+  ops::gdn_prefill_reference(
+      TensorView::contiguous(hq.data(), c.in, {t, h, kd}),
+      TensorView::contiguous(hk.data(), c.in, {t, h, kd}),
+      TensorView::contiguous(hvv.data(), c.in, {t, hv, vd}),
+      gates_of(hga.data(), hgb.data(), hal.data(), hdt.data()),
+      TensorView::contiguous(cu_host.data(), c.cu, {n + 1}),
+      TensorView::contiguous(ref_pool.data(), c.state, {slots, hv, vd, kd}),
+      TensorView::contiguous(idx_host.data(), c.index, {n}),
+      c.all_have_state ? TensorView{} : TensorView::contiguous(init_host.data(), DType::u8, {n}),
+      TensorView::contiguous(ref_out.data(), c.out, {t, hv, vd}), ref_options);
+
+  Bytes got_out(dout.bytes());
+  dout.download(got_out.data(), got_out.size());
+  Bytes got_pool(dpool.bytes());
+  dpool.download(got_pool.data(), got_pool.size());
+  const Diff eo = compare(got_out, ref_out, c.out);
+  MESSAGE("out: rel " << eo.rel << ", max abs " << eo.max_abs << ", non-finite " << eo.non_finite);
+  CHECK(eo.non_finite == 0);
+  CHECK(eo.rel <= 2e-2);
+  const Diff es = compare(got_pool, ref_pool, c.state);
+  MESSAGE("pool: rel " << es.rel << ", max abs " << es.max_abs);
+  CHECK(es.non_finite == 0);
+  CHECK(es.rel <= 2e-2);
+  // Unnamed slots (0 and the last two) are bit-identical: padding is never clamped into them.
+  const std::size_t slot_bytes = static_cast<std::size_t>(hv * vd * kd) * size_of(c.state);
+  for (std::int64_t s : {std::int64_t{0}, slots - 1}) {
+    CHECK(std::equal(got_pool.begin() + s * slot_bytes, got_pool.begin() + (s + 1) * slot_bytes,
+                     pool.begin() + s * slot_bytes));
+  }
+  if (c.separate_final) {
+    CHECK(got_pool == pool);  // the pool is only read
+    Bytes got_final(dfinal.bytes());
+    dfinal.download(got_final.data(), got_final.size());
+    const Diff ef = compare(got_final, ref_final, c.state);
+    MESSAGE("final_state: rel " << ef.rel << ", max abs " << ef.max_abs);
+    CHECK(ef.non_finite == 0);
+    CHECK(ef.rel <= 2e-2);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gdn_prefill: mixed lengths 0, 1, 63, 64, 65, 1000 in one batch, bf16, f32 pool") {
+  Case c;
+  c.lengths = {0, 1, 63, 64, 65, 1000, 17, 128};
+  run_case(c);
+}
+
+TEST_CASE("gdn_prefill: every value tile on the same batch") {
+  for (const char* mode : {"bv64", "bv32", "bv16"}) {
+    CAPTURE(mode);
+    Case c;
+    c.lengths = {65, 0, 130, 1};
+    c.force_mode = mode;
+    run_case(c);
+  }
+}
+
+TEST_CASE("gdn_prefill: f16 inputs, bf16 pool, precomputed gates, separate final state, i64") {
+  Case c;
+  c.lengths = {64, 1, 65, 0, 200};
+  c.in = DType::f16;
+  c.state = DType::bf16;
+  c.out = DType::f32;
+  c.cu = DType::i64;
+  c.index = DType::i64;
+  c.precomputed = true;
+  c.separate_final = true;
+  c.all_have_state = true;
+  run_case(c);
+}
+
+TEST_CASE("gdn_prefill: K and V of 64 and 256, GVA") {
+  for (auto [kd, vd] : {std::pair{64, 64}, std::pair{256, 256}, std::pair{64, 128}}) {
+    CAPTURE(kd);
+    CAPTURE(vd);
+    Case c;
+    c.lengths = {63, 65, 1};
+    c.heads = 1;
+    c.value_heads = 3;
+    c.k = kd;
+    c.v = vd;
+    run_case(c);
+  }
+}
+
+TEST_CASE("gdn_prefill: one 100k-token sequence next to short ones (H = HV = 1)") {
+  Case c;
+  c.lengths = {100000, 1, 63};
+  c.heads = 1;
+  c.value_heads = 1;
+  run_case(c);
+}
+
+TEST_CASE("gdn_prefill: T decode steps equal one prefill of T tokens") {
+  test::Rng rng(test::fresh_seed());
+  const std::int64_t t = 130, h = 1, hv = 2, kd = 128, vd = 128;
+  const std::int64_t row = 2 * h * kd + hv * vd;
+  const Bytes mixed = random_bytes(rng, DType::bf16, t * row, 1.0);
+  const Bytes a = random_bytes(rng, DType::bf16, t * hv, 1.0);
+  const Bytes b = random_bytes(rng, DType::bf16, t * hv, 1.0);
+  const Bytes a_log = random_bytes(rng, DType::f32, hv, 0.5, -1.0);
+  const Bytes dt_bias = random_bytes(rng, DType::f32, hv, 0.5);
+  const Bytes pool = random_bytes(rng, DType::f32, 2 * hv * vd * kd, 0.3);
+  Bytes idx(4);
+  support::store_from_double(idx.data(), DType::i32, 0, 1.0);
+  Bytes cu(8);
+  support::store_from_double(cu.data(), DType::i32, 0, 0.0);
+  support::store_from_double(cu.data(), DType::i32, 1, double(t));
+
+  DeviceBuffer dmixed = upload(mixed), da = upload(a), db = upload(b), dal = upload(a_log),
+               ddt = upload(dt_bias), didx = upload(idx), dcu = upload(cu);
+  DeviceBuffer pool_decode = upload(pool), pool_prefill = upload(pool);
+  DeviceBuffer out_decode(static_cast<std::size_t>(t * hv * vd) * 2);
+  DeviceBuffer out_prefill(out_decode.bytes());
+  out_decode.poison();
+  out_prefill.poison();
+
+  GdnDecodeOptions dopt;
+  dopt.runtime = &test::runtime();
+  dopt.device = test::device();
+  for (std::int64_t i = 0; i < t; ++i) {
+    auto* base = static_cast<unsigned char*>(dmixed.get()) + i * row * 2;
+    gdn_decode(
+        TensorView::contiguous(base, DType::bf16, {1, row}),
+        TensorView::contiguous(static_cast<unsigned char*>(da.get()) + i * hv * 2, DType::bf16,
+                               {1, hv}),
+        TensorView::contiguous(static_cast<unsigned char*>(db.get()) + i * hv * 2, DType::bf16,
+                               {1, hv}),
+        TensorView::contiguous(dal.get(), DType::f32, {hv}),
+        TensorView::contiguous(ddt.get(), DType::f32, {hv}),
+        TensorView::contiguous(pool_decode.get(), DType::f32, {2, hv, vd, kd}),
+        TensorView::contiguous(didx.get(), DType::i32, {1}),
+        TensorView::contiguous(static_cast<unsigned char*>(out_decode.get()) + i * hv * vd * 2,
+                               DType::bf16, {1, hv, vd}),
+        dopt, test::stream());
+  }
+  // The same tokens as [T, H, K] / [T, HV, V] views into the packed rows.
+  GdnPrefillOptions popt;
+  popt.runtime = &test::runtime();
+  popt.device = test::device();
+  auto* m = static_cast<unsigned char*>(dmixed.get());
+  gdn_prefill(TensorView::strided(m, DType::bf16, {t, h, kd}, {row, kd, 1}),
+              TensorView::strided(m + h * kd * 2, DType::bf16, {t, h, kd}, {row, kd, 1}),
+              TensorView::strided(m + 2 * h * kd * 2, DType::bf16, {t, hv, vd}, {row, vd, 1}),
+              GdnGates::raw(TensorView::contiguous(da.get(), DType::bf16, {t, hv}),
+                            TensorView::contiguous(db.get(), DType::bf16, {t, hv}),
+                            TensorView::contiguous(dal.get(), DType::f32, {hv}),
+                            TensorView::contiguous(ddt.get(), DType::f32, {hv})),
+              TensorView::contiguous(dcu.get(), DType::i32, {2}),
+              TensorView::contiguous(pool_prefill.get(), DType::f32, {2, hv, vd, kd}),
+              TensorView::contiguous(didx.get(), DType::i32, {1}), TensorView{},
+              TensorView::contiguous(out_prefill.get(), DType::bf16, {t, hv, vd}), popt,
+              test::stream());
+  test::sync();
+  Bytes od(out_decode.bytes()), op(out_prefill.bytes()), sd(pool_decode.bytes()),
+      sp(pool_prefill.bytes());
+  out_decode.download(od.data(), od.size());
+  out_prefill.download(op.data(), op.size());
+  pool_decode.download(sd.data(), sd.size());
+  pool_prefill.download(sp.data(), sp.size());
+  const Diff eo = compare(op, od, DType::bf16);
+  const Diff es = compare(sp, sd, DType::f32);
+  MESSAGE("prefill vs decode: out rel " << eo.rel << " (max abs " << eo.max_abs << "), state rel "
+                                        << es.rel << " (max abs " << es.max_abs << ")");
+  CHECK(eo.non_finite == 0);
+  CHECK(eo.rel <= 2e-2);
+  CHECK(es.rel <= 2e-2);
+}
+
+}  // namespace kjit

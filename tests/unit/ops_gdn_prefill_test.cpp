@@ -1,0 +1,435 @@
+// SPDX-License-Identifier: Apache-2.0
+// gdn_prefill on the CPU: the float64 reference against a direct chunked (WY) float64
+// implementation of the algorithm the kernel runs, padding and initial-state semantics, plan
+// legality over many shapes, and argument errors that name the argument.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codegen/families.hpp"
+#include "kjit/error.hpp"
+#include "kjit/gdn_prefill_params.h"
+#include "kjit/ops/gdn_prefill.hpp"
+#include "ops/gdn_prefill_reference.hpp"
+
+namespace kjit {
+namespace {
+
+using Vec = std::vector<double>;
+
+// A small problem held in f64 host buffers (the reference reads any dtype; f64 keeps the
+// comparison with the chunked form at rounding level).
+struct Problem {
+  std::int64_t heads = 1, value_heads = 2, k = 8, v = 6, slots = 0;
+  std::vector<std::int64_t> cu;
+  Vec q, kk, vv, a, b, a_log, dt_bias, state;
+  std::vector<std::int64_t> indices;
+  std::vector<std::uint8_t> has_init;
+  std::int64_t tokens() const { return cu.back(); }
+  std::int64_t seqs() const { return static_cast<std::int64_t>(cu.size()) - 1; }
+};
+
+Problem make_problem(const std::vector<std::int64_t>& lengths, std::int64_t heads,
+                     std::int64_t value_heads, std::int64_t k, std::int64_t v, std::uint64_t seed) {
+  Problem pr;
+  pr.heads = heads;
+  pr.value_heads = value_heads;
+  pr.k = k;
+  pr.v = v;
+  pr.cu.push_back(0);
+  for (std::int64_t len : lengths) pr.cu.push_back(pr.cu.back() + len);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto fill = [&](Vec& x, std::int64_t n, double scale) {
+    x.resize(static_cast<std::size_t>(n));
+    for (double& e : x) e = normal(rng) * scale;
+  };
+  const std::int64_t t = pr.tokens();
+  fill(pr.q, t * heads * k, 1.0);
+  fill(pr.kk, t * heads * k, 1.0);
+  fill(pr.vv, t * value_heads * v, 1.0);
+  fill(pr.a, t * value_heads, 1.0);
+  fill(pr.b, t * value_heads, 1.0);
+  fill(pr.a_log, value_heads, 0.5);
+  fill(pr.dt_bias, value_heads, 0.5);
+  pr.slots = pr.seqs() + 2;
+  fill(pr.state, pr.slots * value_heads * v * k, 0.3);
+  for (std::int64_t n = 0; n < pr.seqs(); ++n) {
+    pr.indices.push_back(pr.slots - 1 - n);
+    pr.has_init.push_back(n % 3 == 2 ? 0 : 1);
+  }
+  return pr;
+}
+
+struct Views {
+  TensorView q, k, v, cu, state, indices, has_init;
+  GdnGates gates;
+};
+
+Views views(Problem& pr, TensorView out) {
+  (void)out;
+  const std::int64_t t = pr.tokens(), h = pr.heads, hv = pr.value_heads;
+  Views w;
+  w.q = TensorView::contiguous(pr.q.data(), DType::f64, {t, h, pr.k});
+  w.k = TensorView::contiguous(pr.kk.data(), DType::f64, {t, h, pr.k});
+  w.v = TensorView::contiguous(pr.vv.data(), DType::f64, {t, hv, pr.v});
+  w.cu = TensorView::contiguous(pr.cu.data(), DType::i64, {pr.seqs() + 1});
+  w.state = TensorView::contiguous(pr.state.data(), DType::f64, {pr.slots, hv, pr.v, pr.k});
+  w.indices = TensorView::contiguous(pr.indices.data(), DType::i64, {pr.seqs()});
+  w.has_init = TensorView::contiguous(pr.has_init.data(), DType::u8, {pr.seqs()});
+  w.gates = GdnGates::raw(TensorView::contiguous(pr.a.data(), DType::f64, {t, hv}),
+                          TensorView::contiguous(pr.b.data(), DType::f64, {t, hv}),
+                          TensorView::contiguous(pr.a_log.data(), DType::f64, {hv}),
+                          TensorView::contiguous(pr.dt_bias.data(), DType::f64, {hv}));
+  return w;
+}
+
+// The chunked WY algorithm of the kernel (templates/gdn_prefill.cuh), in float64 with chunk C:
+// A, T = (I + A)^-1 by forward substitution, R = diag(beta)(V - diag(e^gamma) K S^T),
+// Vn = T R, O = scale (e^gamma Q S^T + tril(Q K^T e^(dgamma)) Vn),
+// S <- e^gamma_last S + sum_j e^(gamma_last - gamma_j) Vn_j k_j^T. Writes out [T, HV, V] and the
+// final state of every sequence into `finals` [N, HV, V, K].
+void chunked_wy(const Problem& pr, int chunk, double scale, Vec& out, Vec& finals) {
+  const std::int64_t K = pr.k, V = pr.v, HV = pr.value_heads, H = pr.heads;
+  out.assign(static_cast<std::size_t>(pr.tokens() * HV * V), 0.0);
+  finals.assign(static_cast<std::size_t>(pr.seqs() * HV * V * K), 0.0);
+  auto idx = [](std::int64_t i) { return static_cast<std::size_t>(i); };
+  for (std::int64_t n = 0; n < pr.seqs(); ++n) {
+    const std::int64_t slot = pr.indices[idx(n)];
+    const bool init = slot >= 0 && slot < pr.slots && pr.has_init[idx(n)] != 0;
+    for (std::int64_t hv = 0; hv < HV; ++hv) {
+      const std::int64_t h = hv / (HV / H);
+      Vec s(idx(V * K), 0.0);  // S[v][k]
+      if (init) {
+        for (std::int64_t e = 0; e < V * K; ++e)
+          s[idx(e)] = pr.state[idx((slot * HV + hv) * V * K + e)];
+      }
+      for (std::int64_t t0 = pr.cu[idx(n)]; t0 < pr.cu[idx(n + 1)]; t0 += chunk) {
+        const std::int64_t c = std::min<std::int64_t>(chunk, pr.cu[idx(n + 1)] - t0);
+        std::vector<Vec> q(idx(c), Vec(idx(K))), k(idx(c), Vec(idx(K)));
+        Vec gamma(idx(c)), beta(idx(c));
+        double acc = 0;
+        for (std::int64_t i = 0; i < c; ++i) {
+          const std::int64_t t = t0 + i;
+          double sq = 0, sk = 0;
+          for (std::int64_t d = 0; d < K; ++d) {
+            q[idx(i)][idx(d)] = pr.q[idx((t * H + h) * K + d)];
+            k[idx(i)][idx(d)] = pr.kk[idx((t * H + h) * K + d)];
+            sq += q[idx(i)][idx(d)] * q[idx(i)][idx(d)];
+            sk += k[idx(i)][idx(d)] * k[idx(i)][idx(d)];
+          }
+          for (std::int64_t d = 0; d < K; ++d) {
+            q[idx(i)][idx(d)] /= std::sqrt(sq + 1e-6);
+            k[idx(i)][idx(d)] /= std::sqrt(sk + 1e-6);
+          }
+          const double x = pr.a[idx(t * HV + hv)] + pr.dt_bias[idx(hv)];
+          acc += -std::exp(pr.a_log[idx(hv)]) * (x > 20 ? x : std::log1p(std::exp(x)));
+          gamma[idx(i)] = acc;
+          beta[idx(i)] = 1.0 / (1.0 + std::exp(-pr.b[idx(t * HV + hv)]));
+        }
+        auto dot = [&](const Vec& x, const Vec& y) {
+          double r = 0;
+          for (std::int64_t d = 0; d < K; ++d) r += x[idx(d)] * y[idx(d)];
+          return r;
+        };
+        // A (strictly lower) and T = (I + A)^-1 row by row.
+        std::vector<Vec> a(idx(c), Vec(idx(c), 0.0)), tm(idx(c), Vec(idx(c), 0.0));
+        for (std::int64_t i = 0; i < c; ++i) {
+          for (std::int64_t j = 0; j < i; ++j) {
+            a[idx(i)][idx(j)] =
+                beta[idx(i)] * dot(k[idx(i)], k[idx(j)]) * std::exp(gamma[idx(i)] - gamma[idx(j)]);
+          }
+        }
+        for (std::int64_t i = 0; i < c; ++i) {
+          tm[idx(i)][idx(i)] = 1.0;
+          for (std::int64_t j = 0; j < i; ++j) {
+            double x = 0;
+            for (std::int64_t m = j; m < i; ++m) x += a[idx(i)][idx(m)] * tm[idx(m)][idx(j)];
+            tm[idx(i)][idx(j)] = -x;
+          }
+        }
+        // R, Vn, O.
+        std::vector<Vec> r(idx(c), Vec(idx(V))), vn(idx(c), Vec(idx(V), 0.0));
+        for (std::int64_t i = 0; i < c; ++i) {
+          for (std::int64_t e = 0; e < V; ++e) {
+            double ks = 0;
+            for (std::int64_t d = 0; d < K; ++d) ks += k[idx(i)][idx(d)] * s[idx(e * K + d)];
+            r[idx(i)][idx(e)] = beta[idx(i)] * (pr.vv[idx(((t0 + i) * HV + hv) * V + e)] -
+                                                std::exp(gamma[idx(i)]) * ks);
+          }
+        }
+        for (std::int64_t i = 0; i < c; ++i) {
+          for (std::int64_t j = 0; j <= i; ++j) {
+            for (std::int64_t e = 0; e < V; ++e)
+              vn[idx(i)][idx(e)] += tm[idx(i)][idx(j)] * r[idx(j)][idx(e)];
+          }
+        }
+        for (std::int64_t i = 0; i < c; ++i) {
+          for (std::int64_t e = 0; e < V; ++e) {
+            double qs = 0;
+            for (std::int64_t d = 0; d < K; ++d) qs += q[idx(i)][idx(d)] * s[idx(e * K + d)];
+            double o = std::exp(gamma[idx(i)]) * qs;
+            for (std::int64_t j = 0; j <= i; ++j) {
+              o += dot(q[idx(i)], k[idx(j)]) * std::exp(gamma[idx(i)] - gamma[idx(j)]) *
+                   vn[idx(j)][idx(e)];
+            }
+            out[idx(((t0 + i) * HV + hv) * V + e)] = scale * o;
+          }
+        }
+        const double last = gamma[idx(c - 1)];
+        for (std::int64_t e = 0; e < V; ++e) {
+          for (std::int64_t d = 0; d < K; ++d) {
+            double x = std::exp(last) * s[idx(e * K + d)];
+            for (std::int64_t j = 0; j < c; ++j) {
+              x += std::exp(last - gamma[idx(j)]) * vn[idx(j)][idx(e)] * k[idx(j)][idx(d)];
+            }
+            s[idx(e * K + d)] = x;
+          }
+        }
+      }
+      for (std::int64_t e = 0; e < V * K; ++e) finals[idx((n * HV + hv) * V * K + e)] = s[idx(e)];
+    }
+  }
+}
+
+double max_abs_diff(const Vec& x, const Vec& y) {
+  double m = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("gdn_prefill reference equals the chunked WY form in float64") {
+  for (int chunk : {64, 8, 16}) {
+    for (auto [h, hv, k, v] :
+         std::vector<std::array<std::int64_t, 4>>{{1, 2, 8, 6}, {2, 4, 16, 16}, {1, 1, 12, 8}}) {
+      CAPTURE(chunk);
+      CAPTURE(h);
+      CAPTURE(hv);
+      CAPTURE(k);
+      CAPTURE(v);
+      Problem pr = make_problem({0, 1, 63, 64, 65, 0, 130}, h, hv, k, v, 7 + chunk + k);
+      const double scale = 0.37;
+      Vec wy_out, wy_final;
+      chunked_wy(pr, chunk, scale, wy_out, wy_final);
+
+      Vec out(wy_out.size(), std::nan("")), finals(wy_final.size(), std::nan(""));
+      Views w = views(pr, {});
+      GdnPrefillOptions options;
+      options.scale = static_cast<float>(scale);
+      options.final_state = TensorView::contiguous(finals.data(), DType::f64,
+                                                   {pr.seqs(), pr.value_heads, pr.v, pr.k});
+      const Vec pool_before = pr.state;
+      ops::gdn_prefill_reference(
+          w.q, w.k, w.v, w.gates, w.cu, w.state, w.indices, w.has_init,
+          TensorView::contiguous(out.data(), DType::f64, {pr.tokens(), pr.value_heads, pr.v}),
+          options);
+      // options.scale is f32: the reference uses the rounded value, so compare relative to it.
+      Vec wy_out_f = wy_out;
+      for (double& x : wy_out_f) x *= static_cast<double>(static_cast<float>(scale)) / scale;
+      CHECK(max_abs_diff(out, wy_out_f) < 1e-9);
+      CHECK(max_abs_diff(finals, wy_final) < 1e-9);
+      CHECK(pr.state == pool_before);  // a separate final_state leaves the pool alone
+    }
+  }
+}
+
+TEST_CASE("gdn_prefill reference: padding, has_initial_state and in-place pool writes") {
+  Problem pr = make_problem({5, 0, 9, 3}, 1, 2, 8, 4, 99);
+  pr.indices = {-1, 2, 1, 4};  // seq 0 is padding
+  pr.has_init = {1, 1, 0, 1};
+  const Vec pool_before = pr.state;
+  Vec out(static_cast<std::size_t>(pr.tokens() * pr.value_heads * pr.v), std::nan(""));
+  Views w = views(pr, {});
+  ops::gdn_prefill_reference(
+      w.q, w.k, w.v, w.gates, w.cu, w.state, w.indices, w.has_init,
+      TensorView::contiguous(out.data(), DType::f64, {pr.tokens(), pr.value_heads, pr.v}), {});
+  for (double x : out) CHECK(std::isfinite(x));  // padding sequences still write their output
+  const std::int64_t per_slot = pr.value_heads * pr.v * pr.k;
+  auto slot_equal = [&](std::int64_t slot) {
+    for (std::int64_t e = 0; e < per_slot; ++e) {
+      if (pr.state[static_cast<std::size_t>(slot * per_slot + e)] !=
+          pool_before[static_cast<std::size_t>(slot * per_slot + e)]) {
+        return false;
+      }
+    }
+    return true;
+  };
+  CHECK(slot_equal(0));   // never named: untouched (padding is not clamped into slot 0)
+  CHECK(slot_equal(5));   // the last slot: untouched (nor into the last slot)
+  CHECK(slot_equal(2));   // zero-length sequence with a state: copied unchanged
+  CHECK(!slot_equal(1));  // has_initial_state = 0: written from a zero start
+  CHECK(!slot_equal(4));
+
+  // The padding sequence ran from zeros: same output as the same tokens with has_init = 0 on a
+  // real slot.
+  Problem zero = pr;
+  zero.state = pool_before;
+  zero.indices = {3, 2, 1, 4};
+  zero.has_init = {0, 1, 0, 1};
+  Vec out2(out.size(), std::nan(""));
+  Views w2 = views(zero, {});
+  ops::gdn_prefill_reference(
+      w2.q, w2.k, w2.v, w2.gates, w2.cu, w2.state, w2.indices, w2.has_init,
+      TensorView::contiguous(out2.data(), DType::f64, {pr.tokens(), pr.value_heads, pr.v}), {});
+  CHECK(max_abs_diff(out, out2) == 0.0);
+}
+
+namespace {
+
+struct Shapes {
+  std::int64_t t, n, h, hv, k, v;
+};
+
+// Views with null data: the planner never dereferences them.
+Plan plan_for(const Shapes& s, const DeviceLimits& device, DType state = DType::f32,
+              const std::string& force = "") {
+  const auto view = [](DType d, std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(nullptr, d, shape);
+  };
+  GdnPrefillOptions options;
+  options.force_mode = force;
+  return plan_gdn_prefill(
+      view(DType::bf16, {s.t, s.h, s.k}), view(DType::bf16, {s.t, s.h, s.k}),
+      view(DType::bf16, {s.t, s.hv, s.v}),
+      GdnGates::raw(view(DType::bf16, {s.t, s.hv}), view(DType::bf16, {s.t, s.hv}),
+                    view(DType::f32, {s.hv}), view(DType::f32, {s.hv})),
+      view(DType::i32, {s.n + 1}), view(state, {s.n + 3, s.hv, s.v, s.k}), view(DType::i64, {s.n}),
+      TensorView{}, view(DType::bf16, {s.t, s.hv, s.v}), options, device);
+}
+
+bool family_registered() {
+  for (const auto& family : codegen::families()) {
+    if (family.name == "gdn_prefill") return true;
+  }
+  return false;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("gdn_prefill plans are legal for every shape, N = 4096 and T = 100k included") {
+  if (!family_registered()) {
+    MESSAGE("gdn_prefill family not registered in lib/codegen/families.cpp yet: skipped");
+    return;
+  }
+  for (const char* arch : {"sm_80", "sm_90", "sm_100"}) {
+    const DeviceLimits device = DeviceLimits::for_arch(Arch::parse(arch));
+    for (const Shapes& s : std::vector<Shapes>{{0, 1, 1, 1, 128, 128},
+                                               {100000, 1, 1, 1, 128, 128},
+                                               {100000, 4096, 16, 32, 128, 128},
+                                               {8192, 4, 16, 16, 128, 128},
+                                               {131072, 16, 16, 64, 128, 128},
+                                               {4096, 4096, 2, 64, 64, 64},
+                                               {1000, 7, 4, 8, 256, 256},
+                                               {1000, 7, 4, 8, 64, 128},
+                                               {1000, 7, 1, 48, 128, 256}}) {
+      CAPTURE(arch);
+      CAPTURE(s.t);
+      CAPTURE(s.n);
+      CAPTURE(s.hv);
+      CAPTURE(s.k);
+      CAPTURE(s.v);
+      const Plan plan = plan_for(s, device);
+      REQUIRE(plan.launches.size() == 1);
+      const PlannedLaunch& launch = plan.launches[0];
+      for (const LimitCheck& check : launch.checks) CHECK_MESSAGE(check.ok(), check.limit);
+      const int bv = std::stoi(launch.spec.get("bv"));
+      CHECK(s.v % bv == 0);
+      CHECK(bv * s.k <= 8192);
+      CHECK(launch.shape.grid.count() == static_cast<std::uint64_t>(s.n * s.hv * (s.v / bv)));
+      CHECK(launch.shape.block.x == kGdnPrefillThreads);
+      CHECK(launch.shape.dynamic_smem == gdn_prefill_smem(static_cast<int>(s.k), bv).total);
+      CHECK(launch.shape.dynamic_smem <= device.max_smem_per_block_optin);
+    }
+    // Few long sequences take the smaller tile for parallelism; many take 64.
+    CHECK(plan_for({100000, 1, 1, 1, 128, 128}, device).mode == "bv32");
+    CHECK(plan_for({100000, 4096, 16, 32, 128, 128}, device).mode == "bv64");
+    CHECK(plan_for({1000, 4, 1, 1, 128, 128}, device, DType::bf16, "bv16").mode == "bv16");
+  }
+}
+
+TEST_CASE("gdn_prefill argument errors name the argument") {
+  const DeviceLimits device = DeviceLimits::for_arch(Arch{9, 0});
+  const auto view = [](DType d, std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(nullptr, d, shape);
+  };
+  const std::int64_t t = 100, n = 3, h = 2, hv = 4, k = 128, v = 128;
+  TensorView q = view(DType::bf16, {t, h, k}), kk = q, vv = view(DType::bf16, {t, hv, v});
+  GdnGates gates = GdnGates::raw(view(DType::f32, {t, hv}), view(DType::f32, {t, hv}),
+                                 view(DType::f32, {hv}), view(DType::f32, {hv}));
+  TensorView cu = view(DType::i32, {n + 1}), state = view(DType::f32, {8, hv, v, k});
+  TensorView idx = view(DType::i32, {n}), out = view(DType::bf16, {t, hv, v});
+  auto err = [&](auto mutate) {
+    TensorView q2 = q, k2 = kk, v2 = vv, cu2 = cu, st2 = state, idx2 = idx, out2 = out;
+    GdnGates g2 = gates;
+    GdnPrefillOptions options;
+    mutate(q2, k2, v2, g2, cu2, st2, idx2, out2, options);
+    return error_of([&] {
+      plan_gdn_prefill(q2, k2, v2, g2, cu2, st2, idx2, TensorView{}, out2, options, device);
+    });
+  };
+  using TV = TensorView;
+  CHECK(err([](TV&, TV&, TV& v2, GdnGates&, TV&, TV&, TV&, TV&, GdnPrefillOptions&) {
+          v2.dtype = DType::f32;
+        }).find("q, k and v") != std::string::npos);
+  CHECK(err([&](TV& q2, TV& k2, TV&, GdnGates&, TV&, TV&, TV&, TV&, GdnPrefillOptions&) {
+          q2 = view(DType::bf16, {t, 3, k});
+          k2 = q2;
+        }).find("HV") != std::string::npos);
+  CHECK(err([&](TV& q2, TV& k2, TV&, GdnGates&, TV&, TV&, TV&, TV&, GdnPrefillOptions&) {
+          q2 = view(DType::bf16, {t, h, 96});
+          k2 = q2;
+        }).find("K is 96") != std::string::npos);
+  CHECK(err([&](TV&, TV&, TV&, GdnGates&, TV&, TV& st2, TV&, TV&, GdnPrefillOptions&) {
+          st2 = view(DType::f16, {8, hv, v, k});
+        }).find("state has dtype f16") != std::string::npos);
+  CHECK(err([&](TV&, TV&, TV&, GdnGates&, TV&, TV&, TV& idx2, TV&, GdnPrefillOptions&) {
+          idx2 = view(DType::i32, {n + 1});
+        }).find("state_indices") != std::string::npos);
+  CHECK(err([&](TV&, TV&, TV&, GdnGates& g2, TV&, TV&, TV&, TV&, GdnPrefillOptions&) {
+          g2 = GdnGates::precomputed(view(DType::bf16, {t, hv}), view(DType::f32, {t, hv}));
+        }).find("gates.g") != std::string::npos);
+  CHECK(err([&](TV&, TV&, TV&, GdnGates& g2, TV&, TV&, TV&, TV&, GdnPrefillOptions&) {
+          g2.dt_bias = view(DType::f32, {hv + 1});
+        }).find("gates.dt_bias") != std::string::npos);
+  CHECK(err([&](TV&, TV&, TV&, GdnGates&, TV&, TV&, TV&, TV& out2, GdnPrefillOptions&) {
+          out2 = view(DType::bf16, {t, hv, 64});
+        }).find("out dim 2") != std::string::npos);
+  CHECK(err([&](TV&, TV&, TV&, GdnGates&, TV& cu2, TV&, TV&, TV&, GdnPrefillOptions&) {
+          cu2 = view(DType::f32, {n + 1});
+        }).find("cu_seqlens") != std::string::npos);
+  CHECK(err([&](TV&, TV&, TV&, GdnGates&, TV&, TV&, TV&, TV&, GdnPrefillOptions& o) {
+          o.checkpoint_every_n_tokens = 64;
+        }).find("checkpoint_every_n_tokens") != std::string::npos);
+  CHECK(err([&](TV&, TV&, TV&, GdnGates&, TV&, TV&, TV&, TV&, GdnPrefillOptions& o) {
+          // Never dereferenced by the planner; non-null marks the option as given.
+          alignas(16) static unsigned char marker[16];
+          o.final_state = TensorView::contiguous(marker, DType::bf16, {n, hv, v, k});
+        }).find("final_state") != std::string::npos);
+  CHECK(err([&](TV& q2, TV&, TV&, GdnGates&, TV&, TV&, TV&, TV&, GdnPrefillOptions&) {
+          q2 = TensorView::strided(nullptr, DType::bf16, {t, h, k}, {h * k + 4, k, 1});
+        }).find("q stride of dim 0") != std::string::npos);
+  if (family_registered()) {
+    CHECK(err([&](TV&, TV&, TV&, GdnGates&, TV&, TV&, TV&, TV&, GdnPrefillOptions& o) {
+            o.force_mode = "bv7";
+          }).find("force_mode") != std::string::npos);
+  }
+}
+
+}  // namespace kjit
