@@ -19,10 +19,10 @@
 
 #include "common/device_buffer.hpp"
 #include "driver/driver_api.hpp"
+#include "kjit/bench_params.h"
 #include "kjit/runtime.hpp"
 #include "kjit/spec.hpp"
 #include "support/numeric.hpp"
-#include "kjit/bench_params.h"
 
 namespace kjit::bench {
 
@@ -76,8 +76,7 @@ class Gpu {
   /// Enqueues a spin kernel of about `ms` milliseconds.
   void spin(double ms) {
     BenchParams params{static_cast<std::uint64_t>(ms * clock_khz_)};
-    runtime_->launch(*spin_, LaunchShape{{1, 1, 1}, {1, 1, 1}, 0}, stream, &params,
-                     sizeof params);
+    runtime_->launch(*spin_, LaunchShape{{1, 1, 1}, {1, 1, 1}, 0}, stream, &params, sizeof params);
   }
   void launch_empty() {
     BenchParams params{0};

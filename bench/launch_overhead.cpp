@@ -36,8 +36,8 @@ int child_main() {
   const kjit::DeviceLimits limits = runtime.device_limits(0);
   const double driver_us = us_since(start);
   const auto first = Clock::now();
-  const kjit::LoadedKernel& kernel = runtime.load(
-      kjit::KernelSpec::make("probe", {{"heavy", "0"}}, limits.arch), 0, nullptr);
+  const kjit::LoadedKernel& kernel =
+      runtime.load(kjit::KernelSpec::make("probe", {{"heavy", "0"}}, limits.arch), 0, nullptr);
   kjit::bench::DeviceBuffer out(32 * sizeof(float));
   kjit::ProbeParams params{static_cast<float*>(out.get()), 32, 1.0f, 0};
   runtime.launch(kernel, kjit::LaunchShape{{1, 1, 1}, {32, 1, 1}, 0}, nullptr, &params,
@@ -63,7 +63,8 @@ int main(int argc, char** argv) {
   }
   try {
     kjit::Runtime& runtime = gpu->runtime();
-    const kjit::KernelSpec spec = kjit::KernelSpec::make("probe", {{"heavy", "0"}}, gpu->limits.arch);
+    const kjit::KernelSpec spec =
+        kjit::KernelSpec::make("probe", {{"heavy", "0"}}, gpu->limits.arch);
     const kjit::LoadedKernel& kernel = runtime.load(spec, gpu->device);
     kjit::bench::DeviceBuffer out(32 * sizeof(float));
     kjit::ProbeParams params{static_cast<float*>(out.get()), 32, 1.0f, 0};
@@ -88,25 +89,27 @@ int main(int argc, char** argv) {
       gpu->synchronize();
       return us;
     };
-    const kjit::Runtime::ResolvedPlan& resolved =
-        runtime.memoized(signature, gpu->stream, [&] { return std::pair{plan, gpu->device}; });
+    const kjit::Runtime::ResolvedPlan& resolved = runtime.memoized(signature, gpu->stream, [&] {
+      return std::pair{plan, gpu->device};
+    });
     void* args[] = {&params};
     double raw_best = 1e9, memo_best = 1e9, checked_best = 1e9;
     for (int round = 0; round < 3; ++round) {
       raw_best = std::min(raw_best, measure([&] {
-        kjit::bench::check(kjit::bench::cu().cuLaunchKernel(
-                               resolved.kernels[0]->function, 1, 1, 1, 32, 1, 1,
-                               0, gpu->cu_stream(), args, nullptr),
-                           "cuLaunchKernel");
-      }));
+                            kjit::bench::check(kjit::bench::cu().cuLaunchKernel(
+                                                   resolved.kernels[0]->function, 1, 1, 1, 32, 1, 1,
+                                                   0, gpu->cu_stream(), args, nullptr),
+                                               "cuLaunchKernel");
+                          }));
       memo_best = std::min(memo_best, measure([&] {
-        const auto& r = runtime.memoized(signature, gpu->stream,
-                                         [&] { return std::pair{plan, gpu->device}; });
-        runtime.launch(r, 0, gpu->stream, &params, sizeof params);
-      }));
+                             const auto& r = runtime.memoized(signature, gpu->stream, [&] {
+                               return std::pair{plan, gpu->device};
+                             });
+                             runtime.launch(r, 0, gpu->stream, &params, sizeof params);
+                           }));
       checked_best = std::min(checked_best, measure([&] {
-        runtime.launch(kernel, shape, gpu->stream, &params, sizeof params);
-      }));
+                                runtime.launch(kernel, shape, gpu->stream, &params, sizeof params);
+                              }));
     }
 
     // Fresh processes: first launch from a warm disk cache.
@@ -127,13 +130,14 @@ int main(int argc, char** argv) {
     }
     fmt::print("host us per launch (best of 3 x {} back-to-back):\n", n);
     fmt::print("  raw cuLaunchKernel           {:6.2f} us\n", raw_best);
-    fmt::print("  kjit memoized plan launch    {:6.2f} us  (+{:.2f} us; goal <= +0.4)\n",
-               memo_best, memo_best - raw_best);
+    fmt::print("  kjit memoized plan launch    {:6.2f} us  (+{:.2f} us; goal <= +0.4)\n", memo_best,
+               memo_best - raw_best);
     fmt::print("  kjit checked launch          {:6.2f} us  (+{:.2f} us)\n", checked_best,
                checked_best - raw_best);
-    fmt::print("fresh process: driver init {:.0f} us, first load+launch from {} {:.0f} us "
-               "(goal <= 1000 us)\n",
-               driver_us, from_disk ? "warm disk cache" : "a compile (cache was cold!)", first_us);
+    fmt::print(
+        "fresh process: driver init {:.0f} us, first load+launch from {} {:.0f} us "
+        "(goal <= 1000 us)\n",
+        driver_us, from_disk ? "warm disk cache" : "a compile (cache was cold!)", first_us);
     if (argc > 1) {
       if (FILE* f = std::fopen(argv[1], "w")) {
         std::fprintf(f,

@@ -283,7 +283,10 @@ LoadResult load(const std::string& library) {
   KJIT_RESOLVE(cuStreamSynchronize);
   KJIT_RESOLVE(cuStreamBeginCapture);
   KJIT_RESOLVE(cuStreamEndCapture);
-  KJIT_RESOLVE(cuGraphInstantiate);
+  // cuda.h maps cuGraphInstantiate to cuGraphInstantiateWithFlags (3 arguments), but the driver's
+  // entry point named "cuGraphInstantiate" is the old 5-argument one at every version: resolve
+  // the name the member really has (calling the other segfaulted under graph capture tests).
+  resolve("cuGraphInstantiateWithFlags", api->cuGraphInstantiate);
   KJIT_RESOLVE(cuGraphLaunch);
   KJIT_RESOLVE(cuGraphDestroy);
   KJIT_RESOLVE(cuGraphExecDestroy);

@@ -274,8 +274,8 @@ DeviceLimits Runtime::device_limits(int device) {
   driver::driver_api(impl_->settings.cuda_driver_library);
   const int count = device_count();
   if (device < 0 || device >= count) {
-    throw InvalidArgument(fmt::format("device {} does not exist; this process sees {} device(s)",
-                                      device, count));
+    throw InvalidArgument(
+        fmt::format("device {} does not exist; this process sees {} device(s)", device, count));
   }
   DeviceLimits limits = driver::query_device_limits(device);
   impl_->device_limits.emplace(device, limits);

@@ -64,16 +64,17 @@ class DeviceMemory {
   /// show up in comparisons.
   void poison(std::uint8_t byte = 0xFF) {
     driver::check(driver::driver_api().cuCtxSynchronize(), "cuCtxSynchronize");
-    driver::check(driver::driver_api().cuMemsetD8Async(ptr_, byte, bytes_ == 0 ? 1 : bytes_, nullptr),
-                  "cuMemsetD8Async");
+    driver::check(
+        driver::driver_api().cuMemsetD8Async(ptr_, byte, bytes_ == 0 ? 1 : bytes_, nullptr),
+        "cuMemsetD8Async");
     driver::check(driver::driver_api().cuCtxSynchronize(), "cuCtxSynchronize");
   }
 
  private:
   void require_fits(std::size_t bytes, const char* what) const {
     if (bytes > bytes_) {
-      throw Error(fmt::format("DeviceMemory::{} of {} bytes into a buffer of {} bytes", what,
-                              bytes, bytes_));
+      throw Error(fmt::format("DeviceMemory::{} of {} bytes into a buffer of {} bytes", what, bytes,
+                              bytes_));
     }
   }
 
