@@ -31,7 +31,10 @@ class CompileError : public Error {
  public:
   CompileError(const std::string& message, std::string log = {}, std::string options = {},
                std::string spec = {})
-      : Error(message), log_(std::move(log)), options_(std::move(options)), spec_(std::move(spec)) {}
+      : Error(message),
+        log_(std::move(log)),
+        options_(std::move(options)),
+        spec_(std::move(spec)) {}
   /// The NVRTC log with locations mapped back to template file:line.
   const std::string& log() const noexcept { return log_; }
   /// The compile options, space separated.

@@ -10,11 +10,8 @@ namespace kjit::codegen {
 
 const std::vector<FamilyDecl>& families() {
   static const std::vector<FamilyDecl> table = {
-      probe_family(),
-      merge_state_family(),
-      gdn_decode_family(),
-      bench_family(),
-      gdn_prefill_family(),
+      probe_family(), merge_state_family(), gdn_decode_family(),
+      bench_family(), gdn_prefill_family(),
   };
   return table;
 }

@@ -24,8 +24,8 @@ std::string canonical_value(const codegen::FamilyDecl& family, const codegen::Pa
   using codegen::ParamKind;
   switch (decl.kind) {
     case ParamKind::dtype: {
-      const DType dtype = parse_dtype(value, fmt::format("{} parameter '{}'", family.name,
-                                                         decl.name));
+      const DType dtype =
+          parse_dtype(value, fmt::format("{} parameter '{}'", family.name, decl.name));
       const std::string name(to_string(dtype));
       if (!decl.choices.empty() &&
           std::find(decl.choices.begin(), decl.choices.end(), name) == decl.choices.end()) {
@@ -39,8 +39,8 @@ std::string canonical_value(const codegen::FamilyDecl& family, const codegen::Pa
       std::int64_t number = 0;
       auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), number);
       if (ec != std::errc() || ptr != value.data() + value.size()) {
-        throw InvalidArgument(fmt::format("{} parameter '{}' = '{}' is not an integer",
-                                          family.name, decl.name, value));
+        throw InvalidArgument(fmt::format("{} parameter '{}' = '{}' is not an integer", family.name,
+                                          decl.name, value));
       }
       if (number < decl.min || number > decl.max || number % decl.multiple_of != 0) {
         throw InvalidArgument(fmt::format(
@@ -92,16 +92,15 @@ KernelSpec KernelSpec::make(std::string_view family_name,
     const auto found = std::find_if(params.begin(), params.end(),
                                     [&](const auto& kv) { return kv.first == decl.name; });
     if (found == params.end()) {
-      throw InvalidArgument(fmt::format("{} spec is missing parameter '{}' ({})", family.name,
-                                        decl.name, decl.doc));
+      throw InvalidArgument(
+          fmt::format("{} spec is missing parameter '{}' ({})", family.name, decl.name, decl.doc));
     }
     if (std::count_if(params.begin(), params.end(),
                       [&](const auto& kv) { return kv.first == decl.name; }) > 1) {
       throw InvalidArgument(
           fmt::format("{} spec gives parameter '{}' more than once", family.name, decl.name));
     }
-    spec.params.emplace_back(std::string(decl.name),
-                             canonical_value(family, decl, found->second));
+    spec.params.emplace_back(std::string(decl.name), canonical_value(family, decl, found->second));
   }
   return spec;
 }
@@ -111,10 +110,10 @@ KernelSpec KernelSpec::parse(std::string_view text) {
   const std::size_t colon = text.find(':');
   const std::size_t at = text.rfind('@');
   if (colon == std::string_view::npos || at == std::string_view::npos || at < colon) {
-    throw InvalidArgument(fmt::format(
-        "spec '{}' is malformed; expected <family>:<key>=<value>,...@<arch>, e.g. "
-        "merge_state:dtype=bf16,head_dim=128,...@sm_90",
-        original));
+    throw InvalidArgument(
+        fmt::format("spec '{}' is malformed; expected <family>:<key>=<value>,...@<arch>, e.g. "
+                    "merge_state:dtype=bf16,head_dim=128,...@sm_90",
+                    original));
   }
   const std::string_view family = text.substr(0, colon);
   const std::string_view body = text.substr(colon + 1, at - colon - 1);
@@ -127,8 +126,8 @@ KernelSpec KernelSpec::parse(std::string_view text) {
     const std::string_view item = body.substr(start, end - start);
     const std::size_t eq = item.find('=');
     if (eq == std::string_view::npos || eq == 0) {
-      throw InvalidArgument(fmt::format("spec '{}': parameter '{}' is not key=value", original,
-                                        item));
+      throw InvalidArgument(
+          fmt::format("spec '{}': parameter '{}' is not key=value", original, item));
     }
     params.emplace_back(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)));
     start = end + 1;
@@ -157,8 +156,8 @@ std::int64_t KernelSpec::get_int(std::string_view key) const {
   std::int64_t number = 0;
   auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), number);
   if (ec != std::errc() || ptr != value.data() + value.size()) {
-    throw InvalidArgument(fmt::format("spec {}: parameter '{}' = '{}' is not an integer", str(),
-                                      key, value));
+    throw InvalidArgument(
+        fmt::format("spec {}: parameter '{}' = '{}' is not an integer", str(), key, value));
   }
   return number;
 }

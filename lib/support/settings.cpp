@@ -23,8 +23,8 @@ bool env_flag(const char* name) {
     return false;
   }
   if (value == "1" || value == "true" || value == "on" || value == "yes") return true;
-  throw InvalidArgument(fmt::format("{}={}: expected 0/1, true/false, on/off or yes/no", name,
-                                    value));
+  throw InvalidArgument(
+      fmt::format("{}={}: expected 0/1, true/false, on/off or yes/no", name, value));
 }
 
 LogLevel parse_log_level(const std::string& value) {

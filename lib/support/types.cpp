@@ -56,21 +56,37 @@ DType parse_dtype(std::string_view text, std::string_view what) {
     DType dtype;
   };
   static constexpr Alias kAliases[] = {
-      {"f16", DType::f16},       {"fp16", DType::f16},      {"float16", DType::f16},
-      {"half", DType::f16},      {"bf16", DType::bf16},     {"bfloat16", DType::bf16},
-      {"f32", DType::f32},       {"fp32", DType::f32},      {"float32", DType::f32},
-      {"float", DType::f32},     {"f64", DType::f64},       {"fp64", DType::f64},
-      {"float64", DType::f64},   {"double", DType::f64},    {"i32", DType::i32},
-      {"int32", DType::i32},     {"i64", DType::i64},       {"int64", DType::i64},
-      {"u8", DType::u8},         {"uint8", DType::u8},      {"e4m3", DType::e4m3},
-      {"fp8e4m3", DType::e4m3},  {"float8_e4m3fn", DType::e4m3},
+      {"f16", DType::f16},
+      {"fp16", DType::f16},
+      {"float16", DType::f16},
+      {"half", DType::f16},
+      {"bf16", DType::bf16},
+      {"bfloat16", DType::bf16},
+      {"f32", DType::f32},
+      {"fp32", DType::f32},
+      {"float32", DType::f32},
+      {"float", DType::f32},
+      {"f64", DType::f64},
+      {"fp64", DType::f64},
+      {"float64", DType::f64},
+      {"double", DType::f64},
+      {"i32", DType::i32},
+      {"int32", DType::i32},
+      {"i64", DType::i64},
+      {"int64", DType::i64},
+      {"u8", DType::u8},
+      {"uint8", DType::u8},
+      {"e4m3", DType::e4m3},
+      {"fp8e4m3", DType::e4m3},
+      {"float8_e4m3fn", DType::e4m3},
   };
   for (const Alias& alias : kAliases) {
     if (alias.name == text) return alias.dtype;
   }
-  throw InvalidArgument(fmt::format("{} '{}' is not a dtype kjit knows; accepted: f16, bf16, f32, "
-                                    "f64, i32, i64, u8, e4m3",
-                                    what, text));
+  throw InvalidArgument(
+      fmt::format("{} '{}' is not a dtype kjit knows; accepted: f16, bf16, f32, "
+                  "f64, i32, i64, u8, e4m3",
+                  what, text));
 }
 
 std::string Arch::str() const {
