@@ -100,14 +100,16 @@ struct Runtime::Impl {
     return *compiler;
   }
 
-  // Null when the disk cache is disabled by settings.
+  // Null when the disk cache is turned off by settings.
   cache::DiskCache* get_disk(const compile::Compiler& nvrtc) {
     if (settings.disable_disk_cache) return nullptr;
     std::lock_guard lock(compiler_mutex);
     if (!disk) {
       disk = std::make_unique<cache::DiskCache>(settings.resolved_cache_dir(), nvrtc.identity().id);
     }
-    return disk->enabled() ? disk.get() : nullptr;
+    // Even after a failed write turned the cache memory-only, entries already on disk stay
+    // readable: load() checks readability itself, store() and lock() become no-ops.
+    return disk.get();
   }
 
   cache::KeyMaterial key_material(const KernelSpec& spec, const compile::Compiler& nvrtc) {
