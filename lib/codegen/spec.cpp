@@ -136,11 +136,21 @@ KernelSpec KernelSpec::parse(std::string_view text) {
 }
 
 std::string KernelSpec::str() const {
-  std::string out = family + ":";
+  // Plain appends, not fmt: this text is the in-memory cache key, built on every lookup.
+  std::size_t size = family.size() + 16;
+  for (const auto& [key, value] : params) size += key.size() + value.size() + 2;
+  std::string out;
+  out.reserve(size);
+  out += family;
+  out += ':';
   for (std::size_t i = 0; i < params.size(); ++i) {
-    out += fmt::format("{}{}={}", i ? "," : "", params[i].first, params[i].second);
+    if (i > 0) out += ',';
+    out += params[i].first;
+    out += '=';
+    out += params[i].second;
   }
-  out += "@" + arch.str();
+  out += '@';
+  out += arch.str();
   return out;
 }
 

@@ -90,7 +90,7 @@ DType parse_dtype(std::string_view text, std::string_view what) {
 }
 
 std::string Arch::str() const {
-  std::string out = fmt::format("sm_{}{}", major, minor);
+  std::string out = "sm_" + std::to_string(major) + std::to_string(minor);
   if (variant != '\0') out.push_back(variant);
   return out;
 }
