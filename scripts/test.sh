@@ -8,4 +8,6 @@ kjit_ensure_packages
 "$KJIT_ROOT/scripts/check_format.sh"
 KJIT_BUILD=${KJIT_BUILD:-$KJIT_ROOT/build} kjit_build -DKJIT_WERROR=ON
 cd "$KJIT_BUILD"
+# ctest shows no output of a skipped test: say here why the GPU suite will skip, if it does.
+./tests/kjit_gpu_tests --count >/dev/null || ./tests/kjit_gpu_tests --count | grep SKIPPED || true
 ctest --output-on-failure -j"$(nproc)" "$@"
