@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "cache/bundle.hpp"
 #include "harness.hpp"
 #include "kjit/kjit.hpp"
 #include "kjit/probe_params.h"
@@ -44,10 +45,11 @@ int child_main() {
                  sizeof params);
   kjit::driver::check(cu.cuCtxSynchronize(), "cuCtxSynchronize");
   const double first_us = us_since(first);
-  kjit::KernelSource source{};
-  runtime.compiled(kernel.compiled->spec, &source);
-  std::printf("%.1f %.1f %d\n", driver_us, first_us,
-              runtime.stats().disk_hits > 0 && runtime.stats().compiles == 0 ? 1 : 0);
+  const kjit::CacheStats stats = runtime.stats();
+  std::printf("%.1f %.1f %llu %llu %llu\n", driver_us, first_us,
+              static_cast<unsigned long long>(stats.disk_hits),
+              static_cast<unsigned long long>(stats.bundle_hits),
+              static_cast<unsigned long long>(stats.compiles));
   return 0;
 }
 
@@ -112,22 +114,41 @@ int main(int argc, char** argv) {
                               }));
     }
 
-    // Fresh processes: first launch from a warm disk cache.
-    double driver_us = 0, first_us = 1e18;
-    int from_disk = 0;
-    for (int i = 0; i < 5; ++i) {
-      FILE* pipe = popen(fmt::format("'{}' --child", argv[0]).c_str(), "r");
-      double a = 0, b = 0;
-      int c = 0;
-      if (pipe == nullptr || std::fscanf(pipe, "%lf %lf %d", &a, &b, &c) != 3 ||
-          pclose(pipe) != 0) {
-        std::fprintf(stderr, "child failed\n");
-        return 1;
+    // Fresh processes: first launch from a warm disk cache, then from a bundle with NVRTC made
+    // unloadable (the deployment path).
+    struct FirstLaunch {
+      double driver_us = 0;
+      double first_us = 1e18;
+      unsigned long long disk_hits = 0, bundle_hits = 0, compiles = 0;
+    };
+    auto first_launch = [&]() {
+      FirstLaunch best;
+      for (int i = 0; i < 5; ++i) {
+        FILE* pipe = popen(fmt::format("'{}' --child", argv[0]).c_str(), "r");
+        FirstLaunch run;
+        if (pipe == nullptr ||
+            std::fscanf(pipe, "%lf %lf %llu %llu %llu", &run.driver_us, &run.first_us,
+                        &run.disk_hits, &run.bundle_hits, &run.compiles) != 5 ||
+            pclose(pipe) != 0) {
+          throw kjit::Error("bench child failed");
+        }
+        if (run.first_us < best.first_us) best = run;
       }
-      driver_us = a;
-      first_us = std::min(first_us, b);
-      from_disk = c;
-    }
+      return best;
+    };
+    const FirstLaunch from_disk = first_launch();
+    const std::string bundle_path = fmt::format("/tmp/kjit-bench-{}.kjb", getpid());
+    kjit::cache::write_bundle(
+        bundle_path, kjit::cache::BundleInfo::current("bench", {gpu->limits.arch.str()}, "probe"),
+        {*runtime.compiled(spec)});
+    setenv("KJIT_BUNDLE_PATH", bundle_path.c_str(), 1);
+    setenv("KJIT_NVRTC_LIBRARY", "/nonexistent/libnvrtc.so", 1);
+    setenv("KJIT_DISABLE_JIT", "1", 1);
+    const FirstLaunch from_bundle = first_launch();
+    std::remove(bundle_path.c_str());
+    const double driver_us = from_disk.driver_us;
+    const double first_us = from_disk.first_us;
+    const bool from_disk_cache = from_disk.disk_hits > 0 && from_disk.compiles == 0;
     fmt::print("host us per launch (best of 3 x {} back-to-back):\n", n);
     fmt::print("  raw cuLaunchKernel           {:6.2f} us\n", raw_best);
     fmt::print("  kjit memoized plan launch    {:6.2f} us  (+{:.2f} us; goal <= +0.4)\n", memo_best,
@@ -137,13 +158,18 @@ int main(int argc, char** argv) {
     fmt::print(
         "fresh process: driver init {:.0f} us, first load+launch from {} {:.0f} us "
         "(goal <= 1000 us)\n",
-        driver_us, from_disk ? "warm disk cache" : "a compile (cache was cold!)", first_us);
+        driver_us, from_disk_cache ? "warm disk cache" : "a compile (cache was cold!)", first_us);
+    fmt::print(
+        "fresh process, bundle only (NVRTC unloadable, JIT off): first load+launch {:.0f} us "
+        "({} bundle hits, {} compiles)\n",
+        from_bundle.first_us, from_bundle.bundle_hits, from_bundle.compiles);
     if (argc > 1) {
       if (FILE* f = std::fopen(argv[1], "w")) {
         std::fprintf(f,
                      "{\"raw_us\": %.3f, \"memo_us\": %.3f, \"checked_us\": %.3f, "
-                     "\"first_launch_us\": %.1f, \"driver_init_us\": %.1f}\n",
-                     raw_best, memo_best, checked_best, first_us, driver_us);
+                     "\"first_launch_us\": %.1f, \"bundle_first_launch_us\": %.1f, "
+                     "\"driver_init_us\": %.1f}\n",
+                     raw_best, memo_best, checked_best, first_us, from_bundle.first_us, driver_us);
         std::fclose(f);
       }
     }
