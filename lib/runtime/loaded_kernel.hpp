@@ -17,6 +17,8 @@ class LoadedKernel {
  public:
   std::shared_ptr<const CompiledKernel> compiled;
   int device = 0;
+  /// Limits of `device`, taken at load time so that checked launches need no lookup.
+  DeviceLimits device_limits;
   driver::LoadedLibrary library;
   CUfunction function = nullptr;
   FunctionLimits limits;

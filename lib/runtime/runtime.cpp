@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -139,22 +140,21 @@ struct Runtime::Impl {
     const support::Hash128 key = material.key();
     const std::string arch = spec.arch.str();
     cache::DiskCache* cache = get_disk(nvrtc);
+    const auto from_disk = [&]() -> std::shared_ptr<const CompiledKernel> {
+      auto hit = cache->load(key, arch);
+      if (!hit) return nullptr;
+      disk_hits.fetch_add(1, std::memory_order_relaxed);
+      if (source) *source = KernelSource::disk;
+      return std::make_shared<const CompiledKernel>(std::move(*hit));
+    };
     if (cache != nullptr) {
-      if (auto hit = cache->load(key, arch)) {
-        disk_hits.fetch_add(1, std::memory_order_relaxed);
-        if (source) *source = KernelSource::disk;
-        return std::make_shared<const CompiledKernel>(std::move(*hit));
-      }
+      if (auto hit = from_disk()) return hit;
     }
     // Another process may be compiling the same key: wait for it, then look again.
     cache::KeyLock lock;
     if (cache != nullptr) {
       lock = cache->lock(key, arch);
-      if (auto hit = cache->load(key, arch)) {
-        disk_hits.fetch_add(1, std::memory_order_relaxed);
-        if (source) *source = KernelSource::disk;
-        return std::make_shared<const CompiledKernel>(std::move(*hit));
-      }
+      if (auto hit = from_disk()) return hit;
     }
     support::log(LogLevel::info, "compiling {} (not in any cache)", spec.str());
     const auto start = Clock::now();
@@ -316,6 +316,7 @@ const LoadedKernel& Runtime::load(const KernelSpec& spec, int device, Stream str
     driver::ScopedContext scoped(context->get());
     kernel->compiled = compiled_kernel;
     kernel->device = device;
+    kernel->device_limits = limits;
     kernel->library = driver::LoadedLibrary(compiled_kernel->cubin);
     kernel->function = kernel->library.function(compiled_kernel->lowered_name);
     kernel->limits = driver::function_limits(kernel->function);
@@ -335,9 +336,12 @@ FunctionLimits Runtime::function_limits(const LoadedKernel& kernel) const { retu
 void Runtime::launch(const LoadedKernel& kernel, const LaunchShape& shape, Stream stream,
                      const void* params, std::size_t params_size) {
   impl_->throw_if_faulted();
-  const DeviceLimits limits = device_limits(kernel.device);
-  require_legal(check_launch(shape, limits, kernel.limits),
-                fmt::format("{} launch", kernel.compiled->spec.str()));
+  // The device's limits were taken when the kernel was loaded: no lock and no copy here, and
+  // the error text is only built when a check fails.
+  const std::vector<LimitCheck> checks = check_launch(shape, kernel.device_limits, kernel.limits);
+  if (!std::all_of(checks.begin(), checks.end(), [](const LimitCheck& c) { return c.ok(); })) {
+    require_legal(checks, fmt::format("{} launch", kernel.compiled->spec.str()));
+  }
   (void)params_size;
   void* args[] = {const_cast<void*>(params)};
   try {
