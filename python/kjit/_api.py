@@ -1,0 +1,305 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The public functions of the kjit package.
+
+Each op takes device tensors (torch tensors, or any object with ``__dlpack__``: CuPy, JAX),
+allocates the outputs it is not given (with torch when the inputs are torch tensors), and
+enqueues the kernel on ``stream``: None means torch's current stream on the tensors' device.
+Every call passes its arguments positionally to the extension, so that the steady-state path
+costs one vectorcall plus the C++ op (a memoized plan and cuLaunchKernelEx).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from . import _kjit
+
+_NAMES = {  # short dtype names accepted everywhere kjit takes a dtype
+    "f16": "float16", "fp16": "float16", "half": "float16", "float16": "float16",
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "f32": "float32", "fp32": "float32", "float": "float32", "float32": "float32",
+    "f64": "float64", "float64": "float64",
+    "i32": "int32", "int32": "int32", "i64": "int64", "int64": "int64",
+    "u8": "uint8", "uint8": "uint8", "bool": "bool",
+}
+
+
+def _torch():
+    # torch is used only when the caller already imported it: importing it here would cost a
+    # second of start-up for users of CuPy or JAX.
+    return sys.modules.get("torch")
+
+
+def _dtype_name(dtype) -> str:
+    text = str(dtype)
+    if text.startswith("torch."):
+        text = text[6:]
+    name = _NAMES.get(text)
+    if name is None:
+        raise _kjit.InvalidArgument(
+            f"dtype {dtype!r} is not a kjit dtype; accepted: " + ", ".join(sorted(_NAMES)))
+    return name
+
+
+def _empty(like, shape, dtype=None):
+    """An uninitialized array of `shape` on `like`'s device, `dtype` or like's dtype."""
+    torch = _torch()
+    if torch is not None and isinstance(like, torch.Tensor):
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            dtype = getattr(torch, _dtype_name(dtype))
+        return torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
+    namespace = getattr(like, "__array_namespace__", None)
+    if namespace is None:
+        raise _kjit.InvalidArgument(
+            f"cannot allocate an output like a {type(like).__name__}; accepted: pass the output "
+            "explicitly, or give torch tensors or array-API arrays (NumPy, CuPy)")
+    xp = namespace()
+    if dtype is not None and not isinstance(dtype, type(like.dtype)):
+        dtype = getattr(xp, _dtype_name(dtype))
+    return xp.empty(tuple(shape), dtype=dtype or like.dtype)
+
+
+def _base(lse_base):
+    # The extension takes the base as text; 2 is the natural way to write base 2.
+    return lse_base if lse_base is None or lse_base.__class__ is str else str(lse_base)
+
+
+# ---------------------------------------------------------------------------------------------
+# merge_state
+
+
+def merge_state(v_a, s_a, v_b, s_b, v_out=None, s_out=None, *, lse_base=None,
+                lse_layout="token_major", pos_inf_as_empty=True, return_lse=True,
+                out_dtype=None, mode="", stream=None, _plan=False, _arch=None):
+    """Merges two partial attention states: (v_a, s_a) + (v_b, s_b) -> (v_out, s_out).
+
+    v_*: [T, H, D] f16/bf16/f32, last dim contiguous. s_*: f32 LSE [T, H] (lse_layout
+    "token_major") or [H, T] ("head_major"). lse_base is required: 2 (FlashInfer) or "e"
+    (FlashAttention, SGLang, vLLM). v_out defaults to a new tensor of v_a's shape in out_dtype
+    (default v_a's dtype), s_out to a new f32 tensor of s_a's shape; return_lse=False skips
+    writing the merged LSE. Returns (v_out, s_out) (s_out None when not written).
+    """
+    if v_out is None:
+        v_out = _empty(v_a, v_a.shape, out_dtype)
+    if s_out is None and return_lse:
+        s_out = _empty(s_a, s_a.shape, "float32")
+    result = _kjit._merge_state(v_a, s_a, v_b, s_b, v_out, s_out, _base(lse_base), lse_layout,
+                                pos_inf_as_empty, mode, stream, _plan, _arch)
+    return result if _plan else (v_out, s_out)
+
+
+def merge_state_in_place(v, s, v_other, s_other, mask=None, *, lse_base=None,
+                         lse_layout="token_major", pos_inf_as_empty=True, mode="", stream=None,
+                         _plan=False, _arch=None):
+    """(v, s) <- merge((v, s), (v_other, s_other)) for the tokens whose mask[t] is nonzero.
+
+    mask: [T] bool/uint8, or None for every token. Returns (v, s).
+    """
+    result = _kjit._merge_state_in_place(v, s, v_other, s_other, mask, _base(lse_base),
+                                         lse_layout, pos_inf_as_empty, mode, stream, _plan,
+                                         _arch)
+    return result if _plan else (v, s)
+
+
+def merge_states(v, s, v_out=None, s_out=None, *, lse_base=None, lse_layout="token_major",
+                 pos_inf_as_empty=True, return_lse=True, out_dtype=None, mode="", stream=None,
+                 _plan=False, _arch=None):
+    """Merges S states per (token, head): v [T, S, H, D], s f32 [T, S, H] (token_major) or
+    [H, T, S] (head_major) -> (v_out [T, H, D], s_out [T, H] / [H, T])."""
+    if v_out is None:
+        v_out = _empty(v, (v.shape[0], v.shape[2], v.shape[3]), out_dtype)
+    if s_out is None and return_lse:
+        token_major = lse_layout == "token_major"
+        shape = (s.shape[0], s.shape[2]) if token_major else (s.shape[0], s.shape[1])
+        s_out = _empty(s, shape, "float32")
+    result = _kjit._merge_states(v, s, v_out, s_out, _base(lse_base), lse_layout,
+                                 pos_inf_as_empty, mode, stream, _plan, _arch)
+    return result if _plan else (v_out, s_out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gated DeltaNet
+
+
+def gdn_decode(mixed_qkv, a, b, a_log, dt_bias, state, state_indices, out=None, *, scale=None,
+               l2norm_qk=True, softplus_threshold=20.0, invalid_index="negative", mode="",
+               debug_check_indices=False, stream=None, _plan=False, _arch=None):
+    """One packed GDN decode step (raw gates), state updated in place in its pool slots.
+
+    mixed_qkv [B, 2*H*K + HV*V]; a, b [B, HV]; a_log, dt_bias [HV]; state [slots, HV, V, K];
+    state_indices [B] int32/int64 (invalid_index "negative": < 0 is padding, "nonpositive":
+    <= 0 is padding). out defaults to [B, HV, V] of mixed_qkv's dtype. Returns out.
+    """
+    if out is None:
+        out = _empty(mixed_qkv, (mixed_qkv.shape[0], state.shape[1], state.shape[2]))
+    result = _kjit._gdn_decode(mixed_qkv, a, b, a_log, dt_bias, state, state_indices, out, scale,
+                               l2norm_qk, softplus_threshold, invalid_index, mode,
+                               debug_check_indices, stream, _plan, _arch)
+    return result if _plan else out
+
+
+def gdn_decode_gated(mixed_qkv, g, beta, state, state_indices, out=None, *, scale=None,
+                     l2norm_qk=True, invalid_index="negative", mode="", debug_check_indices=False,
+                     stream=None, _plan=False, _arch=None):
+    """gdn_decode with precomputed f32 gates: g [B, HV] (log decay) and beta [B, HV]."""
+    if out is None:
+        out = _empty(mixed_qkv, (mixed_qkv.shape[0], state.shape[1], state.shape[2]))
+    result = _kjit._gdn_decode_gated(mixed_qkv, g, beta, state, state_indices, out, scale,
+                                     l2norm_qk, invalid_index, mode, debug_check_indices, stream,
+                                     _plan, _arch)
+    return result if _plan else out
+
+
+def gdn_prefill(q, k, v, cu_seqlens, state, state_indices, *, a=None, b=None, a_log=None,
+                dt_bias=None, g=None, beta=None, has_initial_state=None, out=None,
+                final_state=None, scale=0.0, l2norm_qk=True, softplus_threshold=20.0, mode="",
+                stream=None, _plan=False, _arch=None):
+    """Chunked varlen GDN prefill. q, k [T, H, K], v [T, HV, V] (bf16/f16); gates either raw
+    (a, b [T, HV], a_log, dt_bias [HV]) or precomputed (g, beta [T, HV] f32); cu_seqlens [N+1];
+    state [slots, HV, V, K] (f32/bf16) read from and written back to state[state_indices[n]]
+    (index < 0: padding, the pool is not touched); has_initial_state [N] bool or None (all);
+    final_state [N, HV, V, K] to write final states there instead of into the pool. out
+    defaults to [T, HV, V] of q's dtype. scale 0 means K^-0.5. Returns out.
+    """
+    if out is None:
+        out = _empty(q, (q.shape[0], v.shape[1], v.shape[2]))
+    result = _kjit._gdn_prefill(q, k, v, a, b, a_log, dt_bias, g, beta, cu_seqlens, state,
+                                state_indices, has_initial_state, out, final_state, scale,
+                                l2norm_qk, softplus_threshold, mode, stream, _plan, _arch)
+    return result if _plan else out
+
+
+_OPS = {
+    "merge_state": merge_state,
+    "merge_state_in_place": merge_state_in_place,
+    "merge_states": merge_states,
+    "gdn_decode": gdn_decode,
+    "gdn_decode_gated": gdn_decode_gated,
+    "gdn_prefill": gdn_prefill,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans, prewarm, inspection
+
+
+def _shape_text(value) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    text = str(value)
+    return _dtype_name(value) if text.startswith("torch.") or "float" in text else text
+
+
+def plan(op, arch=None, device=None, **shape):
+    """The Plan of `op` for a problem given by the `kjit plan` shape names, e.g.
+    ``kjit.plan("merge_state", dtype="bf16", tokens=64, heads=256, head_dim=128,
+    arch="sm_90")``. arch plans offline from the built-in limits (no GPU needed); device (or
+    neither, with a GPU present) plans for a live device. ``kjit.shape_names(op)`` lists the
+    names. Raises InvalidArgument for bad values, PlanError when no legal launch exists.
+    """
+    values = {name: _shape_text(value) for name, value in shape.items()}
+    return _kjit._plan_shape(op, values, arch, device)
+
+
+def plan_call(op, *args, arch=None, **kwargs):
+    """The Plan that calling `op` (a kjit op function or its name) with these arguments would
+    launch, without launching: the exact tensors' shapes, strides and alignment. The tensors
+    may be host arrays (NumPy); arch None plans for the tensors' CUDA device."""
+    fn = _OPS.get(op) if isinstance(op, str) else op
+    if fn is None or fn not in _OPS.values():
+        raise _kjit.InvalidArgument(
+            f"plan_call: op = {op!r} is not a kjit op; accepted: " + ", ".join(_OPS))
+    return fn(*args, _plan=True, _arch=arch, **kwargs)
+
+
+def shape_names(op):
+    """[(name, is_size, default, doc)] of the shape values plan() takes for `op`."""
+    return _kjit._op_params(op)
+
+
+def _device(device):
+    if device is not None:
+        return int(getattr(device, "index", device) or 0)
+    torch = _torch()
+    if torch is not None and torch.cuda.is_available():
+        return torch.cuda.current_device()
+    return _kjit._current_device()
+
+
+def prewarm(what, device=None, **shape):
+    """Compiles (or loads from the cache/bundles) and loads on `device` every kernel `what`
+    needs, so that later calls do no compile or load: required before CUDA graph capture.
+
+    what: an op name with its shape values (as for plan()), a Plan, a spec string, or a list
+    of Plans / spec strings. Returns the canonical spec strings loaded.
+    """
+    dev = _device(device)
+    if isinstance(what, str) and what in _kjit._ops():
+        what = plan(what, device=dev, **shape)
+    elif shape:
+        raise _kjit.InvalidArgument(
+            f"prewarm: shape values {sorted(shape)} are only accepted with an op name; got "
+            f"{what!r}")
+    items = what if isinstance(what, (list, tuple)) else [what]
+    specs = []
+    for item in items:
+        if isinstance(item, _kjit.Plan):
+            specs.extend(item.specs)
+        elif isinstance(item, str):
+            specs.append(item)
+        else:
+            raise _kjit.InvalidArgument(
+                f"prewarm: {item!r} is not a Plan or a spec string; accepted: an op name with "
+                "shape values, a Plan, a spec string, or a list of Plans / spec strings")
+    return _kjit._prewarm_specs(specs, dev)
+
+
+def source(spec, templates=False):
+    """The exact stub source NVRTC compiles for a spec (`kjit source`); templates=True appends
+    every embedded template it includes."""
+    return _kjit._source(spec, templates)
+
+
+def compile(spec):  # noqa: A001 - the kjit verb
+    """Compiles a spec through the runtime's caches (needs NVRTC, not a GPU) and returns a dict:
+    spec, origin (memory/bundle/disk/compiled), key, key_material, source, options, log, ptx,
+    lowered_name, cubin (bytes), resources (registers, static_smem, spills, ...)."""
+    return _kjit._compile(spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings
+
+
+def configure(*, cache_dir=None, bundle_paths=None, disable_jit=None, disable_disk_cache=None,
+              dump_dir=None, log=None, cuda_home=None, nvrtc_library=None,
+              cuda_driver_library=None, allow_compile_in_capture=None, debug_checks=None):
+    """Replaces the runtime kjit uses with one built from the KJIT_* environment plus these
+    settings (None: keep the environment's). Kernels loaded by the previous runtime stay
+    loaded (captured graphs may use them); the new one starts with empty memory caches."""
+    _kjit._configure({
+        "cache_dir": cache_dir, "bundle_paths": bundle_paths, "disable_jit": disable_jit,
+        "disable_disk_cache": disable_disk_cache, "dump_dir": dump_dir, "log": log,
+        "cuda_home": cuda_home, "nvrtc_library": nvrtc_library,
+        "cuda_driver_library": cuda_driver_library,
+        "allow_compile_in_capture": allow_compile_in_capture, "debug_checks": debug_checks,
+    })
+
+
+def settings():
+    """The settings of the runtime in use (cache_dir resolved)."""
+    return _kjit._settings()
+
+
+def cache_stats():
+    """Counters of the runtime's kernel cache: memory/bundle/disk hits, compiles, ..."""
+    return _kjit._cache_stats()
+
+
+def driver_available():
+    """(True, "") when libcuda loads and a device exists, else (False, why)."""
+    return _kjit._driver_available()

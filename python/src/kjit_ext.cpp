@@ -1,0 +1,884 @@
+// SPDX-License-Identifier: Apache-2.0
+// kjit._kjit: the Python extension. Tensors come in as torch tensors (read through their C-level
+// attributes: torch's __dlpack__ is a Python method that costs microseconds per tensor) or as
+// any DLPack / buffer-protocol object (through nanobind's ndarray import). Every op entry point
+// takes positional arguments only, so that nanobind's vectorcall path stays cheap; the Python
+// package (python/kjit) adds keywords, defaults and output allocation.
+#include <Python.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "codegen/embedded_templates.hpp"
+#include "codegen/families.hpp"
+#include "kjit/kjit.hpp"
+#include "kjit/ops/gdn_decode.hpp"
+#include "kjit/ops/gdn_prefill.hpp"
+#include "kjit/ops/merge_state.hpp"
+#include "ops.hpp"
+
+namespace nb = nanobind;
+
+namespace kjit::python {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Runtime and settings
+
+/// The runtime every op of this module uses. Replaced by configure(); a replaced runtime is
+/// deliberately never destroyed: captured CUDA graphs may still launch its kernels, and its
+/// CUlibrary handles must outlive them (Runtime::global() is never destroyed either).
+Runtime* g_runtime = nullptr;
+
+Runtime& runtime() {
+  if (g_runtime == nullptr) g_runtime = &Runtime::global();
+  return *g_runtime;
+}
+
+const char* log_level_name(LogLevel level) {
+  switch (level) {
+    case LogLevel::off:
+      return "off";
+    case LogLevel::error:
+      return "error";
+    case LogLevel::warn:
+      return "warn";
+    case LogLevel::info:
+      return "info";
+    case LogLevel::debug:
+      return "debug";
+  }
+  return "warn";
+}
+
+nb::dict settings_dict(const Settings& s) {
+  nb::dict d;
+  d["cache_dir"] = s.resolved_cache_dir();
+  d["bundle_paths"] = s.bundle_paths;
+  d["disable_jit"] = s.disable_jit;
+  d["disable_disk_cache"] = s.disable_disk_cache;
+  d["dump_dir"] = s.dump_dir;
+  d["log"] = std::string(log_level_name(s.log_level));
+  d["cuda_home"] = s.resolved_cuda_home();
+  d["nvrtc_library"] = s.nvrtc_library;
+  d["cuda_driver_library"] = s.cuda_driver_library;
+  d["allow_compile_in_capture"] = s.allow_compile_in_capture;
+  d["debug_checks"] = s.debug_checks;
+  return d;
+}
+
+/// Settings from the environment, then every non-None keyword of configure() on top.
+void configure(nb::dict overrides) {
+  Settings s = Settings::from_env();
+  for (auto [key_obj, value] : overrides) {
+    const std::string key = nb::cast<std::string>(key_obj);
+    if (value.is_none()) continue;
+    auto flag = [&] { return nb::cast<bool>(value); };
+    if (key == "cache_dir") {
+      s.cache_dir = nb::cast<std::string>(value);
+    } else if (key == "bundle_paths") {
+      s.bundle_paths = nb::isinstance<nb::str>(value)
+                           ? std::vector<std::string>{nb::cast<std::string>(value)}
+                           : nb::cast<std::vector<std::string>>(value);
+    } else if (key == "disable_jit") {
+      s.disable_jit = flag();
+    } else if (key == "disable_disk_cache") {
+      s.disable_disk_cache = flag();
+    } else if (key == "dump_dir") {
+      s.dump_dir = nb::cast<std::string>(value);
+    } else if (key == "log") {
+      const std::string level = nb::cast<std::string>(value);
+      const LogLevel levels[] = {LogLevel::off, LogLevel::error, LogLevel::warn, LogLevel::info,
+                                 LogLevel::debug};
+      bool found = false;
+      for (LogLevel l : levels) {
+        if (level == log_level_name(l)) {
+          s.log_level = l;
+          found = true;
+        }
+      }
+      if (!found) {
+        throw InvalidArgument("configure: log = '" + level +
+                              "' is not a level; accepted: off, error, warn, info, debug");
+      }
+    } else if (key == "cuda_home") {
+      s.cuda_home = nb::cast<std::string>(value);
+    } else if (key == "nvrtc_library") {
+      s.nvrtc_library = nb::cast<std::string>(value);
+    } else if (key == "cuda_driver_library") {
+      s.cuda_driver_library = nb::cast<std::string>(value);
+    } else if (key == "allow_compile_in_capture") {
+      s.allow_compile_in_capture = flag();
+    } else if (key == "debug_checks") {
+      s.debug_checks = flag();
+    } else {
+      throw InvalidArgument("configure: unknown setting '" + key +
+                            "'; accepted: cache_dir, bundle_paths, disable_jit, "
+                            "disable_disk_cache, dump_dir, log, cuda_home, nvrtc_library, "
+                            "cuda_driver_library, allow_compile_in_capture, debug_checks");
+    }
+  }
+  g_runtime = new Runtime(std::move(s));  // the previous one is kept alive: see g_runtime
+}
+
+nb::dict cache_stats() {
+  const CacheStats st = runtime().stats();
+  nb::dict d;
+  d["memory_hits"] = st.memory_hits;
+  d["bundle_hits"] = st.bundle_hits;
+  d["disk_hits"] = st.disk_hits;
+  d["compiles"] = st.compiles;
+  d["corrupt_entries"] = st.corrupt_entries;
+  d["write_failures"] = st.write_failures;
+  d["disk_enabled"] = st.disk_enabled;
+  return d;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensors
+
+/// What torch.Tensor looks like, registered by the Python package when torch is importable.
+struct TorchInfo {
+  PyTypeObject* tensor_type = nullptr;
+  /// torch dtype objects and the DType each maps to.
+  std::vector<std::pair<PyObject*, DType>> dtypes;
+  /// torch._C._cuda_getCurrentRawStream(device) -> int, or nullptr.
+  PyObject* current_stream = nullptr;
+};
+TorchInfo g_torch;
+
+PyObject* g_name_data_ptr = nullptr;
+PyObject* g_name_stride = nullptr;
+PyObject* g_name_get_device = nullptr;
+PyObject* g_name_shape = nullptr;
+PyObject* g_name_dtype = nullptr;
+PyObject* g_name_is_cuda = nullptr;
+
+void register_torch(nb::handle tensor_type, std::vector<std::pair<nb::handle, std::string>> dtypes,
+                    nb::handle current_stream) {
+  g_torch.tensor_type = reinterpret_cast<PyTypeObject*>(tensor_type.inc_ref().ptr());
+  g_torch.dtypes.clear();
+  for (auto& [obj, name] : dtypes) {
+    g_torch.dtypes.emplace_back(obj.inc_ref().ptr(), parse_dtype(name));
+  }
+  g_torch.current_stream = current_stream.is_none() ? nullptr : current_stream.inc_ref().ptr();
+}
+
+/// One tensor argument after conversion.
+struct Arg {
+  TensorView view;
+  /// CUDA device ordinal; -1 when the tensor is not in CUDA device memory.
+  int device = -1;
+  bool torch = false;
+};
+
+[[noreturn]] void bad(const char* op, const char* name, const std::string& what) {
+  throw InvalidArgument(std::string(op) + ": " + name + " " + what);
+}
+
+/// Owned reference that is released at scope exit.
+struct Ref {
+  PyObject* p;
+  explicit Ref(PyObject* obj) : p(obj) {
+    if (p == nullptr) throw nb::python_error();
+  }
+  ~Ref() { Py_XDECREF(p); }
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+};
+
+void read_dims(const char* op, const char* name, PyObject* tuple, std::int64_t* out, int* rank,
+               const char* what) {
+  if (!PyTuple_Check(tuple)) bad(op, name, std::string("has a non-tuple ") + what);
+  const Py_ssize_t n = PyTuple_GET_SIZE(tuple);
+  if (n > kMaxRank) {
+    bad(op, name,
+        "has rank " + std::to_string(n) + "; accepted: at most " + std::to_string(kMaxRank) +
+            " dimensions");
+  }
+  *rank = static_cast<int>(n);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(tuple, i));
+    if (out[i] == -1 && PyErr_Occurred()) throw nb::python_error();
+  }
+}
+
+Arg torch_arg(const char* op, const char* name, PyObject* obj) {
+  Arg arg;
+  arg.torch = true;
+  {
+    Ref dtype(PyObject_GetAttr(obj, g_name_dtype));
+    bool found = false;
+    for (const auto& [object, dt] : g_torch.dtypes) {
+      if (object == dtype.p) {
+        arg.view.dtype = dt;
+        found = true;
+        break;
+      }
+    }
+    if (!found) {
+      Ref text(PyObject_Str(dtype.p));
+      bad(op, name,
+          std::string("has dtype ") + PyUnicode_AsUTF8(text.p) +
+              "; accepted: float16, bfloat16, float32, float64, int32, int64, uint8, bool, "
+              "float8_e4m3fn (which ones depend on the argument)");
+    }
+  }
+  {
+    Ref shape(PyObject_GetAttr(obj, g_name_shape));
+    read_dims(op, name, shape.p, arg.view.shape, &arg.view.rank, "shape");
+  }
+  {
+    Ref strides(PyObject_CallMethodNoArgs(obj, g_name_stride));
+    int rank = 0;
+    read_dims(op, name, strides.p, arg.view.strides, &rank, "stride");
+  }
+  {
+    Ref ptr(PyObject_CallMethodNoArgs(obj, g_name_data_ptr));
+    arg.view.data = PyLong_AsVoidPtr(ptr.p);
+    if (arg.view.data == nullptr && PyErr_Occurred()) throw nb::python_error();
+  }
+  Ref is_cuda(PyObject_GetAttr(obj, g_name_is_cuda));
+  if (is_cuda.p == Py_True) {
+    Ref device(PyObject_CallMethodNoArgs(obj, g_name_get_device));
+    arg.device = static_cast<int>(PyLong_AsLong(device.p));
+  }
+  return arg;
+}
+
+DType dlpack_dtype(const char* op, const char* name, nb::dlpack::dtype dt) {
+  using Code = nb::dlpack::dtype_code;
+  const auto code = static_cast<Code>(dt.code);
+  if (dt.lanes == 1) {
+    if (code == Code::Float && dt.bits == 16) return DType::f16;
+    if (code == Code::Bfloat && dt.bits == 16) return DType::bf16;
+    if (code == Code::Float && dt.bits == 32) return DType::f32;
+    if (code == Code::Float && dt.bits == 64) return DType::f64;
+    if (code == Code::Int && dt.bits == 32) return DType::i32;
+    if (code == Code::Int && dt.bits == 64) return DType::i64;
+    if (code == Code::UInt && dt.bits == 8) return DType::u8;
+    if (code == Code::Bool && dt.bits == 8) return DType::u8;
+  }
+  bad(op, name,
+      "has DLPack dtype (code " + std::to_string(dt.code) + ", bits " + std::to_string(dt.bits) +
+          ", lanes " + std::to_string(dt.lanes) +
+          "); accepted: float16, bfloat16, float32, float64, int32, int64, uint8, bool");
+}
+
+Arg dlpack_arg(const char* op, const char* name, nb::handle obj) {
+  nb::ndarray<> array;
+  if (!nb::try_cast(obj, array)) {
+    nb::str type_name = nb::inst_name(obj);
+    bad(op, name,
+        std::string("is a ") + type_name.c_str() +
+            "; accepted: a torch tensor or any object with __dlpack__ (CuPy, JAX, NumPy)");
+  }
+  Arg arg;
+  arg.view.data = array.data();
+  arg.view.dtype = dlpack_dtype(op, name, array.dtype());
+  if (array.ndim() > static_cast<size_t>(kMaxRank)) {
+    bad(op, name,
+        "has rank " + std::to_string(array.ndim()) + "; accepted: at most " +
+            std::to_string(kMaxRank) + " dimensions");
+  }
+  arg.view.rank = static_cast<int>(array.ndim());
+  for (int i = 0; i < arg.view.rank; ++i) {
+    arg.view.shape[i] = static_cast<std::int64_t>(array.shape(static_cast<size_t>(i)));
+    arg.view.strides[i] = array.stride(static_cast<size_t>(i));
+  }
+  if (array.device_type() == nb::device::cuda::value) {
+    arg.device = static_cast<int>(array.device_id());
+  }
+  return arg;
+}
+
+Arg to_arg(const char* op, const char* name, nb::handle obj) {
+  if (g_torch.tensor_type != nullptr && PyObject_TypeCheck(obj.ptr(), g_torch.tensor_type)) {
+    return torch_arg(op, name, obj.ptr());
+  }
+  return dlpack_arg(op, name, obj);
+}
+
+/// The tensors of one call: converted, and on one CUDA device unless only planning.
+class Args {
+ public:
+  Args(const char* op, bool require_cuda) : op_(op), require_cuda_(require_cuda) {}
+
+  TensorView get(const char* name, nb::handle obj) {
+    Arg arg = to_arg(op_, name, obj);
+    if (!require_cuda_) {
+      // Planning: the first CUDA tensor names the device to plan for (when no arch is given).
+      if (device_ < 0) device_ = arg.device;
+    } else {
+      if (arg.device < 0) {
+        bad(op_, name,
+            "is not in CUDA device memory; accepted: a tensor on a CUDA device (planning with "
+            "kjit.plan_call accepts host arrays)");
+      }
+      if (device_ < 0) {
+        device_ = arg.device;
+        first_ = name;
+      } else if (arg.device != device_) {
+        bad(op_, name,
+            "is on CUDA device " + std::to_string(arg.device) + " but " + first_ +
+                " is on device " + std::to_string(device_) + "; accepted: all on one device");
+      }
+    }
+    torch_ = torch_ || arg.torch;
+    return arg.view;
+  }
+  /// None -> a view without memory (an optional argument left out).
+  TensorView optional(const char* name, nb::handle obj) {
+    if (obj.is_none()) return TensorView{};
+    return get(name, obj);
+  }
+  int device() const { return device_; }
+
+  /// The stream argument: None -> torch's current stream on the tensors' device (the legacy
+  /// default stream when torch is not loaded); an int; or an object with .cuda_stream (torch)
+  /// or .ptr (CuPy).
+  Stream stream(nb::handle obj) const {
+    if (obj.is_none()) {
+      if (g_torch.current_stream == nullptr || device_ < 0) return nullptr;
+      Ref index(PyLong_FromLong(device_));
+      Ref raw(PyObject_CallOneArg(g_torch.current_stream, index.p));
+      return static_cast<Stream>(PyLong_AsVoidPtr(raw.p));
+    }
+    if (PyLong_Check(obj.ptr())) return static_cast<Stream>(PyLong_AsVoidPtr(obj.ptr()));
+    for (const char* attr : {"cuda_stream", "ptr"}) {
+      if (nb::hasattr(obj, attr)) {
+        return static_cast<Stream>(PyLong_AsVoidPtr(nb::getattr(obj, attr).ptr()));
+      }
+    }
+    nb::str type_name = nb::inst_name(obj);
+    throw InvalidArgument(std::string(op_) + ": stream is a " + type_name.c_str() +
+                          "; accepted: None (the current torch stream), an int (cudaStream_t), "
+                          "a torch.cuda.Stream or a cupy Stream");
+  }
+
+ private:
+  const char* op_;
+  bool require_cuda_;
+  int device_ = -1;
+  const char* first_ = "";
+  bool torch_ = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Options
+
+LseBase parse_base(const char* op, const std::optional<std::string>& text) {
+  if (!text) {
+    throw InvalidArgument(std::string(op) +
+                          ": lse_base is required; accepted: '2' (FlashInfer) or 'e' "
+                          "(FlashAttention, SGLang, vLLM). There is no default: merging with the "
+                          "wrong base is silently wrong");
+  }
+  if (*text == "e") return LseBase::e;
+  if (*text == "2" || *text == "two") return LseBase::two;
+  throw InvalidArgument(std::string(op) + ": lse_base = '" + *text +
+                        "' is not a base; accepted: '2' or 'e'");
+}
+
+MergeStateOptions merge_options(const char* op, const std::optional<std::string>& base,
+                                const std::string& layout, bool pos_inf_as_empty,
+                                const std::string& mode, int device) {
+  MergeStateOptions o;
+  o.lse_base = parse_base(op, base);
+  if (layout == "token_major") {
+    o.lse_layout = LseLayout::token_major;
+  } else if (layout == "head_major") {
+    o.lse_layout = LseLayout::head_major;
+  } else {
+    throw InvalidArgument(std::string(op) + ": lse_layout = '" + layout +
+                          "' is not a layout; accepted: 'token_major' or 'head_major'");
+  }
+  o.pos_inf_as_empty = pos_inf_as_empty;
+  o.force_mode = mode;
+  o.device = device;
+  o.runtime = &runtime();
+  return o;
+}
+
+GdnInvalidIndex parse_invalid(const char* op, const std::string& text) {
+  if (text == "negative") return GdnInvalidIndex::negative;
+  if (text == "nonpositive") return GdnInvalidIndex::nonpositive;
+  throw InvalidArgument(std::string(op) + ": invalid_index = '" + text +
+                        "' is not a convention; accepted: 'negative' (index < 0 is padding) or "
+                        "'nonpositive' (index <= 0 is padding)");
+}
+
+/// A plan target: arch text (offline, built-in limits) or None for the tensors' device.
+DeviceLimits plan_limits(const std::optional<std::string>& arch, int device) {
+  if (arch) return DeviceLimits::for_name(*arch);
+  return runtime().device_limits(device >= 0 ? device : runtime().current_device());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ops. Each takes (tensors..., options..., stream, plan_arch): plan_arch is "" to launch, or
+// None / an arch to return the Plan without launching (None: the tensors' device).
+
+using OptStr = std::optional<std::string>;
+
+nb::object merge_state(nb::handle v_a, nb::handle s_a, nb::handle v_b, nb::handle s_b,
+                       nb::handle v_out, nb::handle s_out, const OptStr& base,
+                       const std::string& layout, bool pos_inf, const std::string& mode,
+                       nb::handle stream, bool plan, const OptStr& arch) {
+  const char* op = "merge_state";
+  Args args(op, !plan);
+  const TensorView va = args.get("v_a", v_a), sa = args.get("s_a", s_a);
+  const TensorView vb = args.get("v_b", v_b), sb = args.get("s_b", s_b);
+  const TensorView vo = args.get("v_out", v_out), so = args.optional("s_out", s_out);
+  const MergeStateOptions o = merge_options(op, base, layout, pos_inf, mode, args.device());
+  if (plan)
+    return nb::cast(plan_merge_state(va, sa, vb, sb, vo, so, o, plan_limits(arch, args.device())));
+  kjit::merge_state(va, sa, vb, sb, vo, so, o, args.stream(stream));
+  return nb::none();
+}
+
+nb::object merge_state_in_place(nb::handle v, nb::handle s, nb::handle v_other, nb::handle s_other,
+                                nb::handle mask, const OptStr& base, const std::string& layout,
+                                bool pos_inf, const std::string& mode, nb::handle stream, bool plan,
+                                const OptStr& arch) {
+  const char* op = "merge_state_in_place";
+  Args args(op, !plan);
+  const TensorView vv = args.get("v", v), ss = args.get("s", s);
+  const TensorView vo = args.get("v_other", v_other), so = args.get("s_other", s_other);
+  const TensorView m = args.optional("mask", mask);
+  const MergeStateOptions o = merge_options(op, base, layout, pos_inf, mode, args.device());
+  if (plan) {
+    return nb::cast(
+        plan_merge_state_in_place(vv, ss, vo, so, m, o, plan_limits(arch, args.device())));
+  }
+  kjit::merge_state_in_place(vv, ss, vo, so, m, o, args.stream(stream));
+  return nb::none();
+}
+
+nb::object merge_states(nb::handle v, nb::handle s, nb::handle v_out, nb::handle s_out,
+                        const OptStr& base, const std::string& layout, bool pos_inf,
+                        const std::string& mode, nb::handle stream, bool plan, const OptStr& arch) {
+  const char* op = "merge_states";
+  Args args(op, !plan);
+  const TensorView vv = args.get("v", v), ss = args.get("s", s);
+  const TensorView vo = args.get("v_out", v_out), so = args.optional("s_out", s_out);
+  const MergeStateOptions o = merge_options(op, base, layout, pos_inf, mode, args.device());
+  if (plan) return nb::cast(plan_merge_states(vv, ss, vo, so, o, plan_limits(arch, args.device())));
+  kjit::merge_states(vv, ss, vo, so, o, args.stream(stream));
+  return nb::none();
+}
+
+GdnDecodeOptions decode_options(std::optional<double> scale, bool l2norm, double threshold,
+                                const std::string& invalid, const std::string& mode,
+                                bool debug_check, int device) {
+  GdnDecodeOptions o;
+  if (scale) o.scale = static_cast<float>(*scale);
+  o.l2norm_qk = l2norm;
+  o.softplus_threshold = static_cast<float>(threshold);
+  o.invalid_index = parse_invalid("gdn_decode", invalid);
+  o.force_mode = mode;
+  o.debug_check_indices = debug_check;
+  o.device = device;
+  o.runtime = &runtime();
+  return o;
+}
+
+nb::object gdn_decode(nb::handle mixed_qkv, nb::handle a, nb::handle b, nb::handle a_log,
+                      nb::handle dt_bias, nb::handle state, nb::handle state_indices,
+                      nb::handle out, std::optional<double> scale, bool l2norm, double threshold,
+                      const std::string& invalid, const std::string& mode, bool debug_check,
+                      nb::handle stream, bool plan, const OptStr& arch) {
+  const char* op = "gdn_decode";
+  Args args(op, !plan);
+  const TensorView qkv = args.get("mixed_qkv", mixed_qkv);
+  const TensorView ta = args.get("a", a), tb = args.get("b", b);
+  const TensorView al = args.get("a_log", a_log), dt = args.get("dt_bias", dt_bias);
+  const TensorView st = args.get("state", state), idx = args.get("state_indices", state_indices);
+  const TensorView o = args.get("out", out);
+  const GdnDecodeOptions opt =
+      decode_options(scale, l2norm, threshold, invalid, mode, debug_check, args.device());
+  if (plan) {
+    return nb::cast(
+        plan_gdn_decode(qkv, ta, tb, al, dt, st, idx, o, opt, plan_limits(arch, args.device())));
+  }
+  kjit::gdn_decode(qkv, ta, tb, al, dt, st, idx, o, opt, args.stream(stream));
+  return nb::none();
+}
+
+nb::object gdn_decode_gated(nb::handle mixed_qkv, nb::handle g, nb::handle beta, nb::handle state,
+                            nb::handle state_indices, nb::handle out, std::optional<double> scale,
+                            bool l2norm, const std::string& invalid, const std::string& mode,
+                            bool debug_check, nb::handle stream, bool plan, const OptStr& arch) {
+  const char* op = "gdn_decode_gated";
+  Args args(op, !plan);
+  const TensorView qkv = args.get("mixed_qkv", mixed_qkv);
+  const TensorView tg = args.get("g", g), tb = args.get("beta", beta);
+  const TensorView st = args.get("state", state), idx = args.get("state_indices", state_indices);
+  const TensorView o = args.get("out", out);
+  const GdnDecodeOptions opt =
+      decode_options(scale, l2norm, 20.0, invalid, mode, debug_check, args.device());
+  if (plan) {
+    return nb::cast(
+        plan_gdn_decode_gated(qkv, tg, tb, st, idx, o, opt, plan_limits(arch, args.device())));
+  }
+  kjit::gdn_decode_gated(qkv, tg, tb, st, idx, o, opt, args.stream(stream));
+  return nb::none();
+}
+
+nb::object gdn_prefill(nb::handle q, nb::handle k, nb::handle v, nb::handle a, nb::handle b,
+                       nb::handle a_log, nb::handle dt_bias, nb::handle g, nb::handle beta,
+                       nb::handle cu_seqlens, nb::handle state, nb::handle state_indices,
+                       nb::handle has_initial_state, nb::handle out, nb::handle final_state,
+                       double scale, bool l2norm, double threshold, const std::string& mode,
+                       nb::handle stream, bool plan, const OptStr& arch) {
+  const char* op = "gdn_prefill";
+  Args args(op, !plan);
+  const TensorView tq = args.get("q", q), tk = args.get("k", k), tv = args.get("v", v);
+  GdnGates gates;
+  const bool raw = !a.is_none() || !b.is_none();
+  const bool pre = !g.is_none() || !beta.is_none();
+  if (raw == pre) {
+    throw InvalidArgument(
+        "gdn_prefill: give either raw gates (a, b, a_log, dt_bias) or precomputed gates (g, "
+        "beta), not " +
+        std::string(raw ? "both" : "neither"));
+  }
+  if (raw) {
+    gates = GdnGates::raw(args.get("a", a), args.get("b", b), args.get("a_log", a_log),
+                          args.get("dt_bias", dt_bias));
+  } else {
+    gates = GdnGates::precomputed(args.get("g", g), args.get("beta", beta));
+  }
+  const TensorView cu = args.get("cu_seqlens", cu_seqlens);
+  const TensorView st = args.get("state", state), idx = args.get("state_indices", state_indices);
+  const TensorView has = args.optional("has_initial_state", has_initial_state);
+  const TensorView o = args.get("out", out);
+  GdnPrefillOptions opt;
+  opt.scale = static_cast<float>(scale);
+  opt.l2norm_qk = l2norm;
+  opt.softplus_threshold = static_cast<float>(threshold);
+  opt.final_state = args.optional("final_state", final_state);
+  opt.force_mode = mode;
+  opt.device = args.device();
+  opt.runtime = &runtime();
+  if (plan) {
+    return nb::cast(plan_gdn_prefill(tq, tk, tv, gates, cu, st, idx, has, o, opt,
+                                     plan_limits(arch, args.device())));
+  }
+  kjit::gdn_prefill(tq, tk, tv, gates, cu, st, idx, has, o, opt, args.stream(stream));
+  return nb::none();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plans by shape names (the `kjit plan` vocabulary), prewarm, source, compile
+
+const tool::OpInfo& find_op(const std::string& name) {
+  for (const tool::OpInfo& op : tool::known_ops()) {
+    if (op.name == name) return tool::find_op(name);  // throws when not in this build
+  }
+  std::string names;
+  for (const tool::OpInfo& op : tool::known_ops()) names += (names.empty() ? "" : ", ") + op.name;
+  throw InvalidArgument("op = '" + name + "' is not an op; accepted: " + names);
+}
+
+/// Shape values completed with the tool's defaults; a missing size is named the Python way.
+tool::ShapeValues complete(const tool::OpInfo& op, const std::map<std::string, std::string>& in) {
+  for (const tool::OpParam& param : op.params) {
+    if (param.size && in.count(param.name) == 0) {
+      std::string sizes;
+      for (const tool::OpParam& p : op.params) {
+        if (p.size) sizes += (sizes.empty() ? "" : ", ") + p.name;
+      }
+      throw InvalidArgument(op.name + ": shape value " + param.name + " (" + param.doc +
+                            ") is missing; required: " + sizes);
+    }
+  }
+  return tool::complete_values(op, tool::ShapeValues(in.begin(), in.end()), true);
+}
+
+Plan plan_shape(const std::string& op_name, const std::map<std::string, std::string>& values,
+                const OptStr& arch, std::optional<int> device) {
+  const tool::OpInfo& op = find_op(op_name);
+  const tool::ShapeValues complete_values = complete(op, values);
+  if (arch && device) {
+    throw InvalidArgument("plan: give arch or device, not both (arch = '" + *arch +
+                          "', device = " + std::to_string(*device) + ")");
+  }
+  DeviceLimits limits;
+  if (arch) {
+    limits = DeviceLimits::for_name(*arch);
+  } else {
+    std::string why;
+    if (!runtime().driver_available(&why)) {
+      throw InvalidArgument("plan: no CUDA device to plan for (" + why +
+                            "); accepted: arch='sm_90' (or h100, h200, b200, a100, l40s, "
+                            "rtx5090, sm_80 ... sm_120) plans offline");
+    }
+    limits = runtime().device_limits(device ? *device : runtime().current_device());
+  }
+  return tool::plan_op(op, complete_values, limits);
+}
+
+std::vector<std::string> prewarm_specs(const std::vector<std::string>& specs, int device) {
+  std::vector<KernelSpec> parsed;
+  std::vector<std::string> names;
+  for (const std::string& text : specs) {
+    parsed.push_back(KernelSpec::parse(text));
+    names.push_back(parsed.back().str());
+  }
+  nb::gil_scoped_release release;  // compiling may take seconds; other Python threads run
+  runtime().prewarm(parsed, device);
+  return names;
+}
+
+int current_device() { return runtime().current_device(); }
+
+std::string source(const std::string& spec_text, bool templates) {
+  const KernelSpec spec = KernelSpec::parse(spec_text);
+  std::string out = codegen::stub_source(spec);
+  if (!templates) return out;
+  // The embedded kjit/... headers the stub includes, transitively, each once.
+  std::vector<std::string> pending;
+  std::set<std::string> shown;
+  auto scan = [&](std::string_view text) {
+    const std::string_view marker = "#include \"kjit/";
+    for (std::size_t at = text.find(marker); at != std::string_view::npos;
+         at = text.find(marker, at + 1)) {
+      const std::size_t begin = at + marker.size() - 5;
+      const std::size_t end = text.find('"', begin);
+      if (end != std::string_view::npos) pending.emplace_back(text.substr(begin, end - begin));
+    }
+  };
+  scan(out);
+  for (std::size_t i = 0; i < pending.size(); ++i) {
+    const std::string name = pending[i];
+    if (!shown.insert(name).second) continue;
+    const codegen::EmbeddedTemplate* file = codegen::find_template(name);
+    if (file == nullptr) continue;
+    out += "\n// ===== " + name + " =====\n" + file->contents;
+    scan(file->contents);
+  }
+  return out;
+}
+
+nb::dict compile(const std::string& spec_text) {
+  const KernelSpec spec = KernelSpec::parse(spec_text);
+  KernelSource from = KernelSource::memory;
+  std::shared_ptr<const CompiledKernel> kernel;
+  {
+    nb::gil_scoped_release release;
+    kernel = runtime().compiled(spec, &from);
+  }
+  const char* origins[] = {"memory", "bundle", "disk", "compiled"};
+  nb::dict d;
+  d["spec"] = kernel->spec.str();
+  d["origin"] = origins[static_cast<int>(from)];
+  d["key"] = kernel->key;
+  d["key_material"] = kernel->key_material;
+  d["source"] = kernel->source;
+  d["options"] = kernel->options;
+  d["log"] = kernel->log;
+  d["ptx"] = kernel->ptx;
+  d["lowered_name"] = kernel->lowered_name;
+  d["cubin"] = nb::bytes(kernel->cubin.data(), kernel->cubin.size());
+  nb::dict r;
+  r["registers"] = kernel->resources.registers;
+  r["static_smem"] = kernel->resources.static_smem;
+  r["local_bytes"] = kernel->resources.local_bytes;
+  r["spill_store_bytes"] = kernel->resources.spill_store_bytes;
+  r["spill_load_bytes"] = kernel->resources.spill_load_bytes;
+  r["max_threads"] = kernel->resources.max_threads;
+  d["resources"] = r;
+  return d;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exceptions: one Python class per kjit error class, raised with the same message.
+
+struct Exceptions {
+  PyObject* error = nullptr;
+  PyObject* invalid_argument = nullptr;
+  PyObject* plan_error = nullptr;
+  PyObject* compile_error = nullptr;
+  PyObject* cache_error = nullptr;
+  PyObject* driver_error = nullptr;
+  PyObject* kernel_not_in_bundle = nullptr;
+};
+Exceptions g_exc;
+
+PyObject* new_exception(nb::module_& m, const char* name, PyObject* bases, const char* doc) {
+  const std::string qualified = std::string("kjit.") + name;
+  PyObject* type = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases, nullptr);
+  if (type == nullptr) throw nb::python_error();
+  m.attr(name) = nb::handle(type);
+  return type;
+}
+
+/// Raises `type(message)` with extra attributes set on the instance.
+void raise(PyObject* type, const char* message,
+           std::initializer_list<std::pair<const char*, nb::object>> attrs = {}) {
+  nb::object instance = nb::steal(PyObject_CallOneArg(type, nb::str(message).ptr()));
+  if (!instance.is_valid()) return;  // the constructor raised: that error stands
+  for (const auto& [name, value] : attrs) nb::setattr(instance, name, value);
+  PyErr_SetObject(type, instance.ptr());
+}
+
+void translate(const std::exception_ptr& p, void*) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const CompileError& e) {
+    raise(g_exc.compile_error, e.what(),
+          {{"log", nb::str(e.log().c_str())},
+           {"options", nb::str(e.options().c_str())},
+           {"spec", nb::str(e.spec().c_str())}});
+  } catch (const DriverError& e) {
+    raise(g_exc.driver_error, e.what(),
+          {{"result", nb::int_(e.result())}, {"call", nb::str(e.call().c_str())}});
+  } catch (const InvalidArgument& e) {
+    raise(g_exc.invalid_argument, e.what());
+  } catch (const PlanError& e) {
+    raise(g_exc.plan_error, e.what());
+  } catch (const CacheError& e) {
+    raise(g_exc.cache_error, e.what());
+  } catch (const KernelNotInBundle& e) {
+    raise(g_exc.kernel_not_in_bundle, e.what());
+  } catch (const Error& e) {
+    raise(g_exc.error, e.what());
+  }
+}
+
+std::string dim3_text(const Dim3& d) {
+  return "(" + std::to_string(d.x) + ", " + std::to_string(d.y) + ", " + std::to_string(d.z) + ")";
+}
+
+}  // namespace
+}  // namespace kjit::python
+
+NB_MODULE(_kjit, m) {
+  using namespace kjit;
+  using namespace kjit::python;
+  m.doc() = "kjit: run-time specialized GPU kernels (C++ extension; use the kjit package)";
+
+  g_name_data_ptr = PyUnicode_InternFromString("data_ptr");
+  g_name_stride = PyUnicode_InternFromString("stride");
+  g_name_get_device = PyUnicode_InternFromString("get_device");
+  g_name_shape = PyUnicode_InternFromString("shape");
+  g_name_dtype = PyUnicode_InternFromString("dtype");
+  g_name_is_cuda = PyUnicode_InternFromString("is_cuda");
+
+  g_exc.error = new_exception(m, "Error", PyExc_RuntimeError,
+                              "Base of every kjit error; the message names the argument, its "
+                              "value and what is accepted.");
+  {
+    nb::object bases = nb::make_tuple(nb::handle(g_exc.error), nb::handle(PyExc_ValueError));
+    g_exc.invalid_argument = new_exception(m, "InvalidArgument", bases.ptr(),
+                                           "An argument (shape, dtype, stride, option) is not "
+                                           "acceptable. Also a ValueError.");
+  }
+  g_exc.plan_error =
+      new_exception(m, "PlanError", g_exc.error, "No legal launch exists on this device.");
+  g_exc.compile_error = new_exception(m, "CompileError", g_exc.error,
+                                      "NVRTC rejected a specialization; .log, .options, .spec.");
+  g_exc.cache_error = new_exception(m, "CacheError", g_exc.error,
+                                    "The kernel cache or a bundle could not be used.");
+  g_exc.driver_error = new_exception(m, "DriverError", g_exc.error,
+                                     "A CUDA driver call failed; .result (CUresult), .call.");
+  g_exc.kernel_not_in_bundle = new_exception(m, "KernelNotInBundle", g_exc.error,
+                                             "JIT is disabled and no bundle has the kernel.");
+  nb::register_exception_translator(translate);
+
+  nb::class_<LimitCheck>(m, "LimitCheck", "One limit a launch was checked against.")
+      .def_ro("limit", &LimitCheck::limit)
+      .def_ro("requested", &LimitCheck::requested)
+      .def_ro("allowed", &LimitCheck::allowed)
+      .def_prop_ro("ok", &LimitCheck::ok)
+      .def("__repr__", [](const LimitCheck& c) {
+        return "LimitCheck(" + c.limit + ": " + std::to_string(c.requested) + " / " +
+               std::to_string(c.allowed) + ")";
+      });
+  nb::class_<PlannedLaunch>(m, "PlannedLaunch", "One kernel launch of a plan.")
+      .def_prop_ro("spec", [](const PlannedLaunch& l) { return l.spec.str(); })
+      .def_prop_ro("grid",
+                   [](const PlannedLaunch& l) {
+                     return nb::make_tuple(l.shape.grid.x, l.shape.grid.y, l.shape.grid.z);
+                   })
+      .def_prop_ro("block",
+                   [](const PlannedLaunch& l) {
+                     return nb::make_tuple(l.shape.block.x, l.shape.block.y, l.shape.block.z);
+                   })
+      .def_prop_ro("dynamic_smem", [](const PlannedLaunch& l) { return l.shape.dynamic_smem; })
+      .def_ro("checks", &PlannedLaunch::checks)
+      .def("__repr__", [](const PlannedLaunch& l) {
+        return "PlannedLaunch(" + l.spec.str() + ", grid " + dim3_text(l.shape.grid) + ", block " +
+               dim3_text(l.shape.block) + ")";
+      });
+  nb::class_<Plan>(m, "Plan",
+                   "What one op call launches: grid mode, launches, checked limits, reasons.")
+      .def_ro("op", &Plan::op)
+      .def_ro("mode", &Plan::mode)
+      .def_ro("reasons", &Plan::reasons)
+      .def_ro("launches", &Plan::launches)
+      .def_prop_ro("arch", [](const Plan& p) { return p.device.arch.str(); })
+      .def_prop_ro("device_name", [](const Plan& p) { return p.device.name; })
+      .def_prop_ro("specs",
+                   [](const Plan& p) {
+                     std::vector<std::string> specs;
+                     for (const PlannedLaunch& l : p.launches) specs.push_back(l.spec.str());
+                     return specs;
+                   })
+      .def("explain", &Plan::explain, "Multi-line account of the plan (as `kjit plan` prints).")
+      .def("to_json", &Plan::to_json)
+      .def("__str__", &Plan::explain)
+      .def("__repr__", [](const Plan& p) {
+        return "<kjit.Plan " + p.op + " mode=" + p.mode + " arch=" + p.device.arch.str() + " " +
+               std::to_string(p.launches.size()) + " launch(es)>";
+      });
+
+  m.def("_register_torch", &register_torch);
+  m.def("_configure", &kjit::python::configure);
+  m.def("_settings", [] { return settings_dict(runtime().settings()); });
+  m.def("_cache_stats", &cache_stats);
+  m.def("_current_device", &current_device);
+  m.def("_driver_available", [] {
+    std::string why;
+    const bool ok = runtime().driver_available(&why);
+    return nb::make_tuple(ok, why);
+  });
+  m.def("_merge_state", &kjit::python::merge_state);
+  m.def("_merge_state_in_place", &kjit::python::merge_state_in_place);
+  m.def("_merge_states", &kjit::python::merge_states);
+  m.def("_gdn_decode", &kjit::python::gdn_decode);
+  m.def("_gdn_decode_gated", &kjit::python::gdn_decode_gated);
+  m.def("_gdn_prefill", &kjit::python::gdn_prefill);
+  m.def("_plan_shape", &plan_shape);
+  m.def("_op_params", [](const std::string& name) {
+    std::vector<nb::tuple> out;
+    for (const tool::OpParam& p : find_op(name).params) {
+      out.push_back(nb::make_tuple(p.name, p.size, p.fallback, p.doc));
+    }
+    return out;
+  });
+  m.def("_ops", [] {
+    std::vector<std::string> names;
+    for (const tool::OpInfo& op : tool::known_ops()) names.push_back(op.name);
+    return names;
+  });
+  m.def("_prewarm_specs", &prewarm_specs);
+  m.def("_source", &kjit::python::source);
+  m.def("_compile", &kjit::python::compile);
+  m.def("_known_archs", [] {
+    std::vector<std::string> names;
+    for (const Arch& a : DeviceLimits::known_archs()) names.push_back(a.str());
+    return names;
+  });
+}
