@@ -1,0 +1,356 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CPU tests of the kjit package: plans (shape names and real arrays), source, compile, settings
+and errors. No GPU and no torch needed; NumPy arrays stand in for tensors (planning never
+dereferences them)."""
+
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import kjit
+
+
+def merge_args(t=4, h=8, d=64, dtype=np.float16, layout="token_major"):
+    v_a = np.zeros((t, h, d), dtype)
+    v_b = np.zeros((t, h, d), dtype)
+    lse_shape = (t, h) if layout == "token_major" else (h, t)
+    return v_a, np.zeros(lse_shape, np.float32), v_b, np.zeros(lse_shape, np.float32)
+
+
+# --- plan by shape names -----------------------------------------------------------------------
+
+
+def test_plan_by_shape_names_matches_the_issue_example():
+    plan = kjit.plan("merge_state", dtype="bf16", tokens=64, heads=256, head_dim=128,
+                     arch="sm_90")
+    assert isinstance(plan, kjit.Plan)
+    assert plan.op == "merge_state"
+    assert plan.mode == "token_major"
+    assert plan.arch == "sm_90"
+    assert len(plan.launches) == 1
+    launch = plan.launches[0]
+    assert launch.spec.startswith("merge_state:in=bf16,out=bf16,head_dim=128,vec=8,")
+    assert launch.spec.endswith("@sm_90")
+    assert launch.grid == (64, 8, 1) and launch.block == (16, 32, 1)
+    assert all(check.ok for check in launch.checks)
+    text = plan.explain()
+    assert text.startswith("op merge_state: mode token_major")
+    assert "launch 1 of 1: " + launch.spec in text
+    assert str(plan) == text
+    assert '"mode":"token_major"' in plan.to_json().replace(" ", "")
+
+
+def test_plan_explain_equals_the_kjit_tool():
+    tool = os.environ.get("KJIT_TOOL") or shutil.which("kjit")
+    if tool is None:
+        candidate = os.path.join(os.path.dirname(__file__), "..", "..", "build", "tools", "kjit")
+        tool = candidate if os.path.exists(candidate) else None
+    if tool is None:
+        pytest.skip("no kjit tool binary (set KJIT_TOOL) to compare against")
+    # The tool binary may be older than this tree: compare on the settled merge_state planner.
+    cli = subprocess.run([tool, "plan", "merge_state", "--tokens", "4096", "--heads", "128",
+                          "--head-dim", "128", "--lse-base", "2", "--arch", "h200"],
+                         capture_output=True, text=True, check=True).stdout
+    plan = kjit.plan("merge_state", tokens=4096, heads=128, head_dim=128, lse_base=2,
+                     arch="h200")
+    assert plan.explain() == cli
+
+
+def test_plan_accepts_ints_bools_and_dtype_objects():
+    a = kjit.plan("merge_state", tokens=7, heads=128, head_dim=64, dtype=np.float16,
+                  pos_inf_empty=False, lse_base=2, arch="sm_80")
+    b = kjit.plan("merge_state", tokens="7", heads="128", head_dim="64", dtype="f16",
+                  pos_inf_empty="0", lse_base="2", arch="sm_80")
+    assert a.specs == b.specs
+    assert "pos_inf_empty=0" in a.specs[0] and "base=2" in a.specs[0]
+    assert "in=f16" in a.specs[0] and a.specs[0].endswith("@sm_80")
+
+
+def test_plan_gdn_decode_large_grid_is_legal():
+    # B * HV = 65536 * 32 rows: vLLM's (B*HV)-in-grid-y kernel cannot launch this; every
+    # launch kjit plans must pass its checks.
+    plan = kjit.plan("gdn_decode", batch=65536, heads=16, v_heads=32, k=128, v=128, arch="sm_90")
+    assert plan.launches
+    for launch in plan.launches:
+        assert launch.grid[1] <= 65535 and launch.grid[2] <= 65535
+        assert all(check.ok for check in launch.checks)
+
+
+def test_plan_gdn_prefill():
+    plan = kjit.plan("gdn_prefill", tokens=8192, seqs=4, heads=16, v_heads=32, k=128, v=128,
+                     arch="h200")
+    assert plan.op == "gdn_prefill"
+    assert plan.launches and all(spec.endswith("@sm_90") for spec in plan.specs)
+
+
+def test_shape_names_are_the_tool_vocabulary():
+    names = {name: (size, default) for name, size, default, _ in kjit.shape_names("merge_state")}
+    assert names["tokens"] == (True, "")
+    assert names["head_dim"] == (True, "")
+    assert names["dtype"] == (False, "bf16")
+    assert "states" in {n for n, *_ in kjit.shape_names("merge_states")}
+
+
+# --- plan errors --------------------------------------------------------------------------------
+
+
+def test_plan_missing_size_names_it():
+    with pytest.raises(kjit.InvalidArgument, match=r"heads .*missing; required: tokens, heads"):
+        kjit.plan("merge_state", tokens=4, head_dim=128, arch="sm_90")
+
+
+def test_plan_unknown_name_lists_the_accepted():
+    with pytest.raises(kjit.InvalidArgument, match=r"no parameter 'head_size'; accepted: .*head_dim"):
+        kjit.plan("merge_state", tokens=4, heads=8, head_dim=128, head_size=1, arch="sm_90")
+
+
+def test_plan_unknown_op_lists_the_ops():
+    with pytest.raises(kjit.InvalidArgument, match=r"op = 'merge' is not an op; accepted: merge_state"):
+        kjit.plan("merge", arch="sm_90")
+
+
+def test_plan_bad_value_names_argument_value_and_accepted():
+    with pytest.raises(kjit.InvalidArgument) as info:
+        kjit.plan("merge_state", tokens=4, heads=8, head_dim=100, arch="sm_90")
+    message = str(info.value)
+    assert "head_dim" in message and "100" in message and "multiple of 8" in message
+    assert isinstance(info.value, ValueError)
+
+
+def test_plan_bad_arch():
+    with pytest.raises(kjit.InvalidArgument, match="sm_75"):
+        kjit.plan("merge_state", tokens=4, heads=8, head_dim=64, arch="sm_75")
+
+
+def test_plan_error_is_a_plan_error_not_a_value_error():
+    with pytest.raises(kjit.PlanError) as info:
+        kjit.plan("merge_state", tokens=2**31, heads=8, head_dim=64, mode="token_major",
+                  arch="sm_90")
+    assert isinstance(info.value, kjit.Error) and isinstance(info.value, RuntimeError)
+    assert not isinstance(info.value, ValueError)
+    assert "grid x limit" in str(info.value)
+
+
+def test_plan_arch_and_device_together_is_refused():
+    with pytest.raises(kjit.InvalidArgument, match="not both"):
+        kjit.plan("merge_state", tokens=4, heads=8, head_dim=64, arch="sm_90", device=0)
+
+
+# --- plan_call: the plan of a concrete call ------------------------------------------------------
+
+
+def test_plan_call_matches_the_shape_plan():
+    args = merge_args(t=64, h=256, d=128, dtype=np.float32)
+    plan = kjit.plan_call("merge_state", *args, lse_base="e", arch="sm_90")
+    by_names = kjit.plan("merge_state", tokens=64, heads=256, head_dim=128, dtype="f32",
+                         arch="sm_90")
+    assert plan.specs == by_names.specs
+    assert plan.launches[0].grid == by_names.launches[0].grid
+
+
+def test_plan_call_sees_misalignment():
+    # A view starting 2 bytes into the buffer allows only 2-byte vectors: vec = 1 for f16.
+    t, h, d = 4, 8, 64
+    raw = np.zeros(t * h * d + 1, np.float16)
+    v_a = raw[1:].reshape(t, h, d)
+    _, s_a, v_b, s_b = merge_args(t, h, d)
+    plan = kjit.plan_call(kjit.merge_state, v_a, s_a, v_b, s_b, lse_base=2, arch="sm_90")
+    assert ",vec=1," in plan.specs[0]
+
+
+def test_plan_call_head_major_layout():
+    args = merge_args(t=5, h=16, d=64, layout="head_major")
+    plan = kjit.plan_call("merge_state_in_place", *args, lse_base="e", lse_layout="head_major",
+                          arch="sm_90")
+    assert plan.op == "merge_state_in_place"
+    with pytest.raises(kjit.InvalidArgument, match=r"s has shape \[16, 5\]; expected \[T, H\]"):
+        kjit.plan_call("merge_state_in_place", *args, lse_base="e", arch="sm_90")
+
+
+def test_plan_call_merge_states():
+    t, s, h, d = 3, 4, 8, 64
+    v = np.zeros((t, s, h, d), np.float16)
+    lse = np.zeros((t, s, h), np.float32)
+    plan = kjit.plan_call("merge_states", v, lse, lse_base="e", arch="sm_90")
+    assert plan.op == "merge_states" and ",op=many," in plan.specs[0]
+
+
+def test_plan_call_gdn_decode_and_its_errors():
+    b, h, hv, k, v = 8, 2, 4, 64, 64
+    qkv = np.zeros((b, 2 * h * k + hv * v), np.float16)
+    gate = np.zeros((b, hv), np.float16)
+    params = np.zeros(hv, np.float32)
+    state = np.zeros((b + 1, hv, v, k), np.float32)
+    idx = np.arange(b, dtype=np.int32)
+    plan = kjit.plan_call("gdn_decode", qkv, gate, gate, params, params, state, idx,
+                          arch="sm_90")
+    assert plan.op.startswith("gdn_decode")
+    with pytest.raises(kjit.InvalidArgument, match="gdn_decode.*state_indices"):
+        kjit.plan_call("gdn_decode", qkv, gate, gate, params, params, state,
+                       idx.astype(np.float32), arch="sm_90")
+    with pytest.raises(kjit.InvalidArgument, match="invalid_index = 'zero'.*'negative'"):
+        kjit.plan_call("gdn_decode", qkv, gate, gate, params, params, state, idx,
+                       invalid_index="zero", arch="sm_90")
+
+
+def test_plan_call_gdn_prefill_gates_must_be_one_form():
+    t, n, h, hv, k, v = 64, 2, 2, 4, 64, 64
+    q = np.zeros((t, h, k), np.float16)
+    vv = np.zeros((t, hv, v), np.float16)
+    cu = np.array([0, 10, t], np.int32)
+    state = np.zeros((n, hv, v, k), np.float32)
+    idx = np.arange(n, dtype=np.int32)
+    g = np.zeros((t, hv), np.float32)
+    plan = kjit.plan_call("gdn_prefill", q, q, vv, cu, state, idx, g=g, beta=g, arch="sm_90")
+    assert plan.op == "gdn_prefill"
+    with pytest.raises(kjit.InvalidArgument, match="not neither"):
+        kjit.plan_call("gdn_prefill", q, q, vv, cu, state, idx, arch="sm_90")
+
+
+# --- argument errors (same messages as the C++ library) -----------------------------------------
+
+
+def test_shape_mismatch_names_argument_and_expected_shape():
+    v_a, s_a, _, s_b = merge_args(4, 8, 64)
+    v_b = np.zeros((4, 8, 32), np.float16)
+    with pytest.raises(kjit.InvalidArgument,
+                       match=r"merge_state: v_b has shape \[4, 8, 32\]; expected the shape of "
+                             r"v_a = \[4, 8, 64\]"):
+        kjit.plan_call("merge_state", v_a, s_a, v_b, s_b, lse_base="e", arch="sm_90")
+
+
+def test_wrong_lse_dtype():
+    v_a, _, v_b, s_b = merge_args()
+    s_a = np.zeros((4, 8), np.float64)
+    with pytest.raises(kjit.InvalidArgument, match="s_a has dtype f64; accepted: f32"):
+        kjit.plan_call("merge_state", v_a, s_a, v_b, s_b, lse_base="e", arch="sm_90")
+
+
+def test_missing_lse_base_explains_why_there_is_no_default():
+    with pytest.raises(kjit.InvalidArgument, match=r"lse_base is required; accepted: '2'.*'e'"):
+        kjit.plan_call("merge_state", *merge_args(), arch="sm_90")
+    with pytest.raises(kjit.InvalidArgument, match="lse_base = '10' is not a base"):
+        kjit.plan_call("merge_state", *merge_args(), lse_base=10, arch="sm_90")
+
+
+def test_unsupported_dtype_rank_and_object():
+    v_a, s_a, v_b, s_b = merge_args()
+    with pytest.raises(kjit.InvalidArgument, match=r"v_a has DLPack dtype \(code 5"):
+        kjit.plan_call("merge_state", v_a.astype(np.complex64), s_a, v_b, s_b, lse_base="e",
+                       v_out=v_a, arch="sm_90")
+    with pytest.raises(kjit.InvalidArgument, match="v_a has rank 5; accepted: at most 4"):
+        kjit.plan_call("merge_state", np.zeros((1, 1, 1, 1, 8), np.float16), s_a, v_b, s_b,
+                       lse_base="e", v_out=v_a, arch="sm_90")
+    with pytest.raises(kjit.InvalidArgument, match="v_b is a int; accepted: a torch tensor"):
+        kjit.plan_call("merge_state", v_a, s_a, 3, s_b, lse_base="e", arch="sm_90")
+
+
+def test_launching_host_arrays_is_refused():
+    with pytest.raises(kjit.InvalidArgument,
+                       match="merge_state: v_a is not in CUDA device memory; accepted: a tensor "
+                             "on a CUDA device"):
+        kjit.merge_state(*merge_args(), lse_base="e")
+
+
+def test_outputs_are_allocated_like_the_inputs():
+    # plan_call allocates the outputs it is not given the same way a launch does.
+    t, s, h, d = 3, 4, 8, 64
+    v = np.zeros((t, s, h, d), np.float16)
+    lse = np.zeros((h, t, s), np.float32)
+    plan = kjit.plan_call("merge_states", v, lse, lse_base="e", lse_layout="head_major",
+                          out_dtype="f32", arch="sm_90")
+    assert ",in=f16,out=f32," in "," + plan.specs[0].split(":", 1)[1]
+
+
+def test_plan_call_unknown_op():
+    with pytest.raises(kjit.InvalidArgument, match="plan_call: op = 'merge' is not a kjit op"):
+        kjit.plan_call("merge", arch="sm_90")
+
+
+# --- source, compile, settings ------------------------------------------------------------------
+
+SPEC = ("merge_state:in=f16,out=f16,head_dim=64,vec=8,chunks=1,mode=flat,op=pair,base=e,"
+        "pos_inf_empty=1@sm_90")
+
+
+def test_source_is_the_stub_and_its_templates():
+    stub = kjit.source(SPEC)
+    assert '#include "kjit/merge_state.cuh"' in stub
+    full = kjit.source(SPEC, templates=True)
+    assert full.startswith(stub)
+    assert "// ===== kjit/merge_state.cuh =====" in full
+    assert "__global__" in full
+
+
+def test_bad_spec_names_the_parameter():
+    with pytest.raises(kjit.InvalidArgument, match="head_dim"):
+        kjit.source(SPEC.replace("head_dim=64", "head_dim=63"))
+    with pytest.raises(kjit.InvalidArgument, match="nosuchop"):
+        kjit.source("nosuchop:x=1@sm_90")
+
+
+def test_compile_through_the_cache(tmp_path):
+    kjit.configure(cache_dir=str(tmp_path / "cache"))
+    try:
+        assert kjit.settings()["cache_dir"] == str(tmp_path / "cache")
+        try:
+            first = kjit.compile(SPEC)
+        except kjit.CompileError as error:
+            if "load" in str(error).lower() or "nvrtc" in str(error).lower():
+                pytest.skip(f"NVRTC not usable here: {error}")
+            raise
+        assert first["origin"] == "compiled"
+        assert first["spec"] == SPEC
+        assert len(first["key"]) == 32
+        assert first["cubin"][:4] == b"\x7fELF"
+        assert first["resources"]["registers"] > 0
+        assert ".entry" in first["ptx"]
+        assert kjit.compile(SPEC)["origin"] == "memory"
+        # A fresh runtime on the same root finds the entry on disk.
+        kjit.configure(cache_dir=str(tmp_path / "cache"))
+        assert kjit.compile(SPEC)["origin"] == "disk"
+        assert kjit.cache_stats()["disk_hits"] == 1
+    finally:
+        kjit.configure()
+
+
+def test_configure_rejects_bad_values():
+    with pytest.raises(kjit.InvalidArgument, match="log = 'loud'.*off, error, warn, info, debug"):
+        kjit.configure(log="loud")
+    with pytest.raises(TypeError):
+        kjit.configure(cache_dirs="/tmp")
+
+
+def test_disable_jit_without_bundle_is_kernel_not_in_bundle(tmp_path):
+    kjit.configure(cache_dir=str(tmp_path), disable_jit=True)
+    try:
+        assert kjit.settings()["disable_jit"] is True
+        with pytest.raises(kjit.KernelNotInBundle) as info:
+            kjit.compile(SPEC)
+        assert isinstance(info.value, kjit.Error)
+        assert "merge_state" in str(info.value)
+    finally:
+        kjit.configure()
+
+
+def test_prewarm_without_a_gpu_says_why():
+    ok, why = kjit.driver_available()
+    if ok:
+        pytest.skip("a CUDA device is present: prewarm is covered by the GPU tests")
+    assert why
+    with pytest.raises(kjit.Error):
+        kjit.prewarm("merge_state", tokens=4, heads=8, head_dim=64)
+    with pytest.raises(kjit.InvalidArgument, match="only accepted with an op name"):
+        kjit.prewarm(SPEC, device=0, tokens=4)
+
+
+def test_exception_hierarchy():
+    assert issubclass(kjit.InvalidArgument, kjit.Error)
+    assert issubclass(kjit.InvalidArgument, ValueError)
+    for cls in (kjit.PlanError, kjit.CompileError, kjit.CacheError, kjit.DriverError,
+                kjit.KernelNotInBundle):
+        assert issubclass(cls, kjit.Error) and issubclass(cls, RuntimeError)
+    assert kjit.Error.__module__ == "kjit"

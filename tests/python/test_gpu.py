@@ -1,0 +1,319 @@
+# SPDX-License-Identifier: Apache-2.0
+"""GPU tests of the kjit package against float64 torch references: fresh random inputs,
+poisoned outputs, boundary shapes, strided views, explicit streams, CUDA graph capture after
+prewarm, torch.compile through the custom ops. Skipped, with the reason, without torch or a
+CUDA device."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: GPU tests need it")
+if not torch.cuda.is_available():
+    pytest.skip("torch sees no CUDA device", allow_module_level=True)
+
+import kjit  # noqa: E402  (after torch, so that the torch fast path is registered)
+
+import reference  # noqa: E402
+
+DEV = "cuda"
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 2e-5}
+
+
+def close(actual, expected, rtol, atol):
+    """|a - e| <= atol + rtol |e| everywhere, with infinities equal; returns the worst excess."""
+    a, e = actual.double(), expected.double()
+    assert not torch.isnan(a).any(), "NaN in the output (poison not overwritten?)"
+    same_inf = torch.isinf(e) & (a == e)
+    err = torch.where(same_inf, torch.zeros_like(a), (a - e).abs() - (atol + rtol * e.abs()))
+    worst = err.max().item() if err.numel() else 0.0
+    assert worst <= 0, f"max excess {worst:.3g} over atol {atol} rtol {rtol}"
+
+
+def poison(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEV)
+
+
+def random_lse(shape, special=True):
+    s = torch.randn(shape, device=DEV) * 4
+    if special and s.numel() >= 4:
+        flat = s.view(-1)
+        flat[0] = -math.inf
+        flat[1] = math.inf
+        flat[-1] = -math.inf
+    return s
+
+
+# --- merge_state ----------------------------------------------------------------------------------
+
+MERGE_SHAPES = [(1, 1, 8), (7, 128, 128), (64, 256, 128), (3, 5, 1024), (33, 32, 72)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("t,h,d", MERGE_SHAPES)
+@pytest.mark.parametrize("base", [2, "e"])
+def test_merge_state(dtype, t, h, d, base):
+    torch.manual_seed(t * 1000 + h + d)
+    v_a = torch.randn(t, h, d, device=DEV).to(dtype)
+    v_b = torch.randn(t, h, d, device=DEV).to(dtype)
+    s_a, s_b = random_lse((t, h)), random_lse((t, h))
+    v_out, s_out = poison((t, h, d), dtype), poison((t, h), torch.float32)
+    got_v, got_s = kjit.merge_state(v_a, s_a, v_b, s_b, v_out, s_out, lse_base=base)
+    assert got_v is v_out and got_s is s_out
+    torch.cuda.synchronize()
+    ref_v, ref_s = reference.merge([v_a, v_b], [s_a, s_b], 2 if base == 2 else math.e)
+    close(v_out, ref_v, TOL[dtype], TOL[dtype])
+    close(s_out, ref_s, 1e-5, 1e-5)
+
+
+def test_merge_state_allocates_outputs_and_f32_out():
+    v_a = torch.randn(16, 8, 64, device=DEV, dtype=torch.bfloat16)
+    v_b = torch.randn_like(v_a)
+    s_a, s_b = random_lse((16, 8)), random_lse((16, 8))
+    v, s = kjit.merge_state(v_a, s_a, v_b, s_b, lse_base="e", out_dtype=torch.float32)
+    assert v.dtype == torch.float32 and v.shape == v_a.shape and s.shape == s_a.shape
+    v2, s2 = kjit.merge_state(v_a, s_a, v_b, s_b, lse_base="e", return_lse=False)
+    assert s2 is None
+    torch.cuda.synchronize()
+    ref_v, ref_s = reference.merge([v_a, v_b], [s_a, s_b], math.e)
+    close(v, ref_v, 1e-5, 1e-5)
+    close(s, ref_s, 1e-5, 1e-5)
+    close(v2, ref_v, TOL[torch.bfloat16], TOL[torch.bfloat16])
+
+
+def test_merge_state_strided_views_and_head_major_lse():
+    t, h, d = 40, 12, 128
+    big = torch.randn(t, h + 3, d + 16, device=DEV, dtype=torch.float16)
+    v_a = big[:, 1:h + 1, 8:d + 8]  # token and head strides of the bigger tensor
+    v_b = torch.randn(t, h, d, device=DEV, dtype=torch.float16)
+    s_a = random_lse((h, t))
+    s_b = random_lse((t, h)).t()  # a transposed view: [H, T] with strides (1, H)
+    out = poison((t, h, d), torch.float16)
+    _, s = kjit.merge_state(v_a, s_a, v_b, s_b, out, lse_base="e", lse_layout="head_major")
+    torch.cuda.synchronize()
+    ref_v, ref_s = reference.merge([v_a, v_b], [s_a.t(), s_b.t()], math.e)
+    close(out, ref_v, TOL[torch.float16], TOL[torch.float16])
+    close(s.t(), ref_s, 1e-5, 1e-5)
+
+
+def test_merge_state_in_place_with_mask_leaves_masked_rows_bitwise():
+    t, h, d = 50, 16, 64
+    v = torch.randn(t, h, d, device=DEV, dtype=torch.bfloat16)
+    s = random_lse((t, h))
+    v_o, s_o = torch.randn_like(v), random_lse((t, h))
+    mask = torch.rand(t, device=DEV) < 0.5
+    v0, s0 = v.clone(), s.clone()
+    kjit.merge_state_in_place(v, s, v_o, s_o, mask, lse_base=2)
+    torch.cuda.synchronize()
+    ref_v, ref_s = reference.merge([v0, v_o], [s0, s_o], 2)
+    keep = ~mask
+    assert torch.equal(v[keep], v0[keep]) and torch.equal(s[keep], s0[keep])
+    close(v[mask], ref_v[mask], TOL[torch.bfloat16], TOL[torch.bfloat16])
+    close(s[mask], ref_s[mask], 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("states", [1, 3, 8])
+def test_merge_states(states):
+    t, h, d = 9, 24, 256
+    v = torch.randn(t, states, h, d, device=DEV, dtype=torch.float16)
+    s = random_lse((t, states, h))
+    v_out, s_out = kjit.merge_states(v, s, lse_base="e")
+    torch.cuda.synchronize()
+    ref_v, ref_s = reference.merge(list(v.unbind(1)), list(s.unbind(1)), math.e)
+    close(v_out, ref_v, TOL[torch.float16], TOL[torch.float16])
+    close(s_out, ref_s, 1e-5, 1e-5)
+
+
+def test_explicit_streams():
+    t, h, d = 64, 8, 128
+    v_a = torch.randn(t, h, d, device=DEV)
+    v_b, s_a, s_b = torch.randn_like(v_a), random_lse((t, h)), random_lse((t, h))
+    ref_v, _ = reference.merge([v_a, v_b], [s_a, s_b], math.e)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    for stream in (side, side.cuda_stream):
+        out = poison((t, h, d), torch.float32)
+        kjit.merge_state(v_a, s_a, v_b, s_b, out, lse_base="e", stream=stream)
+        side.synchronize()
+        close(out, ref_v, 1e-5, 1e-5)
+    with torch.cuda.stream(side):  # the default follows torch's current stream
+        out = poison((t, h, d), torch.float32)
+        kjit.merge_state(v_a, s_a, v_b, s_b, out, lse_base="e")
+    side.synchronize()
+    close(out, ref_v, 1e-5, 1e-5)
+
+
+def test_errors_on_gpu_tensors():
+    v = torch.randn(4, 8, 64, device=DEV, dtype=torch.bfloat16)
+    s = torch.zeros(4, 8, device=DEV)
+    with pytest.raises(kjit.InvalidArgument, match="v_b is not in CUDA device memory"):
+        kjit.merge_state(v, s, v.cpu(), s, lse_base="e")
+    with pytest.raises(kjit.InvalidArgument, match="s_b has dtype f16; accepted: f32"):
+        kjit.merge_state(v, s, v, s.half(), lse_base="e")
+    with pytest.raises(kjit.InvalidArgument, match="last-dimension stride 2"):
+        kjit.merge_state(v[..., ::2], s, v[..., ::2], s, lse_base="e")
+    with pytest.raises(kjit.PlanError, match="forced mode"):
+        kjit.merge_state(torch.zeros(1, 70000, 8, device=DEV), torch.zeros(1, 70000, device=DEV),
+                         torch.zeros(1, 70000, 8, device=DEV), torch.zeros(1, 70000, device=DEV),
+                         lse_base="e", mode="token_major")
+
+
+# --- graph capture ------------------------------------------------------------------------------
+
+
+def test_cuda_graph_capture_after_prewarm():
+    t, h, d = 24, 40, 96  # a shape no other test uses, so nothing is loaded before prewarm
+    specs = kjit.prewarm("merge_state", tokens=t, heads=h, head_dim=d, dtype="bf16",
+                         lse_base="2")
+    assert specs and all("head_dim=96" in spec for spec in specs)
+    v_a = torch.randn(t, h, d, device=DEV, dtype=torch.bfloat16)
+    v_b, s_a, s_b = torch.randn_like(v_a), random_lse((t, h)), random_lse((t, h))
+    v_out, s_out = poison((t, h, d), torch.bfloat16), poison((t, h), torch.float32)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            kjit.merge_state(v_a, s_a, v_b, s_b, v_out, s_out, lse_base=2)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(2):  # new inputs each replay: the graph reads the captured buffers
+        v_a.copy_(torch.randn_like(v_a))
+        s_a.copy_(random_lse((t, h)))
+        v_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_v, ref_s = reference.merge([v_a, v_b], [s_a, s_b], 2)
+        close(v_out, ref_v, TOL[torch.bfloat16], TOL[torch.bfloat16])
+        close(s_out, ref_s, 1e-5, 1e-5)
+
+
+def test_capture_without_prewarm_is_refused_with_the_reason():
+    t, h, d = 5, 6, 40  # never used elsewhere: not loaded
+    v = torch.randn(t, h, d, device=DEV, dtype=torch.float16)
+    s = torch.zeros(t, h, device=DEV)
+    out = torch.empty_like(v)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    raised = None
+    with torch.cuda.stream(stream):
+        try:
+            with torch.cuda.graph(graph, stream=stream):
+                try:
+                    kjit.merge_state(v, s, v, s, out, None, lse_base="e", return_lse=False)
+                except kjit.DriverError as error:
+                    raised = error
+        except RuntimeError:
+            pass  # an empty capture may be reported by torch; the kjit error is what matters
+    assert raised is not None, "a compile/load under capture was not refused"
+    assert "capturing" in str(raised) and "prewarm" in str(raised)
+
+
+# --- torch.compile through the custom ops ---------------------------------------------------------
+
+
+def test_torch_compile_custom_op():
+    if not hasattr(torch.ops, "kjit") or not hasattr(torch.ops.kjit, "merge_state"):
+        pytest.skip("torch.library.custom_op unavailable (torch < 2.4)")
+    t, h, d = 32, 8, 64
+    v_a = torch.randn(t, h, d, device=DEV, dtype=torch.bfloat16)
+    v_b, s_a, s_b = torch.randn_like(v_a), random_lse((t, h)), random_lse((t, h))
+
+    def f(v_a, s_a, v_b, s_b):
+        v, s = torch.ops.kjit.merge_state(v_a, s_a, v_b, s_b, "e")
+        return v.float() * 2, s
+
+    compiled = torch.compile(f, fullgraph=True)
+    v, s = compiled(v_a, s_a, v_b, s_b)
+    torch.cuda.synchronize()
+    ref_v, ref_s = reference.merge([v_a, v_b], [s_a, s_b], math.e)
+    close(v, 2 * ref_v, 2 * TOL[torch.bfloat16], 2 * TOL[torch.bfloat16])
+    close(s, ref_s, 1e-5, 1e-5)
+
+
+# --- Gated DeltaNet -------------------------------------------------------------------------------
+
+
+def decode_inputs(b, h, hv, k, v, slots, dtype=torch.bfloat16, seed=0):
+    torch.manual_seed(seed)
+    qkv = torch.randn(b, 2 * h * k + hv * v, device=DEV).to(dtype)
+    a = torch.randn(b, hv, device=DEV).to(dtype)
+    bb = torch.randn(b, hv, device=DEV).to(dtype)
+    a_log = torch.randn(hv, device=DEV) * 0.5
+    dt_bias = torch.randn(hv, device=DEV).to(dtype)
+    state = torch.randn(slots, hv, v, k, device=DEV) * 0.1
+    return qkv, a, bb, a_log, dt_bias, state
+
+
+@pytest.mark.parametrize("b,h,hv,k,v", [(1, 1, 1, 16, 16), (7, 2, 4, 64, 128),
+                                        (33, 4, 8, 128, 128), (3, 1, 2, 256, 64)])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_gdn_decode(b, h, hv, k, v, index_dtype):
+    slots = b + 3
+    qkv, a, bb, a_log, dt_bias, state = decode_inputs(b, h, hv, k, v, slots, seed=b * 31 + k)
+    idx = torch.randperm(slots, device=DEV)[:b].to(index_dtype)
+    if b > 2:
+        idx[1] = -1  # padding row: zeros out, pool untouched
+    pool = state.clone()
+    out = poison((b, hv, v), torch.bfloat16)
+    got = kjit.gdn_decode(qkv, a, bb, a_log, dt_bias, state, idx, out)
+    assert got is out
+    torch.cuda.synchronize()
+    g = -torch.exp(a_log.double()) * reference.softplus(a.double() + dt_bias.double(), 20.0)
+    beta = torch.sigmoid(bb.double())
+    ref_out, ref_pool = reference.gdn_decode(qkv, g, beta, pool, idx, h)
+    scale = ref_out.abs().max().item() + 1e-6
+    close(out, ref_out, TOL[torch.bfloat16], TOL[torch.bfloat16] * scale)
+    close(state, ref_pool, 1e-4, 1e-4)
+
+
+def test_gdn_decode_gated_nonpositive_and_allocated_out():
+    b, h, hv, k, v = 6, 2, 4, 64, 64
+    qkv, _, _, _, _, state = decode_inputs(b, h, hv, k, v, b + 1, dtype=torch.float16)
+    g = -torch.rand(b, hv, device=DEV)
+    beta = torch.rand(b, hv, device=DEV)
+    idx = torch.arange(b, device=DEV, dtype=torch.int32)  # slot 0 is the null block
+    pool = state.clone()
+    out = kjit.gdn_decode_gated(qkv, g, beta, state, idx, invalid_index="nonpositive",
+                                scale=0.3)
+    assert out.shape == (b, hv, v) and out.dtype == torch.float16
+    torch.cuda.synchronize()
+    ref_out, ref_pool = reference.gdn_decode(qkv, g, beta, pool, idx, h, scale=0.3,
+                                             nonpositive=True)
+    close(out, ref_out, TOL[torch.float16], TOL[torch.float16])
+    close(state, ref_pool, 1e-4, 1e-4)
+    assert torch.equal(state[0], pool[0])
+
+
+@pytest.mark.parametrize("lens,hv,kv", [([1, 69, 130], 4, 64), ([64], 2, 128), ([0, 3, 64], 2, 64)])
+def test_gdn_prefill(lens, hv, kv):
+    torch.manual_seed(sum(lens) + hv)
+    h, n = 2 if hv % 2 == 0 else 1, len(lens)
+    t = sum(lens)
+    q = torch.randn(t, h, kv, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(t, h, kv, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn(t, hv, kv, device=DEV, dtype=torch.bfloat16)
+    a = torch.randn(t, hv, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(t, hv, device=DEV, dtype=torch.bfloat16)
+    a_log = torch.randn(hv, device=DEV) * 0.5
+    dt_bias = torch.randn(hv, device=DEV)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device=DEV, dtype=torch.int32)
+    slots = n + 2
+    state = torch.randn(slots, hv, kv, kv, device=DEV) * 0.1
+    idx = torch.randperm(slots, device=DEV)[:n].to(torch.int32)
+    if n > 1:
+        idx[0] = -1  # padding sequence
+    has_initial = torch.ones(n, device=DEV, dtype=torch.bool)
+    has_initial[-1] = False
+    pool = state.clone()
+    out = poison((t, hv, kv), torch.bfloat16)
+    kjit.gdn_prefill(q, k, v, cu, state, idx, a=a, b=b, a_log=a_log, dt_bias=dt_bias,
+                     has_initial_state=has_initial, out=out)
+    torch.cuda.synchronize()
+    g = -torch.exp(a_log.double()) * reference.softplus(a.double() + dt_bias.double(), 20.0)
+    beta = torch.sigmoid(b.double())
+    ref_out, ref_pool, _ = reference.gdn_prefill(q, k, v, g, beta, cu.cpu(), pool, idx.cpu(),
+                                                 has_initial.cpu())
+    scale = ref_out.abs().max().item() + 1e-6
+    close(out, ref_out, 2e-2, 2e-2 * scale)
+    close(state, ref_pool, 2e-3, 2e-3)
