@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# For the GPU machine (no network, torch and triton installed, no fmt/xxhash): unpacks the .deb
+# files and installs the wheels that scripts/fetch_deps.sh put into .deps/, builds and installs
+# the Python package, runs the CPU and GPU pytest suites and the Python benchmark. Logs go to
+# $OUT (default ./out); a compact summary is printed last.
+# Usage: bash scripts/device_python.sh [--quick]   (--quick: fewer benchmark shapes)
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-$root/out}
+mkdir -p "$out" /tmp/deps
+t0=$(date +%s)
+for f in "$root"/.deps/*.deb; do dpkg -x "$f" /tmp/deps; done
+export KJIT_CACHE_DIR=${KJIT_CACHE_DIR:-/tmp/kjit-py-cache}
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
+
+# A venv that sees the system's torch and triton. Without ensurepip (no python3-venv package)
+# the venv is made without pip and the system's pip installs into it.
+venv=/tmp/kjit-py-venv
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv --system-site-packages "$venv" 2>/dev/null ||
+    { rm -rf "$venv"; python3 -m venv --system-site-packages --without-pip "$venv"; }
+fi
+py="$venv/bin/python"
+pip_install() { "$py" -m pip install -q --no-index --find-links "$root/.deps/wheels" "$@"; }
+# NumPy and pytest only when the system lacks them: a second NumPy would shadow torch's.
+need=(nanobind scikit-build-core)
+"$py" -c "import pytest" 2>/dev/null || need+=(pytest)
+"$py" -c "import numpy" 2>/dev/null || need+=(numpy)
+pip_install "${need[@]}" >"$out/pip_deps.log" 2>&1 ||
+  { echo "pip: dependency install failed"; tail -5 "$out/pip_deps.log"; exit 1; }
+pip_install --no-deps fla-core einops >>"$out/pip_deps.log" 2>&1 ||
+  echo "note: fla-core not installed (benchmark anchor unavailable)"
+"$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+
+t1=$(date +%s)
+pip_install --no-build-isolation -v \
+  -C cmake.args="-DCMAKE_PREFIX_PATH=/tmp/deps/usr" -C build-dir=/tmp/kjit-py-build \
+  "$root/python" >"$out/python_build.log" 2>&1 ||
+  { echo "python package build FAILED"; grep -E 'error|Error' "$out/python_build.log" | head -20; exit 1; }
+echo "python package build: $(( $(date +%s) - t1 )) s"
+
+t2=$(date +%s)
+(cd "$root/tests/python" && timeout 300 "$py" -m pytest -q -rs -p no:cacheprovider \
+  --junitxml="$out/pytest.xml" . >"$out/pytest.log" 2>&1)
+rc=$?
+echo "pytest rc=$rc ($(( $(date +%s) - t2 )) s)"
+grep -E '^(FAILED|ERROR|SKIPPED)' "$out/pytest.log" | head -30
+
+t3=$(date +%s)
+timeout 240 "$py" "$root/bench/python/bench_ops.py" "$@" --json "$out/bench_python.json" \
+  >"$out/bench_python.txt" 2>&1
+echo "bench rc=$? ($(( $(date +%s) - t3 )) s)"
+
+echo "===== summary"
+cat "$out/bench_python.txt"
+tail -1 "$out/pytest.log"
+echo "total: $(( $(date +%s) - t0 )) s"
