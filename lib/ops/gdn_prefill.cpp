@@ -235,7 +235,26 @@ struct Choice {
 
 Choice choose_tile(const Problem& pr, const std::string& force, const DeviceLimits& device) {
   Choice choice;
-  const std::vector<int> tiles = value_tiles(pr.k, pr.v);
+  std::vector<int> tiles = value_tiles(pr.k, pr.v);
+  // A tile whose shared memory the device cannot give one block is no choice at all (sm_86 and
+  // sm_89 opt in to 99 KiB: bv64 at K = 128 needs 105.5 KiB there). Forced tiles are left to
+  // the launch check, which names the limit.
+  if (force.empty() || force == "auto") {
+    std::erase_if(tiles, [&](int bv) {
+      const std::int64_t smem = gdn_prefill_smem(static_cast<int>(pr.k), bv).total;
+      if (smem <= device.max_smem_per_block_optin) return false;
+      choice.reasons.push_back(
+          fmt::format("value tile {} rejected: {} bytes of shared memory > {} per block on {}", bv,
+                      smem, device.max_smem_per_block_optin, device.name));
+      return true;
+    });
+    if (tiles.empty()) {
+      throw PlanError(fmt::format(
+          "{}: no value tile fits the {} bytes of shared memory a block may use on {} (K = {}, "
+          "V = {})",
+          kOp, device.max_smem_per_block_optin, device.name, pr.k, pr.v));
+    }
+  }
   if (!force.empty() && force != "auto") {
     for (int bv : {64, 32, 16}) {
       if (force == fmt::format("bv{}", bv)) {
@@ -361,7 +380,7 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
                      options.force_mode));
   }
   Runtime& runtime = options.runtime != nullptr ? *options.runtime : Runtime::global();
-  const int device = options.device >= 0 ? options.device : runtime.current_device();
+  const int device = runtime.device_of(stream, options.device);
 
   Signature sig{};
   sig.device = device;
