@@ -46,6 +46,8 @@ struct CacheStats {
   std::uint64_t bundle_hits = 0;
   std::uint64_t disk_hits = 0;
   std::uint64_t compiles = 0;
+  /// Kernels loaded onto a device (once per spec and device).
+  std::uint64_t loads = 0;
   /// Entries found corrupt, truncated or foreign: treated as misses and replaced.
   std::uint64_t corrupt_entries = 0;
   /// Entries that could not be written (the cache then runs memory-only).
@@ -80,6 +82,11 @@ class Runtime {
   int device_count();
   /// The device of the calling thread's current context, or 0 when none is current.
   int current_device();
+  /// The device a call on `stream` runs on: the stream's device, or for the default stream
+  /// `requested` (when >= 0) or the current context's device (0 when none is current).
+  /// InvalidArgument when `requested` names another device than the stream's, or when the
+  /// stream belongs to a context that is not its device's primary context.
+  int device_of(Stream stream, int requested = -1);
   /// Limits of a live device, from the driver.
   DeviceLimits device_limits(int device);
 
@@ -94,7 +101,8 @@ class Runtime {
 
   /// Checks `shape` against the device and the function, then launches the kernel with one
   /// by-value parameter block of `params_size` bytes. Throws PlanError before the driver
-  /// sees an illegal launch.
+  /// sees an illegal launch, and InvalidArgument when `stream` belongs to another device's
+  /// context (the default stream runs on the kernel's device).
   void launch(const LoadedKernel& kernel, const LaunchShape& shape, Stream stream,
               const void* params, std::size_t params_size);
 
@@ -103,6 +111,9 @@ class Runtime {
   struct ResolvedPlan {
     Plan plan;
     int device = 0;
+    /// The primary context (CUcontext) of `device`: launches check that the stream belongs to
+    /// it, so one device's function handles never reach another device's stream.
+    void* context = nullptr;
     std::vector<const LoadedKernel*> kernels;
   };
 

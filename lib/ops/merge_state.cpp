@@ -609,7 +609,7 @@ void run(const Prepared& prepared, const MergeStateOptions& options, Stream stre
   const Problem& problem = prepared.problem;
   if (problem.tokens == 0 || problem.heads == 0) return;
   Runtime& runtime = options.runtime != nullptr ? *options.runtime : Runtime::global();
-  const int device = options.device >= 0 ? options.device : runtime.current_device();
+  const int device = runtime.device_of(stream, options.device);
   Signature sig{};
   sig.op = static_cast<std::int64_t>(problem.op);
   sig.in = static_cast<std::int64_t>(problem.in);

@@ -17,6 +17,8 @@ class LoadedKernel {
  public:
   std::shared_ptr<const CompiledKernel> compiled;
   int device = 0;
+  /// The primary context of `device`, which `function` belongs to.
+  CUcontext context = nullptr;
   /// Limits of `device`, taken at load time so that checked launches need no lookup.
   DeviceLimits device_limits;
   driver::LoadedLibrary library;

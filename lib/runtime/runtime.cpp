@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -33,6 +34,17 @@ namespace kjit {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Devices whose primary context is tracked lock-free; a process with more devices still works,
+// but device_of() then names such a device only through the slower lookup.
+constexpr int kMaxDevices = 64;
+
+// The special handles that mean "the default stream of the current context".
+bool is_default_stream(Stream stream) {
+  const auto handle = reinterpret_cast<std::uintptr_t>(stream);
+  return handle == 0 || handle == reinterpret_cast<std::uintptr_t>(CU_STREAM_LEGACY) ||
+         handle == reinterpret_cast<std::uintptr_t>(CU_STREAM_PER_THREAD);
+}
 
 // Lets the plan memo be searched with a string_view of signature bytes, allocation-free.
 struct SignatureHash {
@@ -77,6 +89,12 @@ struct Runtime::Impl {
   std::mutex limits_mutex;
   std::map<int, DeviceLimits> device_limits;
   std::map<int, std::unique_ptr<driver::PrimaryContext>> contexts;
+  // The primary context of each device once retained, readable without a lock: the per-call
+  // device lookup (device_of) and the launch-time context check scan this.
+  std::array<std::atomic<CUcontext>, kMaxDevices> primary{};
+  // Serializes library loads per device, so a kernel is loaded once per device even when
+  // threads race for it; loads on different devices run in parallel.
+  std::map<int, std::unique_ptr<std::mutex>> load_mutexes;
 
   mutable std::shared_mutex memo_mutex;
   std::unordered_map<std::string, std::unique_ptr<ResolvedPlan>, SignatureHash, std::equal_to<>>
@@ -86,11 +104,17 @@ struct Runtime::Impl {
   std::atomic<std::uint64_t> bundle_hits{0};
   std::atomic<std::uint64_t> disk_hits{0};
   std::atomic<std::uint64_t> compiles{0};
+  std::atomic<std::uint64_t> loads{0};
 
-  // Set once a sticky device fault was seen: every later call reports it.
-  std::atomic<bool> faulted{false};
+  // A sticky fault poisons one device's context, not the others': one bit per device (devices
+  // past 63 share the last bit, which errs on the side of refusing), and its message.
+  std::atomic<std::uint64_t> faulted{0};
   std::mutex fault_mutex;
-  std::string fault_message;
+  std::map<int, std::string> fault_messages;
+
+  static std::uint64_t fault_bit(int device) {
+    return std::uint64_t{1} << std::min(std::max(device, 0), 63);
+  }
 
   compile::Compiler& get_compiler() {
     std::lock_guard lock(compiler_mutex);
@@ -170,25 +194,53 @@ struct Runtime::Impl {
     return std::make_shared<const CompiledKernel>(std::move(kernel));
   }
 
-  void throw_if_faulted() {
-    if (faulted.load(std::memory_order_acquire)) {
+  void throw_if_faulted(int device) {
+    if ((faulted.load(std::memory_order_acquire) & fault_bit(device)) != 0) {
       std::lock_guard lock(fault_mutex);
-      throw DriverError(fault_message);
+      auto it = fault_messages.find(device);
+      throw DriverError(it != fault_messages.end()
+                            ? it->second
+                            : fmt::format("device {} reported a sticky fault earlier", device));
     }
   }
 
-  // Launch errors that poison the context make every later call fail with the same story.
-  [[noreturn]] void report_launch_error(const DriverError& error) {
+  // Launch errors that poison a device's context make every later call on that device fail
+  // with the same story; other devices keep working.
+  [[noreturn]] void report_launch_error(const DriverError& error, int device) {
     if (driver::is_sticky(static_cast<CUresult>(error.result()))) {
       std::lock_guard lock(fault_mutex);
-      fault_message = fmt::format(
-          "the device reported a sticky fault ({}); the CUDA context is unusable and this "
-          "process must restart before launching again",
-          error.what());
-      faulted.store(true, std::memory_order_release);
-      throw DriverError(fault_message, error.result(), error.call());
+      std::string& message = fault_messages[device];
+      message = fmt::format(
+          "device {} reported a sticky fault ({}); its CUDA context is unusable and this "
+          "process must restart before launching on it again",
+          device, error.what());
+      faulted.fetch_or(fault_bit(device), std::memory_order_release);
+      throw DriverError(message, error.result(), error.call());
     }
     throw error;
+  }
+
+  // The retained primary context of `device`, retaining it on first use.
+  CUcontext primary_context(int device) {
+    if (device >= 0 && device < kMaxDevices) {
+      if (CUcontext known = primary[device].load(std::memory_order_acquire)) return known;
+    }
+    std::lock_guard lock(limits_mutex);
+    auto& context = contexts[device];
+    if (!context) context = std::make_unique<driver::PrimaryContext>(device);
+    if (device >= 0 && device < kMaxDevices) {
+      primary[device].store(context->get(), std::memory_order_release);
+    }
+    return context->get();
+  }
+
+  // The device whose retained primary context is `context`, or -1.
+  int device_of_primary(CUcontext context) const {
+    for (int device = 0; device < kMaxDevices; ++device) {
+      const CUcontext known = primary[device].load(std::memory_order_acquire);
+      if (known == context) return device;
+    }
+    return -1;
   }
 };
 
@@ -269,6 +321,47 @@ int Runtime::current_device() {
   return static_cast<int>(device);
 }
 
+int Runtime::device_of(Stream stream, int requested) {
+  const driver::DriverApi& cu = driver::driver_api(impl_->settings.cuda_driver_library);
+  CUcontext context = nullptr;
+  if (is_default_stream(stream)) {
+    // The default stream of whatever device is asked for: launch() makes that device's primary
+    // context current for the launch when another one is.
+    if (requested >= 0) return requested;
+    if (cu.cuCtxGetCurrent(&context) != CUDA_SUCCESS || context == nullptr) return 0;
+  } else {
+    driver::check(cu.cuStreamGetCtx(reinterpret_cast<CUstream>(stream), &context),
+                  "cuStreamGetCtx");
+  }
+  int device = impl_->device_of_primary(context);
+  if (device < 0) {
+    // Not a context seen before: ask the driver which device it is on (switching to it for the
+    // question), then whether it is that device's primary context.
+    CUdevice ordinal = 0;
+    {
+      driver::ScopedContext scoped(context);
+      driver::check(cu.cuCtxGetDevice(&ordinal), "cuCtxGetDevice");
+    }
+    device = static_cast<int>(ordinal);
+    if (impl_->primary_context(device) != context) {
+      throw InvalidArgument(fmt::format(
+          "stream {}: its CUDA context ({}) on device {} is not the device's primary context; "
+          "kjit loads kernels into primary contexts (those the CUDA runtime and PyTorch use), "
+          "so a stream of another context cannot run them. Use a stream created in the primary "
+          "context (cudaStreamCreate, torch.cuda.Stream)",
+          is_default_stream(stream) ? "default" : fmt::format("{}", static_cast<void*>(stream)),
+          static_cast<void*>(context), device));
+    }
+  }
+  if (requested >= 0 && requested != device) {
+    throw InvalidArgument(fmt::format(
+        "options.device = {}, but stream {} belongs to device {}: pass a stream of device {}, "
+        "or leave options.device at -1 to run on the stream's device",
+        requested, static_cast<void*>(stream), device, requested));
+  }
+  return device;
+}
+
 DeviceLimits Runtime::device_limits(int device) {
   std::lock_guard lock(impl_->limits_mutex);
   auto it = impl_->device_limits.find(device);
@@ -285,7 +378,7 @@ DeviceLimits Runtime::device_limits(int device) {
 }
 
 const LoadedKernel& Runtime::load(const KernelSpec& spec, int device, Stream stream) {
-  impl_->throw_if_faulted();
+  impl_->throw_if_faulted(device);
   const std::pair<std::string, int> id(spec.str(), device);
   {
     std::lock_guard lock(impl_->loaded_mutex);
@@ -305,24 +398,36 @@ const LoadedKernel& Runtime::load(const KernelSpec& spec, int device, Stream str
         "the op once) before capturing, or set KJIT_ALLOW_COMPILE_IN_CAPTURE=1",
         spec.str(), device));
   }
+  // Compiling is single-flight across devices and needs no context; only the load is per device.
   auto compiled_kernel = compiled(spec);
+  const CUcontext context = impl_->primary_context(device);
+  std::mutex* device_load_mutex = nullptr;
+  {
+    std::lock_guard lock(impl_->loaded_mutex);
+    auto& slot = impl_->load_mutexes[device];
+    if (!slot) slot = std::make_unique<std::mutex>();
+    device_load_mutex = slot.get();
+  }
+  std::lock_guard load_lock(*device_load_mutex);
+  {
+    // Another thread may have loaded it while this one compiled or waited.
+    std::lock_guard lock(impl_->loaded_mutex);
+    if (auto it = impl_->loaded.find(id); it != impl_->loaded.end()) return *it->second;
+  }
   auto kernel = std::make_unique<LoadedKernel>();
   {
     // The primary context of the device must be current while its function handle is made.
-    std::unique_lock lock(impl_->limits_mutex);
-    auto& context = impl_->contexts[device];
-    if (!context) context = std::make_unique<driver::PrimaryContext>(device);
-    lock.unlock();
-    driver::ScopedContext scoped(context->get());
+    driver::ScopedContext scoped(context);
     kernel->compiled = compiled_kernel;
     kernel->device = device;
+    kernel->context = context;
     kernel->device_limits = limits;
     kernel->library = driver::LoadedLibrary(compiled_kernel->cubin);
     kernel->function = kernel->library.function(compiled_kernel->lowered_name);
     kernel->limits = driver::function_limits(kernel->function);
   }
+  impl_->loads.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard lock(impl_->loaded_mutex);
-  // Another thread may have loaded it meanwhile; keep the first so pointers stay unique.
   auto [it, inserted] = impl_->loaded.emplace(id, std::move(kernel));
   return *it->second;
 }
@@ -333,9 +438,40 @@ void Runtime::prewarm(const std::vector<KernelSpec>& specs, int device) {
 
 FunctionLimits Runtime::function_limits(const LoadedKernel& kernel) const { return kernel.limits; }
 
+namespace {
+
+// Launches `function` (made in `context`) on `stream`, never on a stream of another context:
+// a real stream must belong to `context`; the default stream is taken as `context`'s, which is
+// made current for the launch when another context is.
+void launch_in_context(const driver::DriverApi& cu, CUcontext context, int device,
+                       CUfunction function, const LaunchShape& shape, Stream stream, void** args) {
+  if (is_default_stream(stream)) {
+    CUcontext current = nullptr;
+    (void)cu.cuCtxGetCurrent(&current);
+    if (current != context) {
+      driver::ScopedContext scoped(context);
+      driver::launch(function, shape, reinterpret_cast<CUstream>(stream), args);
+      return;
+    }
+  } else {
+    CUcontext owner = nullptr;
+    driver::check(cu.cuStreamGetCtx(reinterpret_cast<CUstream>(stream), &owner), "cuStreamGetCtx");
+    if (owner != context) {
+      throw InvalidArgument(fmt::format(
+          "stream {} belongs to CUDA context {}, not to the primary context of device {} that "
+          "the kernel was loaded in: launching it there would use one device's function handle "
+          "on another. Pass options.device matching the stream (or -1), or a stream of device {}",
+          static_cast<void*>(stream), static_cast<void*>(owner), device, device));
+    }
+  }
+  driver::launch(function, shape, reinterpret_cast<CUstream>(stream), args);
+}
+
+}  // namespace
+
 void Runtime::launch(const LoadedKernel& kernel, const LaunchShape& shape, Stream stream,
                      const void* params, std::size_t params_size) {
-  impl_->throw_if_faulted();
+  impl_->throw_if_faulted(kernel.device);
   // The device's limits were taken when the kernel was loaded: no lock and no copy here, and
   // the error text is only built when a check fails.
   const std::vector<LimitCheck> checks = check_launch(shape, kernel.device_limits, kernel.limits);
@@ -345,16 +481,18 @@ void Runtime::launch(const LoadedKernel& kernel, const LaunchShape& shape, Strea
   (void)params_size;
   void* args[] = {const_cast<void*>(params)};
   try {
-    driver::launch(kernel.function, shape, reinterpret_cast<CUstream>(stream), args);
+    launch_in_context(driver::loaded_api(), kernel.context, kernel.device, kernel.function, shape,
+                      stream, args);
   } catch (const DriverError& error) {
-    impl_->report_launch_error(error);
+    impl_->report_launch_error(error, kernel.device);
   }
 }
 
 Runtime::ResolvedPlan Runtime::resolve(Plan plan, int device, Stream stream) {
   ResolvedPlan resolved;
   resolved.device = device;
-  const DeviceLimits limits = device_limits(device);
+  const DeviceLimits limits = device_limits(device);  // InvalidArgument for a bad ordinal
+  resolved.context = impl_->primary_context(device);
   for (std::size_t i = 0; i < plan.launches.size(); ++i) {
     PlannedLaunch& planned = plan.launches[i];
     const LoadedKernel& kernel = load(planned.spec, device, stream);
@@ -370,13 +508,16 @@ Runtime::ResolvedPlan Runtime::resolve(Plan plan, int device, Stream stream) {
 
 void Runtime::launch(const ResolvedPlan& resolved, std::size_t index, Stream stream,
                      const void* params, std::size_t /*params_size*/) {
-  if (impl_->faulted.load(std::memory_order_relaxed)) impl_->throw_if_faulted();
+  if (impl_->faulted.load(std::memory_order_relaxed) != 0) {
+    impl_->throw_if_faulted(resolved.device);
+  }
   void* args[] = {const_cast<void*>(params)};
   try {
-    driver::launch(resolved.kernels[index]->function, resolved.plan.launches[index].shape,
-                   reinterpret_cast<CUstream>(stream), args);
+    launch_in_context(driver::loaded_api(), static_cast<CUcontext>(resolved.context),
+                      resolved.device, resolved.kernels[index]->function,
+                      resolved.plan.launches[index].shape, stream, args);
   } catch (const DriverError& error) {
-    impl_->report_launch_error(error);
+    impl_->report_launch_error(error, resolved.device);
   }
 }
 
@@ -400,6 +541,7 @@ CacheStats Runtime::stats() const {
   stats.bundle_hits = impl_->bundle_hits.load();
   stats.disk_hits = impl_->disk_hits.load();
   stats.compiles = impl_->compiles.load();
+  stats.loads = impl_->loads.load();
   std::lock_guard lock(impl_->compiler_mutex);
   if (impl_->disk) {
     stats.corrupt_entries = impl_->disk->corrupt_entries();

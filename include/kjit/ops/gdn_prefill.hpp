@@ -56,7 +56,8 @@ struct GdnPrefillOptions {
   /// Per-chunk state checkpoints every this many tokens; 0: none. Not supported yet: any other
   /// value is rejected with InvalidArgument.
   std::int64_t checkpoint_every_n_tokens = 0;
-  /// CUDA device ordinal; -1: the calling thread's current device.
+  /// CUDA device ordinal; -1: the stream's device (for the default stream, the calling
+  /// thread's current device). A device other than the stream's is an InvalidArgument.
   int device = -1;
   /// nullptr: Runtime::global().
   Runtime* runtime = nullptr;

@@ -44,7 +44,8 @@ struct MergeStateOptions {
   /// Empty: the planner picks the fastest legal grid mode. Otherwise "token_major" or "flat"
   /// (for tests and benchmarks); PlanError if that mode is not legal for the problem.
   std::string force_mode;
-  /// CUDA device ordinal; -1: Runtime::current_device().
+  /// CUDA device ordinal; -1: the stream's device (for the default stream, the calling
+  /// thread's current device). A device other than the stream's is an InvalidArgument.
   int device = -1;
   /// nullptr: Runtime::global().
   Runtime* runtime = nullptr;
