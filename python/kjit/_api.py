@@ -186,12 +186,10 @@ _OPS = {
 def _shape_text(value) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int):
+    if isinstance(value, (str, int)):
         return str(value)
-    text = str(value)
-    return _dtype_name(value) if text.startswith("torch.") or "float" in text else text
+    # A dtype object: torch.bfloat16, numpy.float16 (a class) or numpy.dtype("float16").
+    return _dtype_name(getattr(value, "__name__", None) or value)
 
 
 def plan(op, arch=None, device=None, **shape):

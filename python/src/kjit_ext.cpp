@@ -767,6 +767,7 @@ std::string dim3_text(const Dim3& d) {
 NB_MODULE(_kjit, m) {
   using namespace kjit;
   using namespace kjit::python;
+  using namespace nb::literals;
   m.doc() = "kjit: run-time specialized GPU kernels (C++ extension; use the kjit package)";
 
   g_name_data_ptr = PyUnicode_InternFromString("data_ptr");
@@ -854,12 +855,34 @@ NB_MODULE(_kjit, m) {
     const bool ok = runtime().driver_available(&why);
     return nb::make_tuple(ok, why);
   });
-  m.def("_merge_state", &kjit::python::merge_state);
-  m.def("_merge_state_in_place", &kjit::python::merge_state_in_place);
-  m.def("_merge_states", &kjit::python::merge_states);
-  m.def("_gdn_decode", &kjit::python::gdn_decode);
-  m.def("_gdn_decode_gated", &kjit::python::gdn_decode_gated);
-  m.def("_gdn_prefill", &kjit::python::gdn_prefill);
+  // Every argument accepts None (an optional tensor or option left out): nanobind refuses None
+  // for an argument unless it is annotated so.
+  m.def("_merge_state", &kjit::python::merge_state, "v_a"_a.none(), "s_a"_a.none(), "v_b"_a.none(),
+        "s_b"_a.none(), "v_out"_a.none(), "s_out"_a.none(), "lse_base"_a.none(),
+        "lse_layout"_a.none(), "pos_inf_as_empty"_a.none(), "mode"_a.none(), "stream"_a.none(),
+        "plan"_a.none(), "arch"_a.none());
+  m.def("_merge_state_in_place", &kjit::python::merge_state_in_place, "v"_a.none(), "s"_a.none(),
+        "v_other"_a.none(), "s_other"_a.none(), "mask"_a.none(), "lse_base"_a.none(),
+        "lse_layout"_a.none(), "pos_inf_as_empty"_a.none(), "mode"_a.none(), "stream"_a.none(),
+        "plan"_a.none(), "arch"_a.none());
+  m.def("_merge_states", &kjit::python::merge_states, "v"_a.none(), "s"_a.none(), "v_out"_a.none(),
+        "s_out"_a.none(), "lse_base"_a.none(), "lse_layout"_a.none(), "pos_inf_as_empty"_a.none(),
+        "mode"_a.none(), "stream"_a.none(), "plan"_a.none(), "arch"_a.none());
+  m.def("_gdn_decode", &kjit::python::gdn_decode, "mixed_qkv"_a.none(), "a"_a.none(), "b"_a.none(),
+        "a_log"_a.none(), "dt_bias"_a.none(), "state"_a.none(), "state_indices"_a.none(),
+        "out"_a.none(), "scale"_a.none(), "l2norm_qk"_a.none(), "softplus_threshold"_a.none(),
+        "invalid_index"_a.none(), "mode"_a.none(), "debug_check_indices"_a.none(),
+        "stream"_a.none(), "plan"_a.none(), "arch"_a.none());
+  m.def("_gdn_decode_gated", &kjit::python::gdn_decode_gated, "mixed_qkv"_a.none(), "g"_a.none(),
+        "beta"_a.none(), "state"_a.none(), "state_indices"_a.none(), "out"_a.none(),
+        "scale"_a.none(), "l2norm_qk"_a.none(), "invalid_index"_a.none(), "mode"_a.none(),
+        "debug_check_indices"_a.none(), "stream"_a.none(), "plan"_a.none(), "arch"_a.none());
+  m.def("_gdn_prefill", &kjit::python::gdn_prefill, "q"_a.none(), "k"_a.none(), "v"_a.none(),
+        "a"_a.none(), "b"_a.none(), "a_log"_a.none(), "dt_bias"_a.none(), "g"_a.none(),
+        "beta"_a.none(), "cu_seqlens"_a.none(), "state"_a.none(), "state_indices"_a.none(),
+        "has_initial_state"_a.none(), "out"_a.none(), "final_state"_a.none(), "scale"_a.none(),
+        "l2norm_qk"_a.none(), "softplus_threshold"_a.none(), "mode"_a.none(), "stream"_a.none(),
+        "plan"_a.none(), "arch"_a.none());
   m.def("_plan_shape", &plan_shape);
   m.def("_op_params", [](const std::string& name) {
     std::vector<nb::tuple> out;
