@@ -311,10 +311,10 @@ Settings suite_settings() {
 TEST_CASE("multi-device: every op from two threads per device, each checked against float64") {
   test::runtime();  // the suite's context and driver first
   const int devices = test::runtime().device_count();
-  MESSAGE("devices: " << devices
-                      << (devices < 2 ? " (one GPU: two threads share it; the cross-device "
-                                        "checks need a second GPU)"
-                                      : ""));
+  const std::string note = devices < 2 ? " (one GPU: two threads share it; the cross-device "
+                                         "checks need a second GPU)"
+                                       : "";
+  MESSAGE("devices: " << devices << note);
   // A runtime of its own, so that its load counter sees only this test.
   Runtime runtime(suite_settings());
   const std::uint64_t seed = test::fresh_seed();
