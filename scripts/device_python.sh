@@ -13,27 +13,30 @@ for f in "$root"/.deps/*.deb; do dpkg -x "$f" /tmp/deps; done
 export KJIT_CACHE_DIR=${KJIT_CACHE_DIR:-/tmp/kjit-py-cache}
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
 
-# A venv that sees the system's torch and triton. Without ensurepip (no python3-venv package)
-# the venv is made without pip and the system's pip installs into it.
-venv=/tmp/kjit-py-venv
-if [ ! -x "$venv/bin/python" ]; then
-  python3 -m venv --system-site-packages "$venv" 2>/dev/null ||
-    { rm -rf "$venv"; python3 -m venv --system-site-packages --without-pip "$venv"; }
+# No venv: the machine's python3 (the one holding torch) may itself be a venv, whose packages a
+# --system-site-packages venv would not see. Everything installs into a target folder on
+# PYTHONPATH instead; the image already has nanobind, scikit-build-core, pytest and numpy.
+py=python3
+site=/tmp/kjit-py-site
+mkdir -p "$site"
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+pip_install() {
+  "$py" -m pip install -q --no-index --find-links "$root/.deps/wheels" --target "$site" "$@"
+}
+need=()
+for module in nanobind scikit_build_core pytest numpy; do
+  "$py" -c "import $module" 2>/dev/null || need+=("${module//_/-}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  pip_install "${need[@]}" >"$out/pip_deps.log" 2>&1 ||
+    { echo "pip: dependency install failed"; tail -5 "$out/pip_deps.log"; exit 1; }
 fi
-py="$venv/bin/python"
-pip_install() { "$py" -m pip install -q --no-index --find-links "$root/.deps/wheels" "$@"; }
-# NumPy and pytest only when the system lacks them: a second NumPy would shadow torch's.
-need=(nanobind scikit-build-core)
-"$py" -c "import pytest" 2>/dev/null || need+=(pytest)
-"$py" -c "import numpy" 2>/dev/null || need+=(numpy)
-pip_install "${need[@]}" >"$out/pip_deps.log" 2>&1 ||
-  { echo "pip: dependency install failed"; tail -5 "$out/pip_deps.log"; exit 1; }
 pip_install --no-deps fla-core einops >>"$out/pip_deps.log" 2>&1 ||
   echo "note: fla-core not installed (benchmark anchor unavailable)"
 "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 
 t1=$(date +%s)
-pip_install --no-build-isolation -v \
+pip_install --no-build-isolation --no-deps -v \
   -C cmake.args="-DCMAKE_PREFIX_PATH=/tmp/deps/usr" -C build-dir=/tmp/kjit-py-build \
   "$root/python" >"$out/python_build.log" 2>&1 ||
   { echo "python package build FAILED"; grep -E 'error|Error' "$out/python_build.log" | head -20; exit 1; }
