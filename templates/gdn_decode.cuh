@@ -2,15 +2,25 @@
 // Gated DeltaNet packed decode: one recurrent step for B rows of [q | k | v], the state of each
 // row read from and written back to a slot of a pool [slots, HV, V, K] (K contiguous).
 //
-// One block owns one state tile [kBV, K] of one (row n, value head hv): it is read once with
-// 16-byte (kVecBytes) loads, updated in registers and written once, so the kernel moves the
-// bandwidth floor 2 * B * HV * V * K * sizeof(state) plus the small q/k/v/gate reads.
+// The work is split into state tiles [kBV, K] of one (row n, value head hv); each is read once
+// with kVecBytes-wide accesses, updated in registers and written once, so the kernel moves the
+// bandwidth floor 2 * B * HV * V * K * sizeof(state) plus the small q/k/v/gate reads. How
+// blocks get their tiles is the grid mode:
+// - flat / split / folded: one tile per block (folded: a grid-stride loop once x runs out).
+//   Every load of a tile is issued before the first is waited for; latency is hidden by the
+//   many resident blocks.
+// - persistent: about as many blocks as fit on the device, each walking tiles with a stride of
+//   the grid; the state and inputs of the next tile are loaded into a second register set
+//   while the current tile is reduced and written, so an SM's loads never drain between tiles.
+// - bulk (sm_90): persistent blocks whose state tiles arrive through the bulk copy engine
+//   (cp.async.bulk, completing on an mbarrier) into a ring of kStages shared-memory stages;
+//   one thread keeps kStages tiles in flight per block with no registers spent on them, the
+//   other threads only read shared memory, compute and store.
 //
 // Thread layout: a row of K elements is kChunks chunks of kVecBytes; kLanesPerRow lanes (a
 // power of two <= 32) split a row, so a warp covers kRowsPerWarp adjacent rows (adjacent in
 // memory: one coalesced access per instruction) and each thread repeats that for
-// kRowsPerThread rows. H.k and H.q are sub-warp shuffle reductions; no shared memory, no
-// barriers, so a block whose index is invalid can leave early.
+// kRowsPerThread rows. H.k and H.q are sub-warp shuffle reductions.
 //
 // Math per row v of the tile (all f32), with alpha = exp(g):
 //   dk = H_old.k, dq = H_old.q
@@ -54,51 +64,118 @@ __device__ __forceinline__ unsigned int f32_to_bits16<__nv_bfloat16>(float x) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(x));
 }
 
-/// kBytes / 4 raw 32-bit words read with one vector load. Streaming hint (.cs): the state is
-/// touched once per step, so it should not evict q/k/v and gates from L2.
-template <int kBytes>
-__device__ __forceinline__ void load_words(const void* ptr, unsigned int (&w)[kBytes / 4]) {
-  if constexpr (kBytes == 16) {
-    const uint4 v = __ldcs(static_cast<const uint4*>(ptr));
-    w[0] = v.x;
-    w[1] = v.y;
-    w[2] = v.z;
-    w[3] = v.w;
-  } else if constexpr (kBytes == 8) {
-    const uint2 v = __ldcs(static_cast<const uint2*>(ptr));
-    w[0] = v.x;
-    w[1] = v.y;
+/// kBytes / 4 raw 32-bit words (kBytes == 2: one 16-bit word) read with one vector load, with
+/// the cache hint kHint (GdnCacheHint): .cs streams (evict first: the state is touched once per
+/// step and should not evict q/k/v and gates from L2), plain leaves the default policy, and
+/// L2::256B asks L2 to fetch whole 256-byte blocks from memory (fewer, larger DRAM bursts).
+template <int kBytes, int kHint>
+__device__ __forceinline__ void load_words(const void* ptr,
+                                           unsigned int (&w)[kBytes >= 4 ? kBytes / 4 : 1]) {
+  if constexpr (kHint == kGdnHintL2Prefetch) {
+    if constexpr (kBytes == 16) {
+      asm volatile("ld.global.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                   : "l"(ptr));
+    } else if constexpr (kBytes == 8) {
+      asm volatile("ld.global.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];"
+                   : "=r"(w[0]), "=r"(w[1])
+                   : "l"(ptr));
+    } else if constexpr (kBytes == 4) {
+      asm volatile("ld.global.L1::no_allocate.L2::256B.u32 %0, [%1];" : "=r"(w[0]) : "l"(ptr));
+    } else {
+      unsigned short h;
+      asm volatile("ld.global.L1::no_allocate.L2::256B.u16 %0, [%1];" : "=h"(h) : "l"(ptr));
+      w[0] = h;
+    }
   } else {
-    static_assert(kBytes == 4, "vector width must be 4, 8 or 16 bytes here");
-    w[0] = __ldcs(static_cast<const unsigned int*>(ptr));
+    constexpr bool kStream = kHint == kGdnHintStream;
+    if constexpr (kBytes == 16) {
+      const uint4* p = static_cast<const uint4*>(ptr);
+      const uint4 v = kStream ? __ldcs(p) : *p;
+      w[0] = v.x;
+      w[1] = v.y;
+      w[2] = v.z;
+      w[3] = v.w;
+    } else if constexpr (kBytes == 8) {
+      const uint2* p = static_cast<const uint2*>(ptr);
+      const uint2 v = kStream ? __ldcs(p) : *p;
+      w[0] = v.x;
+      w[1] = v.y;
+    } else if constexpr (kBytes == 4) {
+      const unsigned int* p = static_cast<const unsigned int*>(ptr);
+      w[0] = kStream ? __ldcs(p) : *p;
+    } else {
+      const unsigned short* p = static_cast<const unsigned short*>(ptr);
+      w[0] = kStream ? __ldcs(p) : *p;
+    }
   }
 }
 
-template <int kBytes>
-__device__ __forceinline__ void store_words(void* ptr, const unsigned int (&w)[kBytes / 4]) {
+/// The store twin of load_words: .cs (evict first) or plain (write-back, default policy).
+template <int kBytes, int kHint>
+__device__ __forceinline__ void store_words(void* ptr,
+                                            const unsigned int (&w)[kBytes >= 4 ? kBytes / 4 : 1]) {
+  constexpr bool kStream = kHint == kGdnHintStream;
   if constexpr (kBytes == 16) {
-    __stcs(static_cast<uint4*>(ptr), make_uint4(w[0], w[1], w[2], w[3]));
+    uint4* p = static_cast<uint4*>(ptr);
+    const uint4 v = make_uint4(w[0], w[1], w[2], w[3]);
+    if constexpr (kStream) {
+      __stcs(p, v);
+    } else {
+      *p = v;
+    }
   } else if constexpr (kBytes == 8) {
-    __stcs(static_cast<uint2*>(ptr), make_uint2(w[0], w[1]));
+    uint2* p = static_cast<uint2*>(ptr);
+    const uint2 v = make_uint2(w[0], w[1]);
+    if constexpr (kStream) {
+      __stcs(p, v);
+    } else {
+      *p = v;
+    }
+  } else if constexpr (kBytes == 4) {
+    unsigned int* p = static_cast<unsigned int*>(ptr);
+    if constexpr (kStream) {
+      __stcs(p, w[0]);
+    } else {
+      *p = w[0];
+    }
   } else {
-    static_assert(kBytes == 4, "vector width must be 4, 8 or 16 bytes here");
-    __stcs(static_cast<unsigned int*>(ptr), w[0]);
+    unsigned short* p = static_cast<unsigned short*>(ptr);
+    const auto h = static_cast<unsigned short>(w[0]);
+    if constexpr (kStream) {
+      __stcs(p, h);
+    } else {
+      *p = h;
+    }
   }
 }
 
 /// One chunk of kBytes of a state row: raw bits in flight, unpacked to f32 later, so that
-/// every load of a thread is issued before the first one is waited for.
-template <typename T, int kBytes>
+/// every load of a thread is issued before the first one is waited for. kLoadHint and
+/// kStoreHint: GdnCacheHint of the pool accesses.
+template <typename T, int kBytes, int kLoadHint = kGdnHintStream, int kStoreHint = kGdnHintStream>
 struct Chunk {
   static constexpr int kElems = kBytes / int(sizeof(T));
   static constexpr int kWords = kBytes >= 4 ? kBytes / 4 : 1;
   unsigned int w[kWords];
 
-  __device__ __forceinline__ void load(const T* ptr) {
-    if constexpr (kBytes == 2) {
-      w[0] = __ldcs(reinterpret_cast<const unsigned short*>(ptr));
+  __device__ __forceinline__ void load(const T* ptr) { load_words<kBytes, kLoadHint>(ptr, w); }
+  /// Plain load (no cache hint), for a tile already staged in shared memory.
+  __device__ __forceinline__ void load_plain(const T* ptr) {
+    if constexpr (kBytes == 16) {
+      const uint4 v = *reinterpret_cast<const uint4*>(ptr);
+      w[0] = v.x;
+      w[1] = v.y;
+      w[2] = v.z;
+      w[3] = v.w;
+    } else if constexpr (kBytes == 8) {
+      const uint2 v = *reinterpret_cast<const uint2*>(ptr);
+      w[0] = v.x;
+      w[1] = v.y;
+    } else if constexpr (kBytes == 4) {
+      w[0] = *reinterpret_cast<const unsigned int*>(ptr);
     } else {
-      load_words<kBytes>(ptr, w);
+      w[0] = *reinterpret_cast<const unsigned short*>(ptr);
     }
   }
   __device__ __forceinline__ void unpack(float (&x)[kElems]) const {
@@ -128,13 +205,7 @@ struct Chunk {
       }
     }
   }
-  __device__ __forceinline__ void store(T* ptr) const {
-    if constexpr (kBytes == 2) {
-      __stcs(reinterpret_cast<unsigned short*>(ptr), static_cast<unsigned short>(w[0]));
-    } else {
-      store_words<kBytes>(ptr, w);
-    }
-  }
+  __device__ __forceinline__ void store(T* ptr) const { store_words<kBytes, kStoreHint>(ptr, w); }
 };
 
 template <int kInvalidRule>
@@ -145,201 +216,471 @@ __device__ __forceinline__ bool invalid_slot(long long slot, long long num_slots
   return below || slot >= num_slots;
 }
 
-/// Processes state tile `vt` of (row n, value head hv). Whole-block uniform: every thread of the
-/// block takes the same branches.
+/// Row n, value head hv and V tile vt of a tile id. Tiles of one (n, hv) are adjacent ids, so
+/// neighbouring blocks stream adjacent memory.
+struct TileCoord {
+  u32 n, hv, vt;
+};
+template <u32 kTiles>
+__device__ __forceinline__ TileCoord tile_coord(const GdnDecodeParams& p, u64 id) {
+  const u64 nh = id / kTiles;
+  return TileCoord{static_cast<u32>(nh / p.num_value_heads),
+                   static_cast<u32>(nh % p.num_value_heads), static_cast<u32>(id % kTiles)};
+}
+
+/// One state tile's worth of work for this thread: the raw inputs (loads issued, not yet
+/// waited for), the raw state words, and the arithmetic that turns them into the new state
+/// and the output. The phases are separate so that the persistent modes can issue the loads of
+/// the next tile before finishing the current one.
 template <typename QkvT, typename GateT, typename ALogT, typename DtBiasT, typename StateT,
           typename OutT, typename IndexT, int kK, int kV, int kBV, int kWarps, int kVecBytes,
-          bool kGated, bool kL2Norm, int kInvalidRule>
-__device__ __forceinline__ void decode_tile(const GdnDecodeParams& p, u32 n, u32 hv, u32 vt) {
-  using StateChunk = Chunk<StateT, kVecBytes>;
-  constexpr int kVec = StateChunk::kElems;
-  constexpr int kChunks = kK / kVec;
-  constexpr int kLanesPerRow = kChunks >= 32 ? 32 : pow2_at_least(kChunks);
-  constexpr int kChunksPerLane = (kChunks + kLanesPerRow - 1) / kLanesPerRow;
-  constexpr bool kRagged = kChunks % kLanesPerRow != 0;
-  constexpr int kRowsPerWarp = 32 / kLanesPerRow;
-  constexpr int kRowsPerThread = kBV / (kWarps * kRowsPerWarp);
-  constexpr int kElems = kChunksPerLane * kVec;
+          int kLoadHint, int kStoreHint, bool kGated, bool kL2Norm, int kInvalidRule>
+struct TileDecoder {
+  using StateChunk = Chunk<StateT, kVecBytes, kLoadHint, kStoreHint>;
+  static constexpr int kVec = StateChunk::kElems;
+  static constexpr int kChunks = kK / kVec;
+  static constexpr int kLanesPerRow = kChunks >= 32 ? 32 : pow2_at_least(kChunks);
+  static constexpr int kChunksPerLane = (kChunks + kLanesPerRow - 1) / kLanesPerRow;
+  static constexpr bool kRagged = kChunks % kLanesPerRow != 0;
+  static constexpr int kRowsPerWarp = 32 / kLanesPerRow;
+  static constexpr int kRowsPerThread = kBV / (kWarps * kRowsPerWarp);
+  static constexpr int kElems = kChunksPerLane * kVec;
 
-  const int lane = static_cast<int>(threadIdx.x & 31u);
-  const int warp = static_cast<int>(threadIdx.x >> 5);
-  const int sub = lane % kLanesPerRow;
-  const int row_in_warp = lane / kLanesPerRow;
+  /// q/k/v/gates of one tile as stored (converted only in finish, so loading never waits).
+  struct Inputs {
+    QkvT q[kElems];
+    QkvT k[kElems];
+    QkvT v[kRowsPerThread];
+    GateT a, b;
+    ALogT a_log;
+    DtBiasT dt_bias;
+  };
+  struct State {
+    StateChunk raw[kRowsPerThread][kChunksPerLane];
+  };
+
+  int warp, sub, row_in_warp;
+
+  __device__ __forceinline__ TileDecoder()
+      : warp(static_cast<int>(threadIdx.x >> 5)),
+        sub(static_cast<int>(threadIdx.x & 31u) % kLanesPerRow),
+        row_in_warp(static_cast<int>(threadIdx.x & 31u) / kLanesPerRow) {}
+
   // Local row of repetition r: warps interleave, so one instruction of a warp touches
   // kRowsPerWarp adjacent rows.
-  auto local_row = [&](int r) { return (r * kWarps + warp) * kRowsPerWarp + row_in_warp; };
-  auto chunk_of = [&](int j) { return j * kLanesPerRow + sub; };
-  auto chunk_live = [&](int j) { return !kRagged || chunk_of(j) < kChunks; };
+  __device__ __forceinline__ int local_row(int r) const {
+    return (r * kWarps + warp) * kRowsPerWarp + row_in_warp;
+  }
+  __device__ __forceinline__ int chunk_of(int j) const { return j * kLanesPerRow + sub; }
+  __device__ __forceinline__ bool chunk_live(int j) const {
+    return !kRagged || chunk_of(j) < kChunks;
+  }
 
-  const long long slot = static_cast<long long>(
-      static_cast<const IndexT*>(p.indices)[static_cast<i64>(n) * p.index_stride]);
-  OutT* out = static_cast<OutT*>(p.out) + static_cast<i64>(n) * p.out_row_stride +
-              static_cast<i64>(hv) * kV + static_cast<i64>(vt) * kBV;
-  if (invalid_slot<kInvalidRule>(slot, p.num_slots)) {
+  __device__ __forceinline__ long long load_slot(const GdnDecodeParams& p, u32 n) const {
+    return static_cast<long long>(
+        static_cast<const IndexT*>(p.indices)[static_cast<i64>(n) * p.index_stride]);
+  }
+  __device__ __forceinline__ bool invalid(const GdnDecodeParams& p, long long slot) const {
+    return invalid_slot<kInvalidRule>(slot, p.num_slots);
+  }
+  __device__ __forceinline__ static StateT* tile_ptr(const GdnDecodeParams& p, long long slot,
+                                                     TileCoord c) {
+    return static_cast<StateT*>(p.state) + slot * p.state_slot_stride +
+           (static_cast<i64>(c.hv) * kV + static_cast<i64>(c.vt) * kBV) * kK;
+  }
+  __device__ __forceinline__ OutT* out_ptr(const GdnDecodeParams& p, TileCoord c) const {
+    return static_cast<OutT*>(p.out) + static_cast<i64>(c.n) * p.out_row_stride +
+           static_cast<i64>(c.hv) * kV + static_cast<i64>(c.vt) * kBV;
+  }
+
+  /// Streaming loads of this thread's state words straight from the pool.
+  __device__ __forceinline__ void load_state(const GdnDecodeParams& p, long long slot, TileCoord c,
+                                             State& s) const {
+    const StateT* tile = tile_ptr(p, slot, c);
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) {
+#pragma unroll
+      for (int j = 0; j < kChunksPerLane; ++j) {
+        if (chunk_live(j)) s.raw[r][j].load(tile + local_row(r) * kK + chunk_of(j) * kVec);
+      }
+    }
+  }
+  /// This thread's state words from a tile staged in shared memory ([kBV, K], as in the pool).
+  __device__ __forceinline__ void load_state_staged(const StateT* tile, State& s) const {
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) {
+#pragma unroll
+      for (int j = 0; j < kChunksPerLane; ++j) {
+        if (chunk_live(j)) s.raw[r][j].load_plain(tile + local_row(r) * kK + chunk_of(j) * kVec);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void load_inputs(const GdnDecodeParams& p, TileCoord c,
+                                              Inputs& in) const {
+    const QkvT* row = static_cast<const QkvT*>(p.qkv) + static_cast<i64>(c.n) * p.qkv_row_stride;
+    const u32 h = c.hv / p.heads_per_group;
+    const QkvT* q_ptr = row + static_cast<i64>(h) * kK;
+    const QkvT* k_ptr = row + static_cast<i64>(p.num_heads + h) * kK;
+    const QkvT* v_ptr = row + static_cast<i64>(2 * p.num_heads) * kK + static_cast<i64>(c.hv) * kV +
+                        static_cast<i64>(c.vt) * kBV;
+#pragma unroll
+    for (int j = 0; j < kChunksPerLane; ++j) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const int pos = chunk_of(j) * kVec + e;
+        in.q[j * kVec + e] = chunk_live(j) ? q_ptr[pos] : gdn::from_f32<QkvT>(0.0f);
+        in.k[j * kVec + e] = chunk_live(j) ? k_ptr[pos] : gdn::from_f32<QkvT>(0.0f);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) in.v[r] = v_ptr[local_row(r)];
+    in.a = static_cast<const GateT*>(p.a)[static_cast<i64>(c.n) * p.a_row_stride + c.hv];
+    in.b = static_cast<const GateT*>(p.b)[static_cast<i64>(c.n) * p.b_row_stride + c.hv];
+    if constexpr (!kGated) {
+      in.a_log = static_cast<const ALogT*>(p.a_log)[c.hv];
+      in.dt_bias = static_cast<const DtBiasT*>(p.dt_bias)[c.hv];
+    }
+  }
+
+  /// A tile whose row has no state: zeros to its part of out, the pool untouched.
+  __device__ __forceinline__ void write_zeros(const GdnDecodeParams& p, TileCoord c) const {
+    OutT* out = out_ptr(p, c);
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r) {
       if (sub == 0) out[local_row(r)] = gdn::from_f32<OutT>(0.0f);
     }
-    return;
   }
 
-  // Issue every state load of this thread first: they are the only long-latency traffic.
-  StateT* tile = static_cast<StateT*>(p.state) + slot * p.state_slot_stride +
-                 (static_cast<i64>(hv) * kV + static_cast<i64>(vt) * kBV) * kK;
-  StateChunk raw[kRowsPerThread][kChunksPerLane];
+  /// The step itself for a valid slot: normalizes q/k, reduces the old state against them,
+  /// writes the new state back to the pool and this tile's part of out.
+  __device__ __forceinline__ void finish(const GdnDecodeParams& p, TileCoord c, long long slot,
+                                         const Inputs& in, State& s) const {
+    float q[kElems];
+    float k[kElems];
+    float q_sq = 0.0f, k_sq = 0.0f;
 #pragma unroll
-  for (int r = 0; r < kRowsPerThread; ++r) {
-#pragma unroll
-    for (int j = 0; j < kChunksPerLane; ++j) {
-      if (chunk_live(j)) raw[r][j].load(tile + local_row(r) * kK + chunk_of(j) * kVec);
-    }
-  }
-
-  // q, k of this thread's K positions, normalized with norms reduced over the row's lanes.
-  const QkvT* row = static_cast<const QkvT*>(p.qkv) + static_cast<i64>(n) * p.qkv_row_stride;
-  const u32 h = hv / p.heads_per_group;
-  const QkvT* q_ptr = row + static_cast<i64>(h) * kK;
-  const QkvT* k_ptr = row + static_cast<i64>(p.num_heads + h) * kK;
-  const QkvT* v_ptr = row + static_cast<i64>(2 * p.num_heads) * kK + static_cast<i64>(hv) * kV +
-                      static_cast<i64>(vt) * kBV;
-  float q[kElems];
-  float k[kElems];
-  float q_sq = 0.0f, k_sq = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kChunksPerLane; ++j) {
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) {
-      const int i = j * kVec + e;
-      const int pos = chunk_of(j) * kVec + e;
-      q[i] = chunk_live(j) ? gdn::to_f32(q_ptr[pos]) : 0.0f;
-      k[i] = chunk_live(j) ? gdn::to_f32(k_ptr[pos]) : 0.0f;
+    for (int i = 0; i < kElems; ++i) {
+      q[i] = gdn::to_f32(in.q[i]);
+      k[i] = gdn::to_f32(in.k[i]);
       q_sq += q[i] * q[i];
       k_sq += k[i] * k[i];
     }
-  }
-  float q_factor = p.scale;
-  if constexpr (kL2Norm) {
-    q_factor *= gdn::l2_inv_norm(gdn::group_sum<kLanesPerRow>(q_sq));
-    const float k_factor = gdn::l2_inv_norm(gdn::group_sum<kLanesPerRow>(k_sq));
+    float q_factor = p.scale;
+    if constexpr (kL2Norm) {
+      q_factor *= gdn::l2_inv_norm(gdn::group_sum<kLanesPerRow>(q_sq));
+      const float k_factor = gdn::l2_inv_norm(gdn::group_sum<kLanesPerRow>(k_sq));
 #pragma unroll
-    for (int i = 0; i < kElems; ++i) k[i] *= k_factor;
-  }
-  float kq = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kElems; ++i) {
-    q[i] *= q_factor;
-    kq += k[i] * q[i];
-  }
-  kq = gdn::group_sum<kLanesPerRow>(kq);
-
-  // Gates of (n, hv).
-  float g, beta;
-  if constexpr (kGated) {
-    g = static_cast<const float*>(p.a)[static_cast<i64>(n) * p.a_row_stride + hv];
-    beta = static_cast<const float*>(p.b)[static_cast<i64>(n) * p.b_row_stride + hv];
-  } else {
-    const float a =
-        gdn::to_f32(static_cast<const GateT*>(p.a)[static_cast<i64>(n) * p.a_row_stride + hv]);
-    const float b =
-        gdn::to_f32(static_cast<const GateT*>(p.b)[static_cast<i64>(n) * p.b_row_stride + hv]);
-    const float a_log = gdn::to_f32(static_cast<const ALogT*>(p.a_log)[hv]);
-    const float dt_bias = gdn::to_f32(static_cast<const DtBiasT*>(p.dt_bias)[hv]);
-    g = gdn::log_decay(a, a_log, dt_bias, p.softplus_threshold);
-    beta = gdn::sigmoid(b);
-  }
-  const float alpha = expf(g);
-
-  float v[kRowsPerThread];
-#pragma unroll
-  for (int r = 0; r < kRowsPerThread; ++r) v[r] = gdn::to_f32(v_ptr[local_row(r)]);
-
-  // Partial dot products of the old state with k and q; then one interleaved reduction.
-  float state[kRowsPerThread][kElems];
-  float dk[kRowsPerThread], dq[kRowsPerThread];
-#pragma unroll
-  for (int r = 0; r < kRowsPerThread; ++r) {
-    dk[r] = 0.0f;
-    dq[r] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kChunksPerLane; ++j) {
-      float x[kVec];
-      if (chunk_live(j)) {
-        raw[r][j].unpack(x);
-      } else {
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) x[e] = 0.0f;
-      }
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        state[r][j * kVec + e] = x[e];
-        dk[r] += x[e] * k[j * kVec + e];
-        dq[r] += x[e] * q[j * kVec + e];
-      }
+      for (int i = 0; i < kElems; ++i) k[i] *= k_factor;
     }
-  }
+    float kq = 0.0f;
 #pragma unroll
-  for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) {
+    for (int i = 0; i < kElems; ++i) {
+      q[i] *= q_factor;
+      kq += k[i] * q[i];
+    }
+    kq = gdn::group_sum<kLanesPerRow>(kq);
+
+    float g, beta;
+    if constexpr (kGated) {
+      g = gdn::to_f32(in.a);
+      beta = gdn::to_f32(in.b);
+    } else {
+      g = gdn::log_decay(gdn::to_f32(in.a), gdn::to_f32(in.a_log), gdn::to_f32(in.dt_bias),
+                         p.softplus_threshold);
+      beta = gdn::sigmoid(gdn::to_f32(in.b));
+    }
+    const float alpha = expf(g);
+
+    // Partial dot products of the old state with k and q; then one interleaved reduction.
+    float state[kRowsPerThread][kElems];
+    float dk[kRowsPerThread], dq[kRowsPerThread];
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r) {
-      dk[r] += __shfl_xor_sync(0xffffffffu, dk[r], offset);
-      dq[r] += __shfl_xor_sync(0xffffffffu, dq[r], offset);
+      dk[r] = 0.0f;
+      dq[r] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kChunksPerLane; ++j) {
+        float x[kVec];
+        if (chunk_live(j)) {
+          s.raw[r][j].unpack(x);
+        } else {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) x[e] = 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          state[r][j * kVec + e] = x[e];
+          dk[r] += x[e] * k[j * kVec + e];
+          dq[r] += x[e] * q[j * kVec + e];
+        }
+      }
     }
-  }
+#pragma unroll
+    for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) {
+#pragma unroll
+      for (int r = 0; r < kRowsPerThread; ++r) {
+        dk[r] += __shfl_xor_sync(0xffffffffu, dk[r], offset);
+        dq[r] += __shfl_xor_sync(0xffffffffu, dq[r], offset);
+      }
+    }
 
+    StateT* tile = tile_ptr(p, slot, c);
+    OutT* out = out_ptr(p, c);
 #pragma unroll
-  for (int r = 0; r < kRowsPerThread; ++r) {
-    const float u = beta * (v[r] - alpha * dk[r]);
+    for (int r = 0; r < kRowsPerThread; ++r) {
+      const float u = beta * (gdn::to_f32(in.v[r]) - alpha * dk[r]);
 #pragma unroll
-    for (int j = 0; j < kChunksPerLane; ++j) {
-      float x[kVec];
+      for (int j = 0; j < kChunksPerLane; ++j) {
+        float x[kVec];
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        x[e] = alpha * state[r][j * kVec + e] + u * k[j * kVec + e];
+        for (int e = 0; e < kVec; ++e) {
+          x[e] = alpha * state[r][j * kVec + e] + u * k[j * kVec + e];
+        }
+        if (chunk_live(j)) {
+          s.raw[r][j].pack(x);
+          s.raw[r][j].store(tile + local_row(r) * kK + chunk_of(j) * kVec);
+        }
       }
-      if (chunk_live(j)) {
-        raw[r][j].pack(x);
-        raw[r][j].store(tile + local_row(r) * kK + chunk_of(j) * kVec);
-      }
+      if (sub == 0) out[local_row(r)] = gdn::from_f32<OutT>(alpha * dq[r] + u * kq);
     }
-    if (sub == 0) out[local_row(r)] = gdn::from_f32<OutT>(alpha * dq[r] + u * kq);
   }
+};
+
+// mbarrier and bulk-copy primitives of sm_90 (PTX ISA 8.0), for the bulk mode.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ u32 smem_address(const void* ptr) {
+  return static_cast<u32>(__cvta_generic_to_shared(ptr));
 }
+__device__ __forceinline__ void mbarrier_init(u64* bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_address(bar)), "r"(count)
+               : "memory");
+}
+/// Makes initialized barriers visible to the async proxy (the bulk copies complete on them).
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(u64* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(bar)) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(u64* bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(u64* bar, u32 parity) {
+  u32 done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(smem_address(bar)), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+/// L2 policy for data read once: evicted first, so q/k/v and gates stay resident.
+__device__ __forceinline__ u64 evict_first_policy() {
+  u64 policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+/// Global -> shared bulk copy of `bytes` (multiple of 16, both addresses 16-byte aligned),
+/// completing `bytes` transactions on `bar`.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes, u64* bar,
+                                          u64 policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
+      "[%0], [%1], %2, [%3], %4;" ::"r"(smem_address(dst)),
+      "l"(src), "r"(bytes), "r"(smem_address(bar)), "l"(policy)
+      : "memory");
+}
+#endif
 
 }  // namespace gdn_decode_detail
 
 /// One GDN decode step. Template parameters, in the order of the family declaration:
 /// element types of qkv, a/b (raw form), A_log, dt_bias, state pool, out, indices; head dims
 /// kK, kV; tile rows kBV; warps per block; state vector width in bytes; grid mode
-/// (GdnDecodeMode); gated form (a/b hold f32 g/beta); L2-normalize q, k; GdnInvalidRule.
+/// (GdnDecodeMode); shared-memory stages (bulk mode; 0 otherwise); blocks per SM the grid
+/// assumes resident (registers are capped so that they fit; 0: no cap); GdnCacheHint of the
+/// state loads and stores; gated form (a/b hold f32 g/beta); L2-normalize q, k; GdnInvalidRule.
 template <typename QkvT, typename GateT, typename ALogT, typename DtBiasT, typename StateT,
           typename OutT, typename IndexT, int kK, int kV, int kBV, int kWarps, int kVecBytes,
-          int kMode, bool kGated, bool kL2Norm, int kInvalidRule>
-__global__ void __launch_bounds__(kWarps * 32) gdn_decode_kernel(const GdnDecodeParams p) {
+          int kMode, int kStages, int kMinBlocks, int kLoadHint, int kStoreHint, bool kGated,
+          bool kL2Norm, int kInvalidRule>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks > 0 ? kMinBlocks : 1)
+    gdn_decode_kernel(const GdnDecodeParams p) {
   static_assert(kVecBytes % int(sizeof(StateT)) == 0, "a vector holds whole state elements");
   static_assert(kK % (kVecBytes / int(sizeof(StateT))) == 0, "K is whole vectors");
   static_assert(kV % kBV == 0, "V is whole tiles");
-  constexpr int kChunks = kK / (kVecBytes / int(sizeof(StateT)));
-  constexpr int kLanesPerRow = kChunks >= 32 ? 32 : gdn_decode_detail::pow2_at_least(kChunks);
-  static_assert(kBV % (kWarps * (32 / kLanesPerRow)) == 0,
+  using Decoder = gdn_decode_detail::TileDecoder<QkvT, GateT, ALogT, DtBiasT, StateT, OutT, IndexT,
+                                                 kK, kV, kBV, kWarps, kVecBytes, kLoadHint,
+                                                 kStoreHint, kGated, kL2Norm, kInvalidRule>;
+  static_assert(kBV % (kWarps * Decoder::kRowsPerWarp) == 0,
                 "a tile is whole rows-per-warp for every warp");
+  static_assert(kMode == kGdnDecodeBulk ? kStages >= 1 && kStages <= 8 : kStages == 0,
+                "stages belong to the bulk mode alone");
   constexpr u32 kTiles = kV / kBV;
+  using gdn_decode_detail::tile_coord;
+  using gdn_decode_detail::TileCoord;
+  const Decoder d;
 
-  const auto tile = [&p](u32 n, u32 hv, u32 vt) {
-    gdn_decode_detail::decode_tile<QkvT, GateT, ALogT, DtBiasT, StateT, OutT, IndexT, kK, kV, kBV,
-                                   kWarps, kVecBytes, kGated, kL2Norm, kInvalidRule>(p, n, hv, vt);
-  };
-  if constexpr (kMode == kGdnDecodeFlat) {
-    tile(blockIdx.y / p.num_value_heads, blockIdx.y % p.num_value_heads, blockIdx.x);
-  } else if constexpr (kMode == kGdnDecodeSplit) {
-    tile(blockIdx.z, blockIdx.y, blockIdx.x);
-  } else {
-    static_assert(kMode == kGdnDecodeFolded, "unknown grid mode");
-    // Tiles of one (n, hv) are adjacent ids, so neighbouring blocks stream adjacent memory.
-    for (u64 id = blockIdx.x; id < p.total_tiles; id += gridDim.x) {
-      const u64 nh = id / kTiles;
-      tile(static_cast<u32>(nh / p.num_value_heads), static_cast<u32>(nh % p.num_value_heads),
-           static_cast<u32>(id % kTiles));
+  // One tile, every load issued before the first is waited for.
+  const auto one_tile = [&](TileCoord c) {
+    const long long slot = d.load_slot(p, c.n);
+    if (d.invalid(p, slot)) {
+      d.write_zeros(p, c);
+      return;
     }
+    typename Decoder::State s;
+    d.load_state(p, slot, c, s);
+    typename Decoder::Inputs in;
+    d.load_inputs(p, c, in);
+    d.finish(p, c, slot, in, s);
+  };
+
+  if constexpr (kMode == kGdnDecodeFlat) {
+    one_tile(TileCoord{blockIdx.y / p.num_value_heads, blockIdx.y % p.num_value_heads, blockIdx.x});
+  } else if constexpr (kMode == kGdnDecodeSplit) {
+    one_tile(TileCoord{blockIdx.z, blockIdx.y, blockIdx.x});
+  } else if constexpr (kMode == kGdnDecodeFolded) {
+    for (u64 id = blockIdx.x; id < p.total_tiles; id += gridDim.x)
+      one_tile(tile_coord<kTiles>(p, id));
+  } else if constexpr (kMode == kGdnDecodePersistent) {
+    // Two register sets, used alternately (the loop is unrolled by two so that each set stays
+    // in fixed registers): while one tile is reduced and stored, the next one's loads are in
+    // flight. Slots are read one tile further ahead still, so issuing the state loads of the
+    // next tile never waits on an index load.
+    struct Work {
+      u64 id;
+      TileCoord c;
+      long long slot;
+      typename Decoder::Inputs in;
+      typename Decoder::State s;
+    };
+    const u64 stride = gridDim.x;
+    if (blockIdx.x >= p.total_tiles) return;
+    const auto issue = [&](Work& w, u64 id, long long slot) {
+      w.id = id;
+      w.c = tile_coord<kTiles>(p, id);
+      w.slot = slot;
+      d.load_inputs(p, w.c, w.in);
+      if (!d.invalid(p, slot)) d.load_state(p, slot, w.c, w.s);
+    };
+    const auto slot_of = [&](u64 id) { return d.load_slot(p, tile_coord<kTiles>(p, id).n); };
+    Work a, b;
+    issue(a, blockIdx.x, slot_of(blockIdx.x));
+    long long next_slot = blockIdx.x + stride < p.total_tiles ? slot_of(blockIdx.x + stride) : -1;
+    const auto step = [&](Work& cur, Work& next) {
+      const u64 next_id = cur.id + stride;
+      const bool more = next_id < p.total_tiles;
+      if (more) {
+        issue(next, next_id, next_slot);
+        if (next_id + stride < p.total_tiles) next_slot = slot_of(next_id + stride);
+      }
+      if (d.invalid(p, cur.slot)) {
+        d.write_zeros(p, cur.c);
+      } else {
+        d.finish(p, cur.c, cur.slot, cur.in, cur.s);
+      }
+      return more;
+    };
+    while (step(a, b) && step(b, a)) {
+    }
+  } else {
+    static_assert(kMode == kGdnDecodeBulk, "unknown grid mode");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    using namespace gdn_decode_detail;
+    constexpr int kTileElems = kBV * kK;
+    constexpr u32 kTileBytes = static_cast<u32>(kTileElems * int(sizeof(StateT)));
+    static_assert(kTileBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
+    extern __shared__ __align__(128) unsigned char gdn_decode_ring[];
+    StateT* const ring = reinterpret_cast<StateT*>(gdn_decode_ring);
+    __shared__ __align__(8) u64 full[kStages];
+    __shared__ long long staged_slot[kStages];
+
+    const u64 stride = gridDim.x;
+    // Uniform per block, and before any barrier: a block without tiles leaves at once.
+    if (blockIdx.x >= p.total_tiles) return;
+    const bool producer = threadIdx.x == 0;
+    if (producer) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) mbarrier_init(&full[s], 1);
+      fence_barrier_init();
+    }
+    __syncthreads();
+
+    // The producer stages tile `id` into stage s: its slot for the consumers, then either the
+    // bulk copy (the barrier completes when its bytes land) or, for a row with no state, a
+    // plain arrival. It reads slots one tile ahead of what it stages, so no copy waits on an
+    // index load.
+    const u64 policy = producer ? evict_first_policy() : 0;
+    long long ahead_slot = 0;
+    const auto stage = [&](int s, u64 id, long long slot) {
+      staged_slot[s] = slot;
+      if (d.invalid(p, slot)) {
+        mbarrier_arrive(&full[s]);
+      } else {
+        mbarrier_arrive_expect_tx(&full[s], kTileBytes);
+        bulk_load(ring + s * kTileElems, Decoder::tile_ptr(p, slot, tile_coord<kTiles>(p, id)),
+                  kTileBytes, &full[s], policy);
+      }
+    };
+    const auto slot_of = [&](u64 id) { return d.load_slot(p, tile_coord<kTiles>(p, id).n); };
+    if (producer) {
+      for (int s = 0; s < kStages; ++s) {
+        const u64 id = blockIdx.x + static_cast<u64>(s) * stride;
+        if (id < p.total_tiles) stage(s, id, slot_of(id));
+      }
+      const u64 ahead = blockIdx.x + kStages * stride;
+      if (ahead < p.total_tiles) ahead_slot = slot_of(ahead);
+    }
+
+    // Consumers (every thread): inputs of the next tile are loaded while this one finishes;
+    // two register sets used alternately, as in the persistent mode.
+    u64 id = blockIdx.x;
+    u32 iteration = 0;
+    typename Decoder::Inputs in_a, in_b;
+    d.load_inputs(p, tile_coord<kTiles>(p, id), in_a);
+    const auto step = [&](typename Decoder::Inputs& cur, typename Decoder::Inputs& next) {
+      const u64 next_id = id + stride;
+      const bool more = next_id < p.total_tiles;
+      if (more) d.load_inputs(p, tile_coord<kTiles>(p, next_id), next);
+      const int s = static_cast<int>(iteration % kStages);
+      mbarrier_wait(&full[s], (iteration / kStages) & 1u);
+      const long long slot = staged_slot[s];
+      const bool valid = !d.invalid(p, slot);
+      typename Decoder::State st;
+      if (valid) d.load_state_staged(ring + s * kTileElems, st);
+      // Every thread has its words of stage s (and its slot) in registers: refill it.
+      __syncthreads();
+      if (producer) {
+        const u64 refill = id + kStages * stride;
+        if (refill < p.total_tiles) {
+          stage(s, refill, ahead_slot);
+          if (refill + stride < p.total_tiles) ahead_slot = slot_of(refill + stride);
+        }
+      }
+      const TileCoord c = tile_coord<kTiles>(p, id);
+      if (valid) {
+        d.finish(p, c, slot, cur, st);
+      } else {
+        d.write_zeros(p, c);
+      }
+      id = next_id;
+      ++iteration;
+      return more;
+    };
+    while (step(in_a, in_b) && step(in_b, in_a)) {
+    }
+#else
+    // The planner never chooses bulk below sm_90; a hand-made spec that does fails loudly.
+    __trap();
+#endif
   }
 }
 

@@ -15,6 +15,23 @@ enum GdnDecodeMode : int {
   kGdnDecodeSplit = 1,
   /// grid (min(NV*B*HV, max grid x)): every tile on x, a grid-stride loop covers the rest.
   kGdnDecodeFolded = 2,
+  /// grid (min(NV*B*HV, resident blocks)): each block walks tiles with a grid stride, loading
+  /// the next tile into registers while finishing the current one.
+  kGdnDecodePersistent = 3,
+  /// As persistent, with the state tiles staged through a shared-memory ring filled by bulk
+  /// copies (sm_90 and newer).
+  kGdnDecodeBulk = 4,
+};
+
+/// Cache hint of the state pool's loads and stores (template parameters kLoadHint,
+/// kStoreHint).
+enum GdnCacheHint : int {
+  /// .cs: streaming, evict first.
+  kGdnHintStream = 0,
+  /// No hint: the default caching policy.
+  kGdnHintPlain = 1,
+  /// Loads only: .L1::no_allocate.L2::256B, L2 fetches whole 256-byte blocks.
+  kGdnHintL2Prefetch = 2,
 };
 
 /// Which state indices mean "no state" (template parameter kInvalidRule).
@@ -51,7 +68,7 @@ struct GdnDecodeParams {
   i64 out_row_stride;
   /// Slots in the pool: an index >= num_slots is treated as invalid (never written).
   i64 num_slots;
-  /// Folded mode: B * HV * NV tiles in all.
+  /// B * HV * NV tiles in all (the loop bound of the folded, persistent and bulk modes).
   u64 total_tiles;
   u32 batch;
   u32 num_heads;

@@ -41,6 +41,20 @@ constexpr std::int64_t kMinBlocksPerSm = 2;
 constexpr std::int64_t kMinWarpsPerSm = 16;
 /// State floats a thread keeps in registers at most (x1.5 with the raw words in flight).
 constexpr int kStateFloatsPerThread = 32;
+/// Persistent and bulk modes: stages of the bulk ring at most (template limit), the ring size
+/// the planner aims for, resident threads per SM by default (512: two 8-warp blocks, about 120
+/// registers each), resident blocks per SM at most, the static shared memory per stage
+/// (barrier and slot), and the least register cap accepted. Neither mode is the planner's
+/// choice: on an H200 both moved 0.83-0.90 of a copy where the one-warp flat grid moved
+/// 0.92-0.99 (forced only, for tuning and tests).
+constexpr int kMaxStages = 8;
+constexpr std::int64_t kBulkRingBytes = 64 * 1024;
+constexpr std::int64_t kResidentThreadsPerSm = 512;
+constexpr int kMaxResidentBlocks = 32;
+constexpr std::int64_t kStaticSmemPerStage = 16;
+constexpr std::int64_t kMinRegisterCap = 32;
+
+constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 enum class Form { raw, gated };
 
@@ -327,28 +341,132 @@ Tile choose_tile(const Problem& p, const DeviceLimits& device, int force_bv,
     reasons.push_back(fmt::format("BV = {} forced by options.force_bv", force_bv));
     return *tile;
   }
-  std::optional<Tile> smallest;
-  for (int bv : {64, 32, 16, 8, 4, 2, 1}) {
-    const auto tile = shape_tile(p, layout, bv, rpt);
-    if (!tile) continue;
+  // One warp per block. Measured on an H200 (cold L2, f32 state, K = V = 128, B*HV >= 256):
+  // one-warp blocks of 4 rows per thread moved 0.92-0.99 of a same-size copy where eight-warp
+  // blocks of the same rows per thread moved 0.90-0.97. An SM frees and refills a block's
+  // slot when its one warp is done instead of waiting for the slowest of eight, so its loads
+  // stay in flight between tiles. Rows per thread are halved until the grid has enough blocks.
+  for (int rows = rpt; rows >= 1; rows /= 2) {
+    const int bv = layout.rows_per_warp * rows;
+    if (p.v % bv != 0) continue;
     const std::int64_t blocks = pairs * (p.v / bv);
-    if (blocks >= kMinBlocksPerSm * sms) {
+    if (blocks >= kMinBlocksPerSm * sms || rows == 1) {
       reasons.push_back(fmt::format(
-          "BV = {}: the largest V tile that still gives >= {} blocks per SM ({} blocks of {} "
-          "warps, {} rows per thread)",
-          bv, kMinBlocksPerSm, blocks, tile->warps, tile->rows_per_thread));
-      return *tile;
+          "BV = {}: one warp per block, {} rows per thread ({} blocks{})", bv, rows, blocks,
+          blocks >= kMinBlocksPerSm * sms
+              ? fmt::format(", >= {} per SM", kMinBlocksPerSm)
+              : fmt::format(": the most this problem has, < {} per SM", kMinBlocksPerSm)));
+      return Tile{bv, 1, rows};
     }
-    smallest = tile;
   }
-  if (!smallest) {
-    throw PlanError(fmt::format("{}: no V tile fits V = {} with {} rows per warp", op_name(p.form),
-                                p.v, layout.rows_per_warp));
+  throw PlanError(fmt::format("{}: no V tile fits V = {} with {} rows per warp", op_name(p.form),
+                              p.v, layout.rows_per_warp));
+}
+
+/// Cache hints of the state pool's loads and stores, as the family's choice names.
+struct CacheHints {
+  std::string load = "stream";
+  std::string store = "stream";
+};
+
+/// The planner's hints, or options.force_cache_hints ("<load>/<store>").
+CacheHints cache_hints(const Problem& p, const GdnDecodeOptions& options) {
+  CacheHints hints;
+  const std::string& forced = options.force_cache_hints;
+  if (forced.empty()) return hints;
+  const std::size_t slash = forced.find('/');
+  hints.load = forced.substr(0, slash);
+  hints.store = slash == std::string::npos ? "" : forced.substr(slash + 1);
+  const bool load_ok = hints.load == "stream" || hints.load == "plain" || hints.load == "l2_256";
+  const bool store_ok = hints.store == "stream" || hints.store == "plain";
+  if (!load_ok || !store_ok) {
+    throw InvalidArgument(fmt::format(
+        "{}: options.force_cache_hints = '{}' is not accepted; expected '<load>/<store>' with "
+        "load in stream, plain, l2_256 and store in stream, plain",
+        op_name(p.form), forced));
   }
+  return hints;
+}
+
+/// Shared-memory ring and residency of the persistent and bulk modes.
+struct Resident {
+  int stages = 0;
+  int blocks_per_sm = 0;
+  std::uint32_t smem = 0;
+};
+
+Resident plan_resident(const Problem& p, const Tile& tile, const std::string& mode,
+                       const GdnDecodeOptions& options, const DeviceLimits& device,
+                       std::vector<std::string>& reasons, std::vector<LimitCheck>& checks) {
+  const std::string op(op_name(p.form));
+  Resident r;
+  const std::int64_t threads = std::int64_t{tile.warps} * 32;
+  const std::int64_t tile_bytes = tile.bv * p.k * static_cast<std::int64_t>(size_of(p.state));
+  if (mode == "bulk") {
+    // The bulk copy engine is sm_90's; its addresses must be 16-byte aligned, which a pool
+    // with 16-byte vectors guarantees for every tile (tiles are whole rows of K >= 16).
+    if (device.arch.sm() < 90) {
+      throw PlanError(
+          fmt::format("{} (bulk mode): needs sm_90 or newer (bulk copies); the device "
+                      "is {}",
+                      op, device.arch.str()));
+    }
+    if (p.vec_bytes != 16 || tile_bytes % 16 != 0) {
+      throw PlanError(fmt::format(
+          "{} (bulk mode): needs a 16-byte aligned pool base and slot stride (the widest vector "
+          "they allow is {} B)",
+          op, p.vec_bytes));
+    }
+    if (options.force_stages != 0) {
+      if (options.force_stages < 1 || options.force_stages > kMaxStages) {
+        throw InvalidArgument(
+            fmt::format("{}: options.force_stages = {} is out of range; "
+                        "accepted: 1..{}",
+                        op, options.force_stages, kMaxStages));
+      }
+      r.stages = options.force_stages;
+    } else {
+      r.stages =
+          static_cast<int>(std::clamp<std::int64_t>(kBulkRingBytes / tile_bytes, 2, kMaxStages));
+    }
+    r.smem = static_cast<std::uint32_t>(r.stages * tile_bytes);
+    reasons.push_back(
+        fmt::format("bulk ring: {} stages of {} B state tiles ({} B of shared memory per block)",
+                    r.stages, tile_bytes, r.smem));
+  }
+  // Blocks that fit by threads and shared memory alone; registers are then capped by
+  // __launch_bounds__(threads, blocks per SM) so that they fit too.
+  LaunchShape probe;
+  probe.block = Dim3{static_cast<std::uint32_t>(threads), 1, 1};
+  probe.dynamic_smem = r.smem;
+  FunctionLimits static_only;
+  static_only.static_smem = kStaticSmemPerStage * r.stages;
+  const int fit = occupancy_blocks_per_sm(probe, device, static_only);
+  if (options.force_blocks_per_sm != 0) {
+    if (options.force_blocks_per_sm < 1 || options.force_blocks_per_sm > kMaxResidentBlocks) {
+      throw InvalidArgument(
+          fmt::format("{}: options.force_blocks_per_sm = {} is out of range; "
+                      "accepted: 1..{}",
+                      op, options.force_blocks_per_sm, kMaxResidentBlocks));
+    }
+    r.blocks_per_sm = options.force_blocks_per_sm;
+  } else {
+    const auto wanted = static_cast<int>(kResidentThreadsPerSm / threads);
+    r.blocks_per_sm = std::max(1, std::min(wanted, fit));
+  }
+  const std::int64_t reg_cap =
+      device.regs_per_sm / (ceil_div(threads, std::int64_t{32}) * 32 * r.blocks_per_sm);
   reasons.push_back(fmt::format(
-      "BV = {}: the smallest V tile (most blocks: {}) since no tile reaches {} blocks per SM",
-      smallest->bv, pairs * (p.v / smallest->bv), kMinBlocksPerSm));
-  return *smallest;
+      "{} blocks of {} threads resident per SM ({} fit by threads and shared memory; registers "
+      "capped at {} per thread)",
+      r.blocks_per_sm, threads, fit, std::min<std::int64_t>(reg_cap, device.max_regs_per_thread)));
+  // A persistent grid larger than what is resident would leave its last blocks to run after
+  // the others finished all their tiles: twice the time. Hence these are limits, not hints.
+  checks.push_back(
+      {"resident blocks per SM the launch assumes (threads, shared memory)", r.blocks_per_sm, fit});
+  checks.push_back({"registers per thread under the residency register cap (at least 32)",
+                    kMinRegisterCap, reg_cap});
+  return r;
 }
 
 Plan make_plan(const Problem& p, const GdnDecodeOptions& options, const DeviceLimits& device) {
@@ -388,14 +506,24 @@ Plan make_plan(const Problem& p, const GdnDecodeOptions& options, const DeviceLi
       plan.reasons.push_back(flat_why);
       plan.reasons.push_back(split_why);
     }
-  } else if (mode == "flat" || mode == "split" || mode == "folded") {
+  } else if (mode == "flat" || mode == "split" || mode == "folded" || mode == "persistent" ||
+             mode == "bulk") {
     plan.reasons.push_back(fmt::format("mode {} forced by options.force_mode", mode));
   } else {
     throw InvalidArgument(fmt::format(
         "{}: options.force_mode = '{}' is not a grid mode; accepted: '' (planner), flat, split, "
-        "folded",
+        "folded, persistent, bulk",
         plan.op, mode));
   }
+  if (options.force_stages != 0 && mode != "bulk") {
+    throw InvalidArgument(
+        fmt::format("{}: options.force_stages = {} applies to the bulk mode only (mode is {})",
+                    plan.op, options.force_stages, mode));
+  }
+  const CacheHints hints = cache_hints(p, options);
+  plan.reasons.push_back(fmt::format(
+      "state cache hints: loads {}, stores {}{}", hints.load, hints.store,
+      options.force_cache_hints.empty() ? "" : " (forced by options.force_cache_hints)"));
 
   LaunchShape shape;
   shape.block = Dim3{static_cast<std::uint32_t>(tile.warps * 32), 1, 1};
@@ -403,11 +531,18 @@ Plan make_plan(const Problem& p, const GdnDecodeOptions& options, const DeviceLi
   auto dim = [](std::int64_t x) {
     return static_cast<std::uint32_t>(std::min<std::int64_t>(x, 0xFFFFFFFFll));
   };
+  Resident resident;
+  std::vector<LimitCheck> resident_checks;
+  const bool resident_mode = mode == "persistent" || mode == "bulk";
+  if (!resident_mode && options.force_blocks_per_sm != 0) {
+    // One tile per block: the residency is only a register cap (more warps per SM).
+    resident = plan_resident(p, tile, mode, options, device, plan.reasons, resident_checks);
+  }
   if (mode == "flat") {
     shape.grid = Dim3{dim(nv), dim(pairs), 1};
   } else if (mode == "split") {
     shape.grid = Dim3{dim(nv), dim(p.value_heads), dim(p.batch)};
-  } else {
+  } else if (mode == "folded") {
     const std::int64_t x = std::min<std::int64_t>(total, grid_max[0]);
     shape.grid = Dim3{dim(x), 1, 1};
     plan.reasons.push_back(
@@ -415,6 +550,15 @@ Plan make_plan(const Problem& p, const GdnDecodeOptions& options, const DeviceLi
             ? fmt::format("folded grid: all {} tiles on x", total)
             : fmt::format("folded grid: {} tiles on x = {} blocks (max grid x), grid-stride loop",
                           total, x));
+  } else {
+    resident = plan_resident(p, tile, mode, options, device, plan.reasons, resident_checks);
+    shape.dynamic_smem = resident.smem;
+    const std::int64_t x = std::min<std::int64_t>(
+        {total, std::int64_t{device.sm_count} * resident.blocks_per_sm, grid_max[0]});
+    shape.grid = Dim3{dim(x), 1, 1};
+    plan.reasons.push_back(
+        fmt::format("{} grid: {} blocks ({} SMs x {} resident) walk {} tiles with a grid stride",
+                    mode, x, device.sm_count, resident.blocks_per_sm, total));
   }
   plan.mode = mode;
 
@@ -435,6 +579,10 @@ Plan make_plan(const Problem& p, const GdnDecodeOptions& options, const DeviceLi
        {"warps", std::to_string(tile.warps)},
        {"vec_bytes", std::to_string(p.vec_bytes)},
        {"mode", mode},
+       {"stages", std::to_string(resident.stages)},
+       {"min_blocks", std::to_string(resident.blocks_per_sm)},
+       {"load_hint", hints.load},
+       {"store_hint", hints.store},
        {"gated", gated ? "1" : "0"},
        {"l2norm", options.l2norm_qk ? "1" : "0"},
        {"invalid",
@@ -443,6 +591,7 @@ Plan make_plan(const Problem& p, const GdnDecodeOptions& options, const DeviceLi
   plan.reasons.push_back(fmt::format(
       "state vectors of {} B: the widest the pool base and slot stride allow", p.vec_bytes));
   PlannedLaunch launch{std::move(spec), shape, check_launch(shape, device)};
+  launch.checks.insert(launch.checks.end(), resident_checks.begin(), resident_checks.end());
   require_legal(launch.checks, fmt::format("{} ({} mode)", plan.op, mode));
   plan.launches.push_back(std::move(launch));
   return plan;
@@ -460,10 +609,12 @@ struct Signature {
   std::int64_t batch, heads, value_heads, k, v, slots;
   std::int64_t strides[6];
   float scale, softplus_threshold;
+  std::int32_t force_stages, force_blocks_per_sm;
+  char force_cache_hints[16];
 };
 
 // No padding anywhere: the bytes are the key.
-static_assert(sizeof(Signature) == 152 && std::is_trivially_copyable_v<Signature>);
+static_assert(sizeof(Signature) == 176 && std::is_trivially_copyable_v<Signature>);
 
 Signature signature(const Problem& p, const GdnDecodeOptions& options, int device) {
   Signature sig{};
@@ -490,6 +641,12 @@ Signature signature(const Problem& p, const GdnDecodeOptions& options, int devic
   std::copy(std::begin(strides), std::end(strides), sig.strides);
   sig.scale = p.scale;
   sig.softplus_threshold = options.softplus_threshold;
+  sig.force_stages = options.force_stages;
+  sig.force_blocks_per_sm = options.force_blocks_per_sm;
+  // "l2_256/stream" (13) is the longest valid value; longer ones are rejected by make_plan.
+  std::memcpy(
+      sig.force_cache_hints, options.force_cache_hints.data(),
+      std::min<std::size_t>(options.force_cache_hints.size(), sizeof sig.force_cache_hints));
   return sig;
 }
 

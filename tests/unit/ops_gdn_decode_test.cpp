@@ -149,8 +149,10 @@ TEST_CASE("gdn_decode plan: V tiles shrink at small batch, grow at large batch")
   const std::int64_t bv_small = small.launches[0].spec.get_int("bv");
   CHECK(32 * (128 / bv_small) >= 2 * 132);
   CHECK(bv_small <= 16);
+  CHECK(small.launches[0].spec.get_int("warps") == 1);
   const Plan large = plan(views(1024, 16, 32, 128, 128), h200);
-  CHECK(large.launches[0].spec.get_int("bv") == 32);  // 8 warps x 4 rows per thread
+  CHECK(large.launches[0].spec.get_int("bv") == 4);  // one warp x 4 rows per thread
+  CHECK(large.launches[0].spec.get_int("warps") == 1);
   CHECK(large.launches[0].spec.get_int("vec_bytes") == 16);
 
   GdnDecodeOptions forced;
@@ -191,6 +193,136 @@ TEST_CASE("gdn_decode plan: every dtype combination and both forms plan") {
         CHECK(all_ok(gated));
       }
     }
+  }
+}
+
+TEST_CASE("gdn_decode plan: persistent and bulk grids are resident, checked and explained") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  for (const char* mode : {"persistent", "bulk"}) {
+    for (std::int64_t batch : {1, 8, 2048, 70000, 1 << 24}) {
+      for (std::int64_t value_heads : {1, 32, 64}) {
+        CAPTURE(mode);
+        CAPTURE(batch);
+        CAPTURE(value_heads);
+        GdnDecodeOptions options;
+        options.force_mode = mode;
+        const Plan p = plan(views(batch, 1, value_heads, 128, 128), h200, options);
+        REQUIRE(p.launches.size() == 1);
+        CHECK(all_ok(p));
+        CHECK(p.mode == mode);
+        const KernelSpec& spec = p.launches[0].spec;
+        const std::int64_t bps = spec.get_int("min_blocks");
+        const std::int64_t tiles = batch * value_heads * (128 / spec.get_int("bv"));
+        CHECK(bps >= 1);
+        CHECK(p.launches[0].shape.grid.x == std::min<std::int64_t>(tiles, 132 * bps));
+        CHECK(p.launches[0].shape.grid.y == 1);
+        CHECK(p.launches[0].shape.grid.z == 1);
+        // The residency the grid assumes is one of the plan's checks.
+        bool resident_checked = false;
+        for (const LimitCheck& check : p.launches[0].checks) {
+          if (check.limit.find("resident blocks per SM") != std::string::npos) {
+            resident_checked = true;
+            CHECK(check.requested == bps);
+          }
+        }
+        CHECK(resident_checked);
+        CHECK(p.explain().find("resident per SM") != std::string::npos);
+        if (std::string(mode) == "bulk") {
+          const std::int64_t stages = spec.get_int("stages");
+          CHECK(stages >= 2);
+          CHECK(p.launches[0].shape.dynamic_smem ==
+                static_cast<std::uint32_t>(stages * spec.get_int("bv") * 128 * 4));
+        } else {
+          CHECK(spec.get_int("stages") == 0);
+          CHECK(p.launches[0].shape.dynamic_smem == 0);
+        }
+      }
+    }
+  }
+  // The other modes carry neither stages nor a residency assumption.
+  const Plan flat = plan(views(8, 16, 32, 128, 128), h200);
+  CHECK(flat.launches[0].spec.get_int("stages") == 0);
+  CHECK(flat.launches[0].spec.get_int("min_blocks") == 0);
+}
+
+TEST_CASE("gdn_decode plan: forced persistent and bulk parameters are checked") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  GdnDecodeOptions options;
+  options.force_mode = "bulk";
+  options.force_bv = 32;
+  options.force_stages = 3;
+  options.force_blocks_per_sm = 2;
+  const Plan p = plan(views(256, 16, 32, 128, 128), h200, options);
+  CHECK(p.launches[0].spec.get_int("stages") == 3);
+  CHECK(p.launches[0].spec.get_int("min_blocks") == 2);
+  CHECK(p.launches[0].shape.dynamic_smem == 3 * 32 * 128 * 4);
+  CHECK(p.launches[0].shape.grid.x == 264);
+
+  // More resident blocks than shared memory allows: a plan error naming the limit.
+  options.force_stages = 8;
+  options.force_blocks_per_sm = 4;  // 4 x 128 KiB > 228 KiB per SM
+  CHECK_THROWS_WITH_AS(plan(views(256, 16, 32, 128, 128), h200, options),
+                       doctest::Contains("resident blocks per SM"), PlanError);
+  // Too many resident blocks for the registers a thread needs.
+  options = {};
+  options.force_mode = "persistent";
+  options.force_bv = 64;
+  options.force_blocks_per_sm = 8;  // 256 threads x 8 blocks: 32 registers each
+  CHECK(all_ok(plan(views(256, 16, 32, 128, 128), h200, options)));
+  options.force_blocks_per_sm = 16;
+  CHECK_THROWS_AS(plan(views(256, 16, 32, 128, 128), h200, options), PlanError);
+
+  // Bulk needs sm_90 and a 16-byte aligned pool.
+  options = {};
+  options.force_mode = "bulk";
+  CHECK_THROWS_WITH_AS(
+      plan(views(8, 16, 32, 128, 128), DeviceLimits::for_arch(Arch{8, 0}), options),
+      doctest::Contains("sm_90"), PlanError);
+  Views narrow = views(8, 16, 32, 128, 128);
+  narrow.state.strides[0] += 2;  // 8-byte multiple
+  CHECK_THROWS_WITH_AS(plan(narrow, h200, options), doctest::Contains("16-byte"), PlanError);
+  options.force_mode = "persistent";
+  CHECK(all_ok(plan(narrow, h200, options)));
+
+  // Stages and residency belong to those modes; out-of-range values are named.
+  options = {};
+  options.force_mode = "flat";
+  options.force_stages = 2;
+  CHECK(rejection(views(8, 16, 32, 128, 128), options).find("force_stages") != std::string::npos);
+  // In the one-tile-per-block modes a residency is only a register cap: same grid.
+  options.force_stages = 0;
+  options.force_blocks_per_sm = 6;
+  const Plan capped = plan(views(8, 16, 32, 128, 128), h200, options);
+  CHECK(all_ok(capped));
+  CHECK(capped.launches[0].spec.get_int("min_blocks") == 6);
+  CHECK(capped.launches[0].shape.grid ==
+        plan(views(8, 16, 32, 128, 128), h200).launches[0].shape.grid);
+  options.force_blocks_per_sm = 33;
+  CHECK(rejection(views(8, 16, 32, 128, 128), options).find("force_blocks_per_sm") !=
+        std::string::npos);
+  options.force_mode = "bulk";
+  options.force_blocks_per_sm = 0;
+  options.force_stages = 9;
+  CHECK(rejection(views(8, 16, 32, 128, 128), options).find("force_stages") != std::string::npos);
+}
+
+TEST_CASE("gdn_decode plan: cache hints of the state accesses") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  GdnDecodeOptions options;
+  const Plan planned = plan(views(256, 16, 32, 128, 128), h200, options);
+  CHECK_FALSE(planned.launches[0].spec.get("load_hint").empty());
+  CHECK(planned.explain().find("cache hints") != std::string::npos);
+  for (const char* hints : {"stream/stream", "plain/plain", "l2_256/stream", "l2_256/plain"}) {
+    options.force_cache_hints = hints;
+    const Plan p = plan(views(256, 16, 32, 128, 128), h200, options);
+    const std::string text = hints;
+    CHECK(p.launches[0].spec.get("load_hint") == text.substr(0, text.find('/')));
+    CHECK(p.launches[0].spec.get("store_hint") == text.substr(text.find('/') + 1));
+  }
+  for (const char* bad : {"plain", "l2_256/l2_256", "fast/stream", "/"}) {
+    options.force_cache_hints = bad;
+    CHECK(rejection(views(8, 16, 32, 128, 128), options).find("force_cache_hints") !=
+          std::string::npos);
   }
 }
 

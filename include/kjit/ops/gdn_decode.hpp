@@ -36,12 +36,25 @@ struct GdnDecodeOptions {
   int device = -1;
   /// nullptr: Runtime::global().
   Runtime* runtime = nullptr;
-  /// "" lets the planner choose; "flat", "split" or "folded" forces a grid mode (PlanError if
-  /// that mode cannot launch the problem on the device).
+  /// "" lets the planner choose; "flat", "split", "folded", "persistent" or "bulk" forces a
+  /// grid mode (PlanError if that mode cannot launch the problem on the device; bulk needs
+  /// sm_90 and a 16-byte aligned pool).
   std::string force_mode;
   /// 0 lets the planner choose; otherwise the state rows per block (a power of two dividing
   /// V, at least the rows one warp covers). For tests and tuning.
   int force_bv = 0;
+  /// 0 lets the planner choose; otherwise the shared-memory stages of the bulk mode (1..8).
+  /// For tests and tuning.
+  int force_stages = 0;
+  /// 0 lets the planner choose; otherwise the resident blocks per SM that the persistent and
+  /// bulk grids are sized for, or in the other modes a register cap for that many blocks
+  /// (PlanError if threads, shared memory or 32 registers per thread do not fit). For tests
+  /// and tuning.
+  int force_blocks_per_sm = 0;
+  /// "" lets the planner choose; otherwise "<load>/<store>" cache hints of the state pool's
+  /// accesses, load in stream (.cs), plain, l2_256 (L2::256B prefetch) and store in stream,
+  /// plain. For tests and tuning.
+  std::string force_cache_hints;
   /// Before launching, copy state_indices to the host and check that no valid index repeats
   /// and that every valid index is < slots (InvalidArgument otherwise). Synchronizes the
   /// stream, and is skipped while the stream is capturing. Also on with KJIT_DEBUG_CHECKS=1.
