@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // gdn_decode on the GPU against the float64 reference: every dtype combination, several steps
 // feeding the pool back, invalid indices under both rules (pool bit-identical), the grid
-// boundaries (B*HV = 65535, 65536, 131072; B = 70000), strided views, both forms.
+// boundaries (B*HV = 65535, 65536, 131072; B = 70000), strided views, both forms, and the
+// persistent and bulk modes (tile loops that wrap the register sets and the shared-memory ring
+// many times, invalid rows inside the ring, every stage count).
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -99,17 +101,19 @@ struct Case {
   /// Rows whose index is invalid (every `invalid_every`-th row; 0: none).
   std::int64_t invalid_every = 4;
   std::string force_mode;
-  int force_bv = 0;
+  int force_bv = 0, force_stages = 0, force_blocks_per_sm = 0;
+  std::string force_cache_hints;
   std::string expect_mode;
 
   std::string str() const {
     return fmt::format(
         "B={} H={} HV={} K={} V={} qkv={} gate={} state={} out={} index={} rule={} gated={} "
-        "pads=({},{},{},{},{}) mode={} bv={}",
+        "pads=({},{},{},{},{}) mode={} bv={} stages={} bps={} hints={}",
         batch, heads, value_heads, k, v, to_string(qkv), to_string(gate), to_string(state),
         to_string(out), to_string(index),
         rule == GdnInvalidIndex::negative ? "negative" : "nonpositive", gated, qkv_pad, gate_pad,
-        slot_pad, out_pad, index_stride, force_mode, force_bv);
+        slot_pad, out_pad, index_stride, force_mode, force_bv, force_stages, force_blocks_per_sm,
+        force_cache_hints);
   }
 };
 
@@ -188,6 +192,9 @@ void run_case(const Case& c) {
   options.l2norm_qk = c.l2norm;
   options.force_mode = c.force_mode;
   options.force_bv = c.force_bv;
+  options.force_stages = c.force_stages;
+  options.force_blocks_per_sm = c.force_blocks_per_sm;
+  options.force_cache_hints = c.force_cache_hints;
 
   for (int step = 0; step < c.steps; ++step) {
     CAPTURE(step);
@@ -342,6 +349,136 @@ TEST_CASE("gdn_decode gpu: every grid mode and tile size decodes the same tiles"
       c.steps = 1;
       run_case(c);
     }
+  }
+}
+
+// One block per SM and small V tiles: every block walks hundreds of tiles, so both register
+// sets of the persistent loop and every stage of the bulk ring are reused many times, with
+// invalid rows (no copy, a plain arrival) mixed in.
+TEST_CASE("gdn_decode gpu: persistent and bulk modes loop over many tiles") {
+  for (const char* mode : {"persistent", "bulk"}) {
+    for (int bps : {1, 2}) {
+      Case c;
+      c.batch = 300;
+      c.heads = 3;
+      c.value_heads = 6;
+      c.force_mode = mode;
+      c.force_bv = 8;
+      c.force_blocks_per_sm = bps;
+      c.steps = 2;
+      run_case(c);
+    }
+  }
+  for (int stages : {1, 2, 3, 8}) {
+    Case c;
+    c.batch = 97;
+    c.value_heads = 6;
+    c.heads = 2;
+    c.force_mode = "bulk";
+    c.force_bv = 16;
+    c.force_stages = stages;
+    c.force_blocks_per_sm = 1;
+    c.invalid_every = 3;
+    c.steps = 2;
+    run_case(c);
+  }
+}
+
+TEST_CASE("gdn_decode gpu: persistent and bulk modes, dtypes, head dims, forms, rules") {
+  for (const char* mode : {"persistent", "bulk"}) {
+    for (DType state : {DType::f32, DType::bf16, DType::f16}) {
+      for (int bv : {0, 2, 64}) {
+        Case c;
+        c.batch = 11;
+        c.heads = 3;
+        c.value_heads = 6;
+        c.state = state;
+        c.force_mode = mode;
+        c.force_bv = bv;
+        c.steps = 2;
+        run_case(c);
+      }
+    }
+    const std::pair<std::int64_t, std::int64_t> dims[] = {{64, 256}, {256, 64}, {80, 48}, {16, 16}};
+    for (auto [k, v] : dims) {
+      Case c;
+      c.k = k;
+      c.v = v;
+      c.batch = 9;
+      c.force_mode = mode;
+      c.steps = 2;
+      run_case(c);
+    }
+    Case gated;
+    gated.force_mode = mode;
+    gated.gated = true;
+    gated.l2norm = false;
+    gated.rule = GdnInvalidIndex::nonpositive;
+    gated.batch = 13;
+    gated.invalid_every = 2;
+    gated.qkv = gated.out = DType::f32;
+    gated.index = DType::i64;
+    run_case(gated);
+    Case strided;  // padded rows; a slot stride that keeps 16-byte alignment
+    strided.force_mode = mode;
+    strided.batch = 6;
+    strided.qkv_pad = 40;
+    strided.gate_pad = 3;
+    strided.slot_pad = 8;
+    strided.out_pad = 5;
+    strided.index_stride = 2;
+    run_case(strided);
+  }
+  Case narrow;  // 4-byte aligned pool: persistent runs, bulk is refused by the planner
+  narrow.force_mode = "persistent";
+  narrow.slot_pad = 3;
+  narrow.batch = 6;
+  run_case(narrow);
+}
+
+TEST_CASE("gdn_decode gpu: persistent and bulk modes at the grid boundaries") {
+  for (const char* mode : {"persistent", "bulk"}) {
+    for (std::int64_t value_heads : {1, 4}) {
+      Case c;
+      c.batch = value_heads == 1 ? 70000 : 32768;
+      c.heads = 1;
+      c.value_heads = value_heads;
+      c.k = c.v = 16;
+      c.steps = 1;
+      c.invalid_every = 1000;
+      c.force_mode = mode;
+      c.expect_mode = mode;
+      run_case(c);
+    }
+  }
+}
+
+// Every cache hint on every vector width (16, 8, 4 and 2-byte accesses), and a register cap
+// on a one-tile-per-block grid.
+TEST_CASE("gdn_decode gpu: cache hints and register caps") {
+  for (const char* hints :
+       {"stream/plain", "plain/stream", "plain/plain", "l2_256/stream", "l2_256/plain"}) {
+    for (std::int64_t slot_pad : {0, 2, 3}) {
+      Case c;
+      c.batch = 6;
+      c.slot_pad = slot_pad;
+      c.force_cache_hints = hints;
+      c.steps = 2;
+      run_case(c);
+    }
+    Case narrow;
+    narrow.batch = 5;
+    narrow.state = DType::bf16;
+    narrow.slot_pad = 1;
+    narrow.force_cache_hints = hints;
+    run_case(narrow);
+  }
+  for (const char* mode : {"flat", "folded"}) {
+    Case c;
+    c.batch = 9;
+    c.force_mode = mode;
+    c.force_blocks_per_sm = 6;
+    run_case(c);
   }
 }
 
