@@ -5,6 +5,12 @@
 // rotate through >= 512 MB of pool slots. Each shape is first checked against the float64
 // reference on a sample of rows.
 //
+// KJIT_GDN_BENCH_VARIANTS (default "planner") lists the configurations to time on every shape,
+// separated by ';': "planner" is the planner's choice, otherwise
+// "<mode>[:bv=N,stages=N,bps=N,hints=L/S]" forces a grid mode ("planner": the planner's), V
+// tile, bulk stages, resident blocks per SM and state cache hints. A summary table of every shape x
+// variant is printed last.
+//
 //   bench_gdn_decode [results.jsonl]
 #include <fmt/format.h>
 
@@ -12,12 +18,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "harness.hpp"
+#include "kjit/error.hpp"
 #include "kjit/ops/gdn_decode.hpp"
 #include "ops/gdn_reference.hpp"
 #include "support/numeric.hpp"
@@ -49,6 +57,55 @@ std::vector<T> download(const DeviceBuffer& buffer, std::size_t offset_bytes, st
 struct Result {
   bool ok = true;
   double max_err = 0;
+};
+
+/// One configuration to time: the planner's, or forced options.
+struct Variant {
+  std::string name = "planner";
+  std::string mode;
+  int bv = 0, stages = 0, blocks_per_sm = 0;
+  std::string hints;
+};
+
+std::vector<Variant> parse_variants(const char* text) {
+  std::vector<Variant> variants;
+  std::string all = text != nullptr && *text != '\0' ? text : "planner";
+  std::size_t at = 0;
+  while (at <= all.size()) {
+    const std::size_t end = std::min(all.find(';', at), all.size());
+    const std::string item = all.substr(at, end - at);
+    at = end + 1;
+    if (item.empty()) continue;
+    Variant v;
+    v.name = item;
+    const std::size_t colon = item.find(':');
+    v.mode = item.substr(0, colon);
+    if (v.mode == "planner") v.mode.clear();
+    if (colon != std::string::npos) {
+      std::string rest = item.substr(colon + 1);
+      std::size_t pos = 0;
+      while (pos < rest.size()) {
+        const std::size_t comma = std::min(rest.find(',', pos), rest.size());
+        const std::string kv = rest.substr(pos, comma - pos);
+        pos = comma + 1;
+        const std::size_t eq = kv.find('=');
+        if (eq == std::string::npos) continue;
+        const std::string key = kv.substr(0, eq);
+        const int value = std::atoi(kv.c_str() + eq + 1);
+        if (key == "hints") v.hints = kv.substr(eq + 1);
+        if (key == "bv") v.bv = value;
+        if (key == "stages") v.stages = value;
+        if (key == "bps") v.blocks_per_sm = value;
+      }
+    }
+    variants.push_back(v);
+  }
+  return variants;
+}
+
+struct Row {
+  std::int64_t value_heads, batch;
+  std::vector<std::string> cells;
 };
 
 /// Runs one step on rotation 0 and compares sampled rows (out and their slots) with the
@@ -132,9 +189,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::FILE* json = argc > 1 ? std::fopen(argv[1], "w") : nullptr;
-  kjit::GdnDecodeOptions options;
-  options.runtime = &gpu->runtime();
-  options.device = gpu->device;
+  kjit::GdnDecodeOptions base;
+  base.runtime = &gpu->runtime();
+  base.device = gpu->device;
+  const std::vector<Variant> variants = parse_variants(std::getenv("KJIT_GDN_BENCH_VARIANTS"));
+  std::vector<Row> rows;
   std::printf("gdn_decode H=16 K=V=128 bf16 qkv, f32 state; median GPU us of %s\n",
               "cold calls (L2 flushed, pools rotated)");
   bool all_ok = true;
@@ -176,48 +235,81 @@ int main(int argc, char** argv) {
           view(params, DType::f32, {value_heads}, static_cast<std::size_t>(value_heads * 4));
       const TensorView v_out = view(out, DType::bf16, {batch, value_heads, kDim});
 
-      const Result check =
-          verify(batch, value_heads, qkv, ab, params, pool, indices, out, options, *gpu);
-      all_ok = all_ok && check.ok;
-      const kjit::Plan plan = kjit::plan_gdn_decode(v_qkv, v_a, v_b, v_alog, v_dtb, pool_view,
-                                                    views_for(0), v_out, options, gpu->limits);
-      const kjit::KernelSpec& spec = plan.launches.front().spec;
-
       std::int64_t call = 0;
-      kjit::bench::flush_l2(*gpu);
       const std::size_t moved =
           2 * step_bytes +
           static_cast<std::size_t>(batch * width * 2 + 2 * batch * value_heads * 2 +
                                    batch * value_heads * kDim * 2);
       const int reps = moved > (std::size_t{1} << 30) ? 50 : 100;
-      const double us = kjit::bench::median_gpu_us(
-          *gpu,
-          [&](kjit::Stream stream) {
-            kjit::gdn_decode(v_qkv, v_a, v_b, v_alog, v_dtb, pool_view,
-                             views_for(call++ % rotations), v_out, options, stream);
-          },
-          reps);
-      const double gbs = static_cast<double>(moved) / (us * 1e3);
       const double copy = kjit::bench::copy_gbs(*gpu, moved);
-      const std::string line = fmt::format(
-          "HV={:>2} B={:>4}  {:>9.2f} us  {:>7.1f} GB/s  copy {:>7.1f} GB/s  ratio {:.3f}  "
-          "mode={} bv={} warps={} vec={}  check={} (max err {:.2e})",
-          value_heads, batch, us, gbs, copy, gbs / copy, plan.mode, spec.get("bv"),
-          spec.get("warps"), spec.get("vec_bytes"), check.ok ? "ok" : "FAILED", check.max_err);
-      std::printf("%s\n", line.c_str());
-      std::fflush(stdout);
-      if (json != nullptr) {
-        std::fprintf(
-            json,
-            "{\"op\":\"gdn_decode\",\"H\":16,\"HV\":%lld,\"B\":%lld,\"K\":128,\"V\":128,"
-            "\"qkv\":\"bf16\",\"state\":\"f32\",\"us\":%.3f,\"gbs\":%.1f,\"copy_gbs\":%.1f,"
-            "\"ratio\":%.4f,\"bytes\":%zu,\"mode\":\"%s\",\"spec\":\"%s\",\"check\":%s,"
-            "\"max_err\":%.3e}\n",
-            static_cast<long long>(value_heads), static_cast<long long>(batch), us, gbs, copy,
-            gbs / copy, moved, plan.mode.c_str(), spec.str().c_str(), check.ok ? "true" : "false",
-            check.max_err);
+      Row row{value_heads, batch, {}};
+      for (const Variant& variant : variants) {
+        kjit::GdnDecodeOptions options = base;
+        options.force_mode = variant.mode;
+        options.force_bv = variant.bv;
+        options.force_stages = variant.stages;
+        options.force_blocks_per_sm = variant.blocks_per_sm;
+        options.force_cache_hints = variant.hints;
+        kjit::Plan plan;
+        try {
+          plan = kjit::plan_gdn_decode(v_qkv, v_a, v_b, v_alog, v_dtb, pool_view, views_for(0),
+                                       v_out, options, gpu->limits);
+        } catch (const kjit::Error& error) {
+          std::printf("HV=%2lld B=%4lld  %-28s  not planned: %s\n",
+                      static_cast<long long>(value_heads), static_cast<long long>(batch),
+                      variant.name.c_str(), error.what());
+          row.cells.push_back("-");
+          continue;
+        }
+        const kjit::KernelSpec& spec = plan.launches.front().spec;
+        const Result check =
+            verify(batch, value_heads, qkv, ab, params, pool, indices, out, options, *gpu);
+        all_ok = all_ok && check.ok;
+
+        kjit::bench::flush_l2(*gpu);
+        const double us = kjit::bench::median_gpu_us(
+            *gpu,
+            [&](kjit::Stream stream) {
+              kjit::gdn_decode(v_qkv, v_a, v_b, v_alog, v_dtb, pool_view,
+                               views_for(call++ % rotations), v_out, options, stream);
+            },
+            reps);
+        const double gbs = static_cast<double>(moved) / (us * 1e3);
+        const kjit::Dim3 grid = plan.launches.front().shape.grid;
+        const std::string line = fmt::format(
+            "HV={:>2} B={:>4}  {:<28}  {:>9.2f} us  {:>7.1f} GB/s  copy {:>7.1f} GB/s  ratio "
+            "{:.3f}  mode={} bv={} warps={} stages={} bps={} grid={}x{}x{}  check={} (max err "
+            "{:.2e})",
+            value_heads, batch, variant.name, us, gbs, copy, gbs / copy, plan.mode, spec.get("bv"),
+            spec.get("warps"), spec.get("stages"), spec.get("min_blocks"), grid.x, grid.y, grid.z,
+            check.ok ? "ok" : "FAILED", check.max_err);
+        std::printf("%s\n", line.c_str());
+        std::fflush(stdout);
+        row.cells.push_back(fmt::format("{:.2f}/{:.3f}{}", us, gbs / copy, check.ok ? "" : "!"));
+        if (json != nullptr) {
+          std::fprintf(
+              json,
+              "{\"op\":\"gdn_decode\",\"variant\":\"%s\",\"H\":16,\"HV\":%lld,\"B\":%lld,"
+              "\"K\":128,\"V\":128,\"qkv\":\"bf16\",\"state\":\"f32\",\"us\":%.3f,"
+              "\"gbs\":%.1f,\"copy_gbs\":%.1f,\"ratio\":%.4f,\"bytes\":%zu,\"mode\":\"%s\","
+              "\"spec\":\"%s\",\"check\":%s,\"max_err\":%.3e}\n",
+              variant.name.c_str(), static_cast<long long>(value_heads),
+              static_cast<long long>(batch), us, gbs, copy, gbs / copy, moved, plan.mode.c_str(),
+              spec.str().c_str(), check.ok ? "true" : "false", check.max_err);
+        }
       }
+      rows.push_back(std::move(row));
     }
+  }
+  // Summary: median us / ratio to the same-run copy, one column per variant.
+  std::printf("\nsummary (us/ratio; ! = check failed)\n%-12s", "shape");
+  for (const Variant& variant : variants) std::printf(" | %s", variant.name.c_str());
+  std::printf("\n");
+  for (const Row& row : rows) {
+    std::printf("HV=%-2lld B=%-4lld", static_cast<long long>(row.value_heads),
+                static_cast<long long>(row.batch));
+    for (const std::string& cell : row.cells) std::printf(" | %s", cell.c_str());
+    std::printf("\n");
   }
   if (json != nullptr) std::fclose(json);
   return all_ok ? 0 : 1;
