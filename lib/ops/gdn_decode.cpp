@@ -341,11 +341,12 @@ Tile choose_tile(const Problem& p, const DeviceLimits& device, int force_bv,
     reasons.push_back(fmt::format("BV = {} forced by options.force_bv", force_bv));
     return *tile;
   }
-  // One warp per block. Measured on an H200 (cold L2, f32 state, K = V = 128, B*HV >= 256):
-  // one-warp blocks of 4 rows per thread moved 0.92-0.99 of a same-size copy where eight-warp
-  // blocks of the same rows per thread moved 0.90-0.97. An SM frees and refills a block's
-  // slot when its one warp is done instead of waiting for the slowest of eight, so its loads
-  // stay in flight between tiles. Rows per thread are halved until the grid has enough blocks.
+  // One warp per block. Measured on an H200 (cold L2, f32 state, K = V = 128, HV 32 and 64,
+  // B 32..2048): one-warp blocks of 4 rows per thread moved 0.916-0.986 of a same-size copy
+  // where eight-warp blocks of the same rows per thread moved 0.903-0.972. An SM frees and
+  // refills a block's slot when its one warp is done instead of waiting for the slowest of
+  // eight, so its loads stay in flight between tiles. Rows per thread are halved until the
+  // grid has enough blocks.
   for (int rows = rpt; rows >= 1; rows /= 2) {
     const int bv = layout.rows_per_warp * rows;
     if (p.v % bv != 0) continue;
