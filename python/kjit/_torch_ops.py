@@ -6,8 +6,6 @@ The custom-op dispatcher costs tens of microseconds per call; eager code should 
 functions directly and keep these for compiled graphs.
 """
 
-from __future__ import annotations
-
 from typing import Optional
 
 from . import _api
