@@ -708,7 +708,7 @@ void run(const Problem& p, const TensorView& qkv, const TensorView& a, const Ten
          const TensorView& indices, const TensorView& out, const GdnDecodeOptions& options,
          Stream stream) {
   Runtime& runtime = options.runtime != nullptr ? *options.runtime : Runtime::global();
-  const int device = options.device >= 0 ? options.device : runtime.current_device();
+  const int device = runtime.device_of(stream, options.device);
   const Signature sig = signature(p, options, device);
   const Runtime::ResolvedPlan& resolved = runtime.memoized(sig, stream, [&] {
     return std::pair{make_plan(p, options, runtime.device_limits(device)), device};

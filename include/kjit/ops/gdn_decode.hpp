@@ -32,7 +32,8 @@ struct GdnDecodeOptions {
   /// softplus(x) = x above this, log1p(exp(x)) below (raw form only).
   float softplus_threshold = 20.0f;
   GdnInvalidIndex invalid_index = GdnInvalidIndex::negative;
-  /// CUDA device ordinal; -1: the device of the calling thread's current context.
+  /// CUDA device ordinal; -1: the stream's device (for the default stream, the calling
+  /// thread's current device). A device other than the stream's is an InvalidArgument.
   int device = -1;
   /// nullptr: Runtime::global().
   Runtime* runtime = nullptr;
