@@ -227,6 +227,10 @@ def decode_section(quick, fla):
             anchors = {}
             if fla is None:
                 anchors["fla"] = "unavailable"
+            elif b * hv > 65535:
+                # fla's recurrent kernel launches grid (.., B*HV) and faults past 65535 (an
+                # illegal address that poisons the process's context): not run.
+                anchors["fla"] = f"not run: B*HV = {b * hv} > 65535 faults in fla"
             else:
                 try:
                     # fla's recurrent kernel on [1, B, ...] tokens is not a pooled decode; as the
