@@ -27,6 +27,13 @@ namespace {
 constexpr std::size_t kWriteChunk = std::size_t{1} << 20;
 
 std::atomic<testing::StoreHook> g_store_hook{nullptr};
+std::atomic<testing::FaultHook> g_fault_hook{nullptr};
+
+/// The errno a test injects at this step, or 0 to run it. One relaxed load when no hook is set.
+int injected(testing::FsStep step, const std::string& path) {
+  const auto hook = g_fault_hook.load(std::memory_order_relaxed);
+  return hook != nullptr ? hook(step, path.c_str()) : 0;
+}
 
 std::string error_text(int error) {
   return std::error_code(error, std::generic_category()).message();
@@ -64,6 +71,8 @@ bool is_directory(const std::string& path) {
 
 /// mkdir -p with mode 0700 for every directory it creates. Returns 0 or an errno.
 int make_dirs(const std::string& path) {
+  if (is_directory(path)) return 0;
+  if (const int error = injected(testing::FsStep::make_dir, path)) return error;
   if (::mkdir(path.c_str(), 0700) == 0) {
     // The umask may have removed bits we rely on (e.g. umask 0777); set exactly 0700.
     ::chmod(path.c_str(), 0700);
@@ -87,10 +96,11 @@ int make_dirs(const std::string& path) {
 }
 
 /// Writes all of `bytes`, calling the test hook after each chunk. Returns 0 or an errno.
-int write_all(int fd, std::string_view bytes) {
+int write_all(int fd, std::string_view bytes, const std::string& path) {
   std::size_t written = 0;
   while (written < bytes.size()) {
     const std::size_t chunk = std::min(kWriteChunk, bytes.size() - written);
+    if (const int error = injected(testing::FsStep::write, path)) return error;
     const ssize_t n = ::write(fd, bytes.data() + written, chunk);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -105,9 +115,10 @@ int write_all(int fd, std::string_view bytes) {
 }
 
 /// Reads exactly `size` bytes. Returns 0, an errno, or EIO for a short file.
-int read_exact(int fd, std::string* out, std::size_t size) {
+int read_exact(int fd, std::string* out, std::size_t size, const std::string& path) {
   out->resize(size);
   std::size_t done = 0;
+  if (const int error = injected(testing::FsStep::read_entry, path)) return error;
   while (done < size) {
     const ssize_t n = ::read(fd, out->data() + done, size - done);
     if (n < 0) {
@@ -148,6 +159,7 @@ std::string random_suffix() {
 
 namespace testing {
 void set_store_hook(StoreHook hook) noexcept { g_store_hook.store(hook); }
+void set_fault_hook(FaultHook hook) noexcept { g_fault_hook.store(hook); }
 }  // namespace testing
 
 // --- KeyLock ---------------------------------------------------------------------------------
@@ -235,6 +247,10 @@ DiskCache::DiskCache(std::string root, std::string compiler_id)
     disable(fmt::format("cannot create '{}': {}", base, error_text(error)), true);
     return;
   }
+  if (const int error = injected(testing::FsStep::probe_root, base)) {
+    disable(fmt::format("cannot write '{}': {}", base, error_text(error)), true);
+    return;
+  }
   if (::access(base.c_str(), W_OK | X_OK) != 0) {
     disable(fmt::format("cannot write '{}': {}", base, error_text(errno)), true);
     return;
@@ -289,9 +305,10 @@ std::optional<CompiledKernel> DiskCache::load(const support::Hash128& key,
                                               const std::string& arch) {
   if (!readable_.load(std::memory_order_acquire)) return std::nullopt;
   const std::string path = entry_path(key, arch);
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  const int open_fault = injected(testing::FsStep::open_entry, path);
+  UniqueFd fd(open_fault != 0 ? -1 : ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
   if (!fd) {
-    const int error = errno;
+    const int error = open_fault != 0 ? open_fault : errno;
     if (error == ENOENT) return std::nullopt;
     if (error == ELOOP) {
       count_corrupt(path, "is a symlink");
@@ -316,7 +333,7 @@ std::optional<CompiledKernel> DiskCache::load(const support::Hash128& key,
   // The file is never modified in place (writers rename a new inode over it), so what this
   // descriptor reads is one complete entry or a corrupt one, never a half-written one.
   std::string bytes;
-  if (const int error = read_exact(fd.get(), &bytes, static_cast<std::size_t>(st.st_size))) {
+  if (const int error = read_exact(fd.get(), &bytes, static_cast<std::size_t>(st.st_size), path)) {
     count_corrupt(path, fmt::format("read failed: {}", error_text(error)));
     return std::nullopt;
   }
@@ -348,25 +365,39 @@ bool DiskCache::store(const support::Hash128& key, const std::string& arch,
   std::string temp;
   for (int attempt = 0; !fd; ++attempt) {
     temp = fmt::format("{}.tmp.{}", path, random_suffix());
-    fd = UniqueFd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+    const int fault = injected(testing::FsStep::create_temp, temp);
+    fd = UniqueFd(fault != 0 ? -1
+                             : ::open(temp.c_str(),
+                                      O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (!fd) {
-      const int error = errno;
+      const int error = fault != 0 ? fault : errno;
       if ((error == EEXIST || error == EINTR) && attempt < 16) continue;
       return write_failed(temp, "creating temp file", error);
     }
   }
   guard.arm(temp);
-  if (const int error = write_all(fd.get(), bytes)) return write_failed(temp, "writing", error);
+  if (const int error = write_all(fd.get(), bytes, temp)) {
+    return write_failed(temp, "writing", error);
+  }
   // fsync before rename: otherwise a crash after the rename can leave a named but empty or
   // partial file (the classic ext4 zero-length-file failure).
+  if (const int error = injected(testing::FsStep::fsync, temp)) {
+    return write_failed(temp, "fsync of", error);
+  }
   while (::fsync(fd.get()) != 0) {
     if (errno != EINTR) return write_failed(temp, "fsync of", errno);
+  }
+  if (const int error = injected(testing::FsStep::close, temp)) {
+    return write_failed(temp, "closing", error);
   }
   if (const int error = fd.close()) return write_failed(temp, "closing", error);
   struct stat st {};
   if (::stat(temp.c_str(), &st) != 0) return write_failed(temp, "checking", errno);
   if (static_cast<std::uint64_t>(st.st_size) != bytes.size()) {
     return write_failed(temp, "checking the size of", EIO);
+  }
+  if (const int error = injected(testing::FsStep::rename, path)) {
+    return write_failed(path, "renaming onto", error);
   }
   if (::rename(temp.c_str(), path.c_str()) != 0) return write_failed(path, "renaming onto", errno);
   guard.disarm();
@@ -384,9 +415,16 @@ KeyLock DiskCache::lock(const support::Hash128& key, const std::string& arch) {
                  error_text(error));
     return {};
   }
-  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  const int open_fault = injected(testing::FsStep::open_lock, path);
+  UniqueFd fd(
+      open_fault != 0 ? -1 : ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!fd) {
-    support::log(LogLevel::info, "cannot open lock {}: {}", path, error_text(errno));
+    support::log(LogLevel::info, "cannot open lock {}: {}", path,
+                 error_text(open_fault != 0 ? open_fault : errno));
+    return {};
+  }
+  if (const int error = injected(testing::FsStep::flock, path)) {
+    support::log(LogLevel::info, "cannot lock {}: {}", path, error_text(error));
     return {};
   }
   if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {

@@ -107,6 +107,28 @@ namespace testing {
 using StoreHook = void (*)(std::size_t written, std::size_t total);
 /// Installs a hook (nullptr removes it). Process-wide; for tests only.
 void set_store_hook(StoreHook hook) noexcept;
+
+/// The file-system steps of DiskCache at which a fault can be injected.
+enum class FsStep {
+  make_dir,     // mkdir of the root, the compiler directory or a fan-out directory
+  probe_root,   // access(W_OK) of the compiler directory at construction
+  create_temp,  // open(O_CREAT | O_EXCL) of the temp file of a store
+  write,        // each write() of a temp file chunk
+  fsync,        // fsync of the temp file
+  close,        // close of the temp file
+  rename,       // rename of the temp file onto the entry
+  open_entry,   // open of an entry by load
+  read_entry,   // read of an entry by load
+  open_lock,    // open of a key's lock file
+  flock,        // flock of a key's lock file
+};
+/// Called before each step with the path it acts on. Returning an errno makes the step fail
+/// with it instead of running (ENOSPC, EACCES, EROFS, EDQUOT, EIO: faults that root, or a
+/// test machine, cannot always produce for real); 0 runs the step. It may also kill the
+/// process, to stop a store at a chosen step.
+using FaultHook = int (*)(FsStep step, const char* path);
+/// Installs a fault hook (nullptr removes it). Process-wide; for tests only.
+void set_fault_hook(FaultHook hook) noexcept;
 }  // namespace testing
 
 }  // namespace kjit::cache
