@@ -334,15 +334,17 @@ std::shared_ptr<const CompiledKernel> Bundle::find(const KernelSpec& spec) const
 std::vector<std::string> spec_differences(const KernelSpec& a, const KernelSpec& b) {
   if (a.family != b.family) return {"family"};
   std::vector<std::string> differ;
-  for (const auto& [name, value] : a.params) {
+  // Plain pairs, not structured bindings: clang before 16 cannot capture a binding in a
+  // lambda, and the libFuzzer build uses clang.
+  for (const auto& param_a : a.params) {
     const auto it = std::find_if(b.params.begin(), b.params.end(),
-                                 [&](const auto& param) { return param.first == name; });
-    if (it == b.params.end() || it->second != value) differ.push_back(name);
+                                 [&](const auto& param) { return param.first == param_a.first; });
+    if (it == b.params.end() || it->second != param_a.second) differ.push_back(param_a.first);
   }
-  for (const auto& [name, value] : b.params) {
+  for (const auto& param_b : b.params) {
     const bool in_a = std::any_of(a.params.begin(), a.params.end(),
-                                  [&](const auto& param) { return param.first == name; });
-    if (!in_a) differ.push_back(name);
+                                  [&](const auto& param) { return param.first == param_b.first; });
+    if (!in_a) differ.push_back(param_b.first);
   }
   if (a.arch != b.arch) differ.emplace_back("arch");
   return differ;
