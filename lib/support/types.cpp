@@ -147,10 +147,20 @@ TensorView TensorView::contiguous(void* data, DType dtype,
   view.rank = static_cast<int>(shape.size());
   int i = 0;
   for (std::int64_t extent : shape) view.shape[i++] = extent;
+  // Checked: a shape whose element count exceeds int64 (sizes from a command line or a
+  // manifest) would otherwise overflow here, which is undefined behaviour (found by fuzzing
+  // the planner under UBSan).
   std::int64_t stride = 1;
   for (int d = view.rank - 1; d >= 0; --d) {
     view.strides[d] = stride;
-    stride *= view.shape[d];
+    if (__builtin_mul_overflow(stride, view.shape[d], &stride)) {
+      std::string dims;
+      for (std::int64_t extent : shape) dims += (dims.empty() ? "" : ", ") + std::to_string(extent);
+      throw InvalidArgument(fmt::format(
+          "TensorView shape [{}] has more than 2^63 elements; each tensor's element count must "
+          "fit in int64",
+          dims));
+    }
   }
   return view;
 }
