@@ -25,3 +25,16 @@ function(kjit_add_layer name)
   endforeach()
   kjit_target_defaults(kjit_${name})
 endfunction()
+
+# Fuzz targets (fuzz/). OFF by default; the asan and fuzz presets turn it on. The engine is
+# libFuzzer where the compiler provides it (clang), else a small replay + mutation driver
+# (fuzz/driver_main.cpp) so that the same targets build and run under g++ too.
+option(KJIT_BUILD_FUZZ "Build the fuzz targets under fuzz/" OFF)
+set(KJIT_FUZZ_ENGINE "auto" CACHE STRING "Fuzz engine: auto, libfuzzer or replay")
+if(KJIT_BUILD_FUZZ)
+  # This file is included by the top-level CMakeLists.txt before lib/ and tools/ exist, so
+  # fuzz/fuzz.cmake is included once the top-level directory has been processed, when the
+  # targets it links (kjit, kjit_internal, kjit_tool_core) are defined. (A deferred call may
+  # not add_subdirectory(), hence an included file rather than fuzz/CMakeLists.txt.)
+  cmake_language(DEFER DIRECTORY ${CMAKE_SOURCE_DIR} CALL include ${CMAKE_SOURCE_DIR}/fuzz/fuzz.cmake)
+endif()
