@@ -11,3 +11,12 @@ cd "$KJIT_BUILD"
 # ctest shows no output of a skipped test: say here why the GPU suite will skip, if it does.
 ./tests/kjit_gpu_tests --count >/dev/null || ./tests/kjit_gpu_tests --count | grep SKIPPED || true
 ctest --output-on-failure -j"$(nproc)" "$@"
+
+# --- sanitizers and fuzzing (issue 9) ---------------------------------------------------------
+# ASan+UBSan (unit, stress, fuzz targets) and TSan (cache/threading subset), each in its own
+# build tree (build-asan, build-tsan); see scripts/test_sanitizers.sh and docs/reliability.md.
+# KJIT_SANITIZERS="" skips it; KJIT_SANITIZERS="asan" runs one stage.
+if [ -n "${KJIT_SANITIZERS-asan tsan}" ]; then
+  KJIT_SANITIZERS=${KJIT_SANITIZERS-asan tsan} bash "$KJIT_ROOT/scripts/test_sanitizers.sh"
+fi
+# --- end of sanitizers and fuzzing ------------------------------------------------------------

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The sanitizer and fuzz stage of the test command (issue 9), each in its own build tree:
+#   1. asan  (g++, ASan + UBSan): every CPU unit test, the stress tests, and a short run of
+#            every fuzz target through the replay driver (corpus + mutations);
+#   2. tsan  (g++, ThreadSanitizer): a subset, the unit tests of tests/unit/cache_*,
+#            bundle_*, compile_nvrtc_* and plan_multi_device_* (the ones with threads or
+#            processes sharing the cache, the NVRTC pool, the runtime) and the stress tests;
+#            the op, planner and codegen tests are single-threaded and left to ASan;
+#   3. fuzz  (clang + libFuzzer, ASan + UBSan): every target for KJIT_FUZZ_SECONDS seconds
+#            (default 20) from the committed seeds, new inputs kept in build-fuzz/fuzz/work.
+#            Not in the default stages: it is a third build of the library, and clang < 16
+#            cannot compile lib/codegen/spec.cpp (it captures a structured binding in a
+#            lambda); the asan stage runs the same targets through the replay driver.
+# Stages to run: KJIT_SANITIZERS (default "asan tsan"). Prints the wall time of each.
+# Usage: bash scripts/test_sanitizers.sh
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$KJIT_ROOT"
+stages=${KJIT_SANITIZERS:-asan tsan}
+jobs=${KJIT_JOBS:-2}
+fuzz_seconds=${KJIT_FUZZ_SECONDS:-20}
+t_all=$(date +%s)
+
+stage_time() { echo "sanitizers: $1 took $(( $(date +%s) - $2 )) s"; }
+
+configure() {  # preset, build dir, extra args
+  local preset=$1 dir=$2
+  shift 2
+  if [ ! -f "$dir/build.ninja" ]; then
+    cmake --preset "$preset" "$@" >/dev/null
+  fi
+}
+
+for stage in $stages; do
+  t0=$(date +%s)
+  case $stage in
+    asan)
+      configure asan build-asan
+      cmake --build --preset asan -j "$jobs"
+      ctest --preset asan -j "$jobs" | tail -n 15
+      ;;
+    tsan)
+      configure tsan build-tsan
+      cmake --build --preset tsan -j "$jobs"
+      # The subset, by source file (`ctest --preset tsan` runs every unit test instead).
+      export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1 second_deadlock_stack=1}
+      KJIT_LOG=error build-tsan/tests/kjit_unit_tests \
+        -sf='*cache_*,*bundle_*,*compile_nvrtc*,*plan_multi_device*' | tail -n 4
+      KJIT_LOG=error build-tsan/tests/kjit_stress_tests | tail -n 4
+      ;;
+    fuzz)
+      if ! command -v clang++ >/dev/null; then
+        echo "sanitizers: fuzz skipped: no clang++ (the asan stage ran the fuzz targets with the replay driver)"
+        continue
+      fi
+      if [ ! -f "$(clang++ -print-resource-dir)/lib/linux/libclang_rt.fuzzer-x86_64.a" ]; then
+        echo "sanitizers: fuzz skipped: clang has no libFuzzer (apt-get install libclang-rt-14-dev)"
+        continue
+      fi
+      configure fuzz build-fuzz
+      cmake --build --preset fuzz -j "$jobs"
+      mkdir -p build-fuzz/fuzz/seeds
+      build-fuzz/fuzz/kjit_fuzz_make_seeds build-fuzz/fuzz/seeds >/dev/null
+      for target in build-fuzz/fuzz/kjit_fuzz_*; do
+        name=${target##*/kjit_fuzz_}
+        [ "$name" = make_seeds ] && continue
+        work=build-fuzz/fuzz/work/$name
+        mkdir -p "$work"
+        seeds=(fuzz/corpus/"$name")
+        [ -d build-fuzz/fuzz/seeds/"$name" ] && seeds+=(build-fuzz/fuzz/seeds/"$name")
+        # New inputs go to $work (reused by the next run), never into the committed seeds.
+        log=build-fuzz/fuzz/$name.log
+        if ! KJIT_LOG=error "$target" -max_total_time="$fuzz_seconds" -seed=1 -max_len=65536 \
+            -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 "$work" "${seeds[@]}" >"$log" 2>&1; then
+          tail -40 "$log"
+          echo "sanitizers: fuzz target $name FAILED (log: $log; crash input: see above)"
+          exit 1
+        fi
+        runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' || echo "?")
+        corpus=$(grep -oE 'INITED.*corp: [0-9]+' "$log" | head -1 | grep -oE '[0-9]+$' || echo "?")
+        cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | grep -oE '[0-9]+$' || echo "?")
+        echo "sanitizers: libFuzzer $name: $runs inputs in ${fuzz_seconds} s, $corpus seeds, coverage $cov edges, no crash"
+      done
+      ;;
+    *)
+      echo "sanitizers: unknown stage '$stage' (asan, tsan, fuzz)" >&2
+      exit 2
+      ;;
+  esac
+  stage_time "$stage" "$t0"
+done
+stage_time "all stages" "$t_all"
