@@ -12,8 +12,8 @@
 #   racecheck, synccheck  a representative subset: for each op every grid mode / value tile
 #              (the code paths with shared memory and barriers), merge_states and in_place,
 #              prefill's mixed lengths, and the planner's 100 KiB dynamic-smem launch.
-# Override with KJIT_MEMCHECK_ARGS / KJIT_RACECHECK_ARGS / KJIT_SYNCCHECK_ARGS (doctest
-# arguments, e.g. "" for the whole suite). Tools to run: KJIT_SANITIZE_TOOLS (default
+# Override with KJIT_MEMCHECK_ARGS / KJIT_RACECHECK_ARGS / KJIT_SYNCCHECK_ARGS (one doctest
+# argument, passed as one word: test names contain spaces; "" for the whole suite). Tools to run: KJIT_SANITIZE_TOOLS (default
 # "memcheck racecheck synccheck"); per-tool time limit: KJIT_SANITIZE_TIMEOUT (s, default 540).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,7 +40,10 @@ synccheck_args=${KJIT_SYNCCHECK_ARGS-"-tc=$subset"}
 
 # Compile every kernel once without a sanitizer, so that the sanitized runs spend their time
 # in kernels rather than in NVRTC (the disk cache serves them).
-timeout 600 "$tests" $memcheck_args >"$out/sanitize_warmup.log" 2>&1 || true
+# One doctest argument, or none.
+as_args() { if [ -n "$1" ]; then printf '%s\0' "$1"; fi; }
+mapfile -d '' warm < <(as_args "$memcheck_args")
+timeout 600 "$tests" "${warm[@]}" >"$out/sanitize_warmup.log" 2>&1 || true
 
 status=0
 for tool in ${KJIT_SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
@@ -52,9 +55,9 @@ for tool in ${KJIT_SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
   esac
   log=$out/$tool.log
   t0=$(date +%s)
-  # shellcheck disable=SC2086  # $args holds doctest arguments, split on purpose
+  mapfile -d '' test_args < <(as_args "$args")
   timeout "${KJIT_SANITIZE_TIMEOUT:-540}" "$sanitizer" --tool "$tool" --error-exitcode 1 \
-    "${extra[@]}" --print-limit 100 "$tests" $args >"$log" 2>&1
+    "${extra[@]}" --print-limit 100 "$tests" "${test_args[@]}" >"$log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - t0 ))
   # compute-sanitizer ends with "ERROR SUMMARY: N errors"; racecheck also prints a
