@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: format check, build with warnings as errors, then every test through
-# ctest (unit, stress, package, examples; the GPU suite skips with its reason where no GPU
-# exists).
+# The whole test suite: format check, build with warnings as errors, every test through ctest
+# (unit, stress, package, examples, CLI; the GPU suite skips with its reason where no GPU
+# exists), the Python package's tests, then the sanitizer and fuzz stage.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 kjit_ensure_packages
@@ -11,6 +11,14 @@ cd "$KJIT_BUILD"
 # ctest shows no output of a skipped test: say here why the GPU suite will skip, if it does.
 ./tests/kjit_gpu_tests --count >/dev/null || ./tests/kjit_gpu_tests --count | grep SKIPPED || true
 ctest --output-on-failure -j"$(nproc)" "$@"
+
+# --- Python package (issue 8) -------------------------------------------------------------------
+# Builds python/ into a virtual environment (build-py/venv) and runs its pytest suites: the CPU
+# tests always, the GPU tests where torch sees a device (otherwise pytest says why they skip).
+# KJIT_PYTHON_TESTS=0 skips it.
+if [ "${KJIT_PYTHON_TESTS:-1}" != 0 ]; then
+  bash "$KJIT_ROOT/scripts/test_python.sh"
+fi
 
 # --- sanitizers and fuzzing (issue 9) ---------------------------------------------------------
 # ASan+UBSan (unit, stress, fuzz targets) and TSan (cache/threading subset), each in its own
