@@ -25,7 +25,7 @@ message(STATUS "kjit fuzz engine: ${_engine}")
 
 # Mutated inputs per target in the test command (ctest "fuzz: <name>"); scripts/
 # test_sanitizers.sh and docs/reliability.md give the longer runs.
-set(KJIT_FUZZ_TEST_RUNS 3000 CACHE STRING "Mutated inputs per fuzz target in ctest")
+set(KJIT_FUZZ_TEST_RUNS 20000 CACHE STRING "Mutated inputs per fuzz target in ctest")
 
 add_custom_target(kjit_fuzz_all)
 
