@@ -41,6 +41,11 @@ pip_install --no-build-isolation --no-deps -v \
   "$root/python" >"$out/python_build.log" 2>&1 ||
   { echo "python package build FAILED"; grep -E 'error|Error' "$out/python_build.log" | head -20; exit 1; }
 echo "python package build: $(( $(date +%s) - t1 )) s"
+# Whether kjit._kjit_torch (the C++ torch tensor reader) was built, and whether it loads.
+grep -E 'kjit: (building kjit._kjit_torch|torch not importable)' "$out/python_build.log" |
+  sed 's/^ *//' | head -2
+fastpath=$(cd /tmp && "$py" -c "import kjit; print('torch fast path: ' + ('loaded' if kjit.torch_fastpath() else 'NOT in use: ' + str(kjit.torch_fastpath_error)))" 2>&1 | tail -1)
+echo "$fastpath"
 
 t2=$(date +%s)
 (cd "$root/tests/python" && timeout 300 "$py" -m pytest -q -rs -p no:cacheprovider \
@@ -55,6 +60,7 @@ timeout 240 "$py" "$root/bench/python/bench_ops.py" "$@" --json "$out/bench_pyth
 echo "bench rc=$? ($(( $(date +%s) - t3 )) s)"
 
 echo "===== summary"
+echo "$fastpath"
 cat "$out/bench_python.txt"
 tail -1 "$out/pytest.log"
 echo "total: $(( $(date +%s) - t0 )) s"

@@ -22,6 +22,8 @@ t0=$(date +%s)
 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
   "$py" -m pip install -q --no-build-isolation "$root/python"
 echo "python package: built and installed in $(( $(date +%s) - t0 )) s"
+# Whether torch tensors are read by kjit._kjit_torch (built only when torch was importable).
+(cd /tmp && "$py" -c "import kjit; print('torch fast path: ' + ('loaded' if kjit.torch_fastpath() else 'not in use: ' + str(kjit.torch_fastpath_error)))")
 cd "$root/tests/python"
 # -rs: print the reason of every skipped test (no GPU, no torch, no NVRTC).
 "$py" -m pytest -q -rs -p no:cacheprovider "$@" .

@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """kjit from Python, side by side with the anchors that import in this process.
 
+0. Reading torch tensors (ns per tensor, CPU tensors and CUDA tensors): the C++ fast path
+   (kjit._kjit_torch) against the Python attribute path. `--read-only` runs only this part,
+   which needs no GPU.
 1. Host time per call (us, best of 5 rounds of N calls, tiny problems so the host is the
    bottleneck): torch eager op, torch stream lookups, a Triton launch, kjit ops with outputs
    given / allocated / an explicit stream, and the torch.ops.kjit custom op.
@@ -9,7 +12,7 @@
    merge_state vs a Triton merge kernel written here and torch eager; gdn_decode and
    gdn_prefill vs fla (flash-linear-attention / fla-core) when it imports.
 
-Usage: python bench/python/bench_ops.py [--quick] [--json PATH]
+Usage: python bench/python/bench_ops.py [--quick] [--read-only] [--json PATH]
 """
 
 import argparse
@@ -24,7 +27,7 @@ import torch
 import kjit
 
 DEV = "cuda"
-RESULTS = {"host_us": {}, "gpu": []}
+RESULTS = {"host_us": {}, "read_ns_per_tensor": {}, "gpu": []}
 
 
 def log(text=""):
@@ -127,14 +130,67 @@ def host_section(n, triton_parts):
     if hasattr(torch.ops, "kjit") and hasattr(torch.ops.kjit, "merge_state"):
         rows.append(("torch.ops.kjit.merge_state (custom op)",
                      lambda: torch.ops.kjit.merge_state(v_a, s_a, v_b, s_b, "e")))
+    fast = kjit._kjit._torch_fastpath()
+    if fast:
+        # The same calls with the fast path off: what the C++ tensor reader saves per call.
+        rows += [
+            ("kjit.merge_state, outputs given (attr path)",
+             lambda: kjit.merge_state(v_a, s_a, v_b, s_b, v_o, s_o, lse_base="e")),
+            ("kjit.gdn_decode B=1, out given (attr path)",
+             lambda: kjit.gdn_decode(qkv, ga, gb, a_log, dt_bias, pool, idx, out)),
+        ]
     for name, fn in rows:
+        kjit._kjit._torch_fastpath(fast and not name.endswith("(attr path)"))
         try:
             us = host_us(fn, n)
         except Exception as error:  # noqa: BLE001 - report and keep going
             log(f"  {name:45s} FAILED: {type(error).__name__}: {error}")
             continue
+        finally:
+            kjit._kjit._torch_fastpath(fast)
         RESULTS["host_us"][name] = us
         log(f"  {name:45s} {us:7.2f}")
+
+
+# --- tensor reading ----------------------------------------------------------------------------
+
+
+def read_ns(args, n, rounds=5):
+    """Best-of-rounds ns per _read_args_for_bench(*args) call (reads only, no launch)."""
+    read = kjit._kjit._read_args_for_bench
+    for _ in range(200):
+        read(*args)
+    best = math.inf
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(n):
+            read(*args)
+        best = min(best, (time.perf_counter() - start) / n * 1e9)
+    return best
+
+
+def read_section(n, device="cpu"):
+    """ns per torch tensor the binding spends reading it, through the C++ fast path
+    (kjit._kjit_torch) and through the Python attribute path: the slope between reading 8
+    tensors and none in one call, so that the call itself is not counted."""
+    fast_available = kjit._kjit._torch_fastpath()
+    log(f"== reading torch tensors ({device}): ns per tensor, best of 5 rounds of {n} calls; "
+        f"fast path {'loaded' if fast_available else 'NOT loaded: ' + str(kjit.torch_fastpath_error)}")
+    tensors = [torch.empty(4, 8, 16, device=device, dtype=torch.bfloat16)[:, ::2]
+               for _ in range(8)]
+    paths = [("fast path (kjit._kjit_torch)", True)] if fast_available else []
+    paths.append(("attribute path (fallback)", False))
+    try:
+        for name, enable in paths:
+            kjit._kjit._torch_fastpath(enable)
+            empty = read_ns((), n)
+            eight = read_ns(tensors, n)
+            per = (eight - empty) / len(tensors)
+            RESULTS["read_ns_per_tensor"][f"{device} {name}"] = per
+            log(f"  {name:45s} {per:7.1f} ns/tensor  (call with 8: {eight / 1000:.2f} us, "
+                f"with 0: {empty / 1000:.2f} us)")
+    finally:
+        kjit._kjit._torch_fastpath(fast_available)
 
 
 # --- GPU time ----------------------------------------------------------------------------------
@@ -296,9 +352,14 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer shapes")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--calls", type=int, default=20000, help="calls per host-time round")
+    parser.add_argument("--read-only", action="store_true",
+                        help="only the tensor-reading section (runs without a GPU)")
     args = parser.parse_args()
+    read_section(args.calls)
+    if args.read_only:
+        return 0
     if not torch.cuda.is_available():
-        log("SKIPPED: torch sees no CUDA device")
+        log("SKIPPED (the rest): torch sees no CUDA device")
         return 0
     log(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
         f"python {sys.version.split()[0]}")
@@ -308,6 +369,7 @@ def main():
     fla, why = try_fla()
     if fla is None:
         log(f"fla anchor unavailable: {why}")
+    read_section(args.calls, DEV)
     host_section(args.calls, triton_parts)
     merge_section(args.quick, triton_parts)
     decode_section(args.quick, fla)

@@ -9,6 +9,8 @@ Errors are kjit.Error subclasses carrying the library's message (InvalidArgument
 ValueError). With torch, the ops are also registered as torch.ops.kjit.* custom ops.
 """
 
+import os
+
 from . import _kjit
 from ._api import (
     cache_stats,
@@ -44,6 +46,38 @@ from ._kjit import (
 __version__ = "0.1.0"
 
 
+def _load_torch_fastpath():
+    # kjit._kjit_torch reads tensors through libtorch's C++ API (built only where torch was
+    # importable at build time, against that torch). Without it, or with
+    # KJIT_PY_TORCH_FASTPATH=0, tensors are read through their Python attributes: same views,
+    # same errors, ~0.5 us more per tensor.
+    global torch_fastpath_error
+    if os.environ.get("KJIT_PY_TORCH_FASTPATH", "1") == "0":
+        torch_fastpath_error = "disabled by KJIT_PY_TORCH_FASTPATH=0"
+        return
+    try:
+        from . import _kjit_torch
+    except ImportError as error:  # not built, or built against another torch
+        torch_fastpath_error = f"kjit._kjit_torch not importable: {error}"
+        return
+    try:
+        _kjit._register_torch_fastpath(_kjit_torch.fastpath)
+    except _kjit.Error as error:  # a _kjit_torch from another build: import kjit all the same
+        torch_fastpath_error = str(error)
+        return
+    torch_fastpath_error = None
+
+
+def torch_fastpath():
+    """Whether torch tensors are read through the C++ fast path (kjit._kjit_torch); when not,
+    ``kjit.torch_fastpath_error`` says why."""
+    return _kjit._torch_fastpath()
+
+
+# Why the torch fast path is not in use (None when it is, or before torch was looked for).
+torch_fastpath_error = "torch not importable"
+
+
 def _register_torch():
     # torch is optional. When it is importable, tensors are read through a C-level fast path
     # and torch's current stream is the default; the custom ops are registered too.
@@ -59,6 +93,7 @@ def _register_torch():
     # object. Older torch: None, and the extension falls back to the default stream.
     getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     _kjit._register_torch(torch.Tensor, dtypes, getter)
+    _load_torch_fastpath()
     from . import _torch_ops
 
     _torch_ops.register()

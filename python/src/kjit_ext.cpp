@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// kjit._kjit: the Python extension. Tensors come in as torch tensors (read through their C-level
+// kjit._kjit: the Python extension. Tensors come in as torch tensors (read through libtorch's C++
+// API by kjit._kjit_torch when it was built, torch_fastpath.hpp, else through their C-level
 // attributes: torch's __dlpack__ is a Python method that costs microseconds per tensor) or as
 // any DLPack / buffer-protocol object (through nanobind's ndarray import). Every op entry point
 // takes positional arguments only, so that nanobind's vectorcall path stays cheap; the Python
@@ -28,6 +29,7 @@
 #include "kjit/ops/gdn_prefill.hpp"
 #include "kjit/ops/merge_state.hpp"
 #include "ops.hpp"
+#include "torch_fastpath.hpp"
 
 namespace nb = nanobind;
 
@@ -156,6 +158,11 @@ struct TorchInfo {
   std::vector<std::pair<PyObject*, DType>> dtypes;
   /// torch._C._cuda_getCurrentRawStream(device) -> int, or nullptr.
   PyObject* current_stream = nullptr;
+  /// kjit._kjit_torch's C++ reader (torch_fastpath.hpp), or nullptr: then every tensor goes
+  /// through the attribute path.
+  const TorchFastPath* fast = nullptr;
+  /// Whether `fast` is used (the package can turn it off to compare the two paths).
+  bool use_fast = false;
 };
 TorchInfo g_torch;
 
@@ -176,12 +183,38 @@ void register_torch(nb::handle tensor_type, std::vector<std::pair<nb::handle, st
   g_torch.current_stream = current_stream.is_none() ? nullptr : current_stream.inc_ref().ptr();
 }
 
+/// Takes kjit._kjit_torch's capsule; the table it points to is static in that module, which is
+/// kept alive by the reference held here.
+void register_torch_fastpath(nb::handle capsule) {
+  auto* table =
+      static_cast<const TorchFastPath*>(PyCapsule_GetPointer(capsule.ptr(), kTorchFastPathCapsule));
+  if (table == nullptr) throw nb::python_error();
+  if (table->abi != kTorchFastPathAbi) {
+    throw InvalidArgument("kjit._kjit_torch was built for fast-path ABI " +
+                          std::to_string(table->abi) + ", this extension expects " +
+                          std::to_string(kTorchFastPathAbi) + "; reinstall kjit");
+  }
+  capsule.inc_ref();
+  g_torch.fast = table;
+  g_torch.use_fast = true;
+}
+
+/// Turns the fast path on or off (None: unchanged); returns whether it is in use. It cannot be
+/// turned on before register_torch_fastpath.
+bool torch_fastpath(std::optional<bool> enable) {
+  if (enable) g_torch.use_fast = *enable && g_torch.fast != nullptr;
+  return g_torch.use_fast;
+}
+
 /// One tensor argument after conversion.
 struct Arg {
   TensorView view;
   /// CUDA device ordinal; -1 when the tensor is not in CUDA device memory.
   int device = -1;
   bool torch = false;
+  /// How it was read: "fast" (kjit._kjit_torch), "attributes" (torch's Python attributes) or
+  /// "dlpack"; the tests check that the fast path really handled what they compare.
+  const char* via = "dlpack";
 };
 
 [[noreturn]] void bad(const char* op, const char* name, const std::string& what) {
@@ -218,6 +251,7 @@ void read_dims(const char* op, const char* name, PyObject* tuple, std::int64_t* 
 Arg torch_arg(const char* op, const char* name, PyObject* obj) {
   Arg arg;
   arg.torch = true;
+  arg.via = "attributes";
   {
     Ref dtype(PyObject_GetAttr(obj, g_name_dtype));
     bool found = false;
@@ -250,10 +284,17 @@ Arg torch_arg(const char* op, const char* name, PyObject* obj) {
     arg.view.data = PyLong_AsVoidPtr(ptr.p);
     if (arg.view.data == nullptr && PyErr_Occurred()) throw nb::python_error();
   }
-  Ref is_cuda(PyObject_GetAttr(obj, g_name_is_cuda));
-  if (is_cuda.p == Py_True) {
+  {
+    // get_device() is -1 for host tensors (the common "not on the GPU" case), which then need
+    // no is_cuda; an index >= 0 may still belong to another accelerator (XPU, MPS), hence the
+    // is_cuda check only then.
     Ref device(PyObject_CallMethodNoArgs(obj, g_name_get_device));
-    arg.device = static_cast<int>(PyLong_AsLong(device.p));
+    const long index = PyLong_AsLong(device.p);
+    if (index == -1 && PyErr_Occurred()) throw nb::python_error();
+    if (index >= 0) {
+      Ref is_cuda(PyObject_GetAttr(obj, g_name_is_cuda));
+      if (is_cuda.p == Py_True) arg.device = static_cast<int>(index);
+    }
   }
   return arg;
 }
@@ -306,9 +347,33 @@ Arg dlpack_arg(const char* op, const char* name, nb::handle obj) {
 
 Arg to_arg(const char* op, const char* name, nb::handle obj) {
   if (g_torch.tensor_type != nullptr && PyObject_TypeCheck(obj.ptr(), g_torch.tensor_type)) {
+    if (g_torch.use_fast) {
+      Arg arg;
+      arg.torch = true;
+      arg.via = "fast";
+      const int read = g_torch.fast->read_tensor(obj.ptr(), &arg.view, &arg.device);
+      if (read == 0) return arg;
+      if (read < 0) throw nb::python_error();
+      // 1: declined; the attribute path reads it or raises the error.
+    }
     return torch_arg(op, name, obj.ptr());
   }
   return dlpack_arg(op, name, obj);
+}
+
+/// torch's current stream on `device` (the legacy default stream without torch).
+Stream torch_current_stream(int device) {
+  if (device < 0) return nullptr;
+  void* handle = nullptr;
+  if (g_torch.use_fast && g_torch.fast->current_stream(device, &handle) == 0) {
+    return static_cast<Stream>(handle);
+  }
+  if (g_torch.current_stream == nullptr) return nullptr;
+  Ref index(PyLong_FromLong(device));
+  Ref raw(PyObject_CallOneArg(g_torch.current_stream, index.p));
+  void* stream = PyLong_AsVoidPtr(raw.p);
+  if (stream == nullptr && PyErr_Occurred()) throw nb::python_error();
+  return static_cast<Stream>(stream);
 }
 
 /// The tensors of one call: converted, and on one CUDA device unless only planning.
@@ -350,12 +415,7 @@ class Args {
   /// default stream when torch is not loaded); an int; or an object with .cuda_stream (torch)
   /// or .ptr (CuPy).
   Stream stream(nb::handle obj) const {
-    if (obj.is_none()) {
-      if (g_torch.current_stream == nullptr || device_ < 0) return nullptr;
-      Ref index(PyLong_FromLong(device_));
-      Ref raw(PyObject_CallOneArg(g_torch.current_stream, index.p));
-      return static_cast<Stream>(PyLong_AsVoidPtr(raw.p));
-    }
+    if (obj.is_none()) return torch_current_stream(device_);
     if (PyLong_Check(obj.ptr())) return static_cast<Stream>(PyLong_AsVoidPtr(obj.ptr()));
     for (const char* attr : {"cuda_stream", "ptr"}) {
       if (nb::hasattr(obj, attr)) {
@@ -375,6 +435,30 @@ class Args {
   const char* first_ = "";
   bool torch_ = false;
 };
+
+// ---------------------------------------------------------------------------------------------
+// Debug entry points: the tests compare the two torch paths on the same tensors, the benchmark
+// times them.
+
+/// (data pointer, dtype name, shape, strides, device, how) as an op would read `obj`.
+nb::tuple read_tensor(nb::handle obj) {
+  const Arg arg = to_arg("_read_tensor", "tensor", obj);
+  nb::list shape, strides;
+  for (int i = 0; i < arg.view.rank; ++i) {
+    shape.append(arg.view.shape[i]);
+    strides.append(arg.view.strides[i]);
+  }
+  return nb::make_tuple(reinterpret_cast<std::uintptr_t>(arg.view.data),
+                        std::string(to_string(arg.view.dtype)), nb::tuple(shape),
+                        nb::tuple(strides), arg.device, arg.via);
+}
+
+/// Reads every positional argument as an op reads its tensors, and nothing else: the per-tensor
+/// cost of the binding without a launch. Returns how many were read.
+std::size_t read_args_for_bench(nb::args args) {
+  for (nb::handle obj : args) (void)to_arg("_read_args_for_bench", "tensor", obj);
+  return args.size();
+}
 
 // ---------------------------------------------------------------------------------------------
 // Options
@@ -847,6 +931,14 @@ NB_MODULE(_kjit, m) {
       });
 
   m.def("_register_torch", &register_torch);
+  m.def("_register_torch_fastpath", &register_torch_fastpath);
+  m.def("_torch_fastpath", &torch_fastpath, "enable"_a.none() = nb::none(),
+        "Whether tensors are read through kjit._kjit_torch; enable=True/False switches it (on "
+        "only once registered).");
+  m.def("_read_tensor", &read_tensor);
+  m.def("_read_args_for_bench", &read_args_for_bench);
+  m.def("_current_stream",
+        [](int device) { return reinterpret_cast<std::uintptr_t>(torch_current_stream(device)); });
   m.def("_configure", &kjit::python::configure);
   m.def("_settings", [] { return settings_dict(runtime().settings()); });
   m.def("_cache_stats", &cache_stats);

@@ -354,3 +354,157 @@ def test_exception_hierarchy():
                 kjit.KernelNotInBundle):
         assert issubclass(cls, kjit.Error) and issubclass(cls, RuntimeError)
     assert kjit.Error.__module__ == "kjit"
+
+
+# --- reading torch tensors: the C++ fast path against the attribute path --------------------
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("torch is not installed: the torch tensor readers are not tested")
+    return torch
+
+
+def _fast_torch():
+    torch = _torch()
+    previous = kjit._kjit._torch_fastpath()
+    if not kjit._kjit._torch_fastpath(True):
+        pytest.skip(f"the torch fast path is not in use: {kjit.torch_fastpath_error}")
+    kjit._kjit._torch_fastpath(previous)
+    return torch
+
+
+def _read(obj, fast):
+    """What an op reads from obj through one path: the view, or the error it raises."""
+    previous = kjit._kjit._torch_fastpath()
+    kjit._kjit._torch_fastpath(fast)
+    try:
+        return kjit._kjit._read_tensor(obj)
+    except Exception as error:  # noqa: BLE001 - the error is the result compared
+        return (type(error), str(error))
+    finally:
+        kjit._kjit._torch_fastpath(previous)
+
+
+def _tensor_cases(torch):
+    """Named CPU tensors of every kjit dtype in every layout the ops may be given."""
+    dtypes = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32,
+              torch.int64, torch.uint8, torch.bool]
+    if hasattr(torch, "float8_e4m3fn"):
+        dtypes.append(torch.float8_e4m3fn)
+    for dtype in dtypes:
+        base = torch.zeros(6, 8, 10, dtype=torch.float32).to(dtype)
+        yield dtype, "contiguous", base
+        yield dtype, "strided", base[:, ::2, ::3]
+        yield dtype, "sliced", base[1:4, 2:, 5:]
+        yield dtype, "transposed", base.transpose(0, 2)
+        yield dtype, "permuted", base.permute(1, 2, 0)
+        yield dtype, "expanded", base[:1].expand(4, 8, 10)
+        yield dtype, "0-d", base[2, 3, 4]
+        yield dtype, "1-d", base[:, 1, 2]
+        yield dtype, "4-d", base.reshape(2, 3, 8, 10)
+        yield dtype, "empty", base[:0]
+
+
+def test_fast_path_reads_the_same_views_as_the_attribute_path():
+    torch = _fast_torch()
+    count = 0
+    for dtype, layout, tensor in _tensor_cases(torch):
+        fast, slow = _read(tensor, True), _read(tensor, False)
+        assert fast[-1] == "fast", (dtype, layout, fast)
+        assert slow[-1] == "attributes", (dtype, layout, slow)
+        assert fast[:-1] == slow[:-1], (dtype, layout)
+        # ... and both are the tensor's own attributes.
+        assert fast[0] == tensor.data_ptr() and fast[2] == tuple(tensor.shape)
+        assert fast[3] == tensor.stride() and fast[4] == -1
+        count += 1
+    assert count >= 80
+
+
+def test_fast_path_reads_parameters_and_grad_tensors():
+    torch = _fast_torch()
+    param = torch.nn.Parameter(torch.zeros(3, 4))
+    leaf = torch.zeros(3, 4, requires_grad=True)
+    for tensor in (param, leaf, leaf * 2):
+        fast, slow = _read(tensor, True), _read(tensor, False)
+        assert fast[-1] == "fast" and fast[:-1] == slow[:-1]
+
+
+def test_fast_path_declines_subclasses_and_unusual_tensors():
+    torch = _fast_torch()
+
+    class Sub(torch.Tensor):
+        pass
+
+    sub = torch.zeros(3, 4).as_subclass(Sub)
+    fast, slow = _read(sub, True), _read(sub, False)
+    assert fast[-1] == "attributes" and fast == slow  # declined, then read the same way
+    sparse = torch.zeros(3, 4).to_sparse()
+    assert _read(sparse, True) == _read(sparse, False)
+    meta = torch.empty(3, 4, device="meta")
+    assert _read(meta, True)[:-1] == _read(meta, False)[:-1]
+
+
+def test_fast_path_errors_are_the_attribute_path_errors():
+    torch = _fast_torch()
+    bad = [torch.zeros(2, 3, dtype=torch.complex64), torch.zeros(2, 3, dtype=torch.int16),
+           torch.zeros(1, 1, 1, 1, 1), torch.zeros(2, 1, 1, 1, 1, 2)[0]]
+    if hasattr(torch, "float8_e5m2"):
+        bad.append(torch.zeros(2, dtype=torch.float8_e5m2))
+    for tensor in bad:
+        fast, slow = _read(tensor, True), _read(tensor, False)
+        assert fast == slow and fast[0] is kjit.InvalidArgument, (tensor.dtype, fast)
+    assert "has dtype torch.complex64; accepted: float16, bfloat16" in _read(bad[0], True)[1]
+    assert "has rank 5; accepted: at most 4 dimensions" in _read(bad[2], True)[1]
+
+
+def test_host_torch_tensors_are_refused_the_same_way_by_both_paths():
+    torch = _fast_torch()
+    v = torch.zeros(4, 8, 64, dtype=torch.float16)
+    s = torch.zeros(4, 8)
+    messages = []
+    for fast in (True, False):
+        previous = kjit._kjit._torch_fastpath()
+        kjit._kjit._torch_fastpath(fast)
+        try:
+            with pytest.raises(kjit.InvalidArgument) as error:
+                kjit.merge_state(v, s, v, s, v.clone(), s.clone(), lse_base="e")
+            messages.append(str(error.value))
+        finally:
+            kjit._kjit._torch_fastpath(previous)
+    assert messages[0] == messages[1]
+    assert "merge_state: v_a is not in CUDA device memory" in messages[0]
+
+
+def test_planning_host_torch_tensors_is_identical_on_both_paths():
+    torch = _fast_torch()
+    v = torch.zeros(4, 8, 64, dtype=torch.bfloat16)
+    s = torch.zeros(4, 8)
+    plans = []
+    for fast in (True, False):
+        previous = kjit._kjit._torch_fastpath()
+        kjit._kjit._torch_fastpath(fast)
+        try:
+            plans.append(kjit.plan_call("merge_state", v, s, v, s, v, s, lse_base="e",
+                                        arch="sm_90").explain())
+        finally:
+            kjit._kjit._torch_fastpath(previous)
+    assert plans[0] == plans[1]
+
+
+def test_fast_path_state_is_reported():
+    _torch()
+    if os.environ.get("KJIT_PY_TORCH_FASTPATH") == "0":
+        assert not kjit.torch_fastpath()
+        assert "KJIT_PY_TORCH_FASTPATH=0" in kjit.torch_fastpath_error
+    elif kjit.torch_fastpath():
+        assert kjit.torch_fastpath_error is None
+    else:
+        assert kjit.torch_fastpath_error  # says why (not built, not importable)
+    # Off and on again round-trips; on is refused where the module never registered.
+    previous = kjit._kjit._torch_fastpath()
+    assert kjit._kjit._torch_fastpath(False) is False
+    kjit._kjit._torch_fastpath(previous)
+    assert kjit._kjit._torch_fastpath() == previous

@@ -143,6 +143,32 @@ def test_explicit_streams():
     close(out, ref_v, 1e-5, 1e-5)
 
 
+def test_torch_fast_path_reads_cuda_tensors_and_the_current_stream():
+    fast = kjit._kjit._torch_fastpath()
+    if not fast:
+        pytest.skip(f"the torch fast path is not in use: {kjit.torch_fastpath_error}")
+    base = torch.zeros(6, 8, 10, device=DEV, dtype=torch.bfloat16)
+    try:
+        for tensor in (base, base[1:, ::2], base.transpose(0, 2), base[2, 3, 4]):
+            kjit._kjit._torch_fastpath(True)
+            got = kjit._kjit._read_tensor(tensor)
+            kjit._kjit._torch_fastpath(False)
+            want = kjit._kjit._read_tensor(tensor)
+            assert got[-1] == "fast" and got[:-1] == want[:-1]
+            assert got[4] == torch.cuda.current_device()
+        # The stream None resolves to: c10's guard registry (fast) and torch's raw getter.
+        side = torch.cuda.Stream()
+        for stream in (torch.cuda.current_stream(), side):
+            with torch.cuda.stream(stream):
+                kjit._kjit._torch_fastpath(True)
+                got = kjit._kjit._current_stream(torch.cuda.current_device())
+                kjit._kjit._torch_fastpath(False)
+                want = kjit._kjit._current_stream(torch.cuda.current_device())
+            assert got == want == stream.cuda_stream
+    finally:
+        kjit._kjit._torch_fastpath(fast)
+
+
 def test_errors_on_gpu_tensors():
     v = torch.randn(4, 8, 64, device=DEV, dtype=torch.bfloat16)
     s = torch.zeros(4, 8, device=DEV)
