@@ -116,13 +116,36 @@ __device__ __forceinline__ void store_pair<__half>(__half* ptr, float x0, float 
   *reinterpret_cast<__half2*>(ptr) = __floats2half2_rn(x0, x1);
 }
 
+/// Stores the f32 state tile (accumulator layout, see the kernel) to `dst`, the tile's first row
+/// in a [V, K] row-major state, rounded to Tstate. Used for the final state and checkpoints.
+template <typename Tstate, int kK, int kSMTiles, int kSNTiles>
+__device__ __forceinline__ void store_state_tile(Tstate* dst,
+                                                 const float (&s)[kSMTiles][kSNTiles][4], int wm,
+                                                 int wn, int g, int t4) {
+#pragma unroll
+  for (int mi = 0; mi < kSMTiles; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < kSNTiles; ++ni) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int v = (wm * kSMTiles + mi) * 16 + g + 8 * hf;
+        const int kk = (wn * kSNTiles + ni) * 8 + 2 * t4;
+        store_pair(dst + v * kK + kk, s[mi][ni][2 * hf], s[mi][ni][2 * hf + 1]);
+      }
+    }
+  }
+}
+
 }  // namespace gdn_prefill_detail
 
 /// Template parameters: element types of q/k/v, of the raw gates a/b (f32 for precomputed g and
 /// beta), of A_log/dt_bias, of the state pool, of out, of cu_seqlens and of state_indices; K, V,
-/// the value tile kBV; kGated: a/b hold g and beta; kL2Norm: normalize q and k.
+/// the value tile kBV; kGated: a/b hold g and beta; kL2Norm: normalize q and k; kCkpt: write
+/// the state after every p.ckpt_every_chunks full chunks to p.checkpoints (a template flag so the
+/// kernel without checkpoints carries no trace of them).
 template <typename Tin, typename Tgate, typename Tparam, typename Tstate, typename Tout,
-          typename Tcu, typename Tidx, int kK, int kV, int kBV, bool kGated, bool kL2Norm>
+          typename Tcu, typename Tidx, int kK, int kV, int kBV, bool kGated, bool kL2Norm,
+          bool kCkpt>
 __global__ void __launch_bounds__(kGdnPrefillThreads) gdn_prefill_kernel(const GdnPrefillParams p) {
   using namespace gdn_prefill_detail;
   static_assert(kK == 64 || kK == 128 || kK == 256, "K must be 64, 128 or 256");
@@ -205,6 +228,15 @@ __global__ void __launch_bounds__(kGdnPrefillThreads) gdn_prefill_kernel(const G
   const Tin* k_base = static_cast<const Tin*>(p.k) + i64(h) * p.k_stride_h + lane * kPerLane;
   const Tin* v_base = static_cast<const Tin*>(p.v) + i64(hv) * p.v_stride_h + v0;
   Tout* o_base = static_cast<Tout*>(p.out) + i64(hv) * p.out_stride_h + v0;
+
+  // Checkpoints: the next row this sequence writes and how many chunks remain until it. Padding
+  // sequences write theirs too (from their zero start): the caller's prefix gives them rows,
+  // which would otherwise hold garbage.
+  i64 ckpt_row = 0, ckpt_countdown = 0;
+  if constexpr (kCkpt) {
+    ckpt_row = p.checkpoint_starts[n];
+    ckpt_countdown = p.ckpt_every_chunks;
+  }
 
   for (i64 t0 = bos; t0 < eos; t0 += kGdnPrefillChunk) {
     const int rows = static_cast<int>(eos - t0 < 64 ? eos - t0 : 64);
@@ -564,6 +596,20 @@ __global__ void __launch_bounds__(kGdnPrefillThreads) gdn_prefill_kernel(const G
         }
       }
     }
+
+    // 7. A checkpoint after every ckpt_every_chunks full chunks: checkpoints are multiples of
+    // 64 tokens, so only a full chunk can end at one, and a trailing partial chunk never does.
+    if constexpr (kCkpt) {
+      if (rows == kGdnPrefillChunk && --ckpt_countdown == 0) {
+        ckpt_countdown = p.ckpt_every_chunks;
+        if (ckpt_row >= 0 && ckpt_row < p.ckpt_rows) {
+          store_state_tile<Tstate, kK>(static_cast<Tstate*>(p.checkpoints) +
+                                           ckpt_row * p.ckpt_slot_stride + (i64(hv) * kV + v0) * kK,
+                                       s_acc, wm, wn, g, t4);
+        }
+        ++ckpt_row;
+      }
+    }
   }
 
   // Final state: into the separate output when given (padded sequences included), else back
@@ -575,19 +621,7 @@ __global__ void __launch_bounds__(kGdnPrefillThreads) gdn_prefill_kernel(const G
     dst = static_cast<Tstate*>(p.state) + slot * p.state_slot_stride;
   }
   if (dst == nullptr) return;
-  dst += (i64(hv) * kV + v0) * kK;
-#pragma unroll
-  for (int mi = 0; mi < kSMTiles; ++mi) {
-#pragma unroll
-    for (int ni = 0; ni < kSNTiles; ++ni) {
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int v = (wm * kSMTiles + mi) * 16 + g + 8 * hf;
-        const int kk = (wn * kSNTiles + ni) * 8 + 2 * t4;
-        store_pair(dst + v * kK + kk, s_acc[mi][ni][2 * hf], s_acc[mi][ni][2 * hf + 1]);
-      }
-    }
-  }
+  store_state_tile<Tstate, kK>(dst + (i64(hv) * kV + v0) * kK, s_acc, wm, wn, g, t4);
 }
 
 }  // namespace kjit

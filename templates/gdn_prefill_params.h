@@ -93,6 +93,12 @@ struct GdnPrefillParams {
   void* final_state;
   /// [T, HV, V].
   void* out;
+  /// Checkpoint kernels only (kCkpt): [ckpt_rows, HV, V, K] states, inner [HV, V, K]
+  /// contiguous; sequence n writes its state after every ckpt_every_chunks full chunks to row
+  /// checkpoint_starts[n] + j.
+  void* checkpoints;
+  /// [N + 1] i64: first checkpoint row of each sequence.
+  const i64* checkpoint_starts;
   i64 q_stride_t, q_stride_h;
   i64 k_stride_t, k_stride_h;
   i64 v_stride_t, v_stride_h;
@@ -103,6 +109,12 @@ struct GdnPrefillParams {
   i64 index_stride;
   i64 has_init_stride;
   i64 num_slots;
+  i64 ckpt_slot_stride;
+  /// Rows of `checkpoints`: a row outside [0, ckpt_rows) is not written (device-side starts are
+  /// not checked on the host; this keeps a wrong prefix from writing out of bounds).
+  i64 ckpt_rows;
+  /// checkpoint_every_n_tokens / kGdnPrefillChunk (>= 1 with checkpoints).
+  i64 ckpt_every_chunks;
   u32 num_seqs;
   u32 num_value_heads;
   /// HV / H: value heads per q/k head.

@@ -62,6 +62,9 @@ FamilyDecl gdn_prefill_family() {
                         .doc = "1: a/b hold precomputed f32 g (log decay) and beta"},
               ParamDecl{
                   .name = "l2norm", .kind = ParamKind::boolean, .doc = "1: L2-normalize q and k"},
+              ParamDecl{.name = "ckpt",
+                        .kind = ParamKind::boolean,
+                        .doc = "1: write state checkpoints every n full chunks"},
           },
       .min_sm = 80,
       .doc =

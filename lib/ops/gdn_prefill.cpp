@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "kjit/error.hpp"
@@ -56,7 +57,7 @@ void require_dim(const TensorView& t, const char* name, int dim, std::int64_t ex
 
 void require_aligned(const TensorView& t, const char* name, std::uintptr_t bytes) {
   if (reinterpret_cast<std::uintptr_t>(t.data) % bytes != 0) {
-    fail(fmt::format("{} data pointer must be {}-byte aligned", name, bytes));
+    fail(fmt::format("{} data pointer {} must be {}-byte aligned", name, t.data, bytes));
   }
 }
 
@@ -71,6 +72,73 @@ void require_inner_contiguous(const TensorView& t, const char* name) {
   if (t.strides[t.rank - 1] != 1 && t.shape[t.rank - 1] > 1) {
     fail(fmt::format("{} must have a contiguous last dimension, got {}", name, t.str()));
   }
+}
+
+// An optional tensor is given when it is anything but a default TensorView: planning passes
+// null pointers with real shapes, so the pointer alone cannot tell.
+bool given(const TensorView& t) { return t.rank > 0 || t.data != nullptr; }
+
+// The checkpoint arguments (GdnPrefillOptions::checkpoint_every_n_tokens and the two tensors).
+void validate_checkpoints(const GdnPrefillOptions& options, const TensorView& state,
+                          std::int64_t seqs, std::int64_t value_heads, std::int64_t v,
+                          std::int64_t k) {
+  const std::int64_t every = options.checkpoint_every_n_tokens;
+  const TensorView& ck = options.state_checkpoints;
+  const TensorView& starts = options.checkpoint_cu_starts;
+  if (every == 0) {
+    for (const auto& [t, name] : {std::pair{&ck, "options.state_checkpoints"},
+                                  std::pair{&starts, "options.checkpoint_cu_starts"}}) {
+      if (given(*t)) {
+        fail(fmt::format(
+            "{} is given ({}) but options.checkpoint_every_n_tokens is 0; accepted: a positive "
+            "multiple of {} with it, or a default (empty) TensorView",
+            name, t->str(), kGdnPrefillChunk));
+      }
+    }
+    return;
+  }
+  if (every < 0 || every % kGdnPrefillChunk != 0) {
+    fail(fmt::format(
+        "options.checkpoint_every_n_tokens = {}; accepted: 0 (no checkpoints) or a positive "
+        "multiple of {} (the kernel's chunk)",
+        every, kGdnPrefillChunk));
+  }
+  if (!given(ck)) {
+    fail(fmt::format(
+        "options.state_checkpoints is missing; it is required with "
+        "options.checkpoint_every_n_tokens = {} (a [total, HV, V, K] tensor of the dtype of state)",
+        every));
+  }
+  require_rank(ck, "options.state_checkpoints", 4, "[total, HV, V, K]");
+  if (ck.dtype != state.dtype) {
+    fail(fmt::format("options.state_checkpoints has dtype {}; accepted: {} (the dtype of state)",
+                     to_string(ck.dtype), to_string(state.dtype)));
+  }
+  require_dim(ck, "options.state_checkpoints", 1, value_heads, "value heads HV");
+  require_dim(ck, "options.state_checkpoints", 2, v, "V");
+  require_dim(ck, "options.state_checkpoints", 3, k, "K");
+  if (ck.strides[3] != 1 || ck.strides[2] != k || ck.strides[1] != v * k) {
+    fail(fmt::format(
+        "options.state_checkpoints must have a contiguous [HV, V, K] inner block, got {}",
+        ck.str()));
+  }
+  require_aligned(ck, "options.state_checkpoints", 16);
+  require_stride_multiple(ck, "options.state_checkpoints", 0, 4);
+
+  if (!given(starts)) {
+    fail(
+        fmt::format("options.checkpoint_cu_starts is missing; it is required with "
+                    "options.checkpoint_every_n_tokens = {} (an i64 [N + 1] device tensor, see "
+                    "gdn_prefill_checkpoint_starts)",
+                    every));
+  }
+  require_rank(starts, "options.checkpoint_cu_starts", 1, "[N + 1]");
+  require_dtype(starts, "options.checkpoint_cu_starts", {DType::i64});
+  require_dim(starts, "options.checkpoint_cu_starts", 0, seqs + 1, "sequences N + 1");
+  if (starts.shape[0] > 1 && starts.strides[0] != 1) {
+    fail(fmt::format("options.checkpoint_cu_starts must be contiguous, got {}", starts.str()));
+  }
+  require_aligned(starts, "options.checkpoint_cu_starts", 8);
 }
 
 // Checks every argument; fills the problem description the plan and the launch need.
@@ -206,12 +274,7 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
     require_aligned(fs, "options.final_state", 16);
     require_stride_multiple(fs, "options.final_state", 0, 4);
   }
-  if (options.checkpoint_every_n_tokens != 0) {
-    fail(
-        fmt::format("options.checkpoint_every_n_tokens = {}: per-chunk state checkpoints are not "
-                    "supported yet; accepted: 0",
-                    options.checkpoint_every_n_tokens));
-  }
+  validate_checkpoints(options, state, pr.seqs, hv, pr.v, pr.k);
   if (!(options.scale >= 0.0f) || !std::isfinite(options.scale)) {
     fail(fmt::format("options.scale = {} must be finite and >= 0 (0: K^-0.5)", options.scale));
   }
@@ -301,6 +364,8 @@ Plan make_plan(const Problem& pr, const TensorView& q, const GdnGates& gates,
                const GdnPrefillOptions& options, const DeviceLimits& device) {
   Choice choice = choose_tile(pr, options.force_mode, device);
   const bool raw = gates.kind == GdnGateKind::raw;
+  const std::int64_t every = options.checkpoint_every_n_tokens;
+  const bool ckpt = every > 0;
   KernelSpec spec =
       KernelSpec::make("gdn_prefill",
                        {{"qkv", std::string(to_string(q.dtype))},
@@ -314,13 +379,21 @@ Plan make_plan(const Problem& pr, const TensorView& q, const GdnGates& gates,
                         {"v", std::to_string(pr.v)},
                         {"bv", std::to_string(choice.bv)},
                         {"gated", raw ? "0" : "1"},
-                        {"l2norm", options.l2norm_qk ? "1" : "0"}},
+                        {"l2norm", options.l2norm_qk ? "1" : "0"},
+                        {"ckpt", ckpt ? "1" : "0"}},
                        device.arch);
   Plan plan;
   plan.op = kOp;
   plan.mode = fmt::format("bv{}", choice.bv);
   plan.reasons = std::move(choice.reasons);
   plan.device = device;
+  plan.reasons.push_back(
+      ckpt
+          ? fmt::format("state checkpoints every {} tokens ({} chunks of {}): each sequence writes "
+                        "floor(length / {}) states to options.state_checkpoints from row "
+                        "checkpoint_cu_starts[n] (kernel ckpt=1)",
+                        every, every / kGdnPrefillChunk, kGdnPrefillChunk, every)
+          : std::string("no state checkpoints (kernel ckpt=0)"));
   if (pr.seqs == 0) {
     plan.reasons.push_back("no sequences: nothing to launch");
     return plan;
@@ -353,10 +426,38 @@ struct Signature {
   std::int64_t seqs = 0, value_heads = 0, heads = 0, k = 0, v = 0;
   std::int64_t dtypes = 0;
   std::int64_t flags = 0;
+  std::int64_t checkpoint_every = 0;
   char force[16] = {};
 };
 
 }  // namespace
+
+std::vector<std::int64_t> gdn_prefill_checkpoint_starts(std::span<const std::int64_t> cu_seqlens,
+                                                        std::int64_t every) {
+  if (every <= 0 || every % kGdnPrefillChunk != 0) {
+    throw InvalidArgument(fmt::format(
+        "gdn_prefill_checkpoint_starts: every = {}; accepted: a positive multiple of {} (the "
+        "kernel's chunk)",
+        every, kGdnPrefillChunk));
+  }
+  if (cu_seqlens.empty()) {
+    throw InvalidArgument(
+        "gdn_prefill_checkpoint_starts: cu_seqlens is empty; accepted: N + 1 >= 1 offsets");
+  }
+  std::vector<std::int64_t> starts(cu_seqlens.size());
+  starts[0] = 0;
+  for (std::size_t i = 1; i < cu_seqlens.size(); ++i) {
+    const std::int64_t length = cu_seqlens[i] - cu_seqlens[i - 1];
+    if (length < 0) {
+      throw InvalidArgument(fmt::format(
+          "gdn_prefill_checkpoint_starts: cu_seqlens[{}] = {} < cu_seqlens[{}] = {}; accepted: "
+          "non-decreasing offsets",
+          i, cu_seqlens[i], i - 1, cu_seqlens[i - 1]));
+    }
+    starts[i] = starts[i - 1] + length / every;
+  }
+  return starts;
+}
 
 Plan plan_gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
                       const GdnGates& gates, const TensorView& cu_seqlens, const TensorView& state,
@@ -375,6 +476,18 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
   const Problem pr =
       validate(q, k, v, gates, cu_seqlens, state, state_indices, has_initial_state, out, options);
   if (pr.seqs == 0) return;
+  const bool ckpt = options.checkpoint_every_n_tokens > 0;
+  // Planning accepts null pointers; a launch needs real ones (an empty checkpoint tensor may
+  // stay null: no row is ever written).
+  if (ckpt && options.checkpoint_cu_starts.data == nullptr) {
+    fail("options.checkpoint_cu_starts has a null data pointer; accepted: a device pointer");
+  }
+  if (ckpt && options.state_checkpoints.data == nullptr && options.state_checkpoints.shape[0] > 0) {
+    fail(fmt::format(
+        "options.state_checkpoints has a null data pointer and {} rows; accepted: a device "
+        "pointer, or 0 rows",
+        options.state_checkpoints.shape[0]));
+  }
   if (options.force_mode.size() >= sizeof(Signature::force)) {
     fail(fmt::format("options.force_mode '{}' is not a mode; accepted: auto, bv64, bv32, bv16",
                      options.force_mode));
@@ -397,6 +510,8 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
                static_cast<std::int64_t>(cu_seqlens.dtype) << 40 |
                static_cast<std::int64_t>(state_indices.dtype) << 48;
   sig.flags = (raw ? 1 : 0) | (options.l2norm_qk ? 2 : 0);
+  // The plan's text names the interval, so it is part of the key, not just ckpt on/off.
+  sig.checkpoint_every = options.checkpoint_every_n_tokens;
   std::memcpy(sig.force, options.force_mode.data(), options.force_mode.size());
 
   const Runtime::ResolvedPlan& resolved = runtime.memoized(sig, stream, [&] {
@@ -420,6 +535,9 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
   p.state = state.data;
   p.final_state = options.final_state.data;
   p.out = out.data;
+  p.checkpoints = ckpt ? options.state_checkpoints.data : nullptr;
+  p.checkpoint_starts =
+      ckpt ? static_cast<const std::int64_t*>(options.checkpoint_cu_starts.data) : nullptr;
   p.q_stride_t = q.strides[0];
   p.q_stride_h = q.strides[1];
   p.k_stride_t = k.strides[0];
@@ -435,6 +553,9 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
   p.index_stride = state_indices.strides[0];
   p.has_init_stride = has_initial_state.data != nullptr ? has_initial_state.strides[0] : 0;
   p.num_slots = pr.slots;
+  p.ckpt_slot_stride = ckpt ? options.state_checkpoints.strides[0] : 0;
+  p.ckpt_rows = ckpt ? options.state_checkpoints.shape[0] : 0;
+  p.ckpt_every_chunks = ckpt ? options.checkpoint_every_n_tokens / kGdnPrefillChunk : 0;
   p.num_seqs = static_cast<u32>(pr.seqs);
   p.num_value_heads = static_cast<u32>(pr.value_heads);
   p.heads_per_group = static_cast<u32>(pr.value_heads / pr.heads);

@@ -58,6 +58,19 @@ void gdn_prefill_reference(const TensorView& q, const TensorView& k, const Tenso
       options.scale > 0.0f ? options.scale : 1.0 / std::sqrt(static_cast<double>(kdim));
   const std::size_t tile = static_cast<std::size_t>(vdim * kdim);
   std::vector<double> hs(tile);
+  const std::int64_t every = options.checkpoint_every_n_tokens;
+  const TensorView& ckpts = options.state_checkpoints;
+  const bool ckpt = every > 0 && ckpts.data != nullptr;
+
+  // Writes the state of value head hv to row `index` of a [rows, HV, V, K] tensor, rounded to
+  // its dtype.
+  const auto store_state = [&](const TensorView& dst, std::int64_t index, std::int64_t hv) {
+    for (std::int64_t i = 0; i < vdim; ++i) {
+      for (std::int64_t j = 0; j < kdim; ++j) {
+        put(dst, hs[static_cast<std::size_t>(i * kdim + j)], index, hv, i, j);
+      }
+    }
+  };
 
   for (std::int64_t n = 0; n < seqs; ++n) {
     const auto slot = static_cast<std::int64_t>(at(state_indices, n));
@@ -66,6 +79,9 @@ void gdn_prefill_reference(const TensorView& q, const TensorView& k, const Tenso
         !padded && (has_initial_state.data == nullptr || at(has_initial_state, n) != 0.0);
     const auto bos = static_cast<std::int64_t>(at(cu_seqlens, n));
     const auto eos = static_cast<std::int64_t>(at(cu_seqlens, n + 1));
+    // Padding sequences write their checkpoints too, like the kernel.
+    const std::int64_t first_ckpt =
+        ckpt ? static_cast<std::int64_t>(at(options.checkpoint_cu_starts, n)) : 0;
     for (std::int64_t hv = 0; hv < value_heads; ++hv) {
       const std::int64_t h = hv / group;
       for (std::int64_t i = 0; i < vdim; ++i) {
@@ -102,6 +118,8 @@ void gdn_prefill_reference(const TensorView& q, const TensorView& k, const Tenso
           }
           put(out, o * scale, t, hv, i);
         }
+        const std::int64_t done = t + 1 - bos;
+        if (ckpt && done % every == 0) store_state(ckpts, first_ckpt + done / every - 1, hv);
       }
       const TensorView* dst = nullptr;
       std::int64_t index = 0;
@@ -112,12 +130,7 @@ void gdn_prefill_reference(const TensorView& q, const TensorView& k, const Tenso
         dst = &state;
         index = slot;
       }
-      if (dst == nullptr) continue;
-      for (std::int64_t i = 0; i < vdim; ++i) {
-        for (std::int64_t j = 0; j < kdim; ++j) {
-          put(*dst, hs[static_cast<std::size_t>(i * kdim + j)], index, hv, i, j);
-        }
-      }
+      if (dst != nullptr) store_state(*dst, index, hv);
     }
   }
 }

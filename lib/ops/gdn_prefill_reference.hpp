@@ -11,8 +11,11 @@ namespace kjit::ops {
 /// points to host data with the same shapes, dtypes and strides gdn_prefill accepts (strides are
 /// honoured everywhere, so any layout works here). out is written for every token; final
 /// states are rounded to the state dtype and written like gdn_prefill does (pool slot in place,
-/// skipped for padding; or options.final_state[n] for every sequence). Arguments are not
-/// validated beyond what indexing needs: call plan_gdn_prefill first for that.
+/// skipped for padding; or options.final_state[n] for every sequence). With
+/// options.checkpoint_every_n_tokens > 0 and options.state_checkpoints given, checkpoints are
+/// written like gdn_prefill does (rows from the host i64 options.checkpoint_cu_starts, padding
+/// sequences included); any positive interval works here, not only multiples of 64. Arguments are
+/// not validated beyond what indexing needs: call plan_gdn_prefill first for that.
 void gdn_prefill_reference(const TensorView& q, const TensorView& k, const TensorView& v,
                            const GdnGates& gates, const TensorView& cu_seqlens,
                            const TensorView& state, const TensorView& state_indices,

@@ -1,14 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // gdn_prefill on the CPU: the float64 reference against a direct chunked (WY) float64
-// implementation of the algorithm the kernel runs, padding and initial-state semantics, plan
-// legality over many shapes, and argument errors that name the argument.
+// implementation of the algorithm the kernel runs, padding and initial-state semantics, state
+// checkpoints (the host prefix helper, the reference's checkpoints against prefix-length runs),
+// plan legality over many shapes, and argument errors that name the argument.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -415,9 +418,6 @@ TEST_CASE("gdn_prefill argument errors name the argument") {
           cu2 = view(DType::f32, {n + 1});
         }).find("cu_seqlens") != std::string::npos);
   CHECK(err([&](TV&, TV&, TV&, GdnGates&, TV&, TV&, TV&, TV&, GdnPrefillOptions& o) {
-          o.checkpoint_every_n_tokens = 64;
-        }).find("checkpoint_every_n_tokens") != std::string::npos);
-  CHECK(err([&](TV&, TV&, TV&, GdnGates&, TV&, TV&, TV&, TV&, GdnPrefillOptions& o) {
           // Never dereferenced by the planner; non-null marks the option as given.
           alignas(16) static unsigned char marker[16];
           o.final_state = TensorView::contiguous(marker, DType::bf16, {n, hv, v, k});
@@ -429,6 +429,252 @@ TEST_CASE("gdn_prefill argument errors name the argument") {
     CHECK(err([&](TV&, TV&, TV&, GdnGates&, TV&, TV&, TV&, TV&, GdnPrefillOptions& o) {
             o.force_mode = "bv7";
           }).find("force_mode") != std::string::npos);
+  }
+}
+
+TEST_CASE("gdn_prefill_checkpoint_starts: the exclusive prefix sum of floor(L / every)") {
+  const std::vector<std::int64_t> cu = {0, 0, 1, 64, 128, 193, 321, 1321};  // 0 1 63 64 65 128 1000
+  CHECK(gdn_prefill_checkpoint_starts(cu, 64) ==
+        std::vector<std::int64_t>{0, 0, 0, 0, 1, 2, 4, 19});
+  CHECK(gdn_prefill_checkpoint_starts(cu, 128) ==
+        std::vector<std::int64_t>{0, 0, 0, 0, 0, 0, 1, 8});
+  // Offsets need not start at 0; N = 0 gives the single 0.
+  const std::vector<std::int64_t> shifted = {100, 228, 229};
+  CHECK(gdn_prefill_checkpoint_starts(shifted, 64) == std::vector<std::int64_t>{0, 2, 2});
+  CHECK(gdn_prefill_checkpoint_starts(std::vector<std::int64_t>{5}, 64) ==
+        std::vector<std::int64_t>{0});
+
+  const auto message = [](std::span<const std::int64_t> c, std::int64_t every) {
+    try {
+      gdn_prefill_checkpoint_starts(c, every);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  for (std::int64_t every : {0, -64, 63, 100}) {
+    CAPTURE(every);
+    const std::string m = message(cu, every);
+    CHECK(m.find(fmt::format("every = {}", every)) != std::string::npos);
+    CHECK(m.find("positive multiple of 64") != std::string::npos);
+  }
+  CHECK(message({}, 64).find("cu_seqlens is empty") != std::string::npos);
+  const std::vector<std::int64_t> decreasing = {0, 70, 60};
+  CHECK(message(decreasing, 64).find("cu_seqlens[2] = 60 < cu_seqlens[1] = 70") !=
+        std::string::npos);
+}
+
+TEST_CASE("gdn_prefill reference checkpoints are the states of prefix-length runs") {
+  // Small heads keep the float64 runs cheap; the reference takes any positive interval, so 8
+  // gives many checkpoints on short sequences, 64 the kernel's smallest interval.
+  for (std::int64_t every : {8, 64}) {
+    CAPTURE(every);
+    const std::vector<std::int64_t> lengths =
+        every == 8 ? std::vector<std::int64_t>{0, 7, 8, 9, 17, 40, 3, 24}
+                   : std::vector<std::int64_t>{0, 1, 63, 64, 65, 128, 200, 130};
+    Problem pr = make_problem(lengths, 1, 2, 8, 6, 31 + static_cast<std::uint64_t>(every));
+    pr.indices[3] = -1;  // padding: checkpoints from a zero state
+    pr.indices[5] = -7;
+    pr.has_init[6] = 0;
+    // The helper takes only the kernel's intervals; 8 is summed here.
+    std::vector<std::int64_t> starts = {0};
+    if (every % 64 == 0) {
+      starts = gdn_prefill_checkpoint_starts(pr.cu, every);
+    } else {
+      for (std::size_t i = 1; i < pr.cu.size(); ++i) {
+        starts.push_back(starts.back() + (pr.cu[i] - pr.cu[i - 1]) / every);
+      }
+    }
+    const std::int64_t total = starts.back();
+    const std::int64_t per_state = pr.value_heads * pr.v * pr.k;
+    REQUIRE(total > 4);
+
+    // One spare row past the end stays NaN: no row beyond the prefix is written.
+    Vec ckpts(static_cast<std::size_t>((total + 1) * per_state), std::nan(""));
+    std::vector<std::int64_t> starts_buf = starts;
+    GdnPrefillOptions options;
+    options.checkpoint_every_n_tokens = every;
+    options.state_checkpoints =
+        TensorView::contiguous(ckpts.data(), DType::f64, {total + 1, pr.value_heads, pr.v, pr.k});
+    options.checkpoint_cu_starts =
+        TensorView::contiguous(starts_buf.data(), DType::i64, {pr.seqs() + 1});
+    const Vec pool_before = pr.state;
+    Vec out(static_cast<std::size_t>(pr.tokens() * pr.value_heads * pr.v), std::nan(""));
+    Views w = views(pr, {});
+    ops::gdn_prefill_reference(
+        w.q, w.k, w.v, w.gates, w.cu, w.state, w.indices, w.has_init,
+        TensorView::contiguous(out.data(), DType::f64, {pr.tokens(), pr.value_heads, pr.v}),
+        options);
+    for (std::int64_t e = total * per_state; e < (total + 1) * per_state; ++e) {
+      CHECK(std::isnan(ckpts[static_cast<std::size_t>(e)]));
+    }
+
+    // Without checkpoints: the same out and pool.
+    Problem plain = pr;
+    plain.state = pool_before;
+    Vec out_plain(out.size(), std::nan(""));
+    Views wp = views(plain, {});
+    ops::gdn_prefill_reference(
+        wp.q, wp.k, wp.v, wp.gates, wp.cu, wp.state, wp.indices, wp.has_init,
+        TensorView::contiguous(out_plain.data(), DType::f64, {pr.tokens(), pr.value_heads, pr.v}),
+        {});
+    CHECK(out_plain == out);
+    CHECK(plain.state == pr.state);
+
+    // Checkpoint j of sequence i == the final state of sequence i cut to (j + 1) * every tokens
+    // (one-sequence run on the same token buffers, from the same start, pool only read).
+    Problem prefix = pr;
+    prefix.state = pool_before;
+    Views wx = views(prefix, {});
+    for (std::int64_t i = 0; i < pr.seqs(); ++i) {
+      const std::int64_t len =
+          pr.cu[static_cast<std::size_t>(i + 1)] - pr.cu[static_cast<std::size_t>(i)];
+      REQUIRE(starts[static_cast<std::size_t>(i + 1)] - starts[static_cast<std::size_t>(i)] ==
+              len / every);
+      for (std::int64_t j = 0; j < len / every; ++j) {
+        CAPTURE(i);
+        CAPTURE(j);
+        std::vector<std::int64_t> cu1 = {pr.cu[static_cast<std::size_t>(i)],
+                                         pr.cu[static_cast<std::size_t>(i)] + (j + 1) * every};
+        std::vector<std::int64_t> idx1 = {pr.indices[static_cast<std::size_t>(i)]};
+        std::vector<std::uint8_t> init1 = {pr.has_init[static_cast<std::size_t>(i)]};
+        Vec final1(static_cast<std::size_t>(per_state), std::nan(""));
+        Vec out1(out.size(), 0.0);
+        GdnPrefillOptions o1;
+        o1.final_state =
+            TensorView::contiguous(final1.data(), DType::f64, {1, pr.value_heads, pr.v, pr.k});
+        ops::gdn_prefill_reference(
+            wx.q, wx.k, wx.v, wx.gates, TensorView::contiguous(cu1.data(), DType::i64, {2}),
+            wx.state, TensorView::contiguous(idx1.data(), DType::i64, {1}),
+            TensorView::contiguous(init1.data(), DType::u8, {1}),
+            TensorView::contiguous(out1.data(), DType::f64, {pr.tokens(), pr.value_heads, pr.v}),
+            o1);
+        const std::int64_t row = starts[static_cast<std::size_t>(i)] + j;
+        const Vec got(ckpts.begin() + row * per_state, ckpts.begin() + (row + 1) * per_state);
+        CHECK(max_abs_diff(got, final1) < 1e-12);
+        CHECK(std::isfinite(got[0]));
+      }
+    }
+  }
+}
+
+TEST_CASE("gdn_prefill checkpoint arguments: errors name the argument, value and what fits") {
+  const DeviceLimits device = DeviceLimits::for_arch(Arch{9, 0});
+  const auto view = [](DType d, std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(nullptr, d, shape);
+  };
+  const std::int64_t t = 300, n = 3, h = 2, hv = 4, k = 128, v = 128;
+  const TensorView q = view(DType::bf16, {t, h, k}), vv = view(DType::bf16, {t, hv, v});
+  const GdnGates gates = GdnGates::raw(view(DType::f32, {t, hv}), view(DType::f32, {t, hv}),
+                                       view(DType::f32, {hv}), view(DType::f32, {hv}));
+  const TensorView cu = view(DType::i32, {n + 1}), state = view(DType::f32, {8, hv, v, k});
+  const TensorView idx = view(DType::i32, {n}), out = view(DType::bf16, {t, hv, v});
+  const auto good = [&] {
+    GdnPrefillOptions o;
+    o.checkpoint_every_n_tokens = 128;
+    o.state_checkpoints = view(DType::f32, {5, hv, v, k});
+    o.checkpoint_cu_starts = view(DType::i64, {n + 1});
+    return o;
+  };
+  const auto plan_with = [&](const GdnPrefillOptions& o) {
+    return plan_gdn_prefill(q, q, vv, gates, cu, state, idx, TensorView{}, out, o, device);
+  };
+  const auto err = [&](const std::function<void(GdnPrefillOptions&)>& mutate) {
+    GdnPrefillOptions o = good();
+    mutate(o);
+    return error_of([&] { plan_with(o); });
+  };
+  const auto has = [](const std::string& m, const char* part) {
+    CAPTURE(m);
+    CHECK_MESSAGE(m.find(part) != std::string::npos, part);
+  };
+  CHECK(err([](GdnPrefillOptions&) {}).empty());
+  for (std::int64_t every : {100, -64, 32, 63}) {
+    const std::string m = err([&](GdnPrefillOptions& o) { o.checkpoint_every_n_tokens = every; });
+    has(m, fmt::format("options.checkpoint_every_n_tokens = {};", every).c_str());
+    has(m, "0 (no checkpoints) or a positive multiple of 64");
+  }
+  has(err([](GdnPrefillOptions& o) { o.state_checkpoints = TensorView{}; }),
+      "options.state_checkpoints is missing; it is required with "
+      "options.checkpoint_every_n_tokens = 128");
+  has(err([](GdnPrefillOptions& o) { o.checkpoint_cu_starts = TensorView{}; }),
+      "options.checkpoint_cu_starts is missing");
+  has(err([&](GdnPrefillOptions& o) {
+        o.state_checkpoints = view(DType::bf16, {5, hv, v, k});
+      }),
+      "options.state_checkpoints has dtype bf16; accepted: f32 (the dtype of state)");
+  has(err([&](GdnPrefillOptions& o) {
+        o.state_checkpoints = view(DType::f32, {5, hv, v * k});
+      }),
+      "options.state_checkpoints must have rank 4 ([total, HV, V, K])");
+  has(err([&](GdnPrefillOptions& o) {
+        o.state_checkpoints = view(DType::f32, {5, hv, 64, k});
+      }),
+      "options.state_checkpoints dim 2 is 64, expected 128 (V)");
+  has(err([&](GdnPrefillOptions& o) {
+        o.state_checkpoints = view(DType::f32, {5, hv + 1, v, k});
+      }),
+      "options.state_checkpoints dim 1 is 5, expected 4 (value heads HV)");
+  has(err([&](GdnPrefillOptions& o) {
+        o.state_checkpoints =
+            TensorView::strided(nullptr, DType::f32, {5, hv, v, k}, {hv * v * k, v * k, 1, v});
+      }),
+      "options.state_checkpoints must have a contiguous [HV, V, K] inner block");
+  has(err([&](GdnPrefillOptions& o) {
+        o.state_checkpoints =
+            TensorView::strided(nullptr, DType::f32, {5, hv, v, k}, {hv * v * k + 2, v * k, k, 1});
+      }),
+      "options.state_checkpoints stride of dim 0 is 65538; it must be a multiple of 4");
+  has(err([&](GdnPrefillOptions& o) {
+        alignas(16) static float storage[8];
+        o.state_checkpoints = TensorView::contiguous(storage + 1, DType::f32, {0, hv, v, k});
+      }),
+      "options.state_checkpoints data pointer");
+  has(err([&](GdnPrefillOptions& o) {
+        alignas(16) static float storage[8];
+        o.state_checkpoints = TensorView::contiguous(storage + 1, DType::f32, {0, hv, v, k});
+      }),
+      "must be 16-byte aligned");
+  has(err([&](GdnPrefillOptions& o) { o.checkpoint_cu_starts = view(DType::i32, {n + 1}); }),
+      "options.checkpoint_cu_starts has dtype i32; accepted: i64");
+  has(err([&](GdnPrefillOptions& o) { o.checkpoint_cu_starts = view(DType::i64, {n}); }),
+      "options.checkpoint_cu_starts dim 0 is 3, expected 4 (sequences N + 1)");
+  has(err([&](GdnPrefillOptions& o) {
+        o.checkpoint_cu_starts = view(DType::i64, {n + 1, 1});
+      }),
+      "options.checkpoint_cu_starts must have rank 1 ([N + 1])");
+  has(err([&](GdnPrefillOptions& o) {
+        o.checkpoint_cu_starts = TensorView::strided(nullptr, DType::i64, {n + 1}, {2});
+      }),
+      "options.checkpoint_cu_starts must be contiguous");
+  has(err([&](GdnPrefillOptions& o) {
+        alignas(8) static std::int64_t storage[8];
+        o.checkpoint_cu_starts = TensorView::contiguous(
+            reinterpret_cast<unsigned char*>(storage) + 4, DType::i64, {n + 1});
+      }),
+      "options.checkpoint_cu_starts data pointer");
+  // Tensors without an interval are a mistake, not something to ignore.
+  has(err([](GdnPrefillOptions& o) { o.checkpoint_every_n_tokens = 0; }),
+      "options.state_checkpoints is given");
+  has(err([](GdnPrefillOptions& o) {
+        o.checkpoint_every_n_tokens = 0;
+        o.state_checkpoints = TensorView{};
+      }),
+      "options.checkpoint_cu_starts is given");
+
+  if (family_registered()) {
+    const Plan with = plan_with(good());
+    REQUIRE(with.launches.size() == 1);
+    CHECK(with.launches[0].spec.get("ckpt") == "1");
+    CHECK(with.explain().find("state checkpoints every 128 tokens (2 chunks of 64)") !=
+          std::string::npos);
+    const Plan without = plan_with(GdnPrefillOptions{});
+    REQUIRE(without.launches.size() == 1);
+    CHECK(without.launches[0].spec.get("ckpt") == "0");
+    CHECK(without.explain().find("no state checkpoints") != std::string::npos);
+    // Same launch shape either way: checkpoints cost no shared memory or threads.
+    CHECK(with.launches[0].shape.dynamic_smem == without.launches[0].shape.dynamic_smem);
+    CHECK(with.launches[0].shape.grid.count() == without.launches[0].shape.grid.count());
   }
 }
 

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "kjit/device.hpp"
 #include "kjit/plan.hpp"
@@ -53,9 +55,25 @@ struct GdnPrefillOptions {
   /// sequence, in place. Otherwise a [N, HV, V, K] tensor of the pool's dtype, written for
   /// every sequence (padding ones included) while the pool is only read.
   TensorView final_state;
-  /// Per-chunk state checkpoints every this many tokens; 0: none. Not supported yet: any other
-  /// value is rejected with InvalidArgument.
+  /// State checkpoints every this many tokens: 0 (default) writes none; otherwise a positive
+  /// multiple of the kernel's chunk of 64 tokens (anything else is an InvalidArgument).
+  /// Sequence i of length L_i gets floor(L_i / n) checkpoints; its checkpoint j (0-based) is
+  /// the recurrent state [HV, V, K] after its first (j + 1) * n tokens, counted from the state
+  /// it starts from (its pool slot, or zeros when has_initial_state is 0 or it is padding), and
+  /// is written to state_checkpoints[checkpoint_cu_starts[i] + j]. Padding sequences write
+  /// their checkpoints too (from their zero start), so every row the prefix assigns is
+  /// defined. Checkpoints change neither out nor the final states.
   std::int64_t checkpoint_every_n_tokens = 0;
+  /// With checkpoints: [total, HV, V, K] of the pool's dtype, [HV, V, K] contiguous, 16-byte
+  /// aligned, row stride a multiple of 4 elements. total must be at least
+  /// checkpoint_cu_starts[N]; rows outside [0, total) are not written (device data: not
+  /// checked otherwise), rows named by no sequence are left as they are.
+  TensorView state_checkpoints;
+  /// With checkpoints: [N + 1] i64, contiguous, on the device: the exclusive prefix sum of
+  /// floor(L_i / n), i.e. the first checkpoint row of each sequence. The caller provides it
+  /// because kjit would need a device-to-host copy (a sync) of cu_seqlens to compute it; from
+  /// host offsets, gdn_prefill_checkpoint_starts() computes it.
+  TensorView checkpoint_cu_starts;
   /// CUDA device ordinal; -1: the stream's device (for the default stream, the calling
   /// thread's current device). A device other than the stream's is an InvalidArgument.
   int device = -1;
@@ -80,12 +98,21 @@ struct GdnPrefillOptions {
 ///   Indices of non-padding sequences must be distinct.
 /// - has_initial_state [N] u8 (bool), or data == nullptr: every sequence has one.
 /// - out [T, HV, V] bf16, f16 or f32, last dim contiguous.
+/// - optional state checkpoints: see GdnPrefillOptions::checkpoint_every_n_tokens.
 /// Throws InvalidArgument naming the argument, PlanError when no legal launch exists.
 void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
                  const GdnGates& gates, const TensorView& cu_seqlens, const TensorView& state,
                  const TensorView& state_indices, const TensorView& has_initial_state,
                  const TensorView& out, const GdnPrefillOptions& options = {},
                  Stream stream = nullptr);
+
+/// checkpoint_cu_starts for gdn_prefill on the host: element i is the sum over sequences j < i
+/// of floor((cu_seqlens[j + 1] - cu_seqlens[j]) / every); the last element is the number of
+/// checkpoint rows the call writes (the `total` state_checkpoints needs). Copy it to the device
+/// as an i64 tensor. Throws InvalidArgument when every is not a positive multiple of 64 or
+/// cu_seqlens is empty or decreasing.
+std::vector<std::int64_t> gdn_prefill_checkpoint_starts(std::span<const std::int64_t> cu_seqlens,
+                                                        std::int64_t every);
 
 /// The plan gdn_prefill would run for these arguments on a device with `device` limits
 /// (pointers are not dereferenced; they may be null). Throws like gdn_prefill.
