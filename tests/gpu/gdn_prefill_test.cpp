@@ -1,13 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // gdn_prefill on the GPU against the float64 token-by-token reference: mixed lengths (0, 1, 63,
 // 64, 65, 1000) in one batch, one 100k-token sequence, padding indices, has_initial_state,
-// f16/bf16 inputs, f32/bf16 pools, a separate final-state output, and T decode steps against
-// one prefill of T tokens.
+// f16/bf16 inputs, f32/bf16 pools, a separate final-state output, state checkpoints (every 64
+// and 128 tokens, against the reference's, with outputs and final states bit-identical to a run
+// without them), and T decode steps against one prefill of T tokens.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "common/gpu.hpp"
@@ -31,6 +34,9 @@ struct Case {
   bool separate_final = false;
   bool all_have_state = false;  // has_initial_state passed as data == nullptr
   std::string force_mode;
+  // > 0: also write state checkpoints every this many tokens, and run once more without them
+  // to show they change nothing else.
+  std::int64_t ckpt_every = 0;
 };
 
 Bytes random_bytes(test::Rng& rng, DType dtype, std::int64_t count, double scale,
@@ -132,30 +138,77 @@ void run_case(const Case& c) {
                          : GdnGates::raw(va, vb, TensorView::contiguous(al, DType::f32, {hv}),
                                          TensorView::contiguous(dt, DType::f32, {hv}));
   };
-  GdnPrefillOptions options;
-  options.runtime = &test::runtime();
-  options.device = test::device();
-  options.force_mode = c.force_mode;
-  if (c.separate_final) {
-    options.final_state = TensorView::contiguous(dfinal.get(), c.state, {n, hv, vd, kd});
+
+  // Checkpoints: rows are shifted by one (row 0 and the last row belong to no sequence) and
+  // padded by 64 elements each, so unnamed rows and gaps must come back poisoned.
+  const bool ckpt = c.ckpt_every > 0;
+  const std::vector<std::int64_t> starts =
+      ckpt ? gdn_prefill_checkpoint_starts(cu, c.ckpt_every) : std::vector<std::int64_t>{0};
+  const std::int64_t ckpt_total = starts.back();
+  const std::int64_t ckpt_rows = ckpt ? ckpt_total + 2 : 0;
+  const std::int64_t state_elems = hv * vd * kd;
+  const std::int64_t ckpt_stride = state_elems + 64;
+  Bytes starts_host(static_cast<std::size_t>(n + 1) * 8);
+  for (std::int64_t i = 0; i <= n; ++i) {
+    support::store_from_double(
+        starts_host.data(), DType::i64, i,
+        static_cast<double>(starts[static_cast<std::size_t>(ckpt ? i : 0)] + (ckpt ? 1 : 0)));
   }
-  gdn_prefill(TensorView::contiguous(dq.get(), c.in, {t, h, kd}),
-              TensorView::contiguous(dk.get(), c.in, {t, h, kd}),
-              TensorView::contiguous(dv.get(), c.in, {t, hv, vd}),
-              gates_of(dga.get(), dgb.get(), dalog.get(), ddt.get()),
-              TensorView::contiguous(dcu.get(), c.cu, {n + 1}),
-              TensorView::contiguous(dpool.get(), c.state, {slots, hv, vd, kd}),
-              TensorView::contiguous(didx.get(), c.index, {n}),
-              c.all_have_state ? TensorView{} : TensorView::contiguous(dinit.get(), DType::u8, {n}),
-              TensorView::contiguous(dout.get(), c.out, {t, hv, vd}), options, test::stream());
+  const std::size_t ckpt_bytes =
+      static_cast<std::size_t>(ckpt_rows * ckpt_stride) * size_of(c.state);
+  DeviceBuffer dstarts = upload(starts_host);
+  DeviceBuffer dckpt(ckpt_bytes);
+  if (ckpt) dckpt.poison();
+  if (ckpt) {
+    MESSAGE("checkpoints every " << c.ckpt_every << " tokens: " << ckpt_total << " rows");
+  }
+  const auto ckpt_view = [&](void* data) {
+    return TensorView::strided(data, c.state, {ckpt_rows, hv, vd, kd},
+                               {ckpt_stride, vd * kd, kd, 1});
+  };
+
+  // One call on the given pool / final / out buffers, with or without checkpoints.
+  const auto launch = [&](DeviceBuffer& pool_buf, DeviceBuffer& final_buf, DeviceBuffer& out_buf,
+                          bool with_ckpt) {
+    GdnPrefillOptions options;
+    options.runtime = &test::runtime();
+    options.device = test::device();
+    options.force_mode = c.force_mode;
+    if (c.separate_final) {
+      options.final_state = TensorView::contiguous(final_buf.get(), c.state, {n, hv, vd, kd});
+    }
+    if (with_ckpt) {
+      options.checkpoint_every_n_tokens = c.ckpt_every;
+      options.state_checkpoints = ckpt_view(dckpt.get());
+      options.checkpoint_cu_starts = TensorView::contiguous(dstarts.get(), DType::i64, {n + 1});
+    }
+    gdn_prefill(
+        TensorView::contiguous(dq.get(), c.in, {t, h, kd}),
+        TensorView::contiguous(dk.get(), c.in, {t, h, kd}),
+        TensorView::contiguous(dv.get(), c.in, {t, hv, vd}),
+        gates_of(dga.get(), dgb.get(), dalog.get(), ddt.get()),
+        TensorView::contiguous(dcu.get(), c.cu, {n + 1}),
+        TensorView::contiguous(pool_buf.get(), c.state, {slots, hv, vd, kd}),
+        TensorView::contiguous(didx.get(), c.index, {n}),
+        c.all_have_state ? TensorView{} : TensorView::contiguous(dinit.get(), DType::u8, {n}),
+        TensorView::contiguous(out_buf.get(), c.out, {t, hv, vd}), options, test::stream());
+  };
+  launch(dpool, dfinal, dout, ckpt);
   test::sync();
 
   // The reference on host copies of the same inputs.
   Bytes ref_out(dout.bytes(), 0), ref_pool = pool, ref_final(dfinal.bytes(), 0);
+  Bytes ref_ckpt(ckpt_bytes, 0xFF);
   Bytes hq = q, hk = k, hvv = v, hga = ga, hgb = gb, hal = a_log, hdt = dt_bias;
+  Bytes hstarts = starts_host;
   GdnPrefillOptions ref_options;
   if (c.separate_final) {
     ref_options.final_state = TensorView::contiguous(ref_final.data(), c.state, {n, hv, vd, kd});
+  }
+  if (ckpt) {
+    ref_options.checkpoint_every_n_tokens = c.ckpt_every;
+    ref_options.state_checkpoints = ckpt_view(ref_ckpt.data());
+    ref_options.checkpoint_cu_starts = TensorView::contiguous(hstarts.data(), DType::i64, {n + 1});
   }
   ops::gdn_prefill_reference(
       TensorView::contiguous(hq.data(), c.in, {t, h, kd}),
@@ -186,15 +239,63 @@ void run_case(const Case& c) {
     CHECK(std::equal(got_pool.begin() + s * slot_bytes, got_pool.begin() + (s + 1) * slot_bytes,
                      pool.begin() + s * slot_bytes));
   }
+  Bytes got_final(dfinal.bytes());
+  dfinal.download(got_final.data(), got_final.size());
   if (c.separate_final) {
     CHECK(got_pool == pool);  // the pool is only read
-    Bytes got_final(dfinal.bytes());
-    dfinal.download(got_final.data(), got_final.size());
     const Diff ef = compare(got_final, ref_final, c.state);
     MESSAGE("final_state: rel " << ef.rel << ", max abs " << ef.max_abs);
     CHECK(ef.non_finite == 0);
     CHECK(ef.rel <= 2e-2);
   }
+  if (!ckpt) return;
+
+  // Checkpoints: the named rows (1 .. total) against the reference's, with the final state's
+  // tolerance; row 0, the last row and every row's 64-element tail stay poisoned (0xFF).
+  Bytes got_ckpt(ckpt_bytes);
+  dckpt.download(got_ckpt.data(), got_ckpt.size());
+  const std::size_t esize = size_of(c.state);
+  const std::size_t row_bytes = static_cast<std::size_t>(ckpt_stride) * esize;
+  const std::size_t state_bytes = static_cast<std::size_t>(state_elems) * esize;
+  Bytes got_named, ref_named;
+  bool unnamed_poisoned = true;
+  for (std::int64_t r = 0; r < ckpt_rows; ++r) {
+    const auto row = got_ckpt.begin() + static_cast<std::ptrdiff_t>(r * row_bytes);
+    const bool named = r >= 1 && r <= ckpt_total;
+    const auto poisoned_from = named ? row + static_cast<std::ptrdiff_t>(state_bytes) : row;
+    unnamed_poisoned &= std::all_of(poisoned_from, row + static_cast<std::ptrdiff_t>(row_bytes),
+                                    [](unsigned char x) { return x == 0xFF; });
+    if (named) {
+      got_named.insert(got_named.end(), row, row + static_cast<std::ptrdiff_t>(state_bytes));
+      const auto ref_row = ref_ckpt.begin() + static_cast<std::ptrdiff_t>(r * row_bytes);
+      ref_named.insert(ref_named.end(), ref_row,
+                       ref_row + static_cast<std::ptrdiff_t>(state_bytes));
+    }
+  }
+  CHECK(unnamed_poisoned);
+  if (ckpt_total > 0) {
+    const Diff ec = compare(got_named, ref_named, c.state);
+    MESSAGE("checkpoints: rel " << ec.rel << ", max abs " << ec.max_abs << ", non-finite "
+                                << ec.non_finite);
+    CHECK(ec.non_finite == 0);
+    CHECK(ec.rel <= 2e-2);
+  }
+
+  // The same call without checkpoints (fresh pool, poisoned outputs): out, pool and final
+  // states bit-identical, since checkpoints only read the state registers.
+  DeviceBuffer dpool2 = upload(pool);
+  DeviceBuffer dout2(dout.bytes()), dfinal2(dfinal.bytes());
+  dout2.poison();
+  if (c.separate_final) dfinal2.poison();
+  launch(dpool2, dfinal2, dout2, false);
+  test::sync();
+  Bytes out2(dout2.bytes()), pool2(dpool2.bytes()), final2(dfinal2.bytes());
+  dout2.download(out2.data(), out2.size());
+  dpool2.download(pool2.data(), pool2.size());
+  dfinal2.download(final2.data(), final2.size());
+  CHECK(out2 == got_out);
+  CHECK(pool2 == got_pool);
+  CHECK(final2 == got_final);
 }
 
 }  // namespace
@@ -249,6 +350,58 @@ TEST_CASE("gdn_prefill: one 100k-token sequence next to short ones (H = HV = 1)"
   c.heads = 1;
   c.value_heads = 1;
   run_case(c);
+}
+
+// Padding sequences are 3 and 7 (1000 and 130 tokens: they write checkpoints from a zero
+// state), has_initial_state = 0 on 1, 4 and 7.
+TEST_CASE("gdn_prefill: checkpoints every 64 tokens, lengths 0 to 1000, padding, bf16 pool") {
+  Case c;
+  c.lengths = {0, 1, 63, 1000, 64, 65, 128, 130};
+  c.state = DType::bf16;
+  c.ckpt_every = 64;
+  run_case(c);
+}
+
+TEST_CASE("gdn_prefill: checkpoints every 128 tokens, lengths 0 to 1000, padding, f32 pool") {
+  Case c;
+  c.lengths = {0, 1, 63, 1000, 64, 65, 128, 130, 255, 256, 257};
+  c.ckpt_every = 128;
+  run_case(c);
+}
+
+TEST_CASE("gdn_prefill: checkpoints with every value tile and a separate final state") {
+  for (const char* mode : {"bv64", "bv32", "bv16"}) {
+    CAPTURE(mode);
+    Case c;
+    c.lengths = {130, 0, 64, 1, 1000};
+    c.force_mode = mode;
+    c.in = DType::f16;
+    c.out = DType::f32;
+    c.cu = DType::i64;
+    c.index = DType::i64;
+    c.precomputed = true;
+    c.separate_final = true;
+    c.ckpt_every = 64;
+    run_case(c);
+  }
+}
+
+TEST_CASE("gdn_prefill: checkpoints with K and V of 64 and 256, GVA") {
+  for (auto [kd, vd, every] :
+       {std::tuple{64, 64, 64}, std::tuple{256, 256, 64}, std::tuple{64, 128, 128}}) {
+    CAPTURE(kd);
+    CAPTURE(vd);
+    CAPTURE(every);
+    Case c;
+    c.lengths = {63, 65, 1, 127, 128};
+    c.heads = 1;
+    c.value_heads = 3;
+    c.k = kd;
+    c.v = vd;
+    c.ckpt_every = every;
+    // Every 64: 65, 127 (padding) and 128 write 1, 1 and 2; every 128: only 128 writes one.
+    run_case(c);
+  }
 }
 
 TEST_CASE("gdn_prefill: T decode steps equal one prefill of T tokens") {
