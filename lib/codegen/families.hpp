@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kjit/spec.hpp"
@@ -47,6 +48,12 @@ struct FamilyDecl {
   /// Lowest compute capability the template supports.
   int min_sm = 80;
   std::string_view doc;
+  /// Values of a working specialization for parameters the template constrains jointly, where
+  /// picking each parameter on its own (the largest power of two up to 128, say) can combine
+  /// into one the template's static_asserts reject: gdn_decode's stages belong to mode=bulk
+  /// alone, and its tile rows must be a multiple of its warps' rows. Tests and tools that
+  /// build representative specs start from these.
+  std::vector<std::pair<std::string_view, std::string_view>> typical = {};
 };
 
 /// Every declared family.

@@ -109,6 +109,9 @@ FamilyDecl gdn_decode_family() {
           },
       .min_sm = 80,
       .doc = "Gated DeltaNet packed decode: one recurrent step per row, state pool in place",
+      // What the planner emits for K = V = 128: one warp, 4 rows, 16-byte vectors, flat mode.
+      .typical =
+          {{"bv", "4"}, {"warps", "1"}, {"vec_bytes", "16"}, {"stages", "0"}, {"min_blocks", "0"}},
   };
 }
 

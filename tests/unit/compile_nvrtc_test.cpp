@@ -35,7 +35,8 @@ KernelSpec probe(bool heavy, std::string_view arch) {
 enum class Pick {
   // The minimum (rounded up to the declared multiple): the smallest legal-looking spec.
   minimal,
-  // The largest power of two up to 128 that the declaration accepts: a shape real models use.
+  // The largest power of two up to 128 that the declaration accepts: a shape real models use;
+  // the family's declared typical values take precedence (jointly constrained parameters).
   typical,
 };
 
@@ -77,6 +78,11 @@ std::vector<KernelSpec> representative_specs(const codegen::FamilyDecl& family, 
         alternative = "1";
         has_boolean = true;
         break;
+    }
+    if (pick == Pick::typical) {
+      for (const auto& [name, typical] : family.typical) {
+        if (name == decl.name) value = std::string(typical);
+      }
     }
     first.emplace_back(std::string(decl.name), value);
     second.emplace_back(std::string(decl.name), alternative.empty() ? value : alternative);
