@@ -24,7 +24,9 @@ last=$((gpus > 0 ? gpus - 1 : 0))
 sanitize_pids=()
 if [ "${KJIT_SANITIZE:-1}" != 0 ]; then
   for tool in ${KJIT_SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
-    CUDA_VISIBLE_DEVICES=$last KJIT_SANITIZE_TOOLS=$tool \
+    # One folder per tool: each writes its own warm-up log.
+    mkdir -p "$out/sanitize_$tool"
+    OUT=$out/sanitize_$tool CUDA_VISIBLE_DEVICES=$last KJIT_SANITIZE_TOOLS=$tool \
       KJIT_SANITIZE_TIMEOUT=${KJIT_SANITIZE_TIMEOUT:-400} \
       bash "$root/scripts/sanitize_gpu.sh" >"$out/sanitize_$tool.txt" 2>&1 &
     sanitize_pids+=($!)
