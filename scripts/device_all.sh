@@ -2,8 +2,8 @@
 # For the GPU machine, one call that does everything the session budget allows: builds, then runs
 # compute-sanitizer (memcheck, racecheck, synccheck; scripts/sanitize_gpu.sh) on the last GPU in
 # the background while the GPU suite, the Python package's tests and benchmark, and the C++
-# benchmarks named in $KJIT_BENCHES run in the foreground. On a machine with one GPU everything
-# shares it (the sanitizers only slow the benchmarks' host side). Logs go to $OUT; a compact
+# benchmarks named in $KJIT_BENCHES run in the foreground. On a machine with one GPU the
+# sanitizers start after the benchmarks. KJIT_SANITIZE=0 skips them. Logs go to $OUT; a compact
 # summary comes last. Needs .deps carried (scripts/fetch_deps.sh).
 # Usage: KJIT_BENCHES="bench_launch_overhead bench_gdn_decode" bash scripts/device_all.sh
 set -uo pipefail
@@ -22,7 +22,7 @@ tail -3 "$out/build_summary.txt"
 gpus=$(nvidia-smi -L | wc -l)
 last=$((gpus > 0 ? gpus - 1 : 0))
 sanitize_pids=()
-if [ "${KJIT_SANITIZE:-1}" != 0 ]; then
+start_sanitizers() {
   for tool in ${KJIT_SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     # One folder per tool: each writes its own warm-up log.
     mkdir -p "$out/sanitize_$tool"
@@ -31,7 +31,10 @@ if [ "${KJIT_SANITIZE:-1}" != 0 ]; then
       bash "$root/scripts/sanitize_gpu.sh" >"$out/sanitize_$tool.txt" 2>&1 &
     sanitize_pids+=($!)
   done
-fi
+}
+# With two GPUs or more the sanitizers run beside everything else on the last one; with one they
+# wait for the benchmarks, whose GPU times they would distort.
+if [ "${KJIT_SANITIZE:-1}" != 0 ] && [ "$gpus" -ge 2 ]; then start_sanitizers; fi
 
 (cd "$KJIT_BUILD" && KJIT_LOG=warn timeout "${KJIT_GPU_TEST_TIMEOUT:-300}" ./tests/kjit_gpu_tests \
   >"$out/gpu_tests.log" 2>&1)
@@ -50,6 +53,7 @@ for b in $benches; do
   echo "$b rc=$?" | tee -a "$out/summary.txt"
 done
 
+if [ "${KJIT_SANITIZE:-1}" != 0 ] && [ "$gpus" -lt 2 ]; then start_sanitizers; fi
 for pid in "${sanitize_pids[@]}"; do wait "$pid"; done
 echo "===== summary ($(( $(date +%s) - t0 )) s)"
 cat "$out/summary.txt"
