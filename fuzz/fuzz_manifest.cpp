@@ -34,10 +34,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static const kjit::DeviceLimits device = kjit::DeviceLimits::for_name("sm_90");
   for (const ManifestLine& line : manifest.lines) {
     kjit::fuzz::require(line.number >= 1, "line without a number");
-    // Open bug, found by this target (docs/reliability.md): parse_manifest trims only ' ',
-    // '\t' and '\r', so a line of other whitespace ("\f", "\v") is kept as a line whose op
-    // is empty; `kjit precompile` then fails with "unknown op ''". Not a crash; skipped here.
-    if (line.op.empty()) continue;
+    // Found by this target and fixed: a line of only "\f" or "\v" was kept with an empty op.
+    kjit::fuzz::require(!line.op.empty(), "a manifest line without an op: " + line.text);
     std::size_t product = 1;
     bool reference = false;
     for (const auto& [key, values] : line.values) {
@@ -47,11 +45,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (product > kMaxProblemsPerLine) break;
     }
     if (product > kMaxProblemsPerLine) continue;
-    // Open bug, found by this target (docs/reliability.md): a value "=<name>" is taken as the
-    // tool's internal "same as parameter <name>" default, and complete_values() throws
-    // std::out_of_range for a name that is no parameter ("v_heads==128"). Skipped here so
-    // that the target keeps looking for other bugs; remove once tools/ops.cpp refuses it.
-    if (reference) continue;
+    // Found by this target and fixed: a value "=<name>" was taken as the tool's internal
+    // "same as parameter <name>" default (std::out_of_range for "v_heads==128"); such values
+    // are now literal and must fail as clear errors like any other.
+    (void)reference;
     const OpInfo* op = nullptr;
     for (const OpInfo& known : known_ops()) {
       if (known.name == line.op && known.available) op = &known;

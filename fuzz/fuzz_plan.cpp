@@ -51,10 +51,11 @@ std::string number(Bytes& in) {
     case 3:
       return std::to_string(in.u32() % (1u << 24));
     default:
-      // Not beyond 2^24 + 1: tools/ops.cpp multiplies sizes in int64 to build its fake tensors
-      // (2*heads*k + v_heads*v, ...), which overflows for sizes near 2^32 before the planner
-      // sees them (found by this target; see docs/reliability.md).
-      return pick(in, {"-1", "16777217", "65536", "65537", "1000000"});
+      // Sizes near 2^32 and 2^62 overflowed tools/ops.cpp's int64 products (2*heads*k +
+      // v_heads*v) before the planner saw them (found by this target); the tool now refuses
+      // sizes above 2^30 with a usage error.
+      return pick(in, {"-1", "16777217", "65536", "65537", "1000000", "1073741824", "1073741825",
+                       "4294967297", "4611686018427387905"});
   }
 }
 

@@ -8,9 +8,8 @@
 #            the op, planner and codegen tests are single-threaded and left to ASan;
 #   3. fuzz  (clang + libFuzzer, ASan + UBSan): every target for KJIT_FUZZ_SECONDS seconds
 #            (default 20) from the committed seeds, new inputs kept in build-fuzz/fuzz/work.
-#            Not in the default stages: it is a third build of the library, and clang < 16
-#            cannot compile lib/codegen/spec.cpp (it captures a structured binding in a
-#            lambda); the asan stage runs the same targets through the replay driver.
+#            Not in the default stages: it is a third build of the library, too long for CI's
+#            budget; the asan stage runs the same targets through the replay driver.
 # Stages to run: KJIT_SANITIZERS (default "asan tsan"). Prints the wall time of each.
 # Usage: bash scripts/test_sanitizers.sh
 set -euo pipefail

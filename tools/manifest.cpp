@@ -15,10 +15,14 @@
 namespace kjit::tool {
 namespace {
 
+// The same whitespace the word splitting below (operator>>) skips: a line of only a form feed is
+// blank, not a line with an empty op.
+constexpr std::string_view kBlank = " \t\r\f\v";
+
 std::string trim(std::string_view text) {
-  const auto first = text.find_first_not_of(" \t\r");
+  const auto first = text.find_first_not_of(kBlank);
   if (first == std::string_view::npos) return {};
-  const auto last = text.find_last_not_of(" \t\r");
+  const auto last = text.find_last_not_of(kBlank);
   return std::string(text.substr(first, last - first + 1));
 }
 

@@ -123,8 +123,17 @@ std::vector<OpParam> gdn_prefill_params() {
   };
 }
 
+// Sizes up to 2^30: the tool builds fake tensors from products such as 2*H*K + HV*V, which stay
+// inside int64 for such sizes (and no op accepts a dimension near 2^31 anyway).
+constexpr std::int64_t kMaxToolSize = std::int64_t{1} << 30;
+
 std::int64_t get_int(const ShapeValues& values, const std::string& name) {
-  return parse_int(values.at(name), name);
+  const std::int64_t value = parse_int(values.at(name), name);
+  if (value < 0 || value > kMaxToolSize) {
+    throw UsageError(fmt::format("{} = {} is out of range; accepted: 0 to 2^30 ({})", name, value,
+                                 kMaxToolSize));
+  }
+  return value;
 }
 DType get_dtype(const ShapeValues& values, const std::string& name) {
   return parse_dtype(values.at(name), name);
@@ -322,8 +331,19 @@ ShapeValues complete_values(const OpInfo& op, ShapeValues values, bool require_s
     }
     values[param.name] = param.fallback;
   }
+  // A default (or manifest representative) of "=other" takes the value of parameter `other`
+  // ("--out-dtype [=dtype]"). A value naming no parameter is literal ("--dtype ==x",
+  // "v_heads==128") and fails later as a clear error about its own argument.
   for (auto& [key, value] : values) {
-    if (value.starts_with('=')) value = values.at(value.substr(1));
+    if (!value.starts_with('=')) continue;
+    const std::string other = value.substr(1);
+    const bool names_param = std::any_of(op.params.begin(), op.params.end(),
+                                         [&](const OpParam& p) { return p.name == other; });
+    if (!names_param) continue;
+    auto referred = values.find(other);
+    if (referred != values.end() && !referred->second.starts_with('=')) {
+      value = referred->second;
+    }
   }
   return values;
 }

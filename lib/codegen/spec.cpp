@@ -78,7 +78,9 @@ KernelSpec KernelSpec::make(std::string_view family_name,
   KernelSpec spec;
   spec.family = std::string(family.name);
   spec.arch = arch;
-  for (const auto& [key, value] : params) {
+  for (const auto& param : params) {
+    // Not a structured binding: clang before 16 cannot capture one in a lambda.
+    const std::string& key = param.first;
     const bool declared = std::any_of(family.params.begin(), family.params.end(),
                                       [&](const codegen::ParamDecl& d) { return d.name == key; });
     if (!declared) {
