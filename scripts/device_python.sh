@@ -55,9 +55,11 @@ echo "pytest rc=$rc ($(( $(date +%s) - t2 )) s)"
 grep -E '^(FAILED|ERROR|SKIPPED)' "$out/pytest.log" | head -30
 
 t3=$(date +%s)
-timeout 240 "$py" "$root/bench/python/bench_ops.py" "$@" --json "$out/bench_python.json" \
-  >"$out/bench_python.txt" 2>&1
-echo "bench rc=$? ($(( $(date +%s) - t3 )) s)"
+if [ "${KJIT_PY_BENCH:-1}" != 0 ]; then  # KJIT_PY_BENCH=0: tests only
+  timeout 240 "$py" "$root/bench/python/bench_ops.py" "$@" --json "$out/bench_python.json" \
+    >"$out/bench_python.txt" 2>&1
+  echo "bench rc=$? ($(( $(date +%s) - t3 )) s)"
+fi
 
 echo "===== summary"
 echo "$fastpath"

@@ -5,8 +5,12 @@ prewarm, torch.compile through the custom ops. Skipped, with the reason, without
 CUDA device."""
 
 import math
+import os
 
 import pytest
+
+# JAX (tested last) would otherwise take 75% of the GPU's memory when it starts.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 torch = pytest.importorskip("torch", reason="torch is not installed: GPU tests need it")
 if not torch.cuda.is_available():
@@ -344,3 +348,46 @@ def test_gdn_prefill(lens, hv, kv):
     scale = ref_out.abs().max().item() + 1e-6
     close(out, ref_out, 2e-2, 2e-2 * scale)
     close(state, ref_pool, 2e-3, 2e-3)
+
+
+# --- other DLPack producers: CuPy, JAX ---------------------------------------------------------
+
+
+def test_cupy_arrays_in_and_out_on_a_cupy_stream():
+    cp = pytest.importorskip("cupy", reason="CuPy is not installed")
+    torch.manual_seed(11)
+    t, h, d = 37, 8, 64
+    tv = [torch.randn(t, h, d, device=DEV) for _ in range(2)]
+    ts = [random_lse((t, h)) for _ in range(2)]
+    # CuPy's own allocations holding the same values (not views of torch memory).
+    cv = [cp.asarray(x.cpu().numpy()) for x in tv]
+    cs = [cp.asarray(x.cpu().numpy()) for x in ts]
+    v_out = cp.full((t, h, d), cp.nan, dtype=cp.float32)
+    s_out = cp.full((t, h), cp.nan, dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.runtime.deviceSynchronize()  # the inputs are written before kjit's stream reads them
+    kjit.merge_state(cv[0], cs[0], cv[1], cs[1], v_out, s_out, lse_base="e", stream=stream)
+    stream.synchronize()
+    ref_v, ref_s = reference.merge(tv, ts, math.e)
+    close(torch.from_numpy(cp.asnumpy(v_out)), ref_v.cpu(), 2e-5, 2e-5)
+    close(torch.from_numpy(cp.asnumpy(s_out)), ref_s.cpu(), 1e-5, 1e-5)
+
+
+def test_jax_arrays_as_inputs():
+    jax = pytest.importorskip("jax", reason="JAX is not installed")
+    gpus = [device for device in jax.devices() if device.platform == "gpu"]
+    if not gpus:
+        pytest.skip("JAX sees no GPU")
+    torch.manual_seed(12)
+    t, h, d = 19, 4, 128
+    tv = [torch.randn(t, h, d, device=DEV) for _ in range(2)]
+    ts = [random_lse((t, h)) for _ in range(2)]
+    # JAX arrays are immutable: inputs only; the outputs are torch tensors.
+    jv = [jax.device_put(x.cpu().numpy(), gpus[0]).block_until_ready() for x in tv]
+    js = [jax.device_put(x.cpu().numpy(), gpus[0]).block_until_ready() for x in ts]
+    v_out, s_out = poison((t, h, d), torch.float32), poison((t, h), torch.float32)
+    kjit.merge_state(jv[0], js[0], jv[1], js[1], v_out, s_out, lse_base="e")
+    torch.cuda.synchronize()
+    ref_v, ref_s = reference.merge(tv, ts, math.e)
+    close(v_out, ref_v, 2e-5, 2e-5)
+    close(s_out, ref_s, 1e-5, 1e-5)
