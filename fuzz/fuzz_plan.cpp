@@ -52,8 +52,8 @@ std::string number(Bytes& in) {
       return std::to_string(in.u32() % (1u << 24));
     default:
       // Sizes near 2^32 and 2^62 overflowed tools/ops.cpp's int64 products (2*heads*k +
-      // v_heads*v) before the planner saw them (found by this target); the tool now refuses
-      // sizes above 2^30 with a usage error.
+      // v_heads*v) before the planner saw them (found by this target); the tool now checks
+      // that product and refuses sizes above 2^62.
       return pick(in, {"-1", "16777217", "65536", "65537", "1000000", "1073741824", "1073741825",
                        "4294967297", "4611686018427387905"});
   }

@@ -123,17 +123,31 @@ std::vector<OpParam> gdn_prefill_params() {
   };
 }
 
-// Sizes up to 2^30: the tool builds fake tensors from products such as 2*H*K + HV*V, which stay
-// inside int64 for such sizes (and no op accepts a dimension near 2^31 anyway).
-constexpr std::int64_t kMaxToolSize = std::int64_t{1} << 30;
+// Sizes up to 2^62, so that n + 1 stays inside int64; products of sizes are checked where the
+// tool forms them (row_width), and TensorView::contiguous checks element counts.
+constexpr std::int64_t kMaxToolSize = std::int64_t{1} << 62;
 
 std::int64_t get_int(const ShapeValues& values, const std::string& name) {
   const std::int64_t value = parse_int(values.at(name), name);
   if (value < 0 || value > kMaxToolSize) {
-    throw UsageError(fmt::format("{} = {} is out of range; accepted: 0 to 2^30 ({})", name, value,
+    throw UsageError(fmt::format("{} = {} is out of range; accepted: 0 to 2^62 ({})", name, value,
                                  kMaxToolSize));
   }
   return value;
+}
+
+// Elements of one mixed_qkv row, 2*H*K + HV*V, or a UsageError when that overflows int64 (the
+// planner would refuse such a shape anyway, but only after the tool had formed it).
+std::int64_t row_width(std::int64_t h, std::int64_t k, std::int64_t hv, std::int64_t v) {
+  std::int64_t qk = 0, values = 0, width = 0;
+  if (__builtin_mul_overflow(h, k, &qk) || __builtin_mul_overflow(qk, std::int64_t{2}, &qk) ||
+      __builtin_mul_overflow(hv, v, &values) || __builtin_add_overflow(qk, values, &width)) {
+    throw UsageError(fmt::format(
+        "a mixed_qkv row of 2*H*K + HV*V elements overflows int64 (H = {}, K = {}, HV = {}, "
+        "V = {})",
+        h, k, hv, v));
+  }
+  return width;
 }
 DType get_dtype(const ShapeValues& values, const std::string& name) {
   return parse_dtype(values.at(name), name);
@@ -221,7 +235,7 @@ Plan plan_decode(const ShapeValues& values, const DeviceLimits& device) {
   }
   options.force_mode = values.at("mode");
   FakeMemory memory;
-  const TensorView qkv = memory.tensor(get_dtype(values, "dtype"), {b, 2 * h * k + hv * v});
+  const TensorView qkv = memory.tensor(get_dtype(values, "dtype"), {b, row_width(h, k, hv, v)});
   const TensorView state = memory.tensor(get_dtype(values, "state_dtype"), {b + 1, hv, v, k});
   const TensorView indices = memory.tensor(get_dtype(values, "index_dtype"), {b});
   const TensorView out = memory.tensor(get_dtype(values, "out_dtype"), {b, hv, v});
