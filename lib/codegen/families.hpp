@@ -54,6 +54,10 @@ struct FamilyDecl {
   /// alone, and its tile rows must be a multiple of its warps' rows. Tests and tools that
   /// build representative specs start from these.
   std::vector<std::pair<std::string_view, std::string_view>> typical = {};
+  /// Checks that span parameters (the template's static_asserts, in host code), run by
+  /// KernelSpec::make after every parameter passed its own check: "" when the spec is one the
+  /// template compiles, else why not. Null: no such constraints.
+  std::string (*check)(const KernelSpec& spec) = nullptr;
 };
 
 /// Every declared family.

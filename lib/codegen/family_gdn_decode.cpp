@@ -1,7 +1,62 @@
 // SPDX-License-Identifier: Apache-2.0
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
 #include "codegen/family_decls.hpp"
+#include "kjit/spec.hpp"
+#include "kjit/types.hpp"
 
 namespace kjit::codegen {
+namespace {
+
+int pow2_at_least(int x) {
+  int p = 1;
+  while (p < x) p *= 2;
+  return p;
+}
+
+// The static_asserts of gdn_decode_kernel and its TileDecoder, in the same order and terms.
+std::string check_gdn_decode(const KernelSpec& spec) {
+  const auto elem = static_cast<std::int64_t>(size_of(parse_dtype(spec.get("state"))));
+  const std::int64_t vec_bytes = spec.get_int("vec_bytes");
+  const std::int64_t k = spec.get_int("k");
+  const std::int64_t v = spec.get_int("v");
+  const std::int64_t bv = spec.get_int("bv");
+  const std::int64_t warps = spec.get_int("warps");
+  const std::int64_t stages = spec.get_int("stages");
+  const std::string& mode = spec.get("mode");
+  if (vec_bytes % elem != 0) {
+    return fmt::format("vec_bytes = {} does not hold whole {}-byte state elements", vec_bytes,
+                       elem);
+  }
+  const std::int64_t per_vec = vec_bytes / elem;
+  if (k % per_vec != 0) return fmt::format("k = {} is not whole vectors of {}", k, per_vec);
+  if (v % bv != 0) return fmt::format("bv = {} does not divide v = {}", bv, v);
+  const std::int64_t lanes_per_row = std::min(32, pow2_at_least(static_cast<int>(k / per_vec)));
+  const std::int64_t rows_per_warp = 32 / lanes_per_row;
+  if (bv % (warps * rows_per_warp) != 0) {
+    return fmt::format("bv = {} is not a multiple of warps x rows per warp = {} x {}", bv, warps,
+                       rows_per_warp);
+  }
+  if (mode == "bulk") {
+    if (stages < 1 || stages > 8) return fmt::format("mode=bulk needs stages 1..8, got {}", stages);
+    if (bv * k * elem % 16 != 0) {
+      return fmt::format("mode=bulk copies multiples of 16 bytes; a tile is {} bytes",
+                         bv * k * elem);
+    }
+    if (spec.arch.sm() < 90) {
+      return fmt::format("mode=bulk needs sm_90 or newer, the target is {}", spec.arch.str());
+    }
+  } else if (stages != 0) {
+    return fmt::format("stages = {} belongs to mode=bulk alone (mode={})", stages, mode);
+  }
+  return {};
+}
+
+}  // namespace
 
 // The order is the template parameter order of kjit::gdn_decode_kernel (templates/
 // gdn_decode.cuh); the ops layer (lib/ops/gdn_decode.cpp) builds specs by these names.
@@ -112,6 +167,7 @@ FamilyDecl gdn_decode_family() {
       // What the planner emits for K = V = 128: one warp, 4 rows, 16-byte vectors, flat mode.
       .typical =
           {{"bv", "4"}, {"warps", "1"}, {"vec_bytes", "16"}, {"stages", "0"}, {"min_blocks", "0"}},
+      .check = check_gdn_decode,
   };
 }
 

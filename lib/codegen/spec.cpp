@@ -104,6 +104,13 @@ KernelSpec KernelSpec::make(std::string_view family_name,
     }
     spec.params.emplace_back(std::string(decl.name), canonical_value(family, decl, found->second));
   }
+  // Joint constraints, so that a spec the template would reject by static_assert fails here,
+  // naming the parameters, rather than as an NVRTC compile error.
+  if (family.check != nullptr) {
+    if (const std::string why = family.check(spec); !why.empty()) {
+      throw InvalidArgument(fmt::format("{}: {}", spec.str(), why));
+    }
+  }
   return spec;
 }
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // KernelSpec text, its checks, the stub and name expression, and the embedded template table.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstring>
@@ -54,31 +55,48 @@ TEST_CASE("probe specs round-trip through their text") {
 TEST_CASE("specs of every declared family round-trip") {
   for (const FamilyDecl& family : families()) {
     if (family.params.empty()) continue;
-    std::vector<std::pair<std::string, std::string>> params;
-    // Declared in reverse, to check that make() restores the declared order.
-    for (auto decl = family.params.rbegin(); decl != family.params.rend(); ++decl) {
-      std::string value;
-      switch (decl->kind) {
-        case ParamKind::dtype:
-          value = decl->choices.empty() ? "f32" : std::string(decl->choices.front());
-          break;
-        case ParamKind::integer: {
-          const std::int64_t step = std::max<std::int64_t>(decl->multiple_of, 1);
-          value = std::to_string(((decl->max / step) * step));
-          break;
+    // Declared in reverse, to check that make() restores the declared order. First the largest
+    // value of every parameter; where the family's joint check refuses that combination, the
+    // family's typical values and first choices instead.
+    const auto params_for = [&](bool extreme) {
+      std::vector<std::pair<std::string, std::string>> params;
+      for (auto decl = family.params.rbegin(); decl != family.params.rend(); ++decl) {
+        std::string value;
+        switch (decl->kind) {
+          case ParamKind::dtype:
+            value = decl->choices.empty() ? "f32" : std::string(decl->choices.front());
+            break;
+          case ParamKind::integer: {
+            const std::int64_t step = std::max<std::int64_t>(decl->multiple_of, 1);
+            value = std::to_string(((decl->max / step) * step));
+            break;
+          }
+          case ParamKind::choice:
+            value = std::string(extreme ? decl->choices.back() : decl->choices.front());
+            break;
+          case ParamKind::boolean:
+            value = "1";
+            break;
         }
-        case ParamKind::choice:
-          value = std::string(decl->choices.back());
-          break;
-        case ParamKind::boolean:
-          value = "1";
-          break;
+        if (!extreme) {
+          for (const auto& [name, typical] : family.typical) {
+            if (name == decl->name) value = std::string(typical);
+          }
+        }
+        params.emplace_back(std::string(decl->name), value);
       }
-      params.emplace_back(std::string(decl->name), value);
+      return params;
+    };
+    const Arch arch{std::max(family.min_sm, 80) / 10, std::max(family.min_sm, 80) % 10};
+    KernelSpec spec;
+    try {
+      spec = KernelSpec::make(family.name, params_for(true), arch);
+    } catch (const InvalidArgument& e) {
+      INFO(e.what());
+      const bool has_joint_check = family.check != nullptr;
+      REQUIRE(has_joint_check);  // only a joint check may refuse per-parameter values
+      spec = KernelSpec::make(family.name, params_for(false), arch);
     }
-    const KernelSpec spec =
-        KernelSpec::make(family.name, params,
-                         Arch{std::max(family.min_sm, 80) / 10, std::max(family.min_sm, 80) % 10});
     CAPTURE(spec.str());
     REQUIRE(spec.params.size() == family.params.size());
     for (std::size_t i = 0; i < family.params.size(); ++i) {
@@ -86,6 +104,37 @@ TEST_CASE("specs of every declared family round-trip") {
     }
     CHECK(KernelSpec::parse(spec.str()) == spec);
   }
+}
+
+TEST_CASE("a family's joint check refuses what its template's static_asserts would") {
+  const std::string base =
+      "gdn_decode:qkv=bf16,gate=bf16,a_log=f32,dt_bias=bf16,state=f32,out=bf16,index=i32,k=128,"
+      "v=128,{},load_hint=stream,store_hint=stream,gated=0,l2norm=1,invalid=negative@{}";
+  const auto spec = [&](std::string_view tile, std::string_view arch) {
+    return fmt::format(fmt::runtime(base), tile, arch);
+  };
+  // What the planner emits parses.
+  CHECK_NOTHROW(KernelSpec::parse(
+      spec("bv=4,warps=1,vec_bytes=16,mode=flat,stages=0,min_blocks=0", "sm_90")));
+  CHECK_NOTHROW(KernelSpec::parse(
+      spec("bv=16,warps=4,vec_bytes=16,mode=bulk,stages=4,min_blocks=0", "sm_90")));
+  CHECK(contains(
+      parse_error(spec("bv=4,warps=1,vec_bytes=16,mode=flat,stages=8,min_blocks=0", "sm_90")),
+      "stages = 8 belongs to mode=bulk alone"));
+  CHECK(contains(
+      parse_error(spec("bv=16,warps=4,vec_bytes=16,mode=bulk,stages=0,min_blocks=0", "sm_90")),
+      "mode=bulk needs stages 1..8"));
+  CHECK(contains(
+      parse_error(spec("bv=16,warps=4,vec_bytes=16,mode=bulk,stages=2,min_blocks=0", "sm_80")),
+      "mode=bulk needs sm_90"));
+  // f32 state in 16-byte vectors: 32 lanes per row of 128, one row per warp; 3 warps do not
+  // divide a tile of 4 rows, and 12 rows do not divide V = 128.
+  CHECK(contains(
+      parse_error(spec("bv=4,warps=3,vec_bytes=16,mode=flat,stages=0,min_blocks=0", "sm_90")),
+      "bv = 4 is not a multiple of warps x rows per warp = 3 x 1"));
+  CHECK(contains(
+      parse_error(spec("bv=12,warps=1,vec_bytes=16,mode=flat,stages=0,min_blocks=0", "sm_90")),
+      "bv = 12 does not divide v = 128"));
 }
 
 TEST_CASE("bad specs name what is wrong") {
