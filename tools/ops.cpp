@@ -120,6 +120,8 @@ std::vector<OpParam> gdn_prefill_params() {
       option("gated", "0", "1: precomputed f32 g and beta"),
       option("l2norm", "1", "1: L2-normalize q and k"),
       option("mode", "", "force a value tile (bv64, bv32, bv16)"),
+      option("checkpoint", "0",
+             "state checkpoints every this many tokens (a multiple of 64; 0: none)"),
   };
 }
 
@@ -284,6 +286,13 @@ Plan plan_prefill(const ShapeValues& values, const DeviceLimits& device) {
   const TensorView indices = memory.tensor(get_dtype(values, "index_dtype"), {n});
   const TensorView has_initial = FakeMemory::none(DType::u8, {n});
   const TensorView out = memory.tensor(get_dtype(values, "out_dtype"), {t, hv, v});
+  options.checkpoint_every_n_tokens = get_int(values, "checkpoint");
+  if (options.checkpoint_every_n_tokens > 0) {
+    // The most rows the call could write: every token of one sequence checkpointed.
+    const std::int64_t rows = t / options.checkpoint_every_n_tokens + 1;
+    options.state_checkpoints = memory.tensor(state.dtype, {rows, hv, v, k});
+    options.checkpoint_cu_starts = memory.tensor(DType::i64, {n + 1});
+  }
   return plan_gdn_prefill(q, kk, vv, gates, cu, state, indices, has_initial, out, options, device);
 }
 #endif

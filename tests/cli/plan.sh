@@ -27,6 +27,18 @@ run 0 plan gdn_decode --batch 8 --heads 16 --v-heads 32 --k 128 --v 128 --state-
 contains "$OUT" "gdn_decode:"
 run 0 plan gdn_prefill --tokens 1000 --seqs 4 --heads 16 --v-heads 32 --k 128 --v 128 --arch h200
 contains "$OUT" "gdn_prefill:"
+contains "$OUT" "ckpt=0@sm_90"
+# State checkpoints: the kernel with ckpt=1, and an interval that is no multiple of 64 refused.
+run 0 plan gdn_prefill --tokens 1000 --seqs 4 --heads 16 --v-heads 32 --k 128 --v 128 --checkpoint 128 --arch h200
+contains "$OUT" "ckpt=1@sm_90"
+contains "$OUT" "state checkpoints every 128 tokens"
+run 2 plan gdn_prefill --tokens 1000 --seqs 4 --heads 16 --v-heads 32 --k 128 --v 128 --checkpoint 100 --arch h200
+contains "$ERR" "checkpoint_every_n_tokens = 100"
+# Sizes whose fake tensors would overflow int64 are usage errors, not crashes.
+run 2 plan gdn_decode --batch 8 --heads 16 --v-heads 32 --k 4611686018427387905 --v 128 --arch h200
+contains "$ERR" "k = 4611686018427387905 is out of range"
+run 2 plan merge_state --tokens 4 --heads 2 --head-dim 64 --dtype =x --arch h200
+contains "$ERR" "'=x' is not a dtype"
 run 0 plan --help
 contains "$OUT" "--head-dim"
 run 0 --help
