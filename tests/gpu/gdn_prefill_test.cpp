@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/gpu.hpp"
+#include "common/host_data.hpp"
 #include "kjit/ops/gdn_decode.hpp"
 #include "kjit/ops/gdn_prefill.hpp"
 #include "ops/gdn_prefill_reference.hpp"
@@ -22,8 +23,11 @@
 namespace kjit {
 namespace {
 
+using test::Bytes;
+using test::compare;
 using test::DeviceBuffer;
-using Bytes = std::vector<unsigned char>;
+using test::Diff;
+using test::random_bytes;
 
 struct Case {
   std::vector<std::int64_t> lengths;
@@ -39,41 +43,10 @@ struct Case {
   std::int64_t ckpt_every = 0;
 };
 
-Bytes random_bytes(test::Rng& rng, DType dtype, std::int64_t count, double scale,
-                   double shift = 0) {
-  Bytes host(static_cast<std::size_t>(count) * size_of(dtype));
-  std::normal_distribution<double> normal(0.0, 1.0);
-  for (std::int64_t i = 0; i < count; ++i) {
-    support::store_from_double(host.data(), dtype, i, normal(rng) * scale + shift);
-  }
-  return host;
-}
-
 DeviceBuffer upload(const Bytes& host) {
   DeviceBuffer buffer(host.size());
   buffer.upload(host.data(), host.size());
   return buffer;
-}
-
-struct Diff {
-  double rel = 0, max_abs = 0;
-  std::int64_t non_finite = 0;
-};
-
-Diff compare(const Bytes& got, const Bytes& ref, DType dtype) {
-  const auto n = static_cast<std::int64_t>(got.size() / size_of(dtype));
-  double d2 = 0, r2 = 0;
-  Diff e;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const double a = support::load_as_double(got.data(), dtype, i);
-    const double b = support::load_as_double(ref.data(), dtype, i);
-    if (!std::isfinite(a)) ++e.non_finite;
-    d2 += (a - b) * (a - b);
-    r2 += b * b;
-    e.max_abs = std::max(e.max_abs, std::abs(a - b));
-  }
-  e.rel = std::sqrt(d2 / std::max(r2, 1e-300));
-  return e;
 }
 
 void run_case(const Case& c) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/gpu.hpp"
+#include "common/host_data.hpp"
 #include "kjit/error.hpp"
 #include "kjit/ops/gdn_decode.hpp"
 #include "kjit/ops/gdn_prefill.hpp"
@@ -36,8 +37,9 @@ namespace {
 /// address plans like a cuMemAlloc allocation.
 void* const kFakeAddress = reinterpret_cast<void*>(std::uintptr_t{1} << 20);
 
-using Bytes = std::vector<unsigned char>;
+using test::Bytes;
 using test::DeviceMemory;
+using test::random_bytes;
 
 /// The primary context of `device`, retained for the rest of the process (never released: the
 /// suite's runtime holds it too).
@@ -55,16 +57,6 @@ CUcontext current_context() {
   return context;
 }
 
-Bytes random_bytes(test::Rng& rng, DType dtype, std::int64_t count, double scale,
-                   double shift = 0) {
-  Bytes host(static_cast<std::size_t>(count) * size_of(dtype));
-  std::normal_distribution<double> normal(0.0, 1.0);
-  for (std::int64_t i = 0; i < count; ++i) {
-    support::store_from_double(host.data(), dtype, i, normal(rng) * scale + shift);
-  }
-  return host;
-}
-
 /// Device memory in the current context holding a copy of `host`.
 DeviceMemory upload(const Bytes& host) {
   DeviceMemory memory(host.size());
@@ -80,16 +72,8 @@ Bytes download(const DeviceMemory& memory) {
 
 /// ||got - ref|| / ||ref||, or +inf when anything is not finite (poison left behind included).
 double relative_error(const Bytes& got, const Bytes& ref, DType dtype) {
-  const auto n = static_cast<std::int64_t>(got.size() / size_of(dtype));
-  double d2 = 0, r2 = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const double a = support::load_as_double(got.data(), dtype, i);
-    const double b = support::load_as_double(ref.data(), dtype, i);
-    if (!std::isfinite(a)) return INFINITY;
-    d2 += (a - b) * (a - b);
-    r2 += b * b;
-  }
-  return std::sqrt(d2 / std::max(r2, 1e-300));
+  const test::Diff diff = test::compare(got, ref, dtype);
+  return diff.non_finite != 0 ? INFINITY : diff.rel;
 }
 
 /// What one worker saw; checked by the main thread (doctest assertions stay on one thread).
