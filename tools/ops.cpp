@@ -330,10 +330,12 @@ const OpInfo& find_op(std::string_view name) {
 }
 
 ShapeValues complete_values(const OpInfo& op, ShapeValues values, bool require_sizes) {
+  const auto is_param = [&](std::string_view name) {
+    return std::any_of(op.params.begin(), op.params.end(),
+                       [&](const OpParam& param) { return param.name == name; });
+  };
   for (const auto& [key, value] : values) {
-    bool known = false;
-    for (const OpParam& param : op.params) known = known || param.name == key;
-    if (!known) {
+    if (!is_param(key)) {
       std::string accepted;
       for (const OpParam& param : op.params) {
         accepted += (accepted.empty() ? "" : ", ") + param.name;
@@ -360,9 +362,7 @@ ShapeValues complete_values(const OpInfo& op, ShapeValues values, bool require_s
   for (auto& [key, value] : values) {
     if (!value.starts_with('=')) continue;
     const std::string other = value.substr(1);
-    const bool names_param = std::any_of(op.params.begin(), op.params.end(),
-                                         [&](const OpParam& p) { return p.name == other; });
-    if (!names_param) continue;
+    if (!is_param(other)) continue;
     auto referred = values.find(other);
     if (referred != values.end() && !referred->second.starts_with('=')) {
       value = referred->second;
