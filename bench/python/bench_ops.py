@@ -109,9 +109,10 @@ def host_section(n, triton_parts):
          lambda: kjit.merge_state(v_a, s_a, v_b, s_b, v_o, s_o, lse_base="e")),
         ("kjit.merge_state, stream=int given",
          lambda: kjit.merge_state(v_a, s_a, v_b, s_b, v_o, s_o, lse_base="e", stream=raw)),
-        ("kjit._kjit._merge_state (no Python wrapper)",
-         lambda: kjit._kjit._merge_state(v_a, s_a, v_b, s_b, v_o, s_o, "e", "token_major", True,
-                                         "", raw, False, None)),
+        ("kjit.merge_state, every option as keyword",
+         lambda: kjit.merge_state(v_a, s_a, v_b, s_b, v_out=v_o, s_out=s_o, lse_base="e",
+                                  lse_layout="token_major", pos_inf_as_empty=True, mode="",
+                                  stream=raw)),
         ("kjit.merge_state, outputs allocated",
          lambda: kjit.merge_state(v_a, s_a, v_b, s_b, lse_base="e")),
         ("kjit.merge_state_in_place",
@@ -354,6 +355,8 @@ def main():
     parser.add_argument("--calls", type=int, default=20000, help="calls per host-time round")
     parser.add_argument("--read-only", action="store_true",
                         help="only the tensor-reading section (runs without a GPU)")
+    parser.add_argument("--host-only", action="store_true",
+                        help="only tensor reading and host time per call (no GPU-time shapes)")
     args = parser.parse_args()
     read_section(args.calls)
     if args.read_only:
@@ -371,9 +374,8 @@ def main():
         log(f"fla anchor unavailable: {why}")
     read_section(args.calls, DEV)
     host_section(args.calls, triton_parts)
-    merge_section(args.quick, triton_parts)
-    decode_section(args.quick, fla)
-    prefill_section(args.quick, fla)
+    if not args.host_only:
+        run_gpu_sections(args.quick, triton_parts, fla)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(RESULTS, f, indent=1)
@@ -384,6 +386,12 @@ def main():
             f"torch eager {host.get('torch.add(out=) eager', float('nan')):.2f}, "
             f"triton {host.get('triton launch (copy 128)', float('nan')):.2f}")
     return 0
+
+
+def run_gpu_sections(quick, triton_parts, fla):
+    merge_section(quick, triton_parts)
+    decode_section(quick, fla)
+    prefill_section(quick, fla)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@
 Each op takes device tensors (torch tensors, or any object with ``__dlpack__``: CuPy, JAX),
 allocates the outputs it is not given (with torch when the inputs are torch tensors), and
 enqueues the kernel on ``stream``: None means torch's current stream on the tensors' device.
-Every call passes its arguments positionally to the extension, so that the steady-state path
-costs one vectorcall plus the C++ op (a memoized plan and cuLaunchKernelEx).
+merge_state, merge_state_in_place and gdn_decode (called every decode step) are the extension's
+METH_FASTCALL functions; the other ops pass their arguments positionally to the extension. The
+steady-state path is then one vectorcall plus the C++ op (a memoized plan and cuLaunchKernelEx).
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ def _empty(like, shape, dtype=None):
     return xp.empty(tuple(shape), dtype=dtype or like.dtype)
 
 
+# The fast entry points allocate the outputs they are not given through _empty.
+_kjit._register_allocator(_empty)
+
+
 def _base(lse_base):
     # The extension takes the base as text; 2 is the natural way to write base 2.
     return lse_base if lse_base is None or lse_base.__class__ is str else str(lse_base)
@@ -68,37 +73,11 @@ def _base(lse_base):
 # merge_state
 
 
-def merge_state(v_a, s_a, v_b, s_b, v_out=None, s_out=None, *, lse_base=None,
-                lse_layout="token_major", pos_inf_as_empty=True, return_lse=True,
-                out_dtype=None, mode="", stream=None, _plan=False, _arch=None):
-    """Merges two partial attention states: (v_a, s_a) + (v_b, s_b) -> (v_out, s_out).
-
-    v_*: [T, H, D] f16/bf16/f32, last dim contiguous. s_*: f32 LSE [T, H] (lse_layout
-    "token_major") or [H, T] ("head_major"). lse_base is required: 2 (FlashInfer) or "e"
-    (FlashAttention, SGLang, vLLM). v_out defaults to a new tensor of v_a's shape in out_dtype
-    (default v_a's dtype), s_out to a new f32 tensor of s_a's shape; return_lse=False skips
-    writing the merged LSE. Returns (v_out, s_out) (s_out None when not written).
-    """
-    if v_out is None:
-        v_out = _empty(v_a, v_a.shape, out_dtype)
-    if s_out is None and return_lse:
-        s_out = _empty(s_a, s_a.shape, "float32")
-    result = _kjit._merge_state(v_a, s_a, v_b, s_b, v_out, s_out, _base(lse_base), lse_layout,
-                                pos_inf_as_empty, mode, stream, _plan, _arch)
-    return result if _plan else (v_out, s_out)
-
-
-def merge_state_in_place(v, s, v_other, s_other, mask=None, *, lse_base=None,
-                         lse_layout="token_major", pos_inf_as_empty=True, mode="", stream=None,
-                         _plan=False, _arch=None):
-    """(v, s) <- merge((v, s), (v_other, s_other)) for the tokens whose mask[t] is nonzero.
-
-    mask: [T] bool/uint8, or None for every token. Returns (v, s).
-    """
-    result = _kjit._merge_state_in_place(v, s, v_other, s_other, mask, _base(lse_base),
-                                         lse_layout, pos_inf_as_empty, mode, stream, _plan,
-                                         _arch)
-    return result if _plan else (v, s)
+# merge_state and merge_state_in_place are the extension's own METH_FASTCALL functions (their
+# keywords, defaults and output allocation are handled in C++: a Python wrapper would cost
+# ~0.5 us of a call's ~5 us); help() shows their signatures and documentation.
+merge_state = _kjit.merge_state
+merge_state_in_place = _kjit.merge_state_in_place
 
 
 def merge_states(v, s, v_out=None, s_out=None, *, lse_base=None, lse_layout="token_major",
@@ -121,21 +100,8 @@ def merge_states(v, s, v_out=None, s_out=None, *, lse_base=None, lse_layout="tok
 # Gated DeltaNet
 
 
-def gdn_decode(mixed_qkv, a, b, a_log, dt_bias, state, state_indices, out=None, *, scale=None,
-               l2norm_qk=True, softplus_threshold=20.0, invalid_index="negative", mode="",
-               debug_check_indices=False, stream=None, _plan=False, _arch=None):
-    """One packed GDN decode step (raw gates), state updated in place in its pool slots.
-
-    mixed_qkv [B, 2*H*K + HV*V]; a, b [B, HV]; a_log, dt_bias [HV]; state [slots, HV, V, K];
-    state_indices [B] int32/int64 (invalid_index "negative": < 0 is padding, "nonpositive":
-    <= 0 is padding). out defaults to [B, HV, V] of mixed_qkv's dtype. Returns out.
-    """
-    if out is None:
-        out = _empty(mixed_qkv, (mixed_qkv.shape[0], state.shape[1], state.shape[2]))
-    result = _kjit._gdn_decode(mixed_qkv, a, b, a_log, dt_bias, state, state_indices, out, scale,
-                               l2norm_qk, softplus_threshold, invalid_index, mode,
-                               debug_check_indices, stream, _plan, _arch)
-    return result if _plan else out
+# One packed GDN decode step: like merge_state, a METH_FASTCALL function of the extension.
+gdn_decode = _kjit.gdn_decode
 
 
 def gdn_decode_gated(mixed_qkv, g, beta, state, state_indices, out=None, *, scale=None,

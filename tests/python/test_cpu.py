@@ -265,6 +265,56 @@ def test_outputs_are_allocated_like_the_inputs():
     assert ",in=f16,out=f32," in "," + plan.specs[0].split(":", 1)[1]
 
 
+def test_per_step_ops_parse_their_own_arguments():
+    # merge_state, merge_state_in_place and gdn_decode are METH_FASTCALL functions of the
+    # extension: their keywords must behave like a Python function's.
+    import inspect
+
+    sig = inspect.signature(kjit.merge_state)
+    assert list(sig.parameters)[:6] == ["v_a", "s_a", "v_b", "s_b", "v_out", "s_out"]
+    assert sig.parameters["lse_base"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert "Merges two partial attention states" in kjit.merge_state.__doc__
+    assert "mask" in inspect.signature(kjit.merge_state_in_place).parameters
+    assert inspect.signature(kjit.gdn_decode).parameters["softplus_threshold"].default == 20.0
+    args = merge_args()
+    with pytest.raises(TypeError, match=r"merge_state\(\) got an unexpected keyword argument "
+                                        r"'lse'; accepted: v_a, s_a, .*lse_base"):
+        kjit.merge_state(*args, lse="e")
+    with pytest.raises(TypeError, match=r"got multiple values for argument 'v_a'"):
+        kjit.merge_state(*args, v_a=args[0], lse_base="e")
+    with pytest.raises(TypeError, match=r"takes at most 6 positional arguments \(7 given\)"):
+        kjit.merge_state(*args, args[0], args[1], "e")
+    with pytest.raises(TypeError, match=r"merge_state\(\) missing required argument 's_b'"):
+        kjit.merge_state(*args[:3], lse_base="e")
+    # A wrongly typed option is a TypeError before any tensor is looked at.
+    with pytest.raises(TypeError, match=r"pos_inf_as_empty must be True or False, got a int"):
+        kjit.merge_state(*args, lse_base="e", pos_inf_as_empty=1)
+    with pytest.raises(TypeError, match=r"lse_layout must be a str, got a int"):
+        kjit.merge_state_in_place(*args, lse_base="e", lse_layout=0)
+    with pytest.raises(TypeError, match=r"gdn_decode\(\) missing required argument 'state'"):
+        kjit.gdn_decode(*decode_args()[:5])
+    with pytest.raises(TypeError, match=r"scale must be a number, got a str"):
+        kjit.gdn_decode(*decode_args(), scale="0.1")
+    # Keywords built at run time (not interned by a call site) match by value.
+    kwargs = {"".join(["lse_", "base"]): 2, "_arch": "sm_90", "_plan": True}
+    assert kjit.merge_state(*args, **kwargs).op == "merge_state"
+    assert kjit.merge_state_in_place(*args, **kwargs).op == "merge_state_in_place"
+
+
+def decode_args(b=2, h=16, hv=32, k=128):
+    return (np.zeros((b, 2 * h * k + hv * k), np.float16), np.zeros((b, hv), np.float16),
+            np.zeros((b, hv), np.float16), np.zeros(hv, np.float32), np.zeros(hv, np.float32),
+            np.zeros((3, hv, k, k), np.float32), np.zeros(b, np.int32))
+
+
+def test_gdn_decode_allocates_out_and_plans_with_options():
+    plan = kjit.plan_call("gdn_decode", *decode_args(b=5), arch="sm_90", scale=0.25,
+                          l2norm_qk=False, invalid_index="nonpositive")
+    assert plan.op == "gdn_decode" and all(c.ok for c in plan.launches[0].checks)
+    with pytest.raises(kjit.InvalidArgument, match="invalid_index = 'zero' is not a convention"):
+        kjit.plan_call("gdn_decode", *decode_args(), arch="sm_90", invalid_index="zero")
+
+
 def test_plan_call_unknown_op():
     with pytest.raises(kjit.InvalidArgument, match="plan_call: op = 'merge' is not a kjit op"):
         kjit.plan_call("merge", arch="sm_90")
