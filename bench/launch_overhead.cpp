@@ -13,6 +13,8 @@
 #include "cache/bundle.hpp"
 #include "harness.hpp"
 #include "kjit/kjit.hpp"
+#include "kjit/ops/gdn_decode.hpp"
+#include "kjit/ops/merge_state.hpp"
 #include "kjit/probe_params.h"
 #include "runtime/loaded_kernel.hpp"
 
@@ -95,8 +97,56 @@ int main(int argc, char** argv) {
       return std::pair{plan, gpu->device};
     });
     void* args[] = {&params};
+    // Whole op calls on tiny problems (the host path a serving engine pays every step):
+    // argument checks, the plan memo, the stream's device and the launch.
+    using kjit::DType;
+    using kjit::TensorView;
+    const std::int64_t heads = 8, head_dim = 128;
+    kjit::bench::DeviceBuffer v_a(heads * head_dim * 2), v_b(heads * head_dim * 2),
+        v_o(heads * head_dim * 2), s_a(heads * 4), s_b(heads * 4), s_o(heads * 4);
+    auto v_view = [&](kjit::bench::DeviceBuffer& b) {
+      return TensorView::contiguous(b.get(), DType::bf16, {1, heads, head_dim});
+    };
+    auto s_view = [&](kjit::bench::DeviceBuffer& b) {
+      return TensorView::contiguous(b.get(), DType::f32, {1, heads});
+    };
+    kjit::MergeStateOptions merge_options;
+    merge_options.lse_base = kjit::LseBase::e;
+    merge_options.runtime = &runtime;
+    const std::int64_t dh = 16, dhv = 32, dk = 128, width = 2 * dh * dk + dhv * dk;
+    kjit::bench::DeviceBuffer qkv(width * 2), gate_a(dhv * 2), gate_b(dhv * 2), a_log(dhv * 4),
+        dt_bias(dhv * 4), pool(2 * dhv * dk * dk * 4), indices(4), decode_out(dhv * dk * 2);
+    kjit::bench::check(kjit::bench::cu().cuMemsetD8Async(
+                           reinterpret_cast<CUdeviceptr>(indices.get()), 0, 4, gpu->cu_stream()),
+                       "cuMemsetD8Async");
+    kjit::GdnDecodeOptions decode_options;
+    decode_options.runtime = &runtime;
+    auto merge_call = [&] {
+      kjit::merge_state(v_view(v_a), s_view(s_a), v_view(v_b), s_view(s_b), v_view(v_o),
+                        s_view(s_o), merge_options, gpu->stream);
+    };
+    auto in_place_call = [&] {
+      kjit::merge_state_in_place(v_view(v_o), s_view(s_o), v_view(v_b), s_view(s_b), {},
+                                 merge_options, gpu->stream);
+    };
+    auto decode_call = [&] {
+      kjit::gdn_decode(TensorView::contiguous(qkv.get(), DType::bf16, {1, width}),
+                       TensorView::contiguous(gate_a.get(), DType::bf16, {1, dhv}),
+                       TensorView::contiguous(gate_b.get(), DType::bf16, {1, dhv}),
+                       TensorView::contiguous(a_log.get(), DType::f32, {dhv}),
+                       TensorView::contiguous(dt_bias.get(), DType::f32, {dhv}),
+                       TensorView::contiguous(pool.get(), DType::f32, {2, dhv, dk, dk}),
+                       TensorView::contiguous(indices.get(), DType::i32, {1}),
+                       TensorView::contiguous(decode_out.get(), DType::bf16, {1, dhv, dk}),
+                       decode_options, gpu->stream);
+    };
+
     double raw_best = 1e9, memo_best = 1e9, checked_best = 1e9;
+    double merge_best = 1e9, in_place_best = 1e9, decode_best = 1e9;
     for (int round = 0; round < 3; ++round) {
+      merge_best = std::min(merge_best, measure(merge_call));
+      in_place_best = std::min(in_place_best, measure(in_place_call));
+      decode_best = std::min(decode_best, measure(decode_call));
       raw_best = std::min(raw_best, measure([&] {
                             kjit::bench::check(kjit::bench::cu().cuLaunchKernel(
                                                    resolved.kernels[0]->function, 1, 1, 1, 32, 1, 1,
@@ -155,6 +205,12 @@ int main(int argc, char** argv) {
                memo_best - raw_best);
     fmt::print("  kjit checked launch          {:6.2f} us  (+{:.2f} us)\n", checked_best,
                checked_best - raw_best);
+    fmt::print("  kjit::merge_state op call    {:6.2f} us  (+{:.2f} us; T=1 H=8 D=128 bf16)\n",
+               merge_best, merge_best - raw_best);
+    fmt::print("  kjit::merge_state_in_place   {:6.2f} us  (+{:.2f} us)\n", in_place_best,
+               in_place_best - raw_best);
+    fmt::print("  kjit::gdn_decode op call     {:6.2f} us  (+{:.2f} us; B=1 H=16 HV=32 K=V=128)\n",
+               decode_best, decode_best - raw_best);
     fmt::print(
         "fresh process: driver init {:.0f} us, first load+launch from {} {:.0f} us "
         "(goal <= 1000 us)\n",
@@ -165,11 +221,14 @@ int main(int argc, char** argv) {
         from_bundle.first_us, from_bundle.bundle_hits, from_bundle.compiles);
     if (argc > 1) {
       if (FILE* f = std::fopen(argv[1], "w")) {
-        std::fprintf(f,
-                     "{\"raw_us\": %.3f, \"memo_us\": %.3f, \"checked_us\": %.3f, "
-                     "\"first_launch_us\": %.1f, \"bundle_first_launch_us\": %.1f, "
-                     "\"driver_init_us\": %.1f}\n",
-                     raw_best, memo_best, checked_best, first_us, from_bundle.first_us, driver_us);
+        std::fprintf(
+            f,
+            "{\"raw_us\": %.3f, \"memo_us\": %.3f, \"checked_us\": %.3f, "
+            "\"first_launch_us\": %.1f, \"bundle_first_launch_us\": %.1f, "
+            "\"driver_init_us\": %.1f, \"merge_state_op_us\": %.3f, \"in_place_op_us\": %.3f, "
+            "\"gdn_decode_op_us\": %.3f}\n",
+            raw_best, memo_best, checked_best, first_us, from_bundle.first_us, driver_us,
+            merge_best, in_place_best, decode_best);
         std::fclose(f);
       }
     }

@@ -290,8 +290,9 @@ Prepared prepare_pair(Op op, const TensorView& v_a, const TensorView& s_a, const
   check_dtypes_and_dims(op, a_name, v_a, op == Op::in_place ? a_name : "v_out", v_out, head_dim,
                         &problem);
   require_dtype(op, b_name, v_b, v_a.dtype);
+  // A literal, not a formatted string: this runs on every call.
   require_shape(op, b_name, v_b, {tokens, heads, head_dim},
-                fmt::format("the shape of {}", a_name).c_str());
+                op == Op::in_place ? "the shape of v" : "the shape of v_a");
   if (op == Op::pair) {
     require_shape(op, "v_out", v_out, {tokens, heads, head_dim}, "the shape of v_a");
   }
