@@ -20,6 +20,7 @@ from ._api import (
     gdn_decode,
     gdn_decode_gated,
     gdn_prefill,
+    gdn_prefill_checkpoint_starts,
     merge_state,
     merge_state_in_place,
     merge_states,

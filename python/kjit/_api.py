@@ -118,21 +118,74 @@ def gdn_decode_gated(mixed_qkv, g, beta, state, state_indices, out=None, *, scal
 
 def gdn_prefill(q, k, v, cu_seqlens, state, state_indices, *, a=None, b=None, a_log=None,
                 dt_bias=None, g=None, beta=None, has_initial_state=None, out=None,
-                final_state=None, scale=0.0, l2norm_qk=True, softplus_threshold=20.0, mode="",
-                stream=None, _plan=False, _arch=None):
+                final_state=None, scale=0.0, l2norm_qk=True, softplus_threshold=20.0,
+                checkpoint_every_n_tokens=0, state_checkpoints=None, checkpoint_cu_starts=None,
+                mode="", stream=None, _plan=False, _arch=None):
     """Chunked varlen GDN prefill. q, k [T, H, K], v [T, HV, V] (bf16/f16); gates either raw
     (a, b [T, HV], a_log, dt_bias [HV]) or precomputed (g, beta [T, HV] f32); cu_seqlens [N+1];
     state [slots, HV, V, K] (f32/bf16) read from and written back to state[state_indices[n]]
     (index < 0: padding, the pool is not touched); has_initial_state [N] bool or None (all);
     final_state [N, HV, V, K] to write final states there instead of into the pool. out
     defaults to [T, HV, V] of q's dtype. scale 0 means K^-0.5. Returns out.
+
+    Checkpoints: checkpoint_every_n_tokens = n (a multiple of 64) also writes the state after
+    every n tokens of each sequence: sequence i's j-th checkpoint goes to
+    state_checkpoints[checkpoint_cu_starts[i] + j] ([total, HV, V, K], the pool's dtype;
+    checkpoint_cu_starts [N + 1] int64 on the device, from gdn_prefill_checkpoint_starts).
+    Left as None, both are made here from cu_seqlens, which copies cu_seqlens to the host (a
+    synchronization: pass both for CUDA graph capture). Returns (out, state_checkpoints) then.
     """
     if out is None:
         out = _empty(q, (q.shape[0], v.shape[1], v.shape[2]))
+    # A bad interval is left to the op, whose message names checkpoint_every_n_tokens.
+    valid_every = checkpoint_every_n_tokens > 0 and checkpoint_every_n_tokens % 64 == 0
+    if valid_every and not _plan:
+        if checkpoint_cu_starts is None or state_checkpoints is None:
+            starts = gdn_prefill_checkpoint_starts(_host_ints(cu_seqlens),
+                                                   checkpoint_every_n_tokens)
+            if checkpoint_cu_starts is None:
+                checkpoint_cu_starts = _like_ints(cu_seqlens, starts)
+            if state_checkpoints is None:
+                shape = (starts[-1], state.shape[1], state.shape[2], state.shape[3])
+                state_checkpoints = _empty(state, shape)
     result = _kjit._gdn_prefill(q, k, v, a, b, a_log, dt_bias, g, beta, cu_seqlens, state,
                                 state_indices, has_initial_state, out, final_state, scale,
-                                l2norm_qk, softplus_threshold, mode, stream, _plan, _arch)
-    return result if _plan else out
+                                l2norm_qk, softplus_threshold, checkpoint_every_n_tokens,
+                                state_checkpoints, checkpoint_cu_starts, mode, stream, _plan,
+                                _arch)
+    if _plan:
+        return result
+    return (out, state_checkpoints) if checkpoint_every_n_tokens else out
+
+
+def gdn_prefill_checkpoint_starts(cu_seqlens, every):
+    """The first checkpoint row of each sequence (the exclusive prefix sum of
+    floor(length / every)) from host offsets cu_seqlens [N + 1]: a list of N + 1 ints whose
+    last one is the number of checkpoint rows a gdn_prefill call writes."""
+    return _kjit._gdn_prefill_checkpoint_starts([int(x) for x in cu_seqlens], int(every))
+
+
+def _host_ints(array):
+    tolist = getattr(array, "tolist", None)
+    if tolist is None:
+        raise _kjit.InvalidArgument(
+            f"gdn_prefill: cu_seqlens is a {type(array).__name__} without tolist(); pass "
+            "checkpoint_cu_starts and state_checkpoints to checkpoint without a host copy")
+    return [int(x) for x in tolist()]
+
+
+def _like_ints(like, values):
+    """An int64 device array holding `values`, on `like`'s device and library."""
+    torch = _torch()
+    if torch is not None and isinstance(like, torch.Tensor):
+        return torch.tensor(values, dtype=torch.int64, device=like.device)
+    namespace = getattr(like, "__array_namespace__", None)
+    if namespace is None:
+        raise _kjit.InvalidArgument(
+            f"gdn_prefill: cannot make checkpoint_cu_starts like a {type(like).__name__}; pass "
+            "it explicitly")
+    xp = namespace()
+    return xp.asarray(values, dtype=xp.int64)
 
 
 _OPS = {

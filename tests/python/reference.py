@@ -69,9 +69,10 @@ def gdn_decode(mixed_qkv, g, beta, state, indices, heads, scale=None, l2norm=Tru
 
 
 def gdn_prefill(q, k, v, g, beta, cu_seqlens, state, indices, has_initial=None, scale=0.0,
-                l2norm=True):
+                l2norm=True, checkpoints=None):
     """Sequential float64 recurrence over each sequence's tokens. Returns (out [T, HV, V],
-    new pool, final states [N, HV, V, K])."""
+    new pool, final states [N, HV, V, K]). checkpoints: (every, list) appends the state after
+    every `every` tokens of each sequence to the list, in sequence order."""
     t, h, kd = q.shape
     hv, vd = v.shape[1], v.shape[2]
     rep = hv // h
@@ -88,9 +89,12 @@ def gdn_prefill(q, k, v, g, beta, cu_seqlens, state, indices, has_initial=None, 
         start = not padded and (has_initial is None or bool(has_initial[n]))
         hs = pool[slot].clone() if start else torch.zeros(hv, vd, kd, dtype=torch.float64,
                                                            device=q.device)
-        for i in range(int(cu_seqlens[n]), int(cu_seqlens[n + 1])):
+        bos = int(cu_seqlens[n])
+        for i in range(bos, int(cu_seqlens[n + 1])):
             hs, out[i] = gdn_step(hs, qd[i], kk[i], vv[i], g[i].double(), beta[i].double(),
                                   scale, l2norm)
+            if checkpoints is not None and (i + 1 - bos) % checkpoints[0] == 0:
+                checkpoints[1].append(hs.clone())
         finals.append(hs)
         if not padded:
             pool[slot] = hs

@@ -315,6 +315,15 @@ def test_gdn_decode_allocates_out_and_plans_with_options():
         kjit.plan_call("gdn_decode", *decode_args(), arch="sm_90", invalid_index="zero")
 
 
+def test_gdn_prefill_checkpoint_starts():
+    assert kjit.gdn_prefill_checkpoint_starts([0, 0, 70, 270, 400], 64) == [0, 0, 1, 4, 6]
+    assert kjit.gdn_prefill_checkpoint_starts([0, 127, 383], 128) == [0, 0, 2]
+    with pytest.raises(kjit.InvalidArgument, match="every = 65; accepted: a positive multiple"):
+        kjit.gdn_prefill_checkpoint_starts([0, 64], 65)
+    with pytest.raises(kjit.InvalidArgument, match="non-decreasing offsets"):
+        kjit.gdn_prefill_checkpoint_starts([0, 64, 10], 64)
+
+
 def test_plan_call_unknown_op():
     with pytest.raises(kjit.InvalidArgument, match="plan_call: op = 'merge' is not a kjit op"):
         kjit.plan_call("merge", arch="sm_90")

@@ -350,6 +350,49 @@ def test_gdn_prefill(lens, hv, kv):
     close(state, ref_pool, 2e-3, 2e-3)
 
 
+def test_gdn_prefill_checkpoints_against_the_reference():
+    torch.manual_seed(5)
+    lens, h, hv, kv, every = [0, 70, 200, 130, 64], 2, 4, 64, 64
+    t, n = sum(lens), len(lens)
+    q = torch.randn(t, h, kv, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(t, h, kv, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn(t, hv, kv, device=DEV, dtype=torch.bfloat16)
+    g = -torch.rand(t, hv, device=DEV) * 0.2
+    beta = torch.rand(t, hv, device=DEV)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device=DEV, dtype=torch.int32)
+    state = torch.randn(n + 1, hv, kv, kv, device=DEV) * 0.1
+    idx = torch.arange(n, device=DEV, dtype=torch.int32)
+    idx[2] = -1  # padding: checkpoints from a zero start, pool untouched
+    pool = state.clone()
+    starts = kjit.gdn_prefill_checkpoint_starts(cu.tolist(), every)
+    assert starts == [0, 0, 1, 4, 6, 7]
+    # kjit makes checkpoint_cu_starts and state_checkpoints (a host copy of cu_seqlens) ...
+    out, ckpt = kjit.gdn_prefill(q, k, v, cu, state, idx, g=g, beta=beta,
+                                 checkpoint_every_n_tokens=every)
+    assert ckpt.shape == (starts[-1], hv, kv, kv) and ckpt.dtype == state.dtype
+    # ... or the caller gives both (no synchronization; poisoned rows must all be written).
+    state2 = pool.clone()
+    given = poison((starts[-1], hv, kv, kv), torch.float32)
+    out2, ckpt2 = kjit.gdn_prefill(
+        q, k, v, cu, state2, idx, g=g, beta=beta, checkpoint_every_n_tokens=every,
+        state_checkpoints=given,
+        checkpoint_cu_starts=torch.tensor(starts, device=DEV, dtype=torch.int64))
+    assert ckpt2 is given
+    torch.cuda.synchronize()
+    listed = []
+    ref_out, ref_pool, _ = reference.gdn_prefill(q, k, v, g, beta, cu.cpu(), pool, idx.cpu(),
+                                                 checkpoints=(every, listed))
+    ref_ckpt = torch.stack(listed)
+    scale = ref_out.abs().max().item() + 1e-6
+    for o, c, st in ((out, ckpt, state), (out2, ckpt2, state2)):
+        close(o, ref_out, 2e-2, 2e-2 * scale)
+        close(c, ref_ckpt, 2e-3, 2e-3)
+        close(st, ref_pool, 2e-3, 2e-3)
+    assert torch.equal(state[2], pool[2]) and torch.equal(ckpt, ckpt2)
+    with pytest.raises(kjit.InvalidArgument, match="checkpoint_every_n_tokens"):
+        kjit.gdn_prefill(q, k, v, cu, state, idx, g=g, beta=beta, checkpoint_every_n_tokens=65)
+
+
 # --- other DLPack producers: CuPy, JAX ---------------------------------------------------------
 
 
