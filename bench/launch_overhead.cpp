@@ -48,10 +48,10 @@ int child_main() {
   kjit::driver::check(cu.cuCtxSynchronize(), "cuCtxSynchronize");
   const double first_us = us_since(first);
   const kjit::CacheStats stats = runtime.stats();
-  std::printf("%.1f %.1f %llu %llu %llu\n", driver_us, first_us,
+  std::printf("%.1f %.1f %llu %llu %llu %d\n", driver_us, first_us,
               static_cast<unsigned long long>(stats.disk_hits),
               static_cast<unsigned long long>(stats.bundle_hits),
-              static_cast<unsigned long long>(stats.compiles));
+              static_cast<unsigned long long>(stats.compiles), stats.nvrtc_loaded ? 1 : 0);
   return 0;
 }
 
@@ -170,6 +170,7 @@ int main(int argc, char** argv) {
       double driver_us = 0;
       double first_us = 1e18;
       unsigned long long disk_hits = 0, bundle_hits = 0, compiles = 0;
+      int nvrtc_loaded = 0;
     };
     auto first_launch = [&]() {
       FirstLaunch best;
@@ -177,8 +178,8 @@ int main(int argc, char** argv) {
         FILE* pipe = popen(fmt::format("'{}' --child", argv[0]).c_str(), "r");
         FirstLaunch run;
         if (pipe == nullptr ||
-            std::fscanf(pipe, "%lf %lf %llu %llu %llu", &run.driver_us, &run.first_us,
-                        &run.disk_hits, &run.bundle_hits, &run.compiles) != 5 ||
+            std::fscanf(pipe, "%lf %lf %llu %llu %llu %d", &run.driver_us, &run.first_us,
+                        &run.disk_hits, &run.bundle_hits, &run.compiles, &run.nvrtc_loaded) != 6 ||
             pclose(pipe) != 0) {
           throw kjit::Error("bench child failed");
         }
@@ -213,8 +214,9 @@ int main(int argc, char** argv) {
                decode_best, decode_best - raw_best);
     fmt::print(
         "fresh process: driver init {:.0f} us, first load+launch from {} {:.0f} us "
-        "(goal <= 1000 us)\n",
-        driver_us, from_disk_cache ? "warm disk cache" : "a compile (cache was cold!)", first_us);
+        "(goal <= 1000 us; NVRTC {})\n",
+        driver_us, from_disk_cache ? "warm disk cache" : "a compile (cache was cold!)", first_us,
+        from_disk.nvrtc_loaded != 0 ? "loaded" : "not loaded: compiler identity remembered");
     fmt::print(
         "fresh process, bundle only (NVRTC unloadable, JIT off): first load+launch {:.0f} us "
         "({} bundle hits, {} compiles)\n",

@@ -53,6 +53,9 @@ struct CacheStats {
   /// Entries that could not be written (the cache then runs memory-only).
   std::uint64_t write_failures = 0;
   bool disk_enabled = true;
+  /// Whether this runtime loaded NVRTC. A fresh process whose kernels are all in a bundle, or
+  /// in the disk cache with the compiler identity remembered there, never does.
+  bool nvrtc_loaded = false;
 };
 
 /// A kernel loaded on one device. Owned by the Runtime; pointers stay valid for its lifetime.

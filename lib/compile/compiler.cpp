@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "compile/compiler.hpp"
 
+#include <dlfcn.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -168,9 +170,18 @@ std::vector<Arch> Compiler::supported_archs() const { return impl_->archs; }
 
 const std::string& Compiler::library() const noexcept { return impl_->library_name; }
 
+std::string Compiler::library_file() const {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<const void*>(impl_->api.version), &info) == 0 ||
+      info.dli_fname == nullptr) {
+    return {};
+  }
+  return info.dli_fname;
+}
+
 const std::string& Compiler::cuda_home() const noexcept { return impl_->cuda_home; }
 
-std::vector<std::string> Compiler::options_for(const KernelSpec& spec) const {
+std::vector<std::string> Compiler::canonical_options(const KernelSpec& spec) {
   // CUBIN for the exact target (sm_, not compute_): the driver then loads it without a JIT
   // step. No --use_fast_math (templates choose their intrinsics explicitly, accuracy matters)
   // and no -lineinfo (it changes the binary without changing what runs).

@@ -75,12 +75,19 @@ class Compiler {
   std::vector<Arch> supported_archs() const;
   /// The library that was loaded, as it was named to dlopen.
   const std::string& library() const noexcept;
+  /// The file the dynamic loader mapped for it (a path even when library() is a soname);
+  /// empty when the loader does not say.
+  std::string library_file() const;
   /// The toolkit root in use.
   const std::string& cuda_home() const noexcept;
 
   /// The canonical option list for a spec (sorted, without -Xptxas=-v which never changes the
   /// binary, and without host paths): goes into the cache key.
-  std::vector<std::string> options_for(const KernelSpec& spec) const;
+  std::vector<std::string> options_for(const KernelSpec& spec) const {
+    return canonical_options(spec);
+  }
+  /// options_for() without a loaded compiler: the options depend on the spec alone.
+  static std::vector<std::string> canonical_options(const KernelSpec& spec);
   /// options_for() plus what compile() adds that never changes the binary: the toolkit
   /// include path and -Xptxas=-v. Exactly what compile() passes to NVRTC.
   std::vector<std::string> compile_options_for(const KernelSpec& spec) const;

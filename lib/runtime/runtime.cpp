@@ -11,13 +11,16 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <unordered_map>
 
 #include "cache/bundle.hpp"
+#include "cache/compiler_memo.hpp"
 #include "cache/disk_cache.hpp"
 #include "cache/key.hpp"
 #include "codegen/embedded_templates.hpp"
@@ -74,7 +77,15 @@ struct Runtime::Impl {
   // already-loaded kernels work without libnvrtc.
   std::mutex compiler_mutex;
   std::unique_ptr<compile::Compiler> compiler;
-  std::unique_ptr<cache::DiskCache> disk;
+  std::atomic<bool> nvrtc_loaded{false};
+  // One disk cache per compiler id: normally one, two when a remembered identity turned out
+  // to differ from the loaded compiler's.
+  std::map<std::string, std::unique_ptr<cache::DiskCache>> disks;
+  // The compiler identity remembered next to the cache (read once), so that a warm start finds
+  // its kernels without loading NVRTC; see cache/compiler_memo.hpp.
+  std::once_flag memo_once;
+  std::optional<cache::CompilerMemo> compiler_memo;
+  bool memo_written = false;  // guarded by compiler_mutex
 
   // Compiled kernels by spec text, with single flight: concurrent requests for one spec wait
   // for the first.
@@ -121,34 +132,78 @@ struct Runtime::Impl {
     if (!compiler) {
       compiler = std::make_unique<compile::Compiler>(settings.nvrtc_library,
                                                      settings.resolved_cuda_home());
+      nvrtc_loaded.store(true, std::memory_order_release);
     }
     return *compiler;
   }
 
+  // What chose the NVRTC library file: the memo is only valid for the same choice.
+  std::string memo_selector() const {
+    const char* path = std::getenv("LD_LIBRARY_PATH");
+    return fmt::format("nvrtc_library={};cuda_home={};LD_LIBRARY_PATH={}", settings.nvrtc_library,
+                       settings.resolved_cuda_home(), path != nullptr ? path : "");
+  }
+
+  const cache::CompilerMemo* remembered_identity() {
+    if (settings.disable_disk_cache) return nullptr;
+    std::call_once(memo_once, [&] {
+      compiler_memo = cache::read_compiler_memo(settings.resolved_cache_dir(), memo_selector());
+    });
+    return compiler_memo ? &*compiler_memo : nullptr;
+  }
+
+  // After NVRTC was loaded: remembers its identity for the next process, once per runtime.
+  void remember_identity(const compile::Compiler& nvrtc, cache::DiskCache* cache) {
+    if (cache == nullptr || !cache->enabled()) return;
+    const compile::CompilerIdentity& id = nvrtc.identity();
+    {
+      std::lock_guard lock(compiler_mutex);
+      if (memo_written) return;
+      memo_written = true;
+    }
+    const cache::CompilerMemo* known = remembered_identity();
+    if (known != nullptr && known->id == id.id && known->material == id.material) return;
+    cache::write_compiler_memo(settings.resolved_cache_dir(), memo_selector(), nvrtc.library_file(),
+                               cache::CompilerMemo{id.id, id.material});
+  }
+
   // Null when the disk cache is turned off by settings.
-  cache::DiskCache* get_disk(const compile::Compiler& nvrtc) {
+  cache::DiskCache* get_disk(const std::string& compiler_id) {
     if (settings.disable_disk_cache) return nullptr;
     std::lock_guard lock(compiler_mutex);
-    if (!disk) {
-      disk = std::make_unique<cache::DiskCache>(settings.resolved_cache_dir(), nvrtc.identity().id);
-    }
+    std::unique_ptr<cache::DiskCache>& disk = disks[compiler_id];
+    if (!disk)
+      disk = std::make_unique<cache::DiskCache>(settings.resolved_cache_dir(), compiler_id);
     // Even after a failed write turned the cache memory-only, entries already on disk stay
     // readable: load() checks readability itself, store() and lock() become no-ops.
     return disk.get();
   }
 
-  cache::KeyMaterial key_material(const KernelSpec& spec, const compile::Compiler& nvrtc) {
+  cache::KeyMaterial key_material(const KernelSpec& spec, const std::string& compiler_material) {
     cache::KeyMaterial material;
     material.add("schema", std::to_string(cache::kKeySchemaVersion));
     material.add("templates", codegen::template_set_digest());
     material.add("source", codegen::stub_source(spec));
     std::string options;
-    for (const std::string& option : nvrtc.options_for(spec)) options += option + "\n";
+    for (const std::string& option : compile::Compiler::canonical_options(spec)) {
+      options += option + "\n";
+    }
     material.add("options", options);
     material.add("arch", spec.arch.str());
-    material.add("compiler", nvrtc.identity().material);
+    material.add("compiler", compiler_material);
     material.add("spec", spec.str());
     return material;
+  }
+
+  std::shared_ptr<const CompiledKernel> disk_hit(cache::DiskCache* cache,
+                                                 const support::Hash128& key,
+                                                 const std::string& arch, KernelSource* source) {
+    if (cache == nullptr) return nullptr;
+    auto hit = cache->load(key, arch);
+    if (!hit) return nullptr;
+    disk_hits.fetch_add(1, std::memory_order_relaxed);
+    if (source) *source = KernelSource::disk;
+    return std::make_shared<const CompiledKernel>(std::move(*hit));
   }
 
   std::shared_ptr<const CompiledKernel> produce(const KernelSpec& spec, KernelSource* source) {
@@ -159,26 +214,25 @@ struct Runtime::Impl {
       return hit;
     }
     if (settings.disable_jit) throw KernelNotInBundle(bundles.miss_message(spec));
-    compile::Compiler& nvrtc = get_compiler();
-    const cache::KeyMaterial material = key_material(spec, nvrtc);
-    const support::Hash128 key = material.key();
     const std::string arch = spec.arch.str();
-    cache::DiskCache* cache = get_disk(nvrtc);
-    const auto from_disk = [&]() -> std::shared_ptr<const CompiledKernel> {
-      auto hit = cache->load(key, arch);
-      if (!hit) return nullptr;
-      disk_hits.fetch_add(1, std::memory_order_relaxed);
-      if (source) *source = KernelSource::disk;
-      return std::make_shared<const CompiledKernel>(std::move(*hit));
-    };
-    if (cache != nullptr) {
-      if (auto hit = from_disk()) return hit;
+    // A warm start: the remembered compiler identity gives the key, and a hit needs no NVRTC.
+    if (!nvrtc_loaded.load(std::memory_order_acquire)) {
+      if (const cache::CompilerMemo* known = remembered_identity()) {
+        const support::Hash128 key = key_material(spec, known->material).key();
+        if (auto hit = disk_hit(get_disk(known->id), key, arch, source)) return hit;
+      }
     }
+    compile::Compiler& nvrtc = get_compiler();
+    const cache::KeyMaterial material = key_material(spec, nvrtc.identity().material);
+    const support::Hash128 key = material.key();
+    cache::DiskCache* cache = get_disk(nvrtc.identity().id);
+    remember_identity(nvrtc, cache);
+    if (auto hit = disk_hit(cache, key, arch, source)) return hit;
     // Another process may be compiling the same key: wait for it, then look again.
     cache::KeyLock lock;
     if (cache != nullptr) {
       lock = cache->lock(key, arch);
-      if (auto hit = from_disk()) return hit;
+      if (auto hit = disk_hit(cache, key, arch, source)) return hit;
     }
     support::log(LogLevel::info, "compiling {} (not in any cache)", spec.str());
     const auto start = Clock::now();
@@ -542,13 +596,13 @@ CacheStats Runtime::stats() const {
   stats.disk_hits = impl_->disk_hits.load();
   stats.compiles = impl_->compiles.load();
   stats.loads = impl_->loads.load();
+  stats.nvrtc_loaded = impl_->nvrtc_loaded.load();
   std::lock_guard lock(impl_->compiler_mutex);
-  if (impl_->disk) {
-    stats.corrupt_entries = impl_->disk->corrupt_entries();
-    stats.write_failures = impl_->disk->write_failures();
-    stats.disk_enabled = impl_->disk->enabled();
-  } else {
-    stats.disk_enabled = !impl_->settings.disable_disk_cache;
+  stats.disk_enabled = !impl_->settings.disable_disk_cache;
+  for (const auto& [id, disk] : impl_->disks) {
+    stats.corrupt_entries += disk->corrupt_entries();
+    stats.write_failures += disk->write_failures();
+    stats.disk_enabled = stats.disk_enabled && disk->enabled();
   }
   return stats;
 }

@@ -145,6 +145,7 @@ nb::dict cache_stats() {
   d["corrupt_entries"] = st.corrupt_entries;
   d["write_failures"] = st.write_failures;
   d["disk_enabled"] = st.disk_enabled;
+  d["nvrtc_loaded"] = st.nvrtc_loaded;
   return d;
 }
 
