@@ -731,15 +731,50 @@ double number_arg(const char* op, const char* name, PyObject* obj, double fallba
   return value;
 }
 
-/// kjit._api._empty(like, shape, dtype): outputs the caller did not give (the slow path).
+/// kjit._api._empty(like, shape, dtype): the allocator of outputs not given, where the torch
+/// fast path cannot make them (other array libraries, dtypes given by name).
 PyObject* g_allocate = nullptr;
 
-nb::object allocate_like(nb::handle like, nb::handle shape, nb::handle dtype) {
+/// An output the caller did not give: on `like`'s device and from its library, of `shape`,
+/// of dtype `forced` when given, else `dtype` (None: like's; a torch dtype; a name).
+nb::object allocate_like(nb::handle like, const TensorView& shape_of, nb::handle dtype,
+                         std::optional<DType> forced = std::nullopt) {
+  if (g_torch.use_fast && g_torch.fast->new_empty != nullptr) {
+    int code = forced ? static_cast<int>(*forced) : -1;
+    bool known = forced.has_value() || dtype.is_none();
+    for (const auto& [object, dt] : g_torch.dtypes) {
+      if (!known && object == dtype.ptr()) {
+        code = static_cast<int>(dt);
+        known = true;
+      }
+    }
+    if (known) {
+      PyObject* made = nullptr;
+      const int read =
+          g_torch.fast->new_empty(like.ptr(), shape_of.shape, shape_of.rank, code, &made);
+      if (read == 0) return nb::steal(made);
+      if (read < 0) throw nb::python_error();
+    }
+  }
   if (g_allocate == nullptr) throw InvalidArgument("kjit: the output allocator is not registered");
-  PyObject* call_args[] = {like.ptr(), shape.ptr(), dtype.ptr()};
+  nb::list dims;
+  for (int i = 0; i < shape_of.rank; ++i) dims.append(shape_of.shape[i]);
+  nb::object dtype_arg =
+      forced ? nb::object(nb::str(std::string(to_string(*forced)).c_str())) : nb::borrow(dtype);
+  nb::object shape = nb::tuple(dims);
+  PyObject* call_args[] = {like.ptr(), shape.ptr(), dtype_arg.ptr()};
   nb::object out = nb::steal(PyObject_Vectorcall(g_allocate, call_args, 3, nullptr));
   if (!out.is_valid()) throw nb::python_error();
   return out;
+}
+
+/// A shape as a TensorView (only rank and shape are used).
+TensorView shape_view(std::initializer_list<std::int64_t> dims) {
+  TensorView view;
+  view.rank = static_cast<int>(dims.size());
+  int i = 0;
+  for (std::int64_t d : dims) view.shape[i++] = d;
+  return view;
 }
 
 void register_allocator(nb::handle allocate) {
@@ -779,13 +814,6 @@ PyObject* merge_state(PyObject*, PyObject* const* call_args, Py_ssize_t nargsf,
     match_arguments(sig, call_args, nargsf, kwnames, a);
     const bool plan = flag_arg(op, "_plan", a[13], false);
     const bool return_lse = flag_arg(op, "return_lse", a[9], true);
-    nb::object v_out = nb::borrow(given_or_none(a[4])), s_out = nb::borrow(given_or_none(a[5]));
-    if (v_out.is_none()) {
-      v_out = allocate_like(a[0], nb::handle(a[0]).attr("shape"), given_or_none(a[10]));
-    }
-    if (s_out.is_none() && return_lse) {
-      s_out = allocate_like(a[1], nb::handle(a[1]).attr("shape"), nb::str("float32"));
-    }
     // Options first: a wrongly typed option is a TypeError before any tensor is read.
     const OptStr base = base_arg(a[6]);
     const std::string layout = text_arg(op, "lse_layout", a[7], "token_major");
@@ -794,6 +822,9 @@ PyObject* merge_state(PyObject*, PyObject* const* call_args, Py_ssize_t nargsf,
     Args args(op, !plan);
     const TensorView va = args.get("v_a", a[0]), sa = args.get("s_a", a[1]);
     const TensorView vb = args.get("v_b", a[2]), sb = args.get("s_b", a[3]);
+    nb::object v_out = nb::borrow(given_or_none(a[4])), s_out = nb::borrow(given_or_none(a[5]));
+    if (v_out.is_none()) v_out = allocate_like(a[0], va, given_or_none(a[10]));
+    if (s_out.is_none() && return_lse) s_out = allocate_like(a[1], sa, Py_None, DType::f32);
     const TensorView vo = args.get("v_out", v_out), so = args.optional("s_out", s_out);
     const MergeStateOptions o = merge_options(op, base, layout, pos_inf, mode, args.device());
     if (plan) {
@@ -857,14 +888,6 @@ PyObject* gdn_decode(PyObject*, PyObject* const* call_args, Py_ssize_t nargsf,
     PyObject* a[17];
     match_arguments(sig, call_args, nargsf, kwnames, a);
     const bool plan = flag_arg(op, "_plan", a[15], false);
-    nb::object out = nb::borrow(given_or_none(a[7]));
-    if (out.is_none()) {
-      // [B, HV, V] in mixed_qkv's dtype.
-      nb::object qkv_shape = nb::handle(a[0]).attr("shape");
-      nb::object state_shape = nb::handle(a[5]).attr("shape");
-      out = allocate_like(a[0], nb::make_tuple(qkv_shape[0], state_shape[1], state_shape[2]),
-                          nb::none());
-    }
     std::optional<double> scale;
     if (!absent(a[8])) scale = number_arg(op, "scale", a[8], 0.0);
     const bool l2norm = flag_arg(op, "l2norm_qk", a[9], true);
@@ -877,6 +900,16 @@ PyObject* gdn_decode(PyObject*, PyObject* const* call_args, Py_ssize_t nargsf,
     const TensorView ta = args.get("a", a[1]), tb = args.get("b", a[2]);
     const TensorView al = args.get("a_log", a[3]), dt = args.get("dt_bias", a[4]);
     const TensorView st = args.get("state", a[5]), idx = args.get("state_indices", a[6]);
+    nb::object out = nb::borrow(given_or_none(a[7]));
+    if (out.is_none()) {
+      // [B, HV, V] in mixed_qkv's dtype; shapes the op would refuse are refused by it.
+      if (qkv.rank < 1 || st.rank < 3) {
+        throw InvalidArgument(std::string(op) + ": cannot allocate out for mixed_qkv " + qkv.str() +
+                              " and state " + st.str() +
+                              "; expected [B, 2*H*K + HV*V] and [slots, HV, V, K]");
+      }
+      out = allocate_like(a[0], shape_view({qkv.shape[0], st.shape[1], st.shape[2]}), Py_None);
+    }
     const TensorView o = args.get("out", out);
     const GdnDecodeOptions opt =
         decode_options(scale, l2norm, threshold, invalid, mode, debug_check, args.device());

@@ -113,7 +113,55 @@ int current_stream(int device, void** stream) noexcept {
   }
 }
 
-const TorchFastPath g_table = {kTorchFastPathAbi, &read_tensor, &current_stream};
+/// kjit's dtypes as torch scalar types; false for those torch has no type for here.
+bool to_scalar_type(int dtype, c10::ScalarType* out) {
+  switch (static_cast<DType>(dtype)) {
+    case DType::f16:
+      *out = c10::ScalarType::Half;
+      return true;
+    case DType::bf16:
+      *out = c10::ScalarType::BFloat16;
+      return true;
+    case DType::f32:
+      *out = c10::ScalarType::Float;
+      return true;
+    case DType::f64:
+      *out = c10::ScalarType::Double;
+      return true;
+    case DType::i32:
+      *out = c10::ScalarType::Int;
+      return true;
+    case DType::i64:
+      *out = c10::ScalarType::Long;
+      return true;
+    default:
+      return false;
+  }
+}
+
+int new_empty(PyObject* like, const std::int64_t* shape, int rank, int dtype,
+              PyObject** out) noexcept {
+  if (!THPVariable_CheckExact(like)) return 1;
+  try {
+    const at::Tensor& t = THPVariable_Unpack(like);
+    if (!t.defined() || t.layout() != c10::kStrided || is_wrapped(t)) return 1;
+    c10::TensorOptions options = t.options();
+    if (dtype >= 0) {
+      c10::ScalarType type{};
+      if (!to_scalar_type(dtype, &type)) return 1;
+      options = options.dtype(type);
+    }
+    // torch.empty(shape, dtype=..., device=like.device): no autograd history, contiguous.
+    options = options.requires_grad(false).memory_format(c10::MemoryFormat::Contiguous);
+    at::Tensor made = at::empty(c10::IntArrayRef(shape, static_cast<size_t>(rank)), options);
+    *out = THPVariable_Wrap(std::move(made));
+    return *out == nullptr ? -1 : 0;
+  } catch (...) {
+    return 1;  // the Python allocator raises the error, if there is one
+  }
+}
+
+const TorchFastPath g_table = {kTorchFastPathAbi, &read_tensor, &current_stream, &new_empty};
 
 PyModuleDef g_module = {
     PyModuleDef_HEAD_INIT,

@@ -7,6 +7,8 @@
 
 #include <Python.h>
 
+#include <cstdint>
+
 #include "kjit/types.hpp"
 
 namespace kjit::python {
@@ -23,6 +25,13 @@ using ReadTorchTensorFn = int (*)(PyObject* obj, TensorView* view, int* device);
 /// when read; 1 when not available here (the caller asks torch through Python). Never throws.
 using CurrentStreamFn = int (*)(int device, void** stream);
 
+/// A new contiguous tensor of `shape` (rank dims) on `like`'s device, of dtype `dtype` (a
+/// kjit::DType value) or like's dtype when dtype < 0, into *out (a new reference). Returns 0
+/// when made; 1 when not handled here (the caller allocates through Python); -1 with a Python
+/// error set. Never throws.
+using NewEmptyFn = int (*)(PyObject* like, const std::int64_t* shape, int rank, int dtype,
+                           PyObject** out);
+
 /// What the capsule points to; the structure lives as long as the _kjit_torch module (which
 /// is never unloaded once imported).
 struct TorchFastPath {
@@ -31,10 +40,11 @@ struct TorchFastPath {
   int abi;
   ReadTorchTensorFn read_tensor;
   CurrentStreamFn current_stream;
+  NewEmptyFn new_empty;
 };
 
 /// Bumped whenever TorchFastPath, TensorView or DType change layout or meaning.
-inline constexpr int kTorchFastPathAbi = 1;
+inline constexpr int kTorchFastPathAbi = 2;
 
 /// The capsule's name (PyCapsule_GetPointer checks it).
 inline constexpr const char* kTorchFastPathCapsule = "kjit._kjit_torch.fastpath";

@@ -76,13 +76,30 @@ def test_merge_state_allocates_outputs_and_f32_out():
     s_a, s_b = random_lse((16, 8)), random_lse((16, 8))
     v, s = kjit.merge_state(v_a, s_a, v_b, s_b, lse_base="e", out_dtype=torch.float32)
     assert v.dtype == torch.float32 and v.shape == v_a.shape and s.shape == s_a.shape
+    assert s.dtype == torch.float32 and v.device == v_a.device and s.device == v_a.device
+    assert v.is_contiguous() and s.is_contiguous() and not v.requires_grad
     v2, s2 = kjit.merge_state(v_a, s_a, v_b, s_b, lse_base="e", return_lse=False)
-    assert s2 is None
+    assert s2 is None and v2.dtype == torch.bfloat16
+    # A dtype by name goes through the Python allocator; a strided input still gets a dense
+    # output (the fast C++ allocator).
+    v3, _ = kjit.merge_state(v_a, s_a, v_b, s_b, lse_base="e", out_dtype="f32")
+    base = torch.randn(16, 10, 64, device=DEV, dtype=torch.bfloat16)
+    strided = base[:, 1:9, :]
+    assert not strided.is_contiguous()
+    v4, s4 = kjit.merge_state(strided, s_a, v_b, s_b, lse_base="e")
+    assert v4.is_contiguous() and v4.shape == strided.shape and s4.shape == (16, 8)
+    with pytest.raises(kjit.InvalidArgument, match="last-dimension stride"):
+        kjit.merge_state(torch.randn(16, 8, 128, device=DEV, dtype=torch.bfloat16)[..., ::2],
+                         s_a, v_b, s_b, lse_base="e")
     torch.cuda.synchronize()
     ref_v, ref_s = reference.merge([v_a, v_b], [s_a, s_b], math.e)
     close(v, ref_v, 1e-5, 1e-5)
     close(s, ref_s, 1e-5, 1e-5)
     close(v2, ref_v, TOL[torch.bfloat16], TOL[torch.bfloat16])
+    close(v3, ref_v, 1e-5, 1e-5)
+    ref_v4, ref_s4 = reference.merge([strided, v_b], [s_a, s_b], math.e)
+    close(v4, ref_v4, TOL[torch.bfloat16], TOL[torch.bfloat16])
+    close(s4, ref_s4, 1e-5, 1e-5)
 
 
 def test_merge_state_strided_views_and_head_major_lse():
