@@ -4,7 +4,7 @@
 // same shapes: K = V = 128, bf16 q/k/v, raw bf16 gates, f32 state pool, varlen with uneven
 // lengths). A small shape is first checked against the float64 reference.
 //
-//   bench_gdn_prefill [results.jsonl]
+//   bench_gdn_prefill [results.jsonl] [profile]
 #include <fmt/format.h>
 
 #include <chrono>
@@ -175,6 +175,14 @@ int main(int argc, char** argv) {
   options.runtime = &gpu->runtime();
   options.device = gpu->device;
   if (!verify(*gpu, options)) return 1;
+  // "profile": a few calls of one large shape only, for a profiler's per-kernel split.
+  if (argc > 2 && std::string(argv[2]) == "profile") {
+    Inputs in = make_inputs(131072, 16, 16, 16);
+    for (int i = 0; i < 5; ++i) call(in, options, gpu->stream);
+    gpu->synchronize();
+    std::printf("profile: 5 calls of H = HV = 16, T = 131072, 16 sequences\n");
+    return 0;
+  }
 
   // fla chunk_gated_delta_rule on the same H200 (BENCHMARKING.md), GPU us per call.
   const std::vector<Anchor> anchors = {
@@ -215,6 +223,28 @@ int main(int argc, char** argv) {
                    static_cast<long long>(s.tokens), static_cast<long long>(s.seqs), us, mtok,
                    tflops, host_us, s.fla_us, s.fla_us / us);
     }
+  }
+  // The chunked path's value tiles, each forced (the table above is the planner's choice).
+  std::printf("\nchunked path, value tile forced: GPU us (speedup vs fla)\n%4s %4s %8s %5s |", "H",
+              "HV", "T", "seqs");
+  const std::vector<std::string> modes = {"chunked_bv16", "chunked_bv32", "chunked_bv64", "bv64"};
+  for (const std::string& m : modes) std::printf(" %16s", m.c_str());
+  std::printf("\n");
+  for (const Anchor& s : anchors) {
+    Inputs in = make_inputs(s.tokens, s.seqs, s.heads, s.value_heads);
+    std::printf("%4lld %4lld %8lld %5lld |", static_cast<long long>(s.heads),
+                static_cast<long long>(s.value_heads), static_cast<long long>(s.tokens),
+                static_cast<long long>(s.seqs));
+    for (const std::string& m : modes) {
+      kjit::GdnPrefillOptions forced = options;
+      forced.force_mode = m;
+      kjit::bench::flush_l2(*gpu);
+      const double us = kjit::bench::median_gpu_us(
+          *gpu, [&](kjit::Stream stream) { call(in, forced, stream); }, 10, 2);
+      std::printf(" %9.1f (%4.2fx)", us, s.fla_us / us);
+    }
+    std::printf("\n");
+    std::fflush(stdout);
   }
   if (json != nullptr) std::fclose(json);
   return 0;

@@ -66,6 +66,134 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillSmem gdn_prefill_smem(int k, int bv) {
   return m;
 }
 
+/// Rows of the chunked path's workspace per (token, value head): T' and P rows (64 bf16 each,
+/// 128 bytes) and one float4 of per-row scales. The workspace is indexed by token, not by chunk,
+/// so its size follows from T alone: the host never needs the (device-side) chunk counts.
+inline constexpr u32 kGdnPrefillWsRowBytes = 64u * 2u;
+inline constexpr u32 kGdnPrefillWsScaleBytes = 16u;
+
+/// Byte offsets of the chunked path's workspace regions for T tokens and HV value heads: T' =
+/// T diag(beta) [T, HV, 64] bf16, P = tril(Q K^T e^(gamma_i - gamma_j)) [T, HV, 64] bf16, and
+/// scales [T, HV] float4 {e^gamma_i / |q_i|, e^gamma_i / |k_i|, e^(gamma_last - gamma_i) /
+/// |k_i|, e^gamma_last}. Regions start on 256-byte boundaries.
+struct GdnPrefillWorkspace {
+  u64 t;
+  u64 p;
+  u64 scales;
+  u64 total;
+};
+
+KJIT_GDN_PREFILL_HD constexpr u64 gdn_prefill_align256(u64 bytes) {
+  return (bytes + 255u) & ~u64{255u};
+}
+
+KJIT_GDN_PREFILL_HD constexpr GdnPrefillWorkspace gdn_prefill_workspace(u64 tokens,
+                                                                        u64 value_heads) {
+  GdnPrefillWorkspace w{};
+  const u64 rows = tokens * value_heads;
+  w.t = 0;
+  w.p = gdn_prefill_align256(rows * kGdnPrefillWsRowBytes);
+  w.scales = w.p + gdn_prefill_align256(rows * kGdnPrefillWsRowBytes);
+  w.total = w.scales + gdn_prefill_align256(rows * kGdnPrefillWsScaleBytes);
+  return w;
+}
+
+/// Shared memory of the chunked path's chunk kernel (templates/gdn_prefill_chunk.cuh) for key
+/// dim `k`: normalized q and k, the f32 matrix A (pitch 68 floats: 16-byte rows for float4
+/// broadcasts), two bf16 staging tiles for P and T' (coalesced stores), per-row vectors.
+struct GdnPrefillChunkSmem {
+  u32 q;      // bf16 [64][k + 8]
+  u32 k;      // bf16 [64][k + 8]
+  u32 a;      // f32 [64][68]
+  u32 p;      // bf16 [64][72]
+  u32 t;      // bf16 [64][72]
+  u32 gamma;  // f32 [64]
+  u32 beta;   // f32 [64]
+  u32 rq;     // f32 [64]: 1 / |q_i| (1 without L2 norm)
+  u32 rk;     // f32 [64]
+  u32 total;
+};
+
+KJIT_GDN_PREFILL_HD constexpr GdnPrefillChunkSmem gdn_prefill_chunk_smem(int k) {
+  GdnPrefillChunkSmem m{};
+  const u32 row_k = u32(k + 8) * 2u;
+  u32 at = 0;
+  m.q = at;
+  at += 64u * row_k;
+  m.k = at;
+  at += 64u * row_k;
+  m.a = at;
+  at += 64u * 68u * 4u;
+  m.p = at;
+  at += 64u * 72u * 2u;
+  m.t = at;
+  at += 64u * 72u * 2u;
+  m.gamma = at;
+  at += 256u;
+  m.beta = at;
+  at += 256u;
+  m.rq = at;
+  at += 256u;
+  m.rk = at;
+  at += 256u;
+  m.total = at;
+  return m;
+}
+
+/// Shared memory of the chunked path's state kernel (templates/gdn_prefill_state.cuh) for key
+/// dim `k` and value tile `bv`. k, T' and the scales are double-buffered (chunk c + 1's arrive
+/// during all of chunk c); q, v and P are single buffers refilled as soon as the stage that
+/// reads them has passed a barrier.
+struct GdnPrefillStateSmem {
+  u32 k0, k1;    // bf16 [64][k + 8] raw k of the chunk (two buffers)
+  u32 q;         // bf16 [64][k + 8] raw q
+  u32 v;         // bf16 [64][bv + 8]
+  u32 t0, t1;    // bf16 [64][72] T' (two buffers: issued a whole chunk ahead)
+  u32 p;         // bf16 [64][72] P
+  u32 sc0, sc1;  // float4 [64] scales (two buffers)
+  u32 s;         // bf16 [bv][k + 8] the state tile at chunk start
+  u32 r;         // bf16 [bv][72] R^T
+  u32 vn;        // bf16 [bv][72] Vn^T
+  u32 vd;        // bf16 [bv][72] Vn^T scaled by e^(gamma_last - gamma_j) / |k_j|
+  u32 total;
+};
+
+KJIT_GDN_PREFILL_HD constexpr GdnPrefillStateSmem gdn_prefill_state_smem(int k, int bv) {
+  GdnPrefillStateSmem m{};
+  const u32 row_k = u32(k + 8) * 2u;
+  const u32 tile64 = 64u * 72u * 2u;
+  const u32 tile_bv = u32(bv) * 72u * 2u;
+  u32 at = 0;
+  m.k0 = at;
+  at += 64u * row_k;
+  m.k1 = at;
+  at += 64u * row_k;
+  m.q = at;
+  at += 64u * row_k;
+  m.v = at;
+  at += 64u * u32(bv + 8) * 2u;
+  m.t0 = at;
+  at += tile64;
+  m.t1 = at;
+  at += tile64;
+  m.p = at;
+  at += tile64;
+  m.sc0 = at;
+  at += 64u * 16u;
+  m.sc1 = at;
+  at += 64u * 16u;
+  m.s = at;
+  at += u32(bv) * row_k;
+  m.r = at;
+  at += tile_bv;
+  m.vn = at;
+  at += tile_bv;
+  m.vd = at;
+  at += tile_bv;
+  m.total = at;
+  return m;
+}
+
 /// Arguments of one prefill call. Pointers are typed by the kernel's template parameters; all
 /// strides are in elements of the tensor they belong to; the last dimension of every tensor is
 /// contiguous.
@@ -99,6 +227,10 @@ struct GdnPrefillParams {
   void* checkpoints;
   /// [N + 1] i64: first checkpoint row of each sequence.
   const i64* checkpoint_starts;
+  /// Chunked path only: the workspace regions (see gdn_prefill_workspace).
+  void* ws_t;
+  void* ws_p;
+  void* ws_scales;
   i64 q_stride_t, q_stride_h;
   i64 k_stride_t, k_stride_h;
   i64 v_stride_t, v_stride_h;
@@ -121,6 +253,10 @@ struct GdnPrefillParams {
   u32 heads_per_group;
   /// V / BV.
   u32 v_tiles;
+  /// Chunked path only: q/k heads H.
+  u32 num_heads;
+  /// Chunked path only: tokens T (the chunk kernel's ids run to floor(T / 64) + N).
+  i64 num_tokens;
   float scale;
   float softplus_threshold;
 };

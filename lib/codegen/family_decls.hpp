@@ -12,5 +12,7 @@ FamilyDecl merge_state_family();
 FamilyDecl gdn_decode_family();
 FamilyDecl bench_family();
 FamilyDecl gdn_prefill_family();
+FamilyDecl gdn_prefill_chunk_family();
+FamilyDecl gdn_prefill_state_family();
 
 }  // namespace kjit::codegen

@@ -1,7 +1,30 @@
 // SPDX-License-Identifier: Apache-2.0
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <string>
+
 #include "codegen/family_decls.hpp"
+#include "kjit/spec.hpp"
 
 namespace kjit::codegen {
+
+namespace {
+
+// The value tile of the state kernel must divide V and keep the f32 state tile in 64 registers
+// per thread (the template's static_asserts).
+std::string check_gdn_prefill_state(const KernelSpec& spec) {
+  const std::int64_t k = spec.get_int("k");
+  const std::int64_t v = spec.get_int("v");
+  const std::int64_t bv = spec.get_int("bv");
+  if (v % bv != 0) return fmt::format("bv = {} does not divide v = {}", bv, v);
+  if (bv * k > 8192) {
+    return fmt::format("bv * k = {} * {} > 8192 (the f32 state tile must fit 64 registers)", bv, k);
+  }
+  return "";
+}
+
+}  // namespace
 
 // The order is the template parameter order of kjit::gdn_prefill_kernel (templates/
 // gdn_prefill.cuh); the ops layer (lib/ops/gdn_prefill.cpp) builds specs by these names. The
@@ -70,6 +93,107 @@ FamilyDecl gdn_prefill_family() {
       .doc =
           "Gated DeltaNet chunked prefill (chunk 64, WY form on mma.sync bf16), varlen, "
           "state pool in place",
+  };
+}
+
+// The chunked path (lib/ops/gdn_prefill.cpp picks it): kernel 1, every chunk at once. Order =
+// the template parameters of kjit::gdn_prefill_chunk_kernel (templates/gdn_prefill_chunk.cuh).
+FamilyDecl gdn_prefill_chunk_family() {
+  const std::vector<std::string_view> floats = {"f32", "bf16", "f16"};
+  return FamilyDecl{
+      .name = "gdn_prefill_chunk",
+      .include = "kjit/gdn_prefill_chunk.cuh",
+      .kernel = "kjit::gdn_prefill_chunk_kernel",
+      .params =
+          {
+              ParamDecl{.name = "qkv",
+                        .kind = ParamKind::dtype,
+                        .choices = {"bf16"},
+                        .doc = "element type of q and k (bf16: the state kernel multiplies raw "
+                               "rows)"},
+              ParamDecl{.name = "gate",
+                        .kind = ParamKind::dtype,
+                        .choices = floats,
+                        .doc = "element type of a and b (f32 g and beta in the gated form)"},
+              ParamDecl{.name = "param",
+                        .kind = ParamKind::dtype,
+                        .choices = floats,
+                        .doc = "element type of A_log and dt_bias (unused in the gated form)"},
+              ParamDecl{.name = "cu",
+                        .kind = ParamKind::dtype,
+                        .choices = {"i32", "i64"},
+                        .doc = "element type of cu_seqlens"},
+              ParamDecl{.name = "k",
+                        .kind = ParamKind::choice,
+                        .choices = {"128", "64", "256"},
+                        .rendered = {"128", "64", "256"},
+                        .doc = "key head dim K"},
+              ParamDecl{.name = "gated",
+                        .kind = ParamKind::boolean,
+                        .doc = "1: a/b hold precomputed f32 g (log decay) and beta"},
+              ParamDecl{
+                  .name = "l2norm", .kind = ParamKind::boolean, .doc = "1: L2-normalize q and k"},
+          },
+      .min_sm = 80,
+      .doc =
+          "Gated DeltaNet chunked prefill, kernel 1 of the chunked path: per (chunk, key head) "
+          "T' = (I + A)^-1 diag(beta), P and decay scales into the workspace",
+  };
+}
+
+// Kernel 2 of the chunked path: the sequential state recurrence. Order = the template parameters
+// of kjit::gdn_prefill_state_kernel (templates/gdn_prefill_state.cuh).
+FamilyDecl gdn_prefill_state_family() {
+  return FamilyDecl{
+      .name = "gdn_prefill_state",
+      .include = "kjit/gdn_prefill_state.cuh",
+      .kernel = "kjit::gdn_prefill_state_kernel",
+      .params =
+          {
+              ParamDecl{.name = "qkv",
+                        .kind = ParamKind::dtype,
+                        .choices = {"bf16"},
+                        .doc = "element type of q, k and v (raw rows are mma operands)"},
+              ParamDecl{.name = "state",
+                        .kind = ParamKind::dtype,
+                        .choices = {"f32", "bf16"},
+                        .doc = "element type of the state pool and the final states"},
+              ParamDecl{.name = "out",
+                        .kind = ParamKind::dtype,
+                        .choices = {"bf16", "f16", "f32"},
+                        .doc = "element type of out"},
+              ParamDecl{.name = "cu",
+                        .kind = ParamKind::dtype,
+                        .choices = {"i32", "i64"},
+                        .doc = "element type of cu_seqlens"},
+              ParamDecl{.name = "index",
+                        .kind = ParamKind::dtype,
+                        .choices = {"i32", "i64"},
+                        .doc = "element type of state_indices"},
+              ParamDecl{.name = "k",
+                        .kind = ParamKind::choice,
+                        .choices = {"128", "64", "256"},
+                        .rendered = {"128", "64", "256"},
+                        .doc = "key head dim K"},
+              ParamDecl{.name = "v",
+                        .kind = ParamKind::choice,
+                        .choices = {"128", "64", "256"},
+                        .rendered = {"128", "64", "256"},
+                        .doc = "value head dim V"},
+              ParamDecl{.name = "bv",
+                        .kind = ParamKind::choice,
+                        .choices = {"32", "64", "16"},
+                        .rendered = {"32", "64", "16"},
+                        .doc = "state rows (of V) per block; divides V, bv * K <= 8192"},
+              ParamDecl{.name = "ckpt",
+                        .kind = ParamKind::boolean,
+                        .doc = "1: write state checkpoints every n full chunks"},
+          },
+      .min_sm = 80,
+      .doc =
+          "Gated DeltaNet chunked prefill, kernel 2 of the chunked path: the state recurrence "
+          "over chunks with cp.async prefetch",
+      .check = check_gdn_prefill_state,
   };
 }
 

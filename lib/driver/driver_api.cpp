@@ -292,6 +292,8 @@ LoadResult load(const std::string& library) {
   KJIT_RESOLVE(cuGraphExecDestroy);
   KJIT_RESOLVE(cuMemAlloc);
   KJIT_RESOLVE(cuMemFree);
+  KJIT_RESOLVE(cuMemAllocAsync);
+  KJIT_RESOLVE(cuMemFreeAsync);
   KJIT_RESOLVE(cuMemGetInfo);
   KJIT_RESOLVE(cuMemcpyHtoD);
   KJIT_RESOLVE(cuMemcpyDtoH);

@@ -50,6 +50,9 @@ struct DriverApi {
   decltype(&::cuGraphExecDestroy) cuGraphExecDestroy = nullptr;
   decltype(&::cuMemAlloc) cuMemAlloc = nullptr;
   decltype(&::cuMemFree) cuMemFree = nullptr;
+  /// Stream-ordered allocation (capture-safe: becomes a graph memory node under capture).
+  decltype(&::cuMemAllocAsync) cuMemAllocAsync = nullptr;
+  decltype(&::cuMemFreeAsync) cuMemFreeAsync = nullptr;
   decltype(&::cuMemGetInfo) cuMemGetInfo = nullptr;
   decltype(&::cuMemcpyHtoD) cuMemcpyHtoD = nullptr;
   decltype(&::cuMemcpyDtoH) cuMemcpyDtoH = nullptr;

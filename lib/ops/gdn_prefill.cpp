@@ -10,6 +10,8 @@
 #include <span>
 #include <vector>
 
+#include "driver/context.hpp"
+#include "driver/driver_api.hpp"
 #include "kjit/error.hpp"
 #include "kjit/gdn_prefill_params.h"
 #include "kjit/runtime.hpp"
@@ -144,6 +146,11 @@ void validate_checkpoints(const GdnPrefillOptions& options, const TensorView& st
 // Checks every argument; fills the problem description the plan and the launch need.
 struct Problem {
   std::int64_t tokens = 0, seqs = 0, heads = 0, value_heads = 0, k = 0, v = 0, slots = 0;
+  /// bf16 q/k/v: the chunked path multiplies raw rows on bf16 tensor cores.
+  bool bf16 = false;
+  /// v rows can be copied 16 bytes at a time (cp.async): pointer 16-byte aligned, token and
+  /// head strides multiples of 8 elements.
+  bool v16 = false;
 };
 
 Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -184,6 +191,9 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
     require_stride_multiple(*t, name, 0, 8);
     require_stride_multiple(*t, name, 1, 8);
   }
+  pr.bf16 = q.dtype == DType::bf16;
+  pr.v16 = reinterpret_cast<std::uintptr_t>(v.data) % 16 == 0 &&
+           (v.shape[0] <= 1 || v.strides[0] % 8 == 0) && (v.shape[1] <= 1 || v.strides[1] % 8 == 0);
   require_inner_contiguous(v, "v");
   require_aligned(v, "v", 4);
   require_stride_multiple(v, "v", 0, 2);
@@ -275,6 +285,22 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
     require_stride_multiple(fs, "options.final_state", 0, 4);
   }
   validate_checkpoints(options, state, pr.seqs, hv, pr.v, pr.k);
+  const TensorView& ws = options.workspace;
+  if (given(ws)) {
+    require_rank(ws, "options.workspace", 1, "[bytes]");
+    require_dtype(ws, "options.workspace", {DType::u8});
+    if (ws.shape[0] > 1 && ws.strides[0] != 1) {
+      fail(fmt::format("options.workspace must be contiguous, got {}", ws.str()));
+    }
+    require_aligned(ws, "options.workspace", 256);
+    const std::int64_t need = gdn_prefill_workspace_bytes(pr.tokens, hv);
+    if (ws.shape[0] < need) {
+      fail(fmt::format(
+          "options.workspace holds {} bytes; accepted: at least gdn_prefill_workspace_bytes(T = "
+          "{}, HV = {}) = {} bytes",
+          ws.shape[0], pr.tokens, hv, need));
+    }
+  }
   if (!(options.scale >= 0.0f) || !std::isfinite(options.scale)) {
     fail(fmt::format("options.scale = {} must be finite and >= 0 (0: K^-0.5)", options.scale));
   }
@@ -292,9 +318,15 @@ std::vector<int> value_tiles(std::int64_t k, std::int64_t v) {
 }
 
 struct Choice {
+  /// The two-kernel chunked path (else the fused kernel).
+  bool chunked = false;
   int bv = 0;
   std::vector<std::string> reasons;
 };
+
+constexpr const char* kModes =
+    "auto, chunked, chunked_bv64, chunked_bv32, chunked_bv16, bv64, "
+    "bv32, bv16";
 
 Choice choose_tile(const Problem& pr, const std::string& force, const DeviceLimits& device) {
   Choice choice;
@@ -332,8 +364,7 @@ Choice choose_tile(const Problem& pr, const std::string& force, const DeviceLimi
         return choice;
       }
     }
-    fail(fmt::format("options.force_mode '{}' is not a mode; accepted: auto, bv64, bv32, bv16",
-                     force));
+    fail(fmt::format("options.force_mode '{}' is not a mode; accepted: {}", force, kModes));
   }
   // Blocks are (sequence, value head, value tile); each walks its sequence's chunks. A smaller
   // tile recomputes the chunk's A, T and P once more per extra tile but multiplies the blocks:
@@ -358,14 +389,193 @@ Choice choose_tile(const Problem& pr, const std::string& force, const DeviceLimi
   fail("no value tile fits");  // unreachable: 16 divides every accepted V
 }
 
+// The path and, on the chunked path, the state kernel's value tile. The chunked path takes the
+// chunk-local work (A, its inverse, P, the decays) off the sequential path; it needs bf16
+// inputs, 16-byte v rows and the shared memory of both kernels.
+Choice choose(const Problem& pr, const std::string& force, const DeviceLimits& device) {
+  const bool automatic = force.empty() || force == "auto";
+  const bool forced_chunked = force.rfind("chunked", 0) == 0;
+  if (!automatic && !forced_chunked) return choose_tile(pr, force, device);
+  int forced_bv = 0;
+  if (forced_chunked && force != "chunked") {
+    for (int bv : {64, 32, 16}) {
+      if (force == fmt::format("chunked_bv{}", bv)) forced_bv = bv;
+    }
+    if (forced_bv == 0) {
+      fail(fmt::format("options.force_mode '{}' is not a mode; accepted: {}", force, kModes));
+    }
+    if (pr.v % forced_bv != 0 || forced_bv * pr.k > 8192) {
+      fail(fmt::format(
+          "options.force_mode '{}' needs V % {} == 0 and {} * K <= 8192 (V = {}, K = {})", force,
+          forced_bv, forced_bv, pr.v, pr.k));
+    }
+  }
+  const auto smem_of = [&](int bv) {
+    return std::int64_t{gdn_prefill_state_smem(static_cast<int>(pr.k), bv).total};
+  };
+  const std::int64_t chunk_smem = gdn_prefill_chunk_smem(static_cast<int>(pr.k)).total;
+  std::string why_not;
+  std::vector<std::string> reasons;
+  std::vector<int> tiles;
+  if (!pr.bf16) {
+    why_not = "q/k/v are f16, and the chunked path's state kernel multiplies raw bf16 rows";
+  } else if (!pr.v16) {
+    why_not =
+        "v is not 16-byte aligned with token and head strides that are multiples of 8 elements "
+        "(the chunked path copies v rows 16 bytes at a time)";
+  } else if (chunk_smem > device.max_smem_per_block_optin) {
+    why_not = fmt::format("its chunk kernel needs {} bytes of shared memory > {} per block on {}",
+                          chunk_smem, device.max_smem_per_block_optin, device.name);
+  } else {
+    // Preference: 32 rows (two blocks per SM at K = 128: 98 KiB each); 16 when 32 leaves SMs
+    // idle (the sequential path is shorter per chunk with a smaller tile); 64 last.
+    const std::int64_t blocks32 = pr.seqs * pr.value_heads * (pr.v / 32);
+    std::vector<int> order =
+        blocks32 < device.sm_count ? std::vector<int>{16, 32, 64} : std::vector<int>{32, 16, 64};
+    if (forced_bv != 0) order = {forced_bv};
+    for (int bv : order) {
+      if (pr.v % bv != 0 || bv * pr.k > 8192) continue;
+      if (smem_of(bv) > device.max_smem_per_block_optin) {
+        reasons.push_back(fmt::format(
+            "chunked value tile {} rejected: {} bytes of shared memory > {} per block on {}", bv,
+            smem_of(bv), device.max_smem_per_block_optin, device.name));
+        continue;
+      }
+      tiles.push_back(bv);
+    }
+    if (tiles.empty()) why_not = "no value tile of its state kernel fits the shared memory";
+  }
+  if (!why_not.empty()) {
+    if (forced_chunked) {
+      throw PlanError(fmt::format("{}: options.force_mode '{}': the chunked path cannot run: {}",
+                                  kOp, force, why_not));
+    }
+    Choice fused = choose_tile(pr, "", device);
+    fused.reasons.insert(
+        fused.reasons.begin(),
+        fmt::format("fused single-kernel path: the chunked path is out, {}", why_not));
+    return fused;
+  }
+  Choice choice;
+  choice.chunked = true;
+  choice.bv = tiles.front();
+  choice.reasons = std::move(reasons);
+  choice.reasons.insert(
+      choice.reasons.begin(),
+      fmt::format("chunked path{}: kernel 1 computes every chunk's T' = (I + A)^-1 diag(beta), "
+                  "P and decay scales at once; kernel 2 walks each sequence's chunks with only "
+                  "the state-dependent products on the sequential path",
+                  forced_chunked ? " (forced by options.force_mode)" : ""));
+  choice.reasons.push_back(fmt::format(
+      "state kernel value tile {}{}: {} blocks ({} sequences x {} value heads x {} tiles), {} "
+      "bytes of shared memory each",
+      choice.bv, forced_bv != 0 ? " (forced)" : "", pr.seqs * pr.value_heads * (pr.v / choice.bv),
+      pr.seqs, pr.value_heads, pr.v / choice.bv, smem_of(choice.bv)));
+  return choice;
+}
+
+std::string checkpoint_reason(std::int64_t every) {
+  return every > 0 ? fmt::format(
+                         "state checkpoints every {} tokens ({} chunks of {}): each sequence "
+                         "writes floor(length / {}) states to options.state_checkpoints from "
+                         "row checkpoint_cu_starts[n] (kernel ckpt=1)",
+                         every, every / kGdnPrefillChunk, kGdnPrefillChunk, every)
+                   : std::string("no state checkpoints (kernel ckpt=0)");
+}
+
+// Blocks of the chunk kernel along x: a grid-stride loop covers the floor(T / 64) + N chunk ids,
+// so the launch shape (and the memoized plan) does not depend on T. About 32 blocks per SM in
+// all, whatever H is: ~10 waves of the 3 resident blocks, so the last wave's imbalance is
+// small, while blocks past the chunk count of a short call exit at once.
+std::int64_t chunk_grid_x(const Problem& pr, const DeviceLimits& device) {
+  return std::max<std::int64_t>(1, (32 * std::int64_t{device.sm_count} + pr.heads - 1) / pr.heads);
+}
+
+Plan make_chunked_plan(const Problem& pr, Choice choice, const TensorView& q, const GdnGates& gates,
+                       const TensorView& cu_seqlens, const TensorView& state,
+                       const TensorView& state_indices, const TensorView& out,
+                       const GdnPrefillOptions& options, const DeviceLimits& device) {
+  const bool raw = gates.kind == GdnGateKind::raw;
+  const std::int64_t every = options.checkpoint_every_n_tokens;
+  Plan plan;
+  plan.op = kOp;
+  plan.mode = fmt::format("chunked_bv{}", choice.bv);
+  plan.reasons = std::move(choice.reasons);
+  plan.device = device;
+  plan.reasons.push_back(checkpoint_reason(every));
+  plan.reasons.push_back(
+      fmt::format("workspace: T x HV x {} bytes (T' and P rows, scales; options.workspace, else "
+                  "cuMemAllocAsync on the call's stream)",
+                  2 * kGdnPrefillWsRowBytes + kGdnPrefillWsScaleBytes));
+  if (pr.seqs == 0) {
+    plan.reasons.push_back("no sequences: nothing to launch");
+    return plan;
+  }
+  KernelSpec chunk_spec =
+      KernelSpec::make("gdn_prefill_chunk",
+                       {{"qkv", std::string(to_string(q.dtype))},
+                        {"gate", std::string(to_string(gates.a.dtype))},
+                        {"param", std::string(raw ? to_string(gates.a_log.dtype) : "f32")},
+                        {"cu", std::string(to_string(cu_seqlens.dtype))},
+                        {"k", std::to_string(pr.k)},
+                        {"gated", raw ? "0" : "1"},
+                        {"l2norm", options.l2norm_qk ? "1" : "0"}},
+                       device.arch);
+  KernelSpec state_spec = KernelSpec::make("gdn_prefill_state",
+                                           {{"qkv", std::string(to_string(q.dtype))},
+                                            {"state", std::string(to_string(state.dtype))},
+                                            {"out", std::string(to_string(out.dtype))},
+                                            {"cu", std::string(to_string(cu_seqlens.dtype))},
+                                            {"index", std::string(to_string(state_indices.dtype))},
+                                            {"k", std::to_string(pr.k)},
+                                            {"v", std::to_string(pr.v)},
+                                            {"bv", std::to_string(choice.bv)},
+                                            {"ckpt", every > 0 ? "1" : "0"}},
+                                           device.arch);
+  if (pr.heads > device.max_grid_dim[1]) {
+    throw PlanError(fmt::format("{}: grid y is {}, the chunk kernel needs H = {}", kOp,
+                                device.max_grid_dim[1], pr.heads));
+  }
+  LaunchShape chunk_shape;
+  chunk_shape.grid = Dim3{static_cast<std::uint32_t>(chunk_grid_x(pr, device)),
+                          static_cast<std::uint32_t>(pr.heads), 1};
+  chunk_shape.block = Dim3{kGdnPrefillThreads, 1, 1};
+  chunk_shape.dynamic_smem = gdn_prefill_chunk_smem(static_cast<int>(pr.k)).total;
+  const std::int64_t blocks = pr.seqs * pr.value_heads * (pr.v / choice.bv);
+  if (blocks > device.max_grid_dim[0]) {
+    throw PlanError(fmt::format("{}: grid x is {}, the state kernel needs {} blocks", kOp,
+                                device.max_grid_dim[0], blocks));
+  }
+  LaunchShape state_shape;
+  state_shape.grid = Dim3{static_cast<std::uint32_t>(blocks), 1, 1};
+  state_shape.block = Dim3{kGdnPrefillThreads, 1, 1};
+  state_shape.dynamic_smem = gdn_prefill_state_smem(static_cast<int>(pr.k), choice.bv).total;
+  plan.reasons.push_back(fmt::format(
+      "chunk kernel: {} x {} blocks of {} threads loop over the floor(T / {}) + N chunk ids, {} "
+      "bytes of shared memory; state kernel: one block per (sequence, value head, value tile)",
+      chunk_shape.grid.x, chunk_shape.grid.y, kGdnPrefillThreads, kGdnPrefillChunk,
+      chunk_shape.dynamic_smem));
+  PlannedLaunch chunk{std::move(chunk_spec), chunk_shape, check_launch(chunk_shape, device)};
+  require_legal(chunk.checks, fmt::format("{} ({})", kOp, chunk.spec.str()));
+  PlannedLaunch rec{std::move(state_spec), state_shape, check_launch(state_shape, device)};
+  require_legal(rec.checks, fmt::format("{} ({})", kOp, rec.spec.str()));
+  plan.launches.push_back(std::move(chunk));
+  plan.launches.push_back(std::move(rec));
+  return plan;
+}
+
 Plan make_plan(const Problem& pr, const TensorView& q, const GdnGates& gates,
                const TensorView& cu_seqlens, const TensorView& state,
                const TensorView& state_indices, const TensorView& out,
                const GdnPrefillOptions& options, const DeviceLimits& device) {
-  Choice choice = choose_tile(pr, options.force_mode, device);
+  Choice choice = choose(pr, options.force_mode, device);
   const bool raw = gates.kind == GdnGateKind::raw;
   const std::int64_t every = options.checkpoint_every_n_tokens;
   const bool ckpt = every > 0;
+  if (choice.chunked) {
+    return make_chunked_plan(pr, std::move(choice), q, gates, cu_seqlens, state, state_indices, out,
+                             options, device);
+  }
   KernelSpec spec =
       KernelSpec::make("gdn_prefill",
                        {{"qkv", std::string(to_string(q.dtype))},
@@ -466,7 +676,23 @@ Plan plan_gdn_prefill(const TensorView& q, const TensorView& k, const TensorView
                       const DeviceLimits& device) {
   const Problem pr =
       validate(q, k, v, gates, cu_seqlens, state, state_indices, has_initial_state, out, options);
-  return make_plan(pr, q, gates, cu_seqlens, state, state_indices, out, options, device);
+  Plan plan = make_plan(pr, q, gates, cu_seqlens, state, state_indices, out, options, device);
+  if (plan.launches.size() == 2) {
+    plan.reasons.push_back(fmt::format("workspace for T = {}: {} bytes", pr.tokens,
+                                       gdn_prefill_workspace_bytes(pr.tokens, pr.value_heads)));
+  }
+  return plan;
+}
+
+std::int64_t gdn_prefill_workspace_bytes(std::int64_t tokens, std::int64_t value_heads) {
+  if (tokens < 0 || value_heads < 0) {
+    throw InvalidArgument(fmt::format(
+        "gdn_prefill_workspace_bytes: tokens = {}, value_heads = {}; accepted: both >= 0", tokens,
+        value_heads));
+  }
+  return static_cast<std::int64_t>(gdn_prefill_workspace(static_cast<std::uint64_t>(tokens),
+                                                         static_cast<std::uint64_t>(value_heads))
+                                       .total);
 }
 
 void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -489,8 +715,8 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
         options.state_checkpoints.shape[0]));
   }
   if (options.force_mode.size() >= sizeof(Signature::force)) {
-    fail(fmt::format("options.force_mode '{}' is not a mode; accepted: auto, bv64, bv32, bv16",
-                     options.force_mode));
+    fail(fmt::format("options.force_mode '{}' is not a mode; accepted: {}", options.force_mode,
+                     kModes));
   }
   Runtime& runtime = options.runtime != nullptr ? *options.runtime : Runtime::global();
   const int device = runtime.device_of(stream, options.device);
@@ -509,7 +735,7 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
                static_cast<std::int64_t>(out.dtype) << 32 |
                static_cast<std::int64_t>(cu_seqlens.dtype) << 40 |
                static_cast<std::int64_t>(state_indices.dtype) << 48;
-  sig.flags = (raw ? 1 : 0) | (options.l2norm_qk ? 2 : 0);
+  sig.flags = (raw ? 1 : 0) | (options.l2norm_qk ? 2 : 0) | (pr.v16 ? 4 : 0);
   // The plan's text names the interval, so it is part of the key, not just ckpt on/off.
   sig.checkpoint_every = options.checkpoint_every_n_tokens;
   std::memcpy(sig.force, options.force_mode.data(), options.force_mode.size());
@@ -519,7 +745,9 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
                                runtime.device_limits(device)),
                      device};
   });
-  const int bv = resolved.plan.mode == "bv16" ? 16 : resolved.plan.mode == "bv32" ? 32 : 64;
+  const bool chunked = resolved.plan.launches.size() == 2;
+  const std::string_view mode = resolved.plan.mode;
+  const int bv = mode.ends_with("bv16") ? 16 : mode.ends_with("bv32") ? 32 : 64;
 
   GdnPrefillParams p{};
   p.q = q.data;
@@ -563,7 +791,57 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
   p.scale = options.scale > 0.0f ? options.scale
                                  : static_cast<float>(1.0 / std::sqrt(static_cast<double>(pr.k)));
   p.softplus_threshold = options.softplus_threshold;
-  runtime.launch(resolved, 0, stream, &p, sizeof p);
+  p.num_heads = static_cast<u32>(pr.heads);
+  p.num_tokens = pr.tokens;
+  if (!chunked) {
+    runtime.launch(resolved, 0, stream, &p, sizeof p);
+    return;
+  }
+
+  // The chunked path: the caller's workspace, else a stream-ordered allocation freed on the
+  // same stream after the state kernel (no host synchronization; under capture both become
+  // graph memory nodes).
+  const GdnPrefillWorkspace ws = gdn_prefill_workspace(static_cast<std::uint64_t>(pr.tokens),
+                                                       static_cast<std::uint64_t>(pr.value_heads));
+  auto* base = static_cast<unsigned char*>(options.workspace.data);
+  CUdeviceptr owned = 0;
+  const CUstream cu_stream = reinterpret_cast<CUstream>(stream);
+  if (base == nullptr && ws.total > 0) {
+    const driver::DriverApi& cu = driver::loaded_api();
+    driver::ScopedContext scoped(static_cast<CUcontext>(resolved.context));
+    const CUresult r = cu.cuMemAllocAsync(&owned, ws.total, cu_stream);
+    if (r != CUDA_SUCCESS) {
+      throw DriverError(
+          fmt::format(
+              "{}: cuMemAllocAsync of the {}-byte workspace failed: {}; pass options.workspace "
+              "(gdn_prefill_workspace_bytes(T = {}, HV = {}) bytes) instead",
+              kOp, ws.total, driver::describe(r), pr.tokens, pr.value_heads),
+          static_cast<int>(r), "cuMemAllocAsync");
+    }
+    base = reinterpret_cast<unsigned char*>(owned);
+  }
+  p.ws_t = base != nullptr ? base + ws.t : nullptr;
+  p.ws_p = base != nullptr ? base + ws.p : nullptr;
+  p.ws_scales = base != nullptr ? base + ws.scales : nullptr;
+  const auto release = [&]() noexcept {
+    if (owned == 0) return;
+    try {
+      driver::ScopedContext scoped(static_cast<CUcontext>(resolved.context));
+      (void)driver::loaded_api().cuMemFreeAsync(owned, cu_stream);
+    } catch (...) {
+    }
+  };
+  try {
+    runtime.launch(resolved, 0, stream, &p, sizeof p);
+    runtime.launch(resolved, 1, stream, &p, sizeof p);
+  } catch (...) {
+    release();
+    throw;
+  }
+  if (owned != 0) {
+    driver::ScopedContext scoped(static_cast<CUcontext>(resolved.context));
+    driver::check(driver::loaded_api().cuMemFreeAsync(owned, cu_stream), "cuMemFreeAsync");
+  }
 }
 
 }  // namespace kjit

@@ -41,6 +41,14 @@ struct Case {
   // > 0: also write state checkpoints every this many tokens, and run once more without them
   // to show they change nothing else.
   std::int64_t ckpt_every = 0;
+  // Pass a caller-owned (poisoned) workspace instead of letting the call allocate one.
+  bool workspace = false;
+  // Run the call as a CUDA graph: captured on a stream of its own (after one warm-up call that
+  // loads the kernels), then replayed. Needs separate_final (the warm-up must not move the pool).
+  bool capture = false;
+  // false: q and k are used as given (then drawn with norm ~0.9, so the recurrence stays
+  // bounded).
+  bool l2norm = true;
 };
 
 DeviceBuffer upload(const Bytes& host) {
@@ -71,8 +79,9 @@ void run_case(const Case& c) {
                                i % 4 == 3 ? -1.0 : double(slots - 2 - i));
     init_host[static_cast<std::size_t>(i)] = c.all_have_state || i % 3 != 1 ? 1 : 0;
   }
-  const Bytes q = random_bytes(rng, c.in, t * h * kd, 1.0);
-  const Bytes k = random_bytes(rng, c.in, t * h * kd, 1.0);
+  const double qk_scale = c.l2norm ? 1.0 : 0.9 / std::sqrt(static_cast<double>(kd));
+  const Bytes q = random_bytes(rng, c.in, t * h * kd, qk_scale);
+  const Bytes k = random_bytes(rng, c.in, t * h * kd, qk_scale);
   const Bytes v = random_bytes(rng, c.in, t * hv * vd, 1.0);
   Bytes ga, gb, a_log, dt_bias;
   if (c.precomputed) {
@@ -140,10 +149,17 @@ void run_case(const Case& c) {
                                {ckpt_stride, vd * kd, kd, 1});
   };
 
+  const std::int64_t ws_bytes = gdn_prefill_workspace_bytes(t, hv);
+  DeviceBuffer dws(c.workspace ? static_cast<std::size_t>(std::max<std::int64_t>(ws_bytes, 1)) : 0);
+  if (c.workspace) dws.poison();
+  REQUIRE((!c.capture || c.separate_final));
+
   // One call on the given pool / final / out buffers, with or without checkpoints.
   const auto launch = [&](DeviceBuffer& pool_buf, DeviceBuffer& final_buf, DeviceBuffer& out_buf,
                           bool with_ckpt) {
     GdnPrefillOptions options;
+    if (c.workspace) options.workspace = TensorView::contiguous(dws.get(), DType::u8, {ws_bytes});
+    options.l2norm_qk = c.l2norm;
     options.runtime = &test::runtime();
     options.device = test::device();
     options.force_mode = c.force_mode;
@@ -155,16 +171,50 @@ void run_case(const Case& c) {
       options.state_checkpoints = ckpt_view(dckpt.get());
       options.checkpoint_cu_starts = TensorView::contiguous(dstarts.get(), DType::i64, {n + 1});
     }
-    gdn_prefill(
-        TensorView::contiguous(dq.get(), c.in, {t, h, kd}),
-        TensorView::contiguous(dk.get(), c.in, {t, h, kd}),
-        TensorView::contiguous(dv.get(), c.in, {t, hv, vd}),
-        gates_of(dga.get(), dgb.get(), dalog.get(), ddt.get()),
-        TensorView::contiguous(dcu.get(), c.cu, {n + 1}),
-        TensorView::contiguous(pool_buf.get(), c.state, {slots, hv, vd, kd}),
-        TensorView::contiguous(didx.get(), c.index, {n}),
-        c.all_have_state ? TensorView{} : TensorView::contiguous(dinit.get(), DType::u8, {n}),
-        TensorView::contiguous(out_buf.get(), c.out, {t, hv, vd}), options, test::stream());
+    const auto call = [&](Stream stream) {
+      gdn_prefill(
+          TensorView::contiguous(dq.get(), c.in, {t, h, kd}),
+          TensorView::contiguous(dk.get(), c.in, {t, h, kd}),
+          TensorView::contiguous(dv.get(), c.in, {t, hv, vd}),
+          gates_of(dga.get(), dgb.get(), dalog.get(), ddt.get()),
+          TensorView::contiguous(dcu.get(), c.cu, {n + 1}),
+          TensorView::contiguous(pool_buf.get(), c.state, {slots, hv, vd, kd}),
+          TensorView::contiguous(didx.get(), c.index, {n}),
+          c.all_have_state ? TensorView{} : TensorView::contiguous(dinit.get(), DType::u8, {n}),
+          TensorView::contiguous(out_buf.get(), c.out, {t, hv, vd}), options, stream);
+    };
+    if (!c.capture) {
+      call(test::stream());
+      return;
+    }
+    call(test::stream());  // loads the kernels: nothing may compile or load under capture
+    test::sync();
+    CUstream stream = nullptr;
+    test::check_cu(test::cu().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    test::check_cu(test::cu().cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                   "cuStreamBeginCapture");
+    std::string failure;
+    try {
+      call(reinterpret_cast<Stream>(stream));
+    } catch (const Error& error) {
+      failure = error.what();
+    }
+    CUgraph graph = nullptr;
+    const CUresult end = test::cu().cuStreamEndCapture(stream, &graph);
+    CAPTURE(failure);
+    CHECK(failure.empty());
+    test::check_cu(end, "cuStreamEndCapture");
+    REQUIRE(graph != nullptr);
+    CUgraphExec exec = nullptr;
+    test::check_cu(test::cu().cuGraphInstantiate(&exec, graph, 0), "cuGraphInstantiate");
+    // The replay alone must produce every output.
+    out_buf.poison();
+    final_buf.poison();
+    test::check_cu(test::cu().cuGraphLaunch(exec, stream), "cuGraphLaunch");
+    test::check_cu(test::cu().cuStreamSynchronize(stream), "cuStreamSynchronize");
+    (void)test::cu().cuGraphExecDestroy(exec);
+    (void)test::cu().cuGraphDestroy(graph);
+    (void)test::cu().cuStreamDestroy(stream);
   };
   launch(dpool, dfinal, dout, ckpt);
   test::sync();
@@ -175,6 +225,7 @@ void run_case(const Case& c) {
   Bytes hq = q, hk = k, hvv = v, hga = ga, hgb = gb, hal = a_log, hdt = dt_bias;
   Bytes hstarts = starts_host;
   GdnPrefillOptions ref_options;
+  ref_options.l2norm_qk = c.l2norm;
   if (c.separate_final) {
     ref_options.final_state = TensorView::contiguous(ref_final.data(), c.state, {n, hv, vd, kd});
   }
@@ -279,8 +330,9 @@ TEST_CASE("gdn_prefill: mixed lengths 0, 1, 63, 64, 65, 1000 in one batch, bf16,
   run_case(c);
 }
 
-TEST_CASE("gdn_prefill: every value tile on the same batch") {
-  for (const char* mode : {"bv64", "bv32", "bv16"}) {
+TEST_CASE("gdn_prefill: every value tile of both paths on the same batch") {
+  for (const char* mode :
+       {"bv64", "bv32", "bv16", "chunked", "chunked_bv64", "chunked_bv32", "chunked_bv16"}) {
     CAPTURE(mode);
     Case c;
     c.lengths = {65, 0, 130, 1};
@@ -303,6 +355,63 @@ TEST_CASE("gdn_prefill: f16 inputs, bf16 pool, precomputed gates, separate final
   run_case(c);
 }
 
+TEST_CASE("gdn_prefill chunked: a caller's workspace, i64 indices, precomputed gates") {
+  Case c;
+  c.lengths = {64, 1, 65, 0, 200, 130};
+  c.cu = DType::i64;
+  c.index = DType::i64;
+  c.precomputed = true;
+  c.workspace = true;
+  c.force_mode = "chunked";
+  run_case(c);
+}
+
+TEST_CASE("gdn_prefill: q and k without L2 norm, both paths") {
+  for (const char* mode : {"chunked", "bv32"}) {
+    CAPTURE(mode);
+    Case c;
+    c.lengths = {200, 1, 64, 0, 129};
+    c.l2norm = false;
+    c.force_mode = mode;
+    run_case(c);
+  }
+}
+
+TEST_CASE("gdn_prefill chunked: bf16 pool, f32 and f16 out, separate final state") {
+  for (DType out : {DType::f32, DType::f16}) {
+    CAPTURE(to_string(out));
+    Case c;
+    c.lengths = {1000, 0, 63, 64, 65, 1, 257};
+    c.state = DType::bf16;
+    c.out = out;
+    c.separate_final = true;
+    c.force_mode = "chunked";
+    run_case(c);
+  }
+}
+
+TEST_CASE("gdn_prefill chunked: CUDA graph capture (stream-ordered workspace) and replay") {
+  for (bool caller_workspace : {false, true}) {
+    CAPTURE(caller_workspace);
+    Case c;
+    c.lengths = {300, 0, 1, 130, 64};
+    c.separate_final = true;
+    c.capture = true;
+    c.workspace = caller_workspace;
+    run_case(c);
+  }
+}
+
+TEST_CASE("gdn_prefill chunked: 4096 sequences of 0 to 5 tokens and a long one") {
+  Case c;
+  for (int i = 0; i < 4095; ++i) c.lengths.push_back(i % 6);
+  c.lengths.push_back(3000);
+  c.heads = 1;
+  c.value_heads = 2;
+  c.force_mode = "chunked";
+  run_case(c);
+}
+
 TEST_CASE("gdn_prefill: K and V of 64 and 256, GVA") {
   for (auto [kd, vd] : {std::pair{64, 64}, std::pair{256, 256}, std::pair{64, 128}}) {
     CAPTURE(kd);
@@ -313,6 +422,8 @@ TEST_CASE("gdn_prefill: K and V of 64 and 256, GVA") {
     c.value_heads = 3;
     c.k = kd;
     c.v = vd;
+    run_case(c);
+    c.force_mode = "bv16";  // the fused kernel too
     run_case(c);
   }
 }
@@ -352,6 +463,21 @@ TEST_CASE("gdn_prefill: checkpoints with every value tile and a separate final s
     c.out = DType::f32;
     c.cu = DType::i64;
     c.index = DType::i64;
+    c.precomputed = true;
+    c.separate_final = true;
+    c.ckpt_every = 64;
+    run_case(c);
+  }
+}
+
+TEST_CASE("gdn_prefill chunked: checkpoints with every value tile and a separate final state") {
+  for (const char* mode : {"chunked_bv64", "chunked_bv32", "chunked_bv16"}) {
+    CAPTURE(mode);
+    Case c;
+    c.lengths = {130, 0, 64, 1, 1000};
+    c.force_mode = mode;
+    c.out = DType::f32;
+    c.cu = DType::i64;
     c.precomputed = true;
     c.separate_final = true;
     c.ckpt_every = 64;

@@ -349,22 +349,133 @@ TEST_CASE("gdn_prefill plans are legal for every shape, N = 4096 and T = 100k in
       CAPTURE(s.k);
       CAPTURE(s.v);
       const Plan plan = plan_for(s, device);
-      REQUIRE(plan.launches.size() == 1);
-      const PlannedLaunch& launch = plan.launches[0];
-      for (const LimitCheck& check : launch.checks) CHECK_MESSAGE(check.ok(), check.limit);
-      const int bv = std::stoi(launch.spec.get("bv"));
+      REQUIRE(!plan.launches.empty());
+      for (const PlannedLaunch& launch : plan.launches) {
+        for (const LimitCheck& check : launch.checks) CHECK_MESSAGE(check.ok(), check.limit);
+        CHECK(launch.shape.block.x == kGdnPrefillThreads);
+        CHECK(launch.shape.dynamic_smem <= device.max_smem_per_block_optin);
+      }
+      // bf16 inputs with aligned v: always the chunked path on these archs.
+      REQUIRE(plan.launches.size() == 2);
+      CHECK(plan.mode.starts_with("chunked_bv"));
+      const PlannedLaunch& chunk = plan.launches[0];
+      const PlannedLaunch& state = plan.launches[1];
+      CHECK(chunk.spec.family == "gdn_prefill_chunk");
+      CHECK(state.spec.family == "gdn_prefill_state");
+      CHECK(chunk.shape.grid.y == static_cast<std::uint32_t>(s.h));
+      CHECK(chunk.shape.dynamic_smem == gdn_prefill_chunk_smem(static_cast<int>(s.k)).total);
+      const int bv = std::stoi(state.spec.get("bv"));
+      CHECK(plan.mode == fmt::format("chunked_bv{}", bv));
       CHECK(s.v % bv == 0);
       CHECK(bv * s.k <= 8192);
-      CHECK(launch.shape.grid.count() == static_cast<std::uint64_t>(s.n * s.hv * (s.v / bv)));
-      CHECK(launch.shape.block.x == kGdnPrefillThreads);
-      CHECK(launch.shape.dynamic_smem == gdn_prefill_smem(static_cast<int>(s.k), bv).total);
-      CHECK(launch.shape.dynamic_smem <= device.max_smem_per_block_optin);
+      CHECK(state.shape.grid.count() == static_cast<std::uint64_t>(s.n * s.hv * (s.v / bv)));
+      CHECK(state.shape.dynamic_smem == gdn_prefill_state_smem(static_cast<int>(s.k), bv).total);
+      // The workspace the plan reports is the public helper's.
+      bool reported = false;
+      for (const std::string& r : plan.reasons) {
+        reported |= r == fmt::format("workspace for T = {}: {} bytes", s.t,
+                                     gdn_prefill_workspace_bytes(s.t, s.hv));
+      }
+      CHECK(reported);
+
+      // The fused kernel, forced: one launch with its own tile rules.
+      for (const char* force : {"bv64", "bv32", "bv16"}) {
+        const int fbv = std::stoi(std::string(force + 2));
+        if (s.v % fbv != 0 || fbv * s.k > 8192) continue;
+        if (gdn_prefill_smem(static_cast<int>(s.k), fbv).total > device.max_smem_per_block_optin) {
+          continue;
+        }
+        const Plan fused = plan_for(s, device, DType::f32, force);
+        REQUIRE(fused.launches.size() == 1);
+        const PlannedLaunch& launch = fused.launches[0];
+        for (const LimitCheck& check : launch.checks) CHECK_MESSAGE(check.ok(), check.limit);
+        CHECK(launch.spec.family == "gdn_prefill");
+        CHECK(launch.shape.grid.count() == static_cast<std::uint64_t>(s.n * s.hv * (s.v / fbv)));
+        CHECK(launch.shape.dynamic_smem == gdn_prefill_smem(static_cast<int>(s.k), fbv).total);
+      }
     }
-    // Few long sequences take the smaller tile for parallelism; many take 64.
-    CHECK(plan_for({100000, 1, 1, 1, 128, 128}, device).mode == "bv32");
-    CHECK(plan_for({100000, 4096, 16, 32, 128, 128}, device).mode == "bv64");
+    // Few (sequence, value head) pairs take the state kernel's smaller tile; many take 32.
+    CHECK(plan_for({100000, 1, 1, 1, 128, 128}, device).mode == "chunked_bv16");
+    CHECK(plan_for({100000, 4096, 16, 32, 128, 128}, device).mode == "chunked_bv32");
     CHECK(plan_for({1000, 4, 1, 1, 128, 128}, device, DType::bf16, "bv16").mode == "bv16");
+    CHECK(plan_for({1000, 4, 1, 1, 128, 128}, device, DType::bf16, "chunked_bv64").mode ==
+          "chunked_bv64");
+    CHECK(plan_for({1000, 4, 1, 1, 128, 128}, device, DType::bf16, "chunked").mode ==
+          "chunked_bv16");
   }
+}
+
+TEST_CASE("gdn_prefill: the fused kernel where the chunked path cannot run, and why") {
+  const DeviceLimits device = DeviceLimits::for_arch(Arch{9, 0});
+  const auto view = [](DType d, std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(nullptr, d, shape);
+  };
+  const std::int64_t t = 1000, n = 4, h = 2, hv = 4, k = 128, v = 128;
+  const auto plan = [&](DType in, const TensorView& vv, const std::string& force = "") {
+    GdnPrefillOptions options;
+    options.force_mode = force;
+    return plan_gdn_prefill(view(in, {t, h, k}), view(in, {t, h, k}), vv,
+                            GdnGates::raw(view(DType::bf16, {t, hv}), view(DType::bf16, {t, hv}),
+                                          view(DType::f32, {hv}), view(DType::f32, {hv})),
+                            view(DType::i32, {n + 1}), view(DType::f32, {n, hv, v, k}),
+                            view(DType::i32, {n}), TensorView{}, view(DType::bf16, {t, hv, v}),
+                            options, device);
+  };
+  const auto mentions = [](const Plan& p, const std::string& what) {
+    for (const std::string& r : p.reasons) {
+      if (r.find(what) != std::string::npos) return true;
+    }
+    return false;
+  };
+  const Plan f16 = plan(DType::f16, view(DType::f16, {t, hv, v}));
+  CHECK(f16.launches.size() == 1);
+  CHECK(f16.launches[0].spec.family == "gdn_prefill");
+  CHECK(mentions(f16, "f16"));
+  // v rows with a stride of 2 mod 8 elements: cp.async cannot copy them 16 bytes at a time.
+  const TensorView odd_v =
+      TensorView::strided(nullptr, DType::bf16, {t, hv, v}, {hv * v + 2, v, 1});
+  const Plan odd = plan(DType::bf16, odd_v);
+  CHECK(odd.launches.size() == 1);
+  CHECK(mentions(odd, "16-byte"));
+  // Forcing the chunked path where it cannot run is a PlanError naming the reason.
+  CHECK_THROWS_AS(plan(DType::f16, view(DType::f16, {t, hv, v}), "chunked"), PlanError);
+}
+
+TEST_CASE("gdn_prefill workspace: size helper and argument checks") {
+  CHECK(gdn_prefill_workspace_bytes(0, 16) == 0);
+  // T * HV * 272, each region rounded to 256 bytes.
+  CHECK(gdn_prefill_workspace_bytes(1024, 16) == 1024 * 16 * 272);
+  CHECK(gdn_prefill_workspace_bytes(1, 1) == 3 * 256);
+  CHECK_THROWS_AS(gdn_prefill_workspace_bytes(-1, 4), InvalidArgument);
+  const DeviceLimits device = DeviceLimits::for_arch(Arch{9, 0});
+  const auto view = [](DType d, std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(nullptr, d, shape);
+  };
+  const std::int64_t t = 300, n = 2, h = 1, hv = 2, k = 64, v = 64;
+  const std::int64_t need = gdn_prefill_workspace_bytes(t, hv);
+  alignas(256) static unsigned char marker[512];
+  const auto err = [&](const TensorView& ws) {
+    GdnPrefillOptions options;
+    options.workspace = ws;
+    return error_of([&] {
+      plan_gdn_prefill(
+          view(DType::bf16, {t, h, k}), view(DType::bf16, {t, h, k}), view(DType::bf16, {t, hv, v}),
+          GdnGates::precomputed(view(DType::f32, {t, hv}), view(DType::f32, {t, hv})),
+          view(DType::i32, {n + 1}), view(DType::f32, {n, hv, v, k}), view(DType::i32, {n}),
+          TensorView{}, view(DType::f32, {t, hv, v}), options, device);
+    });
+  };
+  CHECK(err(TensorView::contiguous(marker, DType::u8, {need})).empty());
+  const std::string small = err(TensorView::contiguous(marker, DType::u8, {need - 1}));
+  CHECK(small.find("options.workspace holds " + std::to_string(need - 1)) != std::string::npos);
+  CHECK(small.find(std::to_string(need)) != std::string::npos);
+  CHECK(err(TensorView::contiguous(marker + 16, DType::u8, {need})).find("256-byte aligned") !=
+        std::string::npos);
+  CHECK(
+      err(TensorView::contiguous(marker, DType::f32, {need})).find("options.workspace has dtype") !=
+      std::string::npos);
+  CHECK(err(TensorView::contiguous(marker, DType::u8, {2, need})).find("options.workspace") !=
+        std::string::npos);
 }
 
 TEST_CASE("gdn_prefill argument errors name the argument") {
@@ -663,18 +774,21 @@ TEST_CASE("gdn_prefill checkpoint arguments: errors name the argument, value and
       "options.checkpoint_cu_starts is given");
 
   if (family_registered()) {
+    // The chunked path: only the state kernel (the last launch) writes checkpoints.
     const Plan with = plan_with(good());
-    REQUIRE(with.launches.size() == 1);
-    CHECK(with.launches[0].spec.get("ckpt") == "1");
+    REQUIRE(with.launches.size() == 2);
+    CHECK(with.launches[1].spec.get("ckpt") == "1");
     CHECK(with.explain().find("state checkpoints every 128 tokens (2 chunks of 64)") !=
           std::string::npos);
     const Plan without = plan_with(GdnPrefillOptions{});
-    REQUIRE(without.launches.size() == 1);
-    CHECK(without.launches[0].spec.get("ckpt") == "0");
+    REQUIRE(without.launches.size() == 2);
+    CHECK(without.launches[1].spec.get("ckpt") == "0");
     CHECK(without.explain().find("no state checkpoints") != std::string::npos);
-    // Same launch shape either way: checkpoints cost no shared memory or threads.
-    CHECK(with.launches[0].shape.dynamic_smem == without.launches[0].shape.dynamic_smem);
-    CHECK(with.launches[0].shape.grid.count() == without.launches[0].shape.grid.count());
+    // Same launch shapes either way: checkpoints cost no shared memory or threads.
+    for (std::size_t i = 0; i < 2; ++i) {
+      CHECK(with.launches[i].shape.dynamic_smem == without.launches[i].shape.dynamic_smem);
+      CHECK(with.launches[i].shape.grid.count() == without.launches[i].shape.grid.count());
+    }
   }
 }
 

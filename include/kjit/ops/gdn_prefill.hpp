@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Gated DeltaNet chunked prefill: varlen sequences, states read from and written back to a
-// pool [slots, HV, V, K], tensor-core kernels (chunk 64, WY form).
+// pool [slots, HV, V, K], tensor-core kernels (chunk 64, WY form). Two paths: the chunked path
+// (a fully parallel kernel over every chunk, then a short sequential state kernel per sequence,
+// with a workspace between them) and the fused single kernel (f16 inputs, misaligned v, or
+// devices whose shared memory cannot hold the chunked path's tiles).
 #pragma once
 
 #include <cstdint>
@@ -79,9 +82,23 @@ struct GdnPrefillOptions {
   int device = -1;
   /// nullptr: Runtime::global().
   Runtime* runtime = nullptr;
-  /// "" or "auto": the planner chooses the value tile; "bv64", "bv32", "bv16" force one.
+  /// "" or "auto": the planner chooses the path and the value tile. "bv64", "bv32", "bv16" force
+  /// the fused single-kernel path with that tile; "chunked" forces the two-kernel chunked path
+  /// (planner's tile), "chunked_bv64", "chunked_bv32", "chunked_bv16" with that tile.
   std::string force_mode;
+  /// Scratch memory of the chunked path: a 1-D u8 tensor on the device, 256-byte aligned, of at
+  /// least gdn_prefill_workspace_bytes(T, HV) bytes; it must not be in use by other work on the
+  /// stream while the call runs. Default (empty): the call allocates it stream-ordered on its
+  /// stream (cuMemAllocAsync / cuMemFreeAsync, which CUDA graph capture records as memory nodes)
+  /// from the device's current memory pool. The fused path needs none and ignores it.
+  TensorView workspace;
 };
+
+/// Bytes of options.workspace that a gdn_prefill call over T tokens and HV value heads needs on
+/// its chunked path: T * HV * 272 (bf16 rows of T' and P, 64 each, and 16 bytes of per-row
+/// scales), each of the three regions rounded up to 256 bytes. Throws InvalidArgument for
+/// negative arguments.
+std::int64_t gdn_prefill_workspace_bytes(std::int64_t tokens, std::int64_t value_heads);
 
 /// Chunked Gated DeltaNet prefill over N varlen sequences (token ranges cu_seqlens[n] ..
 /// cu_seqlens[n+1] of the T tokens).

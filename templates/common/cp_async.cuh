@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: Apache-2.0
+// Asynchronous global -> shared copies of 16 bytes (cp.async.cg, sm_80 and later), with zero
+// fill for rows past the end of the data, and the group wait/commit helpers. NVRTC-clean.
+#pragma once
+
+#include "kjit/common/types.h"
+
+namespace kjit {
+namespace cp_async {
+
+/// Copies 16 bytes from `src` (global, 16-byte aligned) to `dst` (shared, 16-byte aligned);
+/// when `valid` is false writes 16 zero bytes instead and reads nothing (src-size 0), so `src`
+/// may then be any mapped address.
+__device__ __forceinline__ void copy16(void* dst, const void* src, bool valid) {
+  const u32 d = static_cast<u32>(__cvta_generic_to_shared(dst));
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n)
+               : "memory");
+}
+
+/// Closes the group of copies issued since the previous commit.
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+/// Waits until at most `kPending` of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+}  // namespace cp_async
+}  // namespace kjit

@@ -1,0 +1,368 @@
+// SPDX-License-Identifier: Apache-2.0
+// Gated DeltaNet chunked prefill, chunked path, kernel 2 of 2: the sequential part. One block
+// of 4 warps per (sequence n, value head hv, value tile of kBV rows) walks the sequence's chunks
+// carrying the f32 state tile S [kBV, K] in registers (mma accumulator layout, as in the fused
+// kernel of gdn_prefill.cuh). Per chunk, with T', P and the scales from the chunk kernel
+// (gdn_prefill_chunk.cuh) and q, k the raw bf16 rows:
+//   R   = V - diag(e^gamma / |k|) K S^T                         (mma over K)
+//   Vn  = T' R                    (= U - W S^T of the WY form; T' = (I + A)^-1 diag(beta))
+//   O   = scale (diag(e^gamma / |q|) Q S^T + P Vn)
+//   S  <- e^gamma_last S + sum_j (e^(gamma_last - gamma_j) / |k_j|) Vn_j k_j^T
+// Only this S-dependent work is on the sequential path; the next chunk's q, k, v, T', P and
+// scales stream into shared memory with cp.async while the current chunk computes: k, T' and
+// the scales are double-buffered (issued a whole chunk ahead), q and v are refilled once the
+// first product has read them, P at the top of its own chunk. Three barriers per chunk.
+//
+// Rows past the end of a sequence are zero-filled (q, k, v, T', P and scales): their R, Vn
+// and contributions are exactly zero, and their outputs are not stored.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "kjit/common/cp_async.cuh"
+#include "kjit/common/mma.cuh"
+#include "kjit/gdn_prefill.cuh"
+#include "kjit/gdn_prefill_params.h"
+
+namespace kjit {
+
+/// Template parameters: element types of q/k/v (bf16: raw rows are mma operands), of the state
+/// pool, of out, of cu_seqlens and of state_indices; K, V, the value tile kBV; kCkpt as in the
+/// fused kernel.
+template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
+          int kBV, bool kCkpt>
+__global__ void __launch_bounds__(kGdnPrefillThreads)
+    gdn_prefill_state_kernel(const GdnPrefillParams p) {
+  using namespace gdn_prefill_detail;
+  static_assert(kK == 64 || kK == 128 || kK == 256, "K must be 64, 128 or 256");
+  static_assert(kV % kBV == 0 && kV <= 256, "the value tile must divide V");
+  static_assert(kBV == 16 || kBV == 32 || kBV == 64, "the value tile must be 16, 32 or 64");
+  static_assert(kBV * kK <= 8192, "the f32 state tile must fit 64 registers per thread");
+  constexpr int kLdK = kK + 8;
+  constexpr int kLdV = kBV + 8;
+  constexpr int kLd = 72;
+  constexpr int kKSteps = kK / 16;
+  constexpr int kVT8 = kBV / 8;
+  constexpr int kSWarpsM = kBV / 16 < 4 ? kBV / 16 : 4;
+  constexpr int kSWarpsN = 4 / kSWarpsM;
+  constexpr int kSMTiles = kBV / 16 / kSWarpsM;
+  constexpr int kSNTiles = kK / 8 / kSWarpsN;
+  static_assert(kSNTiles % 2 == 0, "state n-tiles are loaded in pairs");
+  constexpr GdnPrefillStateSmem kSmem = gdn_prefill_state_smem(kK, kBV);
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  // Double buffers are selected by arithmetic, not by indexing a local array (which would live
+  // on the stack).
+  unsigned char* const s_k0 = smem + kSmem.k0;
+  constexpr u32 kKBufStride = kSmem.k1 - kSmem.k0;
+  unsigned char* const s_sc0 = smem + kSmem.sc0;
+  constexpr u32 kScBufStride = kSmem.sc1 - kSmem.sc0;
+  const auto k_buf = [&](int i) {
+    return reinterpret_cast<__nv_bfloat16*>(s_k0 + i * kKBufStride);
+  };
+  const auto sc_buf = [&](int i) { return reinterpret_cast<float4*>(s_sc0 + i * kScBufStride); };
+  __nv_bfloat16* s_q = reinterpret_cast<__nv_bfloat16*>(smem + kSmem.q);
+  __nv_bfloat16* s_v = reinterpret_cast<__nv_bfloat16*>(smem + kSmem.v);
+  unsigned char* const s_t0 = smem + kSmem.t0;
+  constexpr u32 kTBufStride = kSmem.t1 - kSmem.t0;
+  const auto t_buf = [&](int i) {
+    return reinterpret_cast<__nv_bfloat16*>(s_t0 + i * kTBufStride);
+  };
+  __nv_bfloat16* s_p = reinterpret_cast<__nv_bfloat16*>(smem + kSmem.p);
+  __nv_bfloat16* s_s = reinterpret_cast<__nv_bfloat16*>(smem + kSmem.s);
+  __nv_bfloat16* s_r = reinterpret_cast<__nv_bfloat16*>(smem + kSmem.r);
+  __nv_bfloat16* s_vn = reinterpret_cast<__nv_bfloat16*>(smem + kSmem.vn);
+  __nv_bfloat16* s_vd = reinterpret_cast<__nv_bfloat16*>(smem + kSmem.vd);
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int row0 = warp * 16;
+
+  const u64 tiles = p.v_tiles;
+  const u64 block = blockIdx.x;
+  const int vt = static_cast<int>(block % tiles);
+  const u32 hv = static_cast<u32>((block / tiles) % p.num_value_heads);
+  const u64 n = block / (tiles * p.num_value_heads);
+  const u32 h = hv / p.heads_per_group;
+  const int v0 = vt * kBV;
+  const u32 hv_count = p.num_value_heads;
+
+  const Tcu* cu = static_cast<const Tcu*>(p.cu_seqlens);
+  const i64 bos = static_cast<i64>(cu[n]);
+  const i64 eos = static_cast<i64>(cu[n + 1]);
+  const i64 slot =
+      static_cast<i64>(static_cast<const Tidx*>(p.state_indices)[i64(n) * p.index_stride]);
+  const bool padded = slot < 0 || slot >= p.num_slots;
+  const bool has_init = !padded && (p.has_initial_state == nullptr ||
+                                    p.has_initial_state[i64(n) * p.has_init_stride] != 0);
+
+  const __nv_bfloat16* q_g = static_cast<const __nv_bfloat16*>(p.q) + i64(h) * p.q_stride_h;
+  const __nv_bfloat16* k_g = static_cast<const __nv_bfloat16*>(p.k) + i64(h) * p.k_stride_h;
+  const __nv_bfloat16* v_g = static_cast<const __nv_bfloat16*>(p.v) + i64(hv) * p.v_stride_h + v0;
+  const __nv_bfloat16* t_g = static_cast<const __nv_bfloat16*>(p.ws_t) + i64(hv) * 64;
+  const __nv_bfloat16* p_g = static_cast<const __nv_bfloat16*>(p.ws_p) + i64(hv) * 64;
+  const float4* sc_g = static_cast<const float4*>(p.ws_scales) + hv;
+
+  // cp.async issue helpers for the chunk starting at token t (rows >= `rows` zero-filled).
+  const auto issue_rows = [&](__nv_bfloat16* dst, int ld, const __nv_bfloat16* src, i64 stride,
+                              int parts, i64 t, int rows) {
+    for (int c = tid; c < 64 * parts; c += kGdnPrefillThreads) {
+      const int r = c / parts, part = c % parts;
+      const bool ok = r < rows;
+      cp_async::copy16(dst + r * ld + part * 8, ok ? src + (t + r) * stride + part * 8 : src, ok);
+    }
+  };
+  const auto issue_scales = [&](float4* dst, i64 t, int rows) {
+    if (tid < 64) {
+      const bool ok = tid < rows;
+      cp_async::copy16(dst + tid, ok ? sc_g + (t + tid) * i64(hv_count) : sc_g, ok);
+    }
+  };
+  const auto rows_at = [&](i64 t) { return static_cast<int>(eos - t < 64 ? eos - t : 64); };
+
+  // The state tile: element (v, kk) of warp (wm, wn), m-tile mi, n-tile ni, half hf, pair e at
+  // v = (wm * kSMTiles + mi) * 16 + g + 8 hf, kk = (wn * kSNTiles + ni) * 8 + 2 t4 + e.
+  const int wm = warp % kSWarpsM, wn = warp / kSWarpsM;
+  float s_acc[kSMTiles][kSNTiles][4];
+  {
+    const Tstate* src = has_init ? static_cast<const Tstate*>(p.state) +
+                                       slot * p.state_slot_stride + (i64(hv) * kV + v0) * kK
+                                 : nullptr;
+#pragma unroll
+    for (int mi = 0; mi < kSMTiles; ++mi) {
+#pragma unroll
+      for (int ni = 0; ni < kSNTiles; ++ni) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int v = (wm * kSMTiles + mi) * 16 + g + 8 * hf;
+          const int kk = (wn * kSNTiles + ni) * 8 + 2 * t4;
+          const float2 x = src != nullptr ? load_pair(src + v * kK + kk) : make_float2(0.f, 0.f);
+          s_acc[mi][ni][2 * hf] = x.x;
+          s_acc[mi][ni][2 * hf + 1] = x.y;
+          *reinterpret_cast<u32*>(s_s + v * kLdK + kk) = mma::pack_bf16(x.x, x.y);
+        }
+      }
+    }
+  }
+
+  Tout* o_base = static_cast<Tout*>(p.out) + i64(hv) * p.out_stride_h + v0;
+  i64 ckpt_row = 0, ckpt_countdown = 0;
+  if constexpr (kCkpt) {
+    ckpt_row = p.checkpoint_starts[n];
+    ckpt_countdown = p.ckpt_every_chunks;
+  }
+
+  if (bos < eos) {
+    const int rows = rows_at(bos);
+    issue_rows(k_buf(0), kLdK, k_g, p.k_stride_t, kK / 8, bos, rows);
+    issue_scales(sc_buf(0), bos, rows);
+    issue_rows(s_q, kLdK, q_g, p.q_stride_t, kK / 8, bos, rows);
+    issue_rows(s_v, kLdV, v_g, p.v_stride_t, kBV / 8, bos, rows);
+    issue_rows(t_buf(0), kLd, t_g, i64(hv_count) * 64, 8, bos, rows);
+    cp_async::commit();
+  }
+
+  int buf = 0;
+  for (i64 t0 = bos; t0 < eos; t0 += kGdnPrefillChunk, buf ^= 1) {
+    const int rows = rows_at(t0);
+    const i64 t1 = t0 + kGdnPrefillChunk;
+    const bool next = t1 < eos;
+    const int rows1 = next ? rows_at(t1) : 0;
+    __nv_bfloat16* s_k = k_buf(buf);
+    const float4* s_sc = sc_buf(buf);
+    const __nv_bfloat16* s_t = t_buf(buf);
+
+    // This chunk's q, k, v, T' and scales have landed; the previous chunk's state update (the
+    // last reader of the other k and scale buffers, of P and of the state copy) is done.
+    cp_async::wait<0>();
+    __syncthreads();
+    if (next) {
+      issue_rows(k_buf(buf ^ 1), kLdK, k_g, p.k_stride_t, kK / 8, t1, rows1);
+      issue_scales(sc_buf(buf ^ 1), t1, rows1);
+      issue_rows(t_buf(buf ^ 1), kLd, t_g, i64(hv_count) * 64, 8, t1, rows1);
+    }
+    issue_rows(s_p, kLd, p_g, i64(hv_count) * 64, 8, t0, rows);
+    cp_async::commit();
+
+    // 1. K S^T and Q S^T (one pass over the state copy); R^T to shared memory, O in registers.
+    float acc_o[kVT8][4];
+    {
+      float acc_r[kVT8][4];
+#pragma unroll
+      for (int i = 0; i < kVT8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_r[i][e] = acc_o[i][e] = 0.f;
+      }
+#pragma unroll 2
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        u32 ak[4], aq[4];
+        mma::load_a(ak, s_k + row0 * kLdK + ks * 16, kLdK);
+        mma::load_a(aq, s_q + row0 * kLdK + ks * 16, kLdK);
+#pragma unroll
+        for (int np = 0; np < kVT8 / 2; ++np) {
+          u32 b[4];
+          mma::load_b2(b, s_s + np * 16 * kLdK + ks * 16, kLdK);
+          mma::mma_bf16(acc_r[2 * np], ak, b[0], b[1]);
+          mma::mma_bf16(acc_r[2 * np + 1], ak, b[2], b[3]);
+          mma::mma_bf16(acc_o[2 * np], aq, b[0], b[1]);
+          mma::mma_bf16(acc_o[2 * np + 1], aq, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = row0 + g + 8 * hf;
+        const float4 sc = s_sc[i];
+#pragma unroll
+        for (int nt = 0; nt < kVT8; ++nt) {
+          const int c = nt * 8 + 2 * t4;
+          const float2 vv = load_pair(s_v + i * kLdV + c);
+          s_r[c * kLd + i] = __float2bfloat16_rn(vv.x - sc.y * acc_r[nt][2 * hf]);
+          s_r[(c + 1) * kLd + i] = __float2bfloat16_rn(vv.y - sc.y * acc_r[nt][2 * hf + 1]);
+          acc_o[nt][2 * hf] *= sc.x;
+          acc_o[nt][2 * hf + 1] *= sc.x;
+        }
+      }
+    }
+    __syncthreads();
+    if (next) {
+      issue_rows(s_q, kLdK, q_g, p.q_stride_t, kK / 8, t1, rows1);
+      issue_rows(s_v, kLdV, v_g, p.v_stride_t, kBV / 8, t1, rows1);
+    }
+    cp_async::commit();
+
+    // 2. Vn = T' R (T' lower triangular: column blocks <= the warp's); Vn^T and the decayed,
+    // 1/|k|-scaled Vn^T for the state update.
+    {
+      float acc_v[kVT8][4];
+#pragma unroll
+      for (int i = 0; i < kVT8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_v[i][e] = 0.f;
+      }
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        if (s <= warp) {
+          u32 a[4];
+          mma::load_a(a, s_t + row0 * kLd + s * 16, kLd);
+#pragma unroll
+          for (int np = 0; np < kVT8 / 2; ++np) {
+            u32 b[4];
+            mma::load_b2(b, s_r + np * 16 * kLd + s * 16, kLd);
+            mma::mma_bf16(acc_v[2 * np], a, b[0], b[1]);
+            mma::mma_bf16(acc_v[2 * np + 1], a, b[2], b[3]);
+          }
+        }
+      }
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = row0 + g + 8 * hf;
+        const float kd = s_sc[i].z;
+#pragma unroll
+        for (int nt = 0; nt < kVT8; ++nt) {
+          const int c = nt * 8 + 2 * t4;
+          const float x0 = acc_v[nt][2 * hf], x1 = acc_v[nt][2 * hf + 1];
+          s_vn[c * kLd + i] = __float2bfloat16_rn(x0);
+          s_vn[(c + 1) * kLd + i] = __float2bfloat16_rn(x1);
+          s_vd[c * kLd + i] = __float2bfloat16_rn(x0 * kd);
+          s_vd[(c + 1) * kLd + i] = __float2bfloat16_rn(x1 * kd);
+        }
+      }
+    }
+    // P (issued at the top) must have landed; the next chunk's q and v may still be in flight.
+    cp_async::wait<1>();
+    __syncthreads();
+
+    // 3. O += P Vn; store the chunk's rows.
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      if (s <= warp) {
+        u32 a[4];
+        mma::load_a(a, s_p + row0 * kLd + s * 16, kLd);
+#pragma unroll
+        for (int np = 0; np < kVT8 / 2; ++np) {
+          u32 b[4];
+          mma::load_b2(b, s_vn + np * 16 * kLd + s * 16, kLd);
+          mma::mma_bf16(acc_o[2 * np], a, b[0], b[1]);
+          mma::mma_bf16(acc_o[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = row0 + g + 8 * hf;
+      if (i < rows) {
+        Tout* orow = o_base + (t0 + i) * p.out_stride_t;
+#pragma unroll
+        for (int nt = 0; nt < kVT8; ++nt) {
+          store_pair(orow + nt * 8 + 2 * t4, p.scale * acc_o[nt][2 * hf],
+                     p.scale * acc_o[nt][2 * hf + 1]);
+        }
+      }
+    }
+
+    // 4. S <- e^gamma_last S + Vd^T K, and its bf16 copy for the next chunk.
+    {
+      const float chunk_decay = s_sc[0].w;
+#pragma unroll
+      for (int mi = 0; mi < kSMTiles; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < kSNTiles; ++ni) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s_acc[mi][ni][e] *= chunk_decay;
+        }
+      }
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+#pragma unroll
+        for (int mi = 0; mi < kSMTiles; ++mi) {
+          u32 a[4];
+          mma::load_a(a, s_vd + ((wm * kSMTiles + mi) * 16) * kLd + s * 16, kLd);
+#pragma unroll
+          for (int np = 0; np < kSNTiles / 2; ++np) {
+            u32 b[4];
+            mma::load_b2_trans(b, s_k + (s * 16) * kLdK + (wn * kSNTiles + 2 * np) * 8, kLdK);
+            mma::mma_bf16(s_acc[mi][2 * np], a, b[0], b[1]);
+            mma::mma_bf16(s_acc[mi][2 * np + 1], a, b[2], b[3]);
+          }
+        }
+      }
+#pragma unroll
+      for (int mi = 0; mi < kSMTiles; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < kSNTiles; ++ni) {
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int v = (wm * kSMTiles + mi) * 16 + g + 8 * hf;
+            const int kk = (wn * kSNTiles + ni) * 8 + 2 * t4;
+            *reinterpret_cast<u32*>(s_s + v * kLdK + kk) =
+                mma::pack_bf16(s_acc[mi][ni][2 * hf], s_acc[mi][ni][2 * hf + 1]);
+          }
+        }
+      }
+    }
+
+    // 5. Checkpoints, as in the fused kernel: only a full chunk can end at one.
+    if constexpr (kCkpt) {
+      if (rows == kGdnPrefillChunk && --ckpt_countdown == 0) {
+        ckpt_countdown = p.ckpt_every_chunks;
+        if (ckpt_row >= 0 && ckpt_row < p.ckpt_rows) {
+          store_state_tile<Tstate, kK>(static_cast<Tstate*>(p.checkpoints) +
+                                           ckpt_row * p.ckpt_slot_stride + (i64(hv) * kV + v0) * kK,
+                                       s_acc, wm, wn, g, t4);
+        }
+        ++ckpt_row;
+      }
+    }
+  }
+
+  Tstate* dst = nullptr;
+  if (p.final_state != nullptr) {
+    dst = static_cast<Tstate*>(p.final_state) + i64(n) * p.final_seq_stride;
+  } else if (!padded) {
+    dst = static_cast<Tstate*>(p.state) + slot * p.state_slot_stride;
+  }
+  if (dst == nullptr) return;
+  store_state_tile<Tstate, kK>(dst + (i64(hv) * kV + v0) * kK, s_acc, wm, wn, g, t4);
+}
+
+}  // namespace kjit
