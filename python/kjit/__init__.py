@@ -21,6 +21,7 @@ from ._api import (
     gdn_decode_gated,
     gdn_prefill,
     gdn_prefill_checkpoint_starts,
+    gdn_prefill_workspace_bytes,
     merge_state,
     merge_state_in_place,
     merge_states,

@@ -120,7 +120,7 @@ def gdn_prefill(q, k, v, cu_seqlens, state, state_indices, *, a=None, b=None, a_
                 dt_bias=None, g=None, beta=None, has_initial_state=None, out=None,
                 final_state=None, scale=0.0, l2norm_qk=True, softplus_threshold=20.0,
                 checkpoint_every_n_tokens=0, state_checkpoints=None, checkpoint_cu_starts=None,
-                mode="", stream=None, _plan=False, _arch=None):
+                workspace=None, mode="", stream=None, _plan=False, _arch=None):
     """Chunked varlen GDN prefill. q, k [T, H, K], v [T, HV, V] (bf16/f16); gates either raw
     (a, b [T, HV], a_log, dt_bias [HV]) or precomputed (g, beta [T, HV] f32); cu_seqlens [N+1];
     state [slots, HV, V, K] (f32/bf16) read from and written back to state[state_indices[n]]
@@ -134,6 +134,11 @@ def gdn_prefill(q, k, v, cu_seqlens, state, state_indices, *, a=None, b=None, a_
     checkpoint_cu_starts [N + 1] int64 on the device, from gdn_prefill_checkpoint_starts).
     Left as None, both are made here from cu_seqlens, which copies cu_seqlens to the host (a
     synchronization: pass both for CUDA graph capture). Returns (out, state_checkpoints) then.
+
+    workspace: scratch memory of the chunked path, a 1-D uint8 device array of at least
+    gdn_prefill_workspace_bytes(T, HV) bytes, 256-byte aligned, not used by other work on the
+    stream meanwhile. None: kjit allocates it stream-ordered on the call's stream (from the
+    device's current memory pool; captured as memory nodes under CUDA graph capture).
     """
     if out is None:
         out = _empty(q, (q.shape[0], v.shape[1], v.shape[2]))
@@ -151,11 +156,17 @@ def gdn_prefill(q, k, v, cu_seqlens, state, state_indices, *, a=None, b=None, a_
     result = _kjit._gdn_prefill(q, k, v, a, b, a_log, dt_bias, g, beta, cu_seqlens, state,
                                 state_indices, has_initial_state, out, final_state, scale,
                                 l2norm_qk, softplus_threshold, checkpoint_every_n_tokens,
-                                state_checkpoints, checkpoint_cu_starts, mode, stream, _plan,
-                                _arch)
+                                state_checkpoints, checkpoint_cu_starts, workspace, mode, stream,
+                                _plan, _arch)
     if _plan:
         return result
     return (out, state_checkpoints) if checkpoint_every_n_tokens else out
+
+
+def gdn_prefill_workspace_bytes(tokens, value_heads):
+    """Bytes of the workspace a gdn_prefill call over `tokens` tokens and `value_heads` value
+    heads needs on its chunked path (what its workspace argument must hold at least)."""
+    return _kjit._gdn_prefill_workspace_bytes(int(tokens), int(value_heads))
 
 
 def gdn_prefill_checkpoint_starts(cu_seqlens, every):

@@ -571,8 +571,8 @@ nb::object gdn_prefill(nb::handle q, nb::handle k, nb::handle v, nb::handle a, n
                        nb::handle has_initial_state, nb::handle out, nb::handle final_state,
                        double scale, bool l2norm, double threshold,
                        std::int64_t checkpoint_every_n_tokens, nb::handle state_checkpoints,
-                       nb::handle checkpoint_cu_starts, const std::string& mode, nb::handle stream,
-                       bool plan, const OptStr& arch) {
+                       nb::handle checkpoint_cu_starts, nb::handle workspace,
+                       const std::string& mode, nb::handle stream, bool plan, const OptStr& arch) {
   const char* op = "gdn_prefill";
   Args args(op, !plan);
   const TensorView tq = args.get("q", q), tk = args.get("k", k), tv = args.get("v", v);
@@ -603,6 +603,7 @@ nb::object gdn_prefill(nb::handle q, nb::handle k, nb::handle v, nb::handle a, n
   opt.checkpoint_every_n_tokens = checkpoint_every_n_tokens;
   opt.state_checkpoints = args.optional("state_checkpoints", state_checkpoints);
   opt.checkpoint_cu_starts = args.optional("checkpoint_cu_starts", checkpoint_cu_starts);
+  opt.workspace = args.optional("workspace", workspace);
   opt.force_mode = mode;
   opt.device = args.device();
   opt.runtime = &runtime();
@@ -1264,8 +1265,9 @@ NB_MODULE(_kjit, m) {
         "beta"_a.none(), "cu_seqlens"_a.none(), "state"_a.none(), "state_indices"_a.none(),
         "has_initial_state"_a.none(), "out"_a.none(), "final_state"_a.none(), "scale"_a.none(),
         "l2norm_qk"_a.none(), "softplus_threshold"_a.none(), "checkpoint_every_n_tokens"_a,
-        "state_checkpoints"_a.none(), "checkpoint_cu_starts"_a.none(), "mode"_a.none(),
-        "stream"_a.none(), "plan"_a.none(), "arch"_a.none());
+        "state_checkpoints"_a.none(), "checkpoint_cu_starts"_a.none(), "workspace"_a.none(),
+        "mode"_a.none(), "stream"_a.none(), "plan"_a.none(), "arch"_a.none());
+  m.def("_gdn_prefill_workspace_bytes", &gdn_prefill_workspace_bytes);
   m.def("_gdn_prefill_checkpoint_starts",
         [](const std::vector<std::int64_t>& cu_seqlens, std::int64_t every) {
           return gdn_prefill_checkpoint_starts(cu_seqlens, every);

@@ -324,6 +324,14 @@ def test_gdn_prefill_checkpoint_starts():
         kjit.gdn_prefill_checkpoint_starts([0, 64, 10], 64)
 
 
+def test_gdn_prefill_workspace_bytes():
+    small, large = kjit.gdn_prefill_workspace_bytes(64, 1), kjit.gdn_prefill_workspace_bytes(
+        131072, 32)
+    assert 0 < small < large and large >= 131072 * 32 * 64
+    with pytest.raises(kjit.InvalidArgument, match="tokens = -1"):
+        kjit.gdn_prefill_workspace_bytes(-1, 4)
+
+
 def test_plan_call_unknown_op():
     with pytest.raises(kjit.InvalidArgument, match="plan_call: op = 'merge' is not a kjit op"):
         kjit.plan_call("merge", arch="sm_90")

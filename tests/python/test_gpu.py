@@ -410,6 +410,32 @@ def test_gdn_prefill_checkpoints_against_the_reference():
         kjit.gdn_prefill(q, k, v, cu, state, idx, g=g, beta=beta, checkpoint_every_n_tokens=65)
 
 
+def test_gdn_prefill_with_a_caller_workspace():
+    torch.manual_seed(9)
+    lens, h, hv, kv = [130, 1, 64], 2, 4, 128
+    t, n = sum(lens), len(lens)
+    q = torch.randn(t, h, kv, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(t, h, kv, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn(t, hv, kv, device=DEV, dtype=torch.bfloat16)
+    g = -torch.rand(t, hv, device=DEV) * 0.2
+    beta = torch.rand(t, hv, device=DEV)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device=DEV, dtype=torch.int32)
+    state = torch.randn(n, hv, kv, kv, device=DEV) * 0.1
+    idx = torch.arange(n, device=DEV, dtype=torch.int32)
+    pool = state.clone()
+    need = kjit.gdn_prefill_workspace_bytes(t, hv)
+    assert need > 0
+    workspace = torch.full((need,), 0xFF, device=DEV, dtype=torch.uint8)  # poisoned
+    out = kjit.gdn_prefill(q, k, v, cu, state, idx, g=g, beta=beta, workspace=workspace)
+    torch.cuda.synchronize()
+    ref_out, ref_pool, _ = reference.gdn_prefill(q, k, v, g, beta, cu.cpu(), pool, idx.cpu())
+    scale = ref_out.abs().max().item() + 1e-6
+    close(out, ref_out, 2e-2, 2e-2 * scale)
+    close(state, ref_pool, 2e-3, 2e-3)
+    with pytest.raises(kjit.InvalidArgument, match="options.workspace holds"):
+        kjit.gdn_prefill(q, k, v, cu, state, idx, g=g, beta=beta, workspace=workspace[:need - 1])
+
+
 # --- other DLPack producers: CuPy, JAX ---------------------------------------------------------
 
 
