@@ -90,6 +90,24 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
     if (t0 >= eos) continue;
     const int rows = static_cast<int>(eos - t0 < 64 ? eos - t0 : 64);
 
+    // Warp 0 holds the raw gates of the next value head in registers, loaded one step ahead
+    // (here for the first, during the previous head's inversion for the others), so no gate
+    // load latency sits between the barriers.
+    float gate_a[2] = {0.f, 0.f}, gate_b[2] = {0.f, 0.f};
+    const auto load_gates = [&](u32 hv) {
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int r = 2 * lane + x;
+        gate_a[x] = 0.f;
+        gate_b[x] = 0.f;
+        if (r < rows) {
+          gate_a[x] = gdn::to_f32(static_cast<const Tgate*>(p.a)[(t0 + r) * p.a_stride_t + hv]);
+          gate_b[x] = gdn::to_f32(static_cast<const Tgate*>(p.b)[(t0 + r) * p.b_stride_t + hv]);
+        }
+      }
+    };
+    if (warp == 0) load_gates(h * p.heads_per_group);
+
     // 1. q, k rows L2-normalized to bf16 (rows past the end are zero), and their inverse norms.
     {
       const Tin* q_base = static_cast<const Tin*>(p.q) + i64(h) * p.q_stride_h + lane * kPerLane;
@@ -177,21 +195,18 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
           gl[x] = 0.f;
           bl[x] = 0.f;
           if (r < rows) {
-            const float ga =
-                gdn::to_f32(static_cast<const Tgate*>(p.a)[(t0 + r) * p.a_stride_t + hv]);
-            const float gb =
-                gdn::to_f32(static_cast<const Tgate*>(p.b)[(t0 + r) * p.b_stride_t + hv]);
             if constexpr (kGated) {
-              gl[x] = ga;
-              bl[x] = gb;
+              gl[x] = gate_a[x];
+              bl[x] = gate_b[x];
             } else {
               const float a_log = gdn::to_f32(static_cast<const Tparam*>(p.a_log)[hv]);
               const float dt_bias = gdn::to_f32(static_cast<const Tparam*>(p.dt_bias)[hv]);
-              gl[x] = gdn::log_decay(ga, a_log, dt_bias, p.softplus_threshold);
-              bl[x] = gdn::sigmoid(gb);
+              gl[x] = gdn::log_decay(gate_a[x], a_log, dt_bias, p.softplus_threshold);
+              bl[x] = gdn::sigmoid(gate_b[x]);
             }
           }
         }
+        if (e + 1 < p.heads_per_group) load_gates(hv + 1);
         const float local = gl[0] + gl[1];
         float incl = local;
 #pragma unroll

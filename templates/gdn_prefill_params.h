@@ -140,6 +140,10 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillChunkSmem gdn_prefill_chunk_smem(int k) 
   return m;
 }
 
+/// Warps of a state-kernel block: 8 for the whole-V tile of 128 rows (its 64 KiB f32 state
+/// needs 256 threads' registers), 4 otherwise.
+KJIT_GDN_PREFILL_HD constexpr int gdn_prefill_state_warps(int bv) { return bv == 128 ? 8 : 4; }
+
 /// Shared memory of the chunked path's state kernel (templates/gdn_prefill_state.cuh) for key
 /// dim `k` and value tile `bv`. k, T' and the scales are double-buffered (chunk c + 1's arrive
 /// during all of chunk c); q, v and P are single buffers refilled as soon as the stage that

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Gated DeltaNet chunked prefill, chunked path, kernel 2 of 2: the sequential part. One block
-// of 4 warps per (sequence n, value head hv, value tile of kBV rows) walks the sequence's chunks
-// carrying the f32 state tile S [kBV, K] in registers (mma accumulator layout, as in the fused
-// kernel of gdn_prefill.cuh). Per chunk, with T', P and the scales from the chunk kernel
+// of 4 or 8 warps per (sequence n, value head hv, value tile of kBV rows) walks the sequence's
+// chunks carrying the f32 state tile S [kBV, K] in registers (mma accumulator layout, as in the
+// fused kernel of gdn_prefill.cuh). Per chunk, with T', P and the scales from the chunk kernel
 // (gdn_prefill_chunk.cuh) and q, k the raw bf16 rows:
 //   R   = V - diag(e^gamma / |k|) K S^T                         (mma over K)
 //   Vn  = T' R                    (= U - W S^T of the WY form; T' = (I + A)^-1 diag(beta))
@@ -29,22 +29,32 @@ namespace kjit {
 /// Template parameters: element types of q/k/v (bf16: raw rows are mma operands), of the state
 /// pool, of out, of cu_seqlens and of state_indices; K, V, the value tile kBV; kCkpt as in the
 /// fused kernel.
+///
+/// Warp w owns rows 16 (w % 4) .. of every 64-row product and, with 8 warps, half of its
+/// columns (w / 4); the state update splits the [kBV, K] tile over all warps. A tile of all of V
+/// (kBV = 128) loads each chunk's q, k, T' and P once per (sequence, value head) instead of
+/// once per tile: the smaller tiles spend their time moving those bytes into shared memory.
 template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
           int kBV, bool kCkpt>
-__global__ void __launch_bounds__(kGdnPrefillThreads)
+__global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
     gdn_prefill_state_kernel(const GdnPrefillParams p) {
   using namespace gdn_prefill_detail;
   static_assert(kK == 64 || kK == 128 || kK == 256, "K must be 64, 128 or 256");
   static_assert(kV % kBV == 0 && kV <= 256, "the value tile must divide V");
-  static_assert(kBV == 16 || kBV == 32 || kBV == 64, "the value tile must be 16, 32 or 64");
-  static_assert(kBV * kK <= 8192, "the f32 state tile must fit 64 registers per thread");
+  static_assert(kBV == 16 || kBV == 32 || kBV == 64 || kBV == 128,
+                "the value tile must be 16, 32, 64 or 128");
+  constexpr int kWarps = gdn_prefill_state_warps(kBV);
+  constexpr int kThreads = 32 * kWarps;
+  static_assert(kBV * kK <= 2048 * kWarps, "the f32 state tile must fit 64 registers per thread");
+  constexpr int kColWarps = kWarps / 4;  // warps sharing the columns of a 64-row product
+  constexpr int kBVW = kBV / kColWarps;  // columns of a product per warp
   constexpr int kLdK = kK + 8;
   constexpr int kLdV = kBV + 8;
   constexpr int kLd = 72;
   constexpr int kKSteps = kK / 16;
-  constexpr int kVT8 = kBV / 8;
-  constexpr int kSWarpsM = kBV / 16 < 4 ? kBV / 16 : 4;
-  constexpr int kSWarpsN = 4 / kSWarpsM;
+  constexpr int kVT8 = kBVW / 8;
+  constexpr int kSWarpsM = kBV / 16 < kWarps ? kBV / 16 : kWarps;
+  constexpr int kSWarpsN = kWarps / kSWarpsM;
   constexpr int kSMTiles = kBV / 16 / kSWarpsM;
   constexpr int kSNTiles = kK / 8 / kSWarpsN;
   static_assert(kSNTiles % 2 == 0, "state n-tiles are loaded in pairs");
@@ -76,7 +86,9 @@ __global__ void __launch_bounds__(kGdnPrefillThreads)
 
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int row0 = warp * 16;
+  const int rw = warp & 3;              // row block of the 64-row products
+  const int col0 = (warp >> 2) * kBVW;  // first column of this warp's share of them
+  const int row0 = rw * 16;
 
   const u64 tiles = p.v_tiles;
   const u64 block = blockIdx.x;
@@ -106,7 +118,7 @@ __global__ void __launch_bounds__(kGdnPrefillThreads)
   // cp.async issue helpers for the chunk starting at token t (rows >= `rows` zero-filled).
   const auto issue_rows = [&](__nv_bfloat16* dst, int ld, const __nv_bfloat16* src, i64 stride,
                               int parts, i64 t, int rows) {
-    for (int c = tid; c < 64 * parts; c += kGdnPrefillThreads) {
+    for (int c = tid; c < 64 * parts; c += kThreads) {
       const int r = c / parts, part = c % parts;
       const bool ok = r < rows;
       cp_async::copy16(dst + r * ld + part * 8, ok ? src + (t + r) * stride + part * 8 : src, ok);
@@ -201,7 +213,7 @@ __global__ void __launch_bounds__(kGdnPrefillThreads)
 #pragma unroll
         for (int np = 0; np < kVT8 / 2; ++np) {
           u32 b[4];
-          mma::load_b2(b, s_s + np * 16 * kLdK + ks * 16, kLdK);
+          mma::load_b2(b, s_s + (col0 + np * 16) * kLdK + ks * 16, kLdK);
           mma::mma_bf16(acc_r[2 * np], ak, b[0], b[1]);
           mma::mma_bf16(acc_r[2 * np + 1], ak, b[2], b[3]);
           mma::mma_bf16(acc_o[2 * np], aq, b[0], b[1]);
@@ -214,7 +226,7 @@ __global__ void __launch_bounds__(kGdnPrefillThreads)
         const float4 sc = s_sc[i];
 #pragma unroll
         for (int nt = 0; nt < kVT8; ++nt) {
-          const int c = nt * 8 + 2 * t4;
+          const int c = col0 + nt * 8 + 2 * t4;
           const float2 vv = load_pair(s_v + i * kLdV + c);
           s_r[c * kLd + i] = __float2bfloat16_rn(vv.x - sc.y * acc_r[nt][2 * hf]);
           s_r[(c + 1) * kLd + i] = __float2bfloat16_rn(vv.y - sc.y * acc_r[nt][2 * hf + 1]);
@@ -241,13 +253,13 @@ __global__ void __launch_bounds__(kGdnPrefillThreads)
       }
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
-        if (s <= warp) {
+        if (s <= rw) {
           u32 a[4];
           mma::load_a(a, s_t + row0 * kLd + s * 16, kLd);
 #pragma unroll
           for (int np = 0; np < kVT8 / 2; ++np) {
             u32 b[4];
-            mma::load_b2(b, s_r + np * 16 * kLd + s * 16, kLd);
+            mma::load_b2(b, s_r + (col0 + np * 16) * kLd + s * 16, kLd);
             mma::mma_bf16(acc_v[2 * np], a, b[0], b[1]);
             mma::mma_bf16(acc_v[2 * np + 1], a, b[2], b[3]);
           }
@@ -259,7 +271,7 @@ __global__ void __launch_bounds__(kGdnPrefillThreads)
         const float kd = s_sc[i].z;
 #pragma unroll
         for (int nt = 0; nt < kVT8; ++nt) {
-          const int c = nt * 8 + 2 * t4;
+          const int c = col0 + nt * 8 + 2 * t4;
           const float x0 = acc_v[nt][2 * hf], x1 = acc_v[nt][2 * hf + 1];
           s_vn[c * kLd + i] = __float2bfloat16_rn(x0);
           s_vn[(c + 1) * kLd + i] = __float2bfloat16_rn(x1);
@@ -275,13 +287,13 @@ __global__ void __launch_bounds__(kGdnPrefillThreads)
     // 3. O += P Vn; store the chunk's rows.
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      if (s <= warp) {
+      if (s <= rw) {
         u32 a[4];
         mma::load_a(a, s_p + row0 * kLd + s * 16, kLd);
 #pragma unroll
         for (int np = 0; np < kVT8 / 2; ++np) {
           u32 b[4];
-          mma::load_b2(b, s_vn + np * 16 * kLd + s * 16, kLd);
+          mma::load_b2(b, s_vn + (col0 + np * 16) * kLd + s * 16, kLd);
           mma::mma_bf16(acc_o[2 * np], a, b[0], b[1]);
           mma::mma_bf16(acc_o[2 * np + 1], a, b[2], b[3]);
         }
@@ -294,7 +306,7 @@ __global__ void __launch_bounds__(kGdnPrefillThreads)
         Tout* orow = o_base + (t0 + i) * p.out_stride_t;
 #pragma unroll
         for (int nt = 0; nt < kVT8; ++nt) {
-          store_pair(orow + nt * 8 + 2 * t4, p.scale * acc_o[nt][2 * hf],
+          store_pair(orow + col0 + nt * 8 + 2 * t4, p.scale * acc_o[nt][2 * hf],
                      p.scale * acc_o[nt][2 * hf + 1]);
         }
       }

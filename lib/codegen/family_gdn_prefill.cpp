@@ -18,8 +18,11 @@ std::string check_gdn_prefill_state(const KernelSpec& spec) {
   const std::int64_t v = spec.get_int("v");
   const std::int64_t bv = spec.get_int("bv");
   if (v % bv != 0) return fmt::format("bv = {} does not divide v = {}", bv, v);
-  if (bv * k > 8192) {
-    return fmt::format("bv * k = {} * {} > 8192 (the f32 state tile must fit 64 registers)", bv, k);
+  // 64 state registers per thread: 4 warps, or 8 for the whole-V tile bv = 128.
+  const std::int64_t limit = bv == 128 ? 16384 : 8192;
+  if (bv * k > limit) {
+    return fmt::format("bv * k = {} * {} > {} (the f32 state tile must fit 64 registers)", bv, k,
+                       limit);
   }
   return "";
 }
@@ -182,9 +185,10 @@ FamilyDecl gdn_prefill_state_family() {
                         .doc = "value head dim V"},
               ParamDecl{.name = "bv",
                         .kind = ParamKind::choice,
-                        .choices = {"32", "64", "16"},
-                        .rendered = {"32", "64", "16"},
-                        .doc = "state rows (of V) per block; divides V, bv * K <= 8192"},
+                        .choices = {"32", "64", "16", "128"},
+                        .rendered = {"32", "64", "16", "128"},
+                        .doc = "state rows (of V) per block; divides V; bv * K <= 8192 (4 warps), "
+                               "16384 for bv = 128 (8 warps)"},
               ParamDecl{.name = "ckpt",
                         .kind = ParamKind::boolean,
                         .doc = "1: write state checkpoints every n full chunks"},

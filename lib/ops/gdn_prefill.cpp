@@ -325,8 +325,7 @@ struct Choice {
 };
 
 constexpr const char* kModes =
-    "auto, chunked, chunked_bv64, chunked_bv32, chunked_bv16, bv64, "
-    "bv32, bv16";
+    "auto, chunked, chunked_bv128, chunked_bv64, chunked_bv32, chunked_bv16, bv64, bv32, bv16";
 
 Choice choose_tile(const Problem& pr, const std::string& force, const DeviceLimits& device) {
   Choice choice;
@@ -389,6 +388,9 @@ Choice choose_tile(const Problem& pr, const std::string& force, const DeviceLimi
   fail("no value tile fits");  // unreachable: 16 divides every accepted V
 }
 
+// Largest bv * K of a state-kernel tile: 64 f32 registers per thread of its 4 or 8 warps.
+std::int64_t state_tile_limit(int bv) { return 2048 * gdn_prefill_state_warps(bv); }
+
 // The path and, on the chunked path, the state kernel's value tile. The chunked path takes the
 // chunk-local work (A, its inverse, P, the decays) off the sequential path; it needs bf16
 // inputs, 16-byte v rows and the shared memory of both kernels.
@@ -398,16 +400,16 @@ Choice choose(const Problem& pr, const std::string& force, const DeviceLimits& d
   if (!automatic && !forced_chunked) return choose_tile(pr, force, device);
   int forced_bv = 0;
   if (forced_chunked && force != "chunked") {
-    for (int bv : {64, 32, 16}) {
+    for (int bv : {128, 64, 32, 16}) {
       if (force == fmt::format("chunked_bv{}", bv)) forced_bv = bv;
     }
     if (forced_bv == 0) {
       fail(fmt::format("options.force_mode '{}' is not a mode; accepted: {}", force, kModes));
     }
-    if (pr.v % forced_bv != 0 || forced_bv * pr.k > 8192) {
-      fail(fmt::format(
-          "options.force_mode '{}' needs V % {} == 0 and {} * K <= 8192 (V = {}, K = {})", force,
-          forced_bv, forced_bv, pr.v, pr.k));
+    if (pr.v % forced_bv != 0 || forced_bv * pr.k > state_tile_limit(forced_bv)) {
+      fail(
+          fmt::format("options.force_mode '{}' needs V % {} == 0 and {} * K <= {} (V = {}, K = {})",
+                      force, forced_bv, forced_bv, state_tile_limit(forced_bv), pr.v, pr.k));
     }
   }
   const auto smem_of = [&](int bv) {
@@ -427,14 +429,20 @@ Choice choose(const Problem& pr, const std::string& force, const DeviceLimits& d
     why_not = fmt::format("its chunk kernel needs {} bytes of shared memory > {} per block on {}",
                           chunk_smem, device.max_smem_per_block_optin, device.name);
   } else {
-    // Preference: 32 rows (two blocks per SM at K = 128: 98 KiB each); 16 when 32 leaves SMs
-    // idle (the sequential path is shorter per chunk with a smaller tile); 64 last.
-    const std::int64_t blocks32 = pr.seqs * pr.value_heads * (pr.v / 32);
+    // Preference: all of V in one block of 8 warps (each chunk's q, k, T' and P cross into
+    // shared memory once per (sequence, value head), not once per tile) when there is at least
+    // one (sequence, value head) pair per SM; otherwise 32 rows (two blocks per SM at K = 128),
+    // or 16 when 32 still leaves SMs idle; 64 last. Measured on the H200 (bench_gdn_prefill):
+    // 256 pairs: bv128 946.7 us vs bv32 997.7 us at 32k tokens; 64 and 128 pairs: bv32 306.8
+    // and 456.4 us vs bv128 426.9 and 481.9 us at 8k.
+    const std::int64_t pairs = pr.seqs * pr.value_heads;
+    const std::int64_t blocks32 = pairs * (pr.v / 32);
     std::vector<int> order =
         blocks32 < device.sm_count ? std::vector<int>{16, 32, 64} : std::vector<int>{32, 16, 64};
+    if (pairs >= device.sm_count) order.insert(order.begin(), 128);
     if (forced_bv != 0) order = {forced_bv};
     for (int bv : order) {
-      if (pr.v % bv != 0 || bv * pr.k > 8192) continue;
+      if (pr.v % bv != 0 || bv * pr.k > state_tile_limit(bv)) continue;
       if (smem_of(bv) > device.max_smem_per_block_optin) {
         reasons.push_back(fmt::format(
             "chunked value tile {} rejected: {} bytes of shared memory > {} per block on {}", bv,
@@ -548,7 +556,8 @@ Plan make_chunked_plan(const Problem& pr, Choice choice, const TensorView& q, co
   }
   LaunchShape state_shape;
   state_shape.grid = Dim3{static_cast<std::uint32_t>(blocks), 1, 1};
-  state_shape.block = Dim3{kGdnPrefillThreads, 1, 1};
+  state_shape.block =
+      Dim3{static_cast<std::uint32_t>(32 * gdn_prefill_state_warps(choice.bv)), 1, 1};
   state_shape.dynamic_smem = gdn_prefill_state_smem(static_cast<int>(pr.k), choice.bv).total;
   plan.reasons.push_back(fmt::format(
       "chunk kernel: {} x {} blocks of {} threads loop over the floor(T / {}) + N chunk ids, {} "
@@ -747,7 +756,10 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
   });
   const bool chunked = resolved.plan.launches.size() == 2;
   const std::string_view mode = resolved.plan.mode;
-  const int bv = mode.ends_with("bv16") ? 16 : mode.ends_with("bv32") ? 32 : 64;
+  const int bv = mode.ends_with("bv16")    ? 16
+                 : mode.ends_with("bv32")  ? 32
+                 : mode.ends_with("bv128") ? 128
+                                           : 64;
 
   GdnPrefillParams p{};
   p.q = q.data;

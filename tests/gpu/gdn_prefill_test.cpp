@@ -331,8 +331,8 @@ TEST_CASE("gdn_prefill: mixed lengths 0, 1, 63, 64, 65, 1000 in one batch, bf16,
 }
 
 TEST_CASE("gdn_prefill: every value tile of both paths on the same batch") {
-  for (const char* mode :
-       {"bv64", "bv32", "bv16", "chunked", "chunked_bv64", "chunked_bv32", "chunked_bv16"}) {
+  for (const char* mode : {"bv64", "bv32", "bv16", "chunked", "chunked_bv128", "chunked_bv64",
+                           "chunked_bv32", "chunked_bv16"}) {
     CAPTURE(mode);
     Case c;
     c.lengths = {65, 0, 130, 1};
@@ -471,7 +471,7 @@ TEST_CASE("gdn_prefill: checkpoints with every value tile and a separate final s
 }
 
 TEST_CASE("gdn_prefill chunked: checkpoints with every value tile and a separate final state") {
-  for (const char* mode : {"chunked_bv64", "chunked_bv32", "chunked_bv16"}) {
+  for (const char* mode : {"chunked_bv128", "chunked_bv64", "chunked_bv32", "chunked_bv16"}) {
     CAPTURE(mode);
     Case c;
     c.lengths = {130, 0, 64, 1, 1000};

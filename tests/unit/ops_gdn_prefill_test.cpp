@@ -333,6 +333,9 @@ TEST_CASE("gdn_prefill plans are legal for every shape, N = 4096 and T = 100k in
   }
   for (const char* arch : {"sm_80", "sm_90", "sm_100"}) {
     const DeviceLimits device = DeviceLimits::for_arch(Arch::parse(arch));
+    // Whether the state kernel's whole-V tile (K = 128) fits a block's shared memory.
+    const bool whole_v_fits =
+        gdn_prefill_state_smem(128, 128).total <= device.max_smem_per_block_optin;
     for (const Shapes& s : std::vector<Shapes>{{0, 1, 1, 1, 128, 128},
                                                {100000, 1, 1, 1, 128, 128},
                                                {100000, 4096, 16, 32, 128, 128},
@@ -352,7 +355,6 @@ TEST_CASE("gdn_prefill plans are legal for every shape, N = 4096 and T = 100k in
       REQUIRE(!plan.launches.empty());
       for (const PlannedLaunch& launch : plan.launches) {
         for (const LimitCheck& check : launch.checks) CHECK_MESSAGE(check.ok(), check.limit);
-        CHECK(launch.shape.block.x == kGdnPrefillThreads);
         CHECK(launch.shape.dynamic_smem <= device.max_smem_per_block_optin);
       }
       // bf16 inputs with aligned v: always the chunked path on these archs.
@@ -367,7 +369,13 @@ TEST_CASE("gdn_prefill plans are legal for every shape, N = 4096 and T = 100k in
       const int bv = std::stoi(state.spec.get("bv"));
       CHECK(plan.mode == fmt::format("chunked_bv{}", bv));
       CHECK(s.v % bv == 0);
-      CHECK(bv * s.k <= 8192);
+      CHECK(bv * s.k <= 2048 * gdn_prefill_state_warps(bv));
+      CHECK(chunk.shape.block.x == kGdnPrefillThreads);
+      CHECK(state.shape.block.x == static_cast<std::uint32_t>(32 * gdn_prefill_state_warps(bv)));
+      // Many (sequence, value head) pairs take the whole-V tile where it exists.
+      if (s.n * s.hv >= device.sm_count && s.v % 128 == 0 && s.k <= 128 && whole_v_fits) {
+        CHECK(bv == 128);
+      }
       CHECK(state.shape.grid.count() == static_cast<std::uint64_t>(s.n * s.hv * (s.v / bv)));
       CHECK(state.shape.dynamic_smem == gdn_prefill_state_smem(static_cast<int>(s.k), bv).total);
       // The workspace the plan reports is the public helper's.
@@ -394,9 +402,18 @@ TEST_CASE("gdn_prefill plans are legal for every shape, N = 4096 and T = 100k in
         CHECK(launch.shape.dynamic_smem == gdn_prefill_smem(static_cast<int>(s.k), fbv).total);
       }
     }
-    // Few (sequence, value head) pairs take the state kernel's smaller tile; many take 32.
+    // Few (sequence, value head) pairs take the state kernel's smaller tile; many take all of V.
     CHECK(plan_for({100000, 1, 1, 1, 128, 128}, device).mode == "chunked_bv16");
-    CHECK(plan_for({100000, 4096, 16, 32, 128, 128}, device).mode == "chunked_bv32");
+    if (whole_v_fits) {
+      CHECK(plan_for({100000, 4096, 16, 32, 128, 128}, device).mode == "chunked_bv128");
+      CHECK(plan_for({1000, 4, 1, 1, 128, 128}, device, DType::bf16, "chunked_bv128").mode ==
+            "chunked_bv128");
+    } else {
+      // sm_80: 163 KiB per block; the whole-V tile needs 185 KiB.
+      CHECK(plan_for({100000, 4096, 16, 32, 128, 128}, device).mode == "chunked_bv32");
+      CHECK_THROWS_AS(plan_for({1000, 4, 1, 1, 128, 128}, device, DType::bf16, "chunked_bv128"),
+                      PlanError);
+    }
     CHECK(plan_for({1000, 4, 1, 1, 128, 128}, device, DType::bf16, "bv16").mode == "bv16");
     CHECK(plan_for({1000, 4, 1, 1, 128, 128}, device, DType::bf16, "chunked_bv64").mode ==
           "chunked_bv64");
