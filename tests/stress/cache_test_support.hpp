@@ -116,7 +116,9 @@ inline std::vector<std::string> stray_files(const std::string& dir) {
   for (const std::string& file : list_files(dir)) {
     const bool entry = file.size() > 4 && file.ends_with(".kjc");
     const bool lock = file.ends_with(".kjc.lock");
-    if (!entry && !lock) out.push_back(file);
+    // The runtime's compiler memo (cache/compiler_memo.hpp); its temp files stay strays.
+    const bool memo = file.ends_with(".memo") && file.find("v1/compilers/") != std::string::npos;
+    if (!entry && !lock && !memo) out.push_back(file);
   }
   return out;
 }

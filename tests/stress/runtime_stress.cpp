@@ -118,7 +118,10 @@ TEST_CASE("runtime stress: 8 processes compile 4 real specs once in total") {
     CHECK(mine == hashes);
   }
   CHECK(compiles == 4);
-  CHECK(test::stray_files(root).empty());
+  const std::vector<std::string> strays = test::stray_files(root);
+  CAPTURE(strays.size());
+  CAPTURE(strays.empty() ? std::string() : strays.front());
+  CHECK(strays.empty());
   std::size_t entries = 0;
   for (const std::string& file : test::list_files(root)) entries += file.ends_with(".kjc") ? 1 : 0;
   CHECK(entries == 4);
