@@ -294,6 +294,9 @@ LoadResult load(const std::string& library) {
   KJIT_RESOLVE(cuMemFree);
   KJIT_RESOLVE(cuMemAllocAsync);
   KJIT_RESOLVE(cuMemFreeAsync);
+  KJIT_RESOLVE(cuMemPoolCreate);
+  KJIT_RESOLVE(cuMemPoolSetAttribute);
+  KJIT_RESOLVE(cuMemAllocFromPoolAsync);
   KJIT_RESOLVE(cuMemGetInfo);
   KJIT_RESOLVE(cuMemcpyHtoD);
   KJIT_RESOLVE(cuMemcpyDtoH);

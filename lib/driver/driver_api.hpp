@@ -53,6 +53,10 @@ struct DriverApi {
   /// Stream-ordered allocation (capture-safe: becomes a graph memory node under capture).
   decltype(&::cuMemAllocAsync) cuMemAllocAsync = nullptr;
   decltype(&::cuMemFreeAsync) cuMemFreeAsync = nullptr;
+  /// kjit's own pool of workspaces (memory.hpp): kept reserved between calls.
+  decltype(&::cuMemPoolCreate) cuMemPoolCreate = nullptr;
+  decltype(&::cuMemPoolSetAttribute) cuMemPoolSetAttribute = nullptr;
+  decltype(&::cuMemAllocFromPoolAsync) cuMemAllocFromPoolAsync = nullptr;
   decltype(&::cuMemGetInfo) cuMemGetInfo = nullptr;
   decltype(&::cuMemcpyHtoD) cuMemcpyHtoD = nullptr;
   decltype(&::cuMemcpyDtoH) cuMemcpyDtoH = nullptr;

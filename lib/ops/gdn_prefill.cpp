@@ -12,6 +12,7 @@
 
 #include "driver/context.hpp"
 #include "driver/driver_api.hpp"
+#include "driver/memory.hpp"
 #include "kjit/error.hpp"
 #include "kjit/gdn_prefill_params.h"
 #include "kjit/runtime.hpp"
@@ -810,25 +811,23 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
     return;
   }
 
-  // The chunked path: the caller's workspace, else a stream-ordered allocation freed on the
-  // same stream after the state kernel (no host synchronization; under capture both become
-  // graph memory nodes).
+  // The chunked path: the caller's workspace, else a stream-ordered allocation from kjit's
+  // workspace pool (driver/memory.hpp), freed on the same stream after the state kernel (no
+  // host synchronization; under capture both become graph memory nodes).
   const GdnPrefillWorkspace ws = gdn_prefill_workspace(static_cast<std::uint64_t>(pr.tokens),
                                                        static_cast<std::uint64_t>(pr.value_heads));
   auto* base = static_cast<unsigned char*>(options.workspace.data);
   CUdeviceptr owned = 0;
   const CUstream cu_stream = reinterpret_cast<CUstream>(stream);
   if (base == nullptr && ws.total > 0) {
-    const driver::DriverApi& cu = driver::loaded_api();
     driver::ScopedContext scoped(static_cast<CUcontext>(resolved.context));
-    const CUresult r = cu.cuMemAllocAsync(&owned, ws.total, cu_stream);
-    if (r != CUDA_SUCCESS) {
-      throw DriverError(
-          fmt::format(
-              "{}: cuMemAllocAsync of the {}-byte workspace failed: {}; pass options.workspace "
-              "(gdn_prefill_workspace_bytes(T = {}, HV = {}) bytes) instead",
-              kOp, ws.total, driver::describe(r), pr.tokens, pr.value_heads),
-          static_cast<int>(r), "cuMemAllocAsync");
+    try {
+      owned = driver::allocate_workspace(resolved.device, ws.total, cu_stream, kOp);
+    } catch (const DriverError& error) {
+      throw DriverError(fmt::format("{}; pass options.workspace (gdn_prefill_workspace_bytes(T = "
+                                    "{}, HV = {}) bytes) instead",
+                                    error.what(), pr.tokens, pr.value_heads),
+                        error.result(), error.call());
     }
     base = reinterpret_cast<unsigned char*>(owned);
   }

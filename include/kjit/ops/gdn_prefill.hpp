@@ -89,8 +89,11 @@ struct GdnPrefillOptions {
   /// Scratch memory of the chunked path: a 1-D u8 tensor on the device, 256-byte aligned, of at
   /// least gdn_prefill_workspace_bytes(T, HV) bytes; it must not be in use by other work on the
   /// stream while the call runs. Default (empty): the call allocates it stream-ordered on its
-  /// stream (cuMemAllocAsync / cuMemFreeAsync, which CUDA graph capture records as memory nodes)
-  /// from the device's current memory pool. The fused path needs none and ignores it.
+  /// stream from kjit's workspace pool of the device, which keeps the memory reserved for the
+  /// next call (the largest workspace used so far stays held until the process exits: pass
+  /// your own to avoid that), and frees it on the stream after the call's kernels; under CUDA
+  /// graph capture with cuMemAllocAsync / cuMemFreeAsync, which capture records as memory
+  /// nodes. The fused path needs none and ignores it.
   TensorView workspace;
 };
 
