@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -54,6 +55,13 @@ struct FamilyDecl {
   /// alone, and its tile rows must be a multiple of its warps' rows. Tests and tools that
   /// build representative specs start from these.
   std::vector<std::pair<std::string_view, std::string_view>> typical = {};
+  /// The typical value of parameter `param`, when the family declares one.
+  std::optional<std::string_view> typical_value(std::string_view param) const {
+    for (const auto& [key, value] : typical) {
+      if (key == param) return value;
+    }
+    return std::nullopt;
+  }
   /// Checks that span parameters (the template's static_asserts, in host code), run by
   /// KernelSpec::make after every parameter passed its own check: "" when the spec is one the
   /// template compiles, else why not. Null: no such constraints.

@@ -79,10 +79,8 @@ std::vector<KernelSpec> representative_specs(const codegen::FamilyDecl& family, 
         has_boolean = true;
         break;
     }
-    if (pick == Pick::typical) {
-      for (const auto& [name, typical] : family.typical) {
-        if (name == decl.name) value = std::string(typical);
-      }
+    if (const auto typical = family.typical_value(decl.name); typical && pick == Pick::typical) {
+      value = std::string(*typical);
     }
     first.emplace_back(std::string(decl.name), value);
     second.emplace_back(std::string(decl.name), alternative.empty() ? value : alternative);
