@@ -12,6 +12,9 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+// at::empty: included on its own, since torch 2.11's python_variable.h does not bring it in.
+#include <ATen/ops/empty.h>
+
 #include <cstdint>
 
 #include "kjit/types.hpp"
