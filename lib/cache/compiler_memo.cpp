@@ -9,10 +9,11 @@
 
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
-#include <fstream>
-#include <iterator>
-#include <sstream>
+#include <string_view>
+
+#include "cache/unique_fd.hpp"
 
 #include "support/hash.hpp"
 #include "support/log.hpp"
@@ -32,13 +33,36 @@ std::optional<std::string> file_stamp(const std::string& path) {
       static_cast<unsigned long long>(st.st_ino), static_cast<unsigned long long>(st.st_dev));
 }
 
-/// One "key value" line; false when the line is missing or has another key.
-bool read_field(std::istream& in, const char* key, std::string* value) {
-  std::string line;
-  if (!std::getline(in, line)) return false;
-  const std::size_t n = std::strlen(key);
-  if (line.size() < n + 1 || line.compare(0, n, key) != 0 || line[n] != ' ') return false;
-  *value = line.substr(n + 1);
+/// A whole small file, or nullopt. POSIX I/O rather than iostreams: libkjit may carry its own
+/// static libstdc++ (the Python package's build), whose stream locale facets crashed inside a
+/// process that had loaded torch.
+std::optional<std::string> read_small_file(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return std::nullopt;
+  std::string bytes;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t got = ::read(fd.get(), buffer, sizeof buffer);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return std::nullopt;
+    if (got == 0) return bytes;
+    bytes.append(buffer, static_cast<std::size_t>(got));
+    if (bytes.size() > (2u << 20)) return std::nullopt;  // not a memo
+  }
+}
+
+/// Takes one "key value" line off the front of `text`; false when it is missing or has
+/// another key.
+bool read_field(std::string_view* text, std::string_view key, std::string* value) {
+  const std::size_t end = text->find('\n');
+  if (end == std::string_view::npos) return false;
+  const std::string_view line = text->substr(0, end);
+  if (line.size() < key.size() + 1 || line.substr(0, key.size()) != key ||
+      line[key.size()] != ' ') {
+    return false;
+  }
+  *value = std::string(line.substr(key.size() + 1));
+  text->remove_prefix(end + 1);
   return true;
 }
 
@@ -52,35 +76,35 @@ std::string compiler_memo_path(const std::string& root, const std::string& selec
 
 std::optional<CompilerMemo> read_compiler_memo(const std::string& root,
                                                const std::string& selector) {
-  std::ifstream in(compiler_memo_path(root, selector), std::ios::binary);
-  if (!in) return std::nullopt;
-  std::string magic, memo_selector, library, stamp, id, size_text;
-  if (!std::getline(in, magic) || magic != kMagic) return std::nullopt;
-  if (!read_field(in, "selector", &memo_selector) || memo_selector != selector) {
+  const std::optional<std::string> file = read_small_file(compiler_memo_path(root, selector));
+  if (!file) return std::nullopt;
+  std::string_view text = *file;
+  const std::string_view magic = kMagic;
+  if (!text.starts_with(magic) || text.size() <= magic.size() || text[magic.size()] != '\n') {
     return std::nullopt;
   }
-  if (!read_field(in, "library", &library) || !read_field(in, "stamp", &stamp) ||
-      !read_field(in, "id", &id) || !read_field(in, "material-bytes", &size_text)) {
+  text.remove_prefix(magic.size() + 1);
+  std::string memo_selector, library, stamp, id, size_text;
+  if (!read_field(&text, "selector", &memo_selector) || memo_selector != selector) {
+    return std::nullopt;
+  }
+  if (!read_field(&text, "library", &library) || !read_field(&text, "stamp", &stamp) ||
+      !read_field(&text, "id", &id) || !read_field(&text, "material-bytes", &size_text)) {
     return std::nullopt;
   }
   std::size_t size = 0;
-  try {
-    std::size_t used = 0;
-    size = std::stoul(size_text, &used);
-    if (used != size_text.size() || size > (1u << 20)) return std::nullopt;
-  } catch (const std::exception&) {
+  const auto [end, error] =
+      std::from_chars(size_text.data(), size_text.data() + size_text.size(), size);
+  if (error != std::errc() || end != size_text.data() + size_text.size() || text.size() != size ||
+      id.empty()) {
     return std::nullopt;
   }
-  CompilerMemo memo;
-  memo.id = id;
-  memo.material.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  if (memo.material.size() != size || memo.id.empty()) return std::nullopt;
   const std::optional<std::string> now = file_stamp(library);
   if (!now || *now != stamp) {
     support::log(LogLevel::debug, "compiler memo for '{}' is stale: {} changed", selector, library);
     return std::nullopt;
   }
-  return memo;
+  return CompilerMemo{id, std::string(text)};
 }
 
 bool write_compiler_memo(const std::string& root, const std::string& selector,
@@ -102,16 +126,20 @@ bool write_compiler_memo(const std::string& root, const std::string& selector,
   static std::atomic<unsigned> serial{0};
   const std::string temp =
       fmt::format("{}.{}.{}.tmp", path, static_cast<long>(::getpid()), serial.fetch_add(1));
-  std::ostringstream text;
-  text << kMagic << "\nselector " << selector << "\nlibrary " << library_file << "\nstamp "
-       << *stamp << "\nid " << memo.id << "\nmaterial-bytes " << memo.material.size() << "\n"
-       << memo.material;
-  const std::string bytes = text.str();
+  const std::string bytes =
+      fmt::format("{}\nselector {}\nlibrary {}\nstamp {}\nid {}\nmaterial-bytes {}\n{}", kMagic,
+                  selector, library_file, *stamp, memo.id, memo.material.size(), memo.material);
   bool ok = false;
   {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    ok = static_cast<bool>(out.flush());
+    UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    std::size_t written = 0;
+    while (fd && written < bytes.size()) {
+      const ssize_t put = ::write(fd.get(), bytes.data() + written, bytes.size() - written);
+      if (put < 0 && errno == EINTR) continue;
+      if (put <= 0) break;
+      written += static_cast<std::size_t>(put);
+    }
+    ok = fd && written == bytes.size();
   }
   if (ok && ::rename(temp.c_str(), path.c_str()) == 0) return true;
   support::log(LogLevel::debug, "compiler memo not written: {}: {}", path, std::strerror(errno));
