@@ -170,6 +170,24 @@ std::vector<Arch> Compiler::supported_archs() const { return impl_->archs; }
 
 const std::string& Compiler::library() const noexcept { return impl_->library_name; }
 
+std::string Compiler::preloaded_library_file(const std::string& library,
+                                             const std::string& cuda_home) {
+  for (const std::string& candidate : library_candidates(library, cuda_home)) {
+    void* handle = ::dlopen(candidate.c_str(), RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+    if (handle == nullptr) continue;
+    // Any symbol of it names its file; the reference RTLD_NOLOAD took is dropped again.
+    Dl_info info{};
+    void* symbol = ::dlsym(handle, "nvrtcVersion");
+    std::string file;
+    if (symbol != nullptr && ::dladdr(symbol, &info) != 0 && info.dli_fname != nullptr) {
+      file = info.dli_fname;
+    }
+    ::dlclose(handle);
+    if (!file.empty()) return file;
+  }
+  return {};
+}
+
 std::string Compiler::library_file() const {
   Dl_info info{};
   if (::dladdr(reinterpret_cast<const void*>(impl_->api.version), &info) == 0 ||

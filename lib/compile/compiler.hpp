@@ -78,6 +78,11 @@ class Compiler {
   /// The file the dynamic loader mapped for it (a path even when library() is a soname);
   /// empty when the loader does not say.
   std::string library_file() const;
+  /// The file of an NVRTC this process has already loaded (torch loads its own) that a
+  /// Compiler(library, cuda_home) would pick up instead of searching, without loading one;
+  /// empty when none is loaded.
+  static std::string preloaded_library_file(const std::string& library,
+                                            const std::string& cuda_home);
   /// The toolkit root in use.
   const std::string& cuda_home() const noexcept;
 

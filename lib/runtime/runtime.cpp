@@ -85,6 +85,8 @@ struct Runtime::Impl {
   // its kernels without loading NVRTC; see cache/compiler_memo.hpp.
   std::once_flag memo_once;
   std::optional<cache::CompilerMemo> compiler_memo;
+  std::once_flag selector_once;
+  std::string selector;
   bool memo_written = false;  // guarded by compiler_mutex
 
   // Compiled kernels by spec text, with single flight: concurrent requests for one spec wait
@@ -137,11 +139,34 @@ struct Runtime::Impl {
     return *compiler;
   }
 
-  // What chose the NVRTC library file: the memo is only valid for the same choice.
-  std::string memo_selector() const {
+  // What chose the NVRTC library file: the memo is only valid for the same choice. An NVRTC
+  // the process already loaded (torch brings its own) is what dlopen returns, whatever the
+  // search path says.
+  std::string memo_selector() {
+    // Computed once, before this runtime loads NVRTC itself (which would then count as
+    // preloaded): reads and writes of one runtime use the same memo.
+    std::call_once(selector_once, [&] { selector = compute_memo_selector(); });
+    return selector;
+  }
+
+  std::string compute_memo_selector() const {
     const char* path = std::getenv("LD_LIBRARY_PATH");
-    return fmt::format("nvrtc_library={};cuda_home={};LD_LIBRARY_PATH={}", settings.nvrtc_library,
-                       settings.resolved_cuda_home(), path != nullptr ? path : "");
+    return fmt::format("nvrtc_library={};cuda_home={};LD_LIBRARY_PATH={};preloaded={}",
+                       settings.nvrtc_library, settings.resolved_cuda_home(),
+                       path != nullptr ? path : "",
+                       preloaded_nvrtc(settings.nvrtc_library, settings.resolved_cuda_home()));
+  }
+
+  // Whether someone else had loaded NVRTC before kjit first asked in this process: decided once
+  // per process (and library setting), so that every runtime of a process, and a fresh process
+  // of the same kind, use the same memo; kjit's own loads never count.
+  static std::string preloaded_nvrtc(const std::string& library, const std::string& cuda_home) {
+    static std::mutex mutex;
+    static std::map<std::pair<std::string, std::string>, std::string> seen;
+    std::lock_guard lock(mutex);
+    auto [it, inserted] = seen.try_emplace({library, cuda_home});
+    if (inserted) it->second = compile::Compiler::preloaded_library_file(library, cuda_home);
+    return it->second;
   }
 
   const cache::CompilerMemo* remembered_identity() {
