@@ -561,6 +561,30 @@ def test_planning_host_torch_tensors_is_identical_on_both_paths():
     assert plans[0] == plans[1]
 
 
+def test_outputs_allocated_for_torch_inputs_on_both_paths():
+    # Outputs kjit allocates for torch tensors: at::empty through the fast path, torch.empty
+    # through Python otherwise; the plan shows the dtype they got.
+    torch = _fast_torch()
+    v = torch.zeros(4, 8, 64, dtype=torch.bfloat16)[:, :, :]
+    s = torch.zeros(4, 8)
+    qkv = torch.zeros(3, 2 * 16 * 128 + 32 * 128, dtype=torch.float16)
+    decode = (qkv, torch.zeros(3, 32, dtype=torch.float16), torch.zeros(3, 32, dtype=torch.float16),
+              torch.zeros(32), torch.zeros(32), torch.zeros(4, 32, 128, 128),
+              torch.zeros(3, dtype=torch.int32))
+    for fast in (True, False):
+        previous = kjit._kjit._torch_fastpath()
+        kjit._kjit._torch_fastpath(fast)
+        try:
+            for out_dtype, name in ((None, "bf16"), (torch.float32, "f32"), ("f32", "f32")):
+                plan = kjit.plan_call("merge_state", v, s, v, s, lse_base="e", arch="sm_90",
+                                      out_dtype=out_dtype)
+                assert f",out={name}," in plan.specs[0], (fast, out_dtype, plan.specs[0])
+            plan = kjit.plan_call("gdn_decode", *decode, arch="sm_90")
+            assert plan.op == "gdn_decode"
+        finally:
+            kjit._kjit._torch_fastpath(previous)
+
+
 def test_fast_path_state_is_reported():
     _torch()
     if os.environ.get("KJIT_PY_TORCH_FASTPATH") == "0":
