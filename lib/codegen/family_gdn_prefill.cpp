@@ -27,13 +27,52 @@ std::string check_gdn_prefill_state(const KernelSpec& spec) {
   return "";
 }
 
+// Parameters the three prefill families share, declared once: the fused kernel and the two
+// kernels of the chunked path must accept the same values for them.
+ParamDecl gate_param() {
+  return ParamDecl{.name = "gate",
+                   .kind = ParamKind::dtype,
+                   .choices = {"f32", "bf16", "f16"},
+                   .doc = "element type of a and b (f32 g and beta in the gated form)"};
+}
+ParamDecl param_param() {
+  return ParamDecl{.name = "param",
+                   .kind = ParamKind::dtype,
+                   .choices = {"f32", "bf16", "f16"},
+                   .doc = "element type of A_log and dt_bias (unused in the gated form)"};
+}
+ParamDecl state_param() {
+  return ParamDecl{.name = "state",
+                   .kind = ParamKind::dtype,
+                   .choices = {"f32", "bf16"},
+                   .doc = "element type of the state pool and the final states"};
+}
+ParamDecl out_param() {
+  return ParamDecl{.name = "out",
+                   .kind = ParamKind::dtype,
+                   .choices = {"bf16", "f16", "f32"},
+                   .doc = "element type of out"};
+}
+ParamDecl integer_dtype_param(std::string_view name, std::string_view doc) {
+  return ParamDecl{.name = name, .kind = ParamKind::dtype, .choices = {"i32", "i64"}, .doc = doc};
+}
+ParamDecl head_dim_param(std::string_view name, std::string_view doc) {
+  return ParamDecl{.name = name,
+                   .kind = ParamKind::choice,
+                   .choices = {"128", "64", "256"},
+                   .rendered = {"128", "64", "256"},
+                   .doc = doc};
+}
+ParamDecl flag_param(std::string_view name, std::string_view doc) {
+  return ParamDecl{.name = name, .kind = ParamKind::boolean, .doc = doc};
+}
+
 }  // namespace
 
 // The order is the template parameter order of kjit::gdn_prefill_kernel (templates/
 // gdn_prefill.cuh); the ops layer (lib/ops/gdn_prefill.cpp) builds specs by these names. The
 // first value of every parameter gives the first-class instantiation (bf16, K = V = 128).
 FamilyDecl gdn_prefill_family() {
-  const std::vector<std::string_view> floats = {"f32", "bf16", "f16"};
   return FamilyDecl{
       .name = "gdn_prefill",
       .include = "kjit/gdn_prefill.cuh",
@@ -44,53 +83,22 @@ FamilyDecl gdn_prefill_family() {
                         .kind = ParamKind::dtype,
                         .choices = {"bf16", "f16"},
                         .doc = "element type of q, k and v"},
-              ParamDecl{.name = "gate",
-                        .kind = ParamKind::dtype,
-                        .choices = floats,
-                        .doc = "element type of a and b (f32 g and beta in the gated form)"},
-              ParamDecl{.name = "param",
-                        .kind = ParamKind::dtype,
-                        .choices = floats,
-                        .doc = "element type of A_log and dt_bias (unused in the gated form)"},
-              ParamDecl{.name = "state",
-                        .kind = ParamKind::dtype,
-                        .choices = {"f32", "bf16"},
-                        .doc = "element type of the state pool and the final states"},
-              ParamDecl{.name = "out",
-                        .kind = ParamKind::dtype,
-                        .choices = {"bf16", "f16", "f32"},
-                        .doc = "element type of out"},
-              ParamDecl{.name = "cu",
-                        .kind = ParamKind::dtype,
-                        .choices = {"i32", "i64"},
-                        .doc = "element type of cu_seqlens"},
-              ParamDecl{.name = "index",
-                        .kind = ParamKind::dtype,
-                        .choices = {"i32", "i64"},
-                        .doc = "element type of state_indices"},
-              ParamDecl{.name = "k",
-                        .kind = ParamKind::choice,
-                        .choices = {"128", "64", "256"},
-                        .rendered = {"128", "64", "256"},
-                        .doc = "key head dim K"},
-              ParamDecl{.name = "v",
-                        .kind = ParamKind::choice,
-                        .choices = {"128", "64", "256"},
-                        .rendered = {"128", "64", "256"},
-                        .doc = "value head dim V"},
+              gate_param(),
+              param_param(),
+              state_param(),
+              out_param(),
+              integer_dtype_param("cu", "element type of cu_seqlens"),
+              integer_dtype_param("index", "element type of state_indices"),
+              head_dim_param("k", "key head dim K"),
+              head_dim_param("v", "value head dim V"),
               ParamDecl{.name = "bv",
                         .kind = ParamKind::choice,
                         .choices = {"64", "32", "16"},
                         .rendered = {"64", "32", "16"},
                         .doc = "state rows (of V) per block; divides V, bv * K <= 8192"},
-              ParamDecl{.name = "gated",
-                        .kind = ParamKind::boolean,
-                        .doc = "1: a/b hold precomputed f32 g (log decay) and beta"},
-              ParamDecl{
-                  .name = "l2norm", .kind = ParamKind::boolean, .doc = "1: L2-normalize q and k"},
-              ParamDecl{.name = "ckpt",
-                        .kind = ParamKind::boolean,
-                        .doc = "1: write state checkpoints every n full chunks"},
+              flag_param("gated", "1: a/b hold precomputed f32 g (log decay) and beta"),
+              flag_param("l2norm", "1: L2-normalize q and k"),
+              flag_param("ckpt", "1: write state checkpoints every n full chunks"),
           },
       .min_sm = 80,
       .doc =
@@ -102,7 +110,6 @@ FamilyDecl gdn_prefill_family() {
 // The chunked path (lib/ops/gdn_prefill.cpp picks it): kernel 1, every chunk at once. Order =
 // the template parameters of kjit::gdn_prefill_chunk_kernel (templates/gdn_prefill_chunk.cuh).
 FamilyDecl gdn_prefill_chunk_family() {
-  const std::vector<std::string_view> floats = {"f32", "bf16", "f16"};
   return FamilyDecl{
       .name = "gdn_prefill_chunk",
       .include = "kjit/gdn_prefill_chunk.cuh",
@@ -114,28 +121,12 @@ FamilyDecl gdn_prefill_chunk_family() {
                         .choices = {"bf16"},
                         .doc = "element type of q and k (bf16: the state kernel multiplies raw "
                                "rows)"},
-              ParamDecl{.name = "gate",
-                        .kind = ParamKind::dtype,
-                        .choices = floats,
-                        .doc = "element type of a and b (f32 g and beta in the gated form)"},
-              ParamDecl{.name = "param",
-                        .kind = ParamKind::dtype,
-                        .choices = floats,
-                        .doc = "element type of A_log and dt_bias (unused in the gated form)"},
-              ParamDecl{.name = "cu",
-                        .kind = ParamKind::dtype,
-                        .choices = {"i32", "i64"},
-                        .doc = "element type of cu_seqlens"},
-              ParamDecl{.name = "k",
-                        .kind = ParamKind::choice,
-                        .choices = {"128", "64", "256"},
-                        .rendered = {"128", "64", "256"},
-                        .doc = "key head dim K"},
-              ParamDecl{.name = "gated",
-                        .kind = ParamKind::boolean,
-                        .doc = "1: a/b hold precomputed f32 g (log decay) and beta"},
-              ParamDecl{
-                  .name = "l2norm", .kind = ParamKind::boolean, .doc = "1: L2-normalize q and k"},
+              gate_param(),
+              param_param(),
+              integer_dtype_param("cu", "element type of cu_seqlens"),
+              head_dim_param("k", "key head dim K"),
+              flag_param("gated", "1: a/b hold precomputed f32 g (log decay) and beta"),
+              flag_param("l2norm", "1: L2-normalize q and k"),
           },
       .min_sm = 80,
       .doc =
@@ -157,41 +148,19 @@ FamilyDecl gdn_prefill_state_family() {
                         .kind = ParamKind::dtype,
                         .choices = {"bf16"},
                         .doc = "element type of q, k and v (raw rows are mma operands)"},
-              ParamDecl{.name = "state",
-                        .kind = ParamKind::dtype,
-                        .choices = {"f32", "bf16"},
-                        .doc = "element type of the state pool and the final states"},
-              ParamDecl{.name = "out",
-                        .kind = ParamKind::dtype,
-                        .choices = {"bf16", "f16", "f32"},
-                        .doc = "element type of out"},
-              ParamDecl{.name = "cu",
-                        .kind = ParamKind::dtype,
-                        .choices = {"i32", "i64"},
-                        .doc = "element type of cu_seqlens"},
-              ParamDecl{.name = "index",
-                        .kind = ParamKind::dtype,
-                        .choices = {"i32", "i64"},
-                        .doc = "element type of state_indices"},
-              ParamDecl{.name = "k",
-                        .kind = ParamKind::choice,
-                        .choices = {"128", "64", "256"},
-                        .rendered = {"128", "64", "256"},
-                        .doc = "key head dim K"},
-              ParamDecl{.name = "v",
-                        .kind = ParamKind::choice,
-                        .choices = {"128", "64", "256"},
-                        .rendered = {"128", "64", "256"},
-                        .doc = "value head dim V"},
+              state_param(),
+              out_param(),
+              integer_dtype_param("cu", "element type of cu_seqlens"),
+              integer_dtype_param("index", "element type of state_indices"),
+              head_dim_param("k", "key head dim K"),
+              head_dim_param("v", "value head dim V"),
               ParamDecl{.name = "bv",
                         .kind = ParamKind::choice,
                         .choices = {"32", "64", "16", "128"},
                         .rendered = {"32", "64", "16", "128"},
                         .doc = "state rows (of V) per block; divides V; bv * K <= 8192 (4 warps), "
                                "16384 for bv = 128 (8 warps)"},
-              ParamDecl{.name = "ckpt",
-                        .kind = ParamKind::boolean,
-                        .doc = "1: write state checkpoints every n full chunks"},
+              flag_param("ckpt", "1: write state checkpoints every n full chunks"),
           },
       .min_sm = 80,
       .doc =
