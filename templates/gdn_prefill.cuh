@@ -136,6 +136,70 @@ __device__ __forceinline__ void store_state_tile(Tstate* dst,
   }
 }
 
+/// S <- decay S + Vd^T K on this warp's part of the state tile (accumulator layout, see the
+/// kernels), then the tile's bf16 copy `s_s` that the next chunk's products read. `vd`: the
+/// decayed Vn^T [kBV][kLd]; `k`: the chunk's bf16 k rows [64][kLdK]. Shared by the fused kernel
+/// and the chunked path's state kernel.
+template <int kLd, int kLdK, int kSMTiles, int kSNTiles>
+__device__ __forceinline__ void update_state_tile(float (&s)[kSMTiles][kSNTiles][4], float decay,
+                                                  const __nv_bfloat16* vd, const __nv_bfloat16* k,
+                                                  __nv_bfloat16* s_s, int wm, int wn, int g,
+                                                  int t4) {
+#pragma unroll
+  for (int mi = 0; mi < kSMTiles; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < kSNTiles; ++ni) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mi][ni][e] *= decay;
+    }
+  }
+#pragma unroll
+  for (int st = 0; st < 4; ++st) {
+#pragma unroll
+    for (int mi = 0; mi < kSMTiles; ++mi) {
+      u32 a[4];
+      mma::load_a(a, vd + ((wm * kSMTiles + mi) * 16) * kLd + st * 16, kLd);
+#pragma unroll
+      for (int np = 0; np < kSNTiles / 2; ++np) {
+        u32 b[4];
+        mma::load_b2_trans(b, k + (st * 16) * kLdK + (wn * kSNTiles + 2 * np) * 8, kLdK);
+        mma::mma_bf16(s[mi][2 * np], a, b[0], b[1]);
+        mma::mma_bf16(s[mi][2 * np + 1], a, b[2], b[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int mi = 0; mi < kSMTiles; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < kSNTiles; ++ni) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int v = (wm * kSMTiles + mi) * 16 + g + 8 * hf;
+        const int kk = (wn * kSNTiles + ni) * 8 + 2 * t4;
+        *reinterpret_cast<u32*>(s_s + v * kLdK + kk) =
+            mma::pack_bf16(s[mi][ni][2 * hf], s[mi][ni][2 * hf + 1]);
+      }
+    }
+  }
+}
+
+/// The final state tile: into the separate output when given (padded sequences included), else
+/// back into the pool slot unless the sequence is padding.
+template <typename Tstate, int kK, int kV, int kSMTiles, int kSNTiles>
+__device__ __forceinline__ void store_final_state(const GdnPrefillParams& p, u64 n, i64 slot,
+                                                  bool padded, u32 hv, int v0,
+                                                  const float (&s)[kSMTiles][kSNTiles][4], int wm,
+                                                  int wn, int g, int t4) {
+  Tstate* dst = nullptr;
+  if (p.final_state != nullptr) {
+    dst = static_cast<Tstate*>(p.final_state) + i64(n) * p.final_seq_stride;
+  } else if (!padded) {
+    dst = static_cast<Tstate*>(p.state) + slot * p.state_slot_stride;
+  }
+  if (dst == nullptr) return;
+  store_state_tile<Tstate, kK>(dst + (i64(hv) * kV + v0) * kK, s, wm, wn, g, t4);
+}
+
 }  // namespace gdn_prefill_detail
 
 /// Template parameters: element types of q/k/v, of the raw gates a/b (f32 for precomputed g and
@@ -557,48 +621,12 @@ __global__ void __launch_bounds__(kGdnPrefillThreads) gdn_prefill_kernel(const G
     }
 
     // 6. S <- e^gamma_last S + (decayed Vn)^T K, and its bf16 copy for the next chunk.
-    {
-      const float chunk_decay = __expf(s_gamma[63]);
-#pragma unroll
-      for (int mi = 0; mi < kSMTiles; ++mi) {
-#pragma unroll
-        for (int ni = 0; ni < kSNTiles; ++ni) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s_acc[mi][ni][e] *= chunk_decay;
-        }
-      }
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-#pragma unroll
-        for (int mi = 0; mi < kSMTiles; ++mi) {
-          u32 a[4];
-          mma::load_a(a, s_vg + ((wm * kSMTiles + mi) * 16) * kLd + s * 16, kLd);
-#pragma unroll
-          for (int np = 0; np < kSNTiles / 2; ++np) {
-            u32 b[4];
-            mma::load_b2_trans(b, s_k + (s * 16) * kLdK + (wn * kSNTiles + 2 * np) * 8, kLdK);
-            mma::mma_bf16(s_acc[mi][2 * np], a, b[0], b[1]);
-            mma::mma_bf16(s_acc[mi][2 * np + 1], a, b[2], b[3]);
-          }
-        }
-      }
-#pragma unroll
-      for (int mi = 0; mi < kSMTiles; ++mi) {
-#pragma unroll
-        for (int ni = 0; ni < kSNTiles; ++ni) {
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int v = (wm * kSMTiles + mi) * 16 + g + 8 * hf;
-            const int kk = (wn * kSNTiles + ni) * 8 + 2 * t4;
-            *reinterpret_cast<u32*>(s_s + v * kLdK + kk) =
-                mma::pack_bf16(s_acc[mi][ni][2 * hf], s_acc[mi][ni][2 * hf + 1]);
-          }
-        }
-      }
-    }
+    update_state_tile<kLd, kLdK>(s_acc, __expf(s_gamma[63]), s_vg, s_k, s_s, wm, wn, g, t4);
 
     // 7. A checkpoint after every ckpt_every_chunks full chunks: checkpoints are multiples of
     // 64 tokens, so only a full chunk can end at one, and a trailing partial chunk never does.
+    // (Kept inline, not in a helper shared with the state kernel: as a helper it changed the
+    // ckpt=1 kernels' code layout, and only byte-identical cubins could be checked here.)
     if constexpr (kCkpt) {
       if (rows == kGdnPrefillChunk && --ckpt_countdown == 0) {
         ckpt_countdown = p.ckpt_every_chunks;
@@ -612,16 +640,7 @@ __global__ void __launch_bounds__(kGdnPrefillThreads) gdn_prefill_kernel(const G
     }
   }
 
-  // Final state: into the separate output when given (padded sequences included), else back
-  // into the pool slot unless the sequence is padding.
-  Tstate* dst = nullptr;
-  if (p.final_state != nullptr) {
-    dst = static_cast<Tstate*>(p.final_state) + i64(n) * p.final_seq_stride;
-  } else if (!padded) {
-    dst = static_cast<Tstate*>(p.state) + slot * p.state_slot_stride;
-  }
-  if (dst == nullptr) return;
-  store_state_tile<Tstate, kK>(dst + (i64(hv) * kV + v0) * kK, s_acc, wm, wn, g, t4);
+  store_final_state<Tstate, kK, kV>(p, n, slot, padded, hv, v0, s_acc, wm, wn, g, t4);
 }
 
 }  // namespace kjit

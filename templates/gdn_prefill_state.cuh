@@ -313,47 +313,9 @@ __global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
     }
 
     // 4. S <- e^gamma_last S + Vd^T K, and its bf16 copy for the next chunk.
-    {
-      const float chunk_decay = s_sc[0].w;
-#pragma unroll
-      for (int mi = 0; mi < kSMTiles; ++mi) {
-#pragma unroll
-        for (int ni = 0; ni < kSNTiles; ++ni) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s_acc[mi][ni][e] *= chunk_decay;
-        }
-      }
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-#pragma unroll
-        for (int mi = 0; mi < kSMTiles; ++mi) {
-          u32 a[4];
-          mma::load_a(a, s_vd + ((wm * kSMTiles + mi) * 16) * kLd + s * 16, kLd);
-#pragma unroll
-          for (int np = 0; np < kSNTiles / 2; ++np) {
-            u32 b[4];
-            mma::load_b2_trans(b, s_k + (s * 16) * kLdK + (wn * kSNTiles + 2 * np) * 8, kLdK);
-            mma::mma_bf16(s_acc[mi][2 * np], a, b[0], b[1]);
-            mma::mma_bf16(s_acc[mi][2 * np + 1], a, b[2], b[3]);
-          }
-        }
-      }
-#pragma unroll
-      for (int mi = 0; mi < kSMTiles; ++mi) {
-#pragma unroll
-        for (int ni = 0; ni < kSNTiles; ++ni) {
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int v = (wm * kSMTiles + mi) * 16 + g + 8 * hf;
-            const int kk = (wn * kSNTiles + ni) * 8 + 2 * t4;
-            *reinterpret_cast<u32*>(s_s + v * kLdK + kk) =
-                mma::pack_bf16(s_acc[mi][ni][2 * hf], s_acc[mi][ni][2 * hf + 1]);
-          }
-        }
-      }
-    }
+    update_state_tile<kLd, kLdK>(s_acc, s_sc[0].w, s_vd, s_k, s_s, wm, wn, g, t4);
 
-    // 5. Checkpoints, as in the fused kernel: only a full chunk can end at one.
+    // 5. Checkpoints, as in the fused kernel.
     if constexpr (kCkpt) {
       if (rows == kGdnPrefillChunk && --ckpt_countdown == 0) {
         ckpt_countdown = p.ckpt_every_chunks;
@@ -367,14 +329,7 @@ __global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
     }
   }
 
-  Tstate* dst = nullptr;
-  if (p.final_state != nullptr) {
-    dst = static_cast<Tstate*>(p.final_state) + i64(n) * p.final_seq_stride;
-  } else if (!padded) {
-    dst = static_cast<Tstate*>(p.state) + slot * p.state_slot_stride;
-  }
-  if (dst == nullptr) return;
-  store_state_tile<Tstate, kK>(dst + (i64(hv) * kV + v0) * kK, s_acc, wm, wn, g, t4);
+  store_final_state<Tstate, kK, kV>(p, n, slot, padded, hv, v0, s_acc, wm, wn, g, t4);
 }
 
 }  // namespace kjit
