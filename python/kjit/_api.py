@@ -142,12 +142,14 @@ def gdn_prefill(q, k, v, cu_seqlens, state, state_indices, *, a=None, b=None, a_
     """
     if out is None:
         out = _empty(q, (q.shape[0], v.shape[1], v.shape[2]))
-    # A bad interval is left to the op, whose message names checkpoint_every_n_tokens.
-    valid_every = checkpoint_every_n_tokens > 0 and checkpoint_every_n_tokens % 64 == 0
-    if valid_every and not _plan:
-        if checkpoint_cu_starts is None or state_checkpoints is None:
-            starts = gdn_prefill_checkpoint_starts(_host_ints(cu_seqlens),
-                                                   checkpoint_every_n_tokens)
+    if checkpoint_every_n_tokens and not _plan and (checkpoint_cu_starts is None
+                                                     or state_checkpoints is None):
+        offsets = _host_ints(cu_seqlens)
+        try:
+            starts = gdn_prefill_checkpoint_starts(offsets, checkpoint_every_n_tokens)
+        except _kjit.InvalidArgument:
+            starts = None  # a bad interval: the op below raises, naming its argument
+        if starts is not None:
             if checkpoint_cu_starts is None:
                 checkpoint_cu_starts = _like_ints(cu_seqlens, starts)
             if state_checkpoints is None:
