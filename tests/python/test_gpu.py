@@ -34,6 +34,18 @@ def close(actual, expected, rtol, atol):
     assert worst <= 0, f"max excess {worst:.3g} over atol {atol} rtol {rtol}"
 
 
+def close_state(actual, expected):
+    """The issue's criterion for bf16 prefill states, ||a - e|| <= 2e-2 ||e||, plus an
+    element-wise bound at the same level (2e-2 of the largest |e|) so that a few wrong elements
+    cannot hide in the norm. The chunked path keeps T' and a copy of the state in bf16, so the
+    state is not accurate to 2e-3 per element; the C++ suite uses the same criterion."""
+    a, e = actual.double(), expected.double()
+    assert not torch.isnan(a).any(), "NaN in the state (poison not overwritten?)"
+    rel = ((a - e).norm() / (e.norm() + 1e-30)).item()
+    assert rel <= 2e-2, f"relative error {rel:.3g} over 2e-2"
+    close(a, e, 2e-2, 2e-2 * (e.abs().max().item() + 1e-6))
+
+
 def poison(shape, dtype):
     return torch.full(shape, float("nan"), dtype=dtype, device=DEV)
 
@@ -364,7 +376,7 @@ def test_gdn_prefill(lens, hv, kv):
                                                  has_initial.cpu())
     scale = ref_out.abs().max().item() + 1e-6
     close(out, ref_out, 2e-2, 2e-2 * scale)
-    close(state, ref_pool, 2e-3, 2e-3)
+    close_state(state, ref_pool)
 
 
 def test_gdn_prefill_checkpoints_against_the_reference():
@@ -403,8 +415,8 @@ def test_gdn_prefill_checkpoints_against_the_reference():
     scale = ref_out.abs().max().item() + 1e-6
     for o, c, st in ((out, ckpt, state), (out2, ckpt2, state2)):
         close(o, ref_out, 2e-2, 2e-2 * scale)
-        close(c, ref_ckpt, 2e-3, 2e-3)
-        close(st, ref_pool, 2e-3, 2e-3)
+        close_state(c, ref_ckpt)
+        close_state(st, ref_pool)
     assert torch.equal(state[2], pool[2]) and torch.equal(ckpt, ckpt2)
     with pytest.raises(kjit.InvalidArgument, match="checkpoint_every_n_tokens"):
         kjit.gdn_prefill(q, k, v, cu, state, idx, g=g, beta=beta, checkpoint_every_n_tokens=65)
@@ -431,7 +443,7 @@ def test_gdn_prefill_with_a_caller_workspace():
     ref_out, ref_pool, _ = reference.gdn_prefill(q, k, v, g, beta, cu.cpu(), pool, idx.cpu())
     scale = ref_out.abs().max().item() + 1e-6
     close(out, ref_out, 2e-2, 2e-2 * scale)
-    close(state, ref_pool, 2e-3, 2e-3)
+    close_state(state, ref_pool)
     with pytest.raises(kjit.InvalidArgument, match="options.workspace holds"):
         kjit.gdn_prefill(q, k, v, cu, state, idx, g=g, beta=beta, workspace=workspace[:need - 1])
 
