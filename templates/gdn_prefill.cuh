@@ -200,6 +200,32 @@ __device__ __forceinline__ void store_final_state(const GdnPrefillParams& p, u64
   store_state_tile<Tstate, kK>(dst + (i64(hv) * kV + v0) * kK, s, wm, wn, g, t4);
 }
 
+/// Longest-first scheduling for the state kernel, whose blocks each walk one sequence's chunks
+/// in order, so a long sequence whose blocks start late bounds the time of the whole batch.
+/// Sequence i gets rank r = #{j : c_j > c_i or (c_j = c_i and j < i)} with c the chunk counts
+/// (a strict total order, so order[] is a permutation even for a malformed cu_seqlens), and
+/// order[r] = i. Blocks are dispatched in about index order: the longest sequences start first
+/// and short ones fill the SMs that free up (LPT). Threads first, first + step, ... rank one
+/// sequence each against all N, reading cu_seqlens through the read-only cache (broadcasts).
+template <typename Tcu>
+__device__ void rank_sequences_longest_first(const GdnPrefillParams& p, i64 first, i64 step) {
+  const Tcu* cu = static_cast<const Tcu*>(p.cu_seqlens);
+  const i64 seqs = i64(p.num_seqs);
+  const auto chunks = [](i64 len) { return (len + kGdnPrefillChunk - 1) / kGdnPrefillChunk; };
+  for (i64 i = first; i < seqs; i += step) {
+    const i64 ci = chunks(i64(__ldg(cu + i + 1)) - i64(__ldg(cu + i)));
+    i64 rank = 0, prev = i64(__ldg(cu));
+#pragma unroll 4
+    for (i64 j = 0; j < seqs; ++j) {
+      const i64 next = i64(__ldg(cu + j + 1));
+      const i64 cj = chunks(next - prev);
+      prev = next;
+      rank += (cj > ci || (cj == ci && j < i)) ? 1 : 0;
+    }
+    static_cast<int*>(p.ws_order)[rank] = static_cast<int>(i);
+  }
+}
+
 }  // namespace gdn_prefill_detail
 
 /// Template parameters: element types of q/k/v, of the raw gates a/b (f32 for precomputed g and

@@ -66,6 +66,10 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
   const Tcu* cu = static_cast<const Tcu*>(p.cu_seqlens);
   const auto base = [&](i64 m) { return static_cast<i64>(__ldg(cu + m)) / 64 + m; };
   if (p.num_seqs == 0) return;
+  if (blockIdx.y == 0 && p.ws_order != nullptr) {
+    rank_sequences_longest_first<Tcu>(p, i64(blockIdx.x) * kGdnPrefillThreads + tid,
+                                      i64(gridDim.x) * kGdnPrefillThreads);
+  }
   const i64 chunk_ids = p.num_tokens / 64 + i64(p.num_seqs);
 
   // A grid-stride loop over chunk ids (the grid does not depend on T). Shared buffers are reused

@@ -75,13 +75,20 @@ inline constexpr u32 kGdnPrefillWsScaleBytes = 16u;
 /// Byte offsets of the chunked path's workspace regions for T tokens and HV value heads: T' =
 /// T diag(beta) [T, HV, 64] bf16, P = tril(Q K^T e^(gamma_i - gamma_j)) [T, HV, 64] bf16, and
 /// scales [T, HV] float4 {e^gamma_i / |q_i|, e^gamma_i / |k_i|, e^(gamma_last - gamma_i) /
-/// |k_i|, e^gamma_last}. Regions start on 256-byte boundaries.
+/// |k_i|, e^gamma_last}, and the state kernel's sequence order [kGdnPrefillOrderMaxSeqs] int32.
+/// Regions start on 256-byte boundaries.
 struct GdnPrefillWorkspace {
   u64 t;
   u64 p;
   u64 scales;
+  u64 order;
   u64 total;
 };
+
+/// The state kernel's longest-first order (int32 sequence ids by descending chunk count) is
+/// kept for up to this many sequences, in a fixed region after the scales; a batch of more
+/// sequences keeps their index order. A fixed size keeps the workspace a function of T and HV.
+inline constexpr u32 kGdnPrefillOrderMaxSeqs = 4096;
 
 KJIT_GDN_PREFILL_HD constexpr u64 gdn_prefill_align256(u64 bytes) {
   return (bytes + 255u) & ~u64{255u};
@@ -94,7 +101,8 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillWorkspace gdn_prefill_workspace(u64 toke
   w.t = 0;
   w.p = gdn_prefill_align256(rows * kGdnPrefillWsRowBytes);
   w.scales = w.p + gdn_prefill_align256(rows * kGdnPrefillWsRowBytes);
-  w.total = w.scales + gdn_prefill_align256(rows * kGdnPrefillWsScaleBytes);
+  w.order = w.scales + gdn_prefill_align256(rows * kGdnPrefillWsScaleBytes);
+  w.total = w.order + (rows > 0 ? u64{kGdnPrefillOrderMaxSeqs} * 4u : 0u);
   return w;
 }
 
@@ -235,6 +243,9 @@ struct GdnPrefillParams {
   void* ws_t;
   void* ws_p;
   void* ws_scales;
+  /// [num_seqs] int32 when the chunk kernel is to rank the sequences longest first and the
+  /// state kernel to take them in that order (num_seqs <= kGdnPrefillOrderMaxSeqs), else null.
+  void* ws_order;
   i64 q_stride_t, q_stride_h;
   i64 k_stride_t, k_stride_h;
   i64 v_stride_t, v_stride_h;

@@ -94,7 +94,9 @@ __global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
   const u64 block = blockIdx.x;
   const int vt = static_cast<int>(block % tiles);
   const u32 hv = static_cast<u32>((block / tiles) % p.num_value_heads);
-  const u64 n = block / (tiles * p.num_value_heads);
+  // Blocks in rank order: the longest sequences first (see rank_sequences_longest_first).
+  const u64 rank = block / (tiles * p.num_value_heads);
+  const u64 n = p.ws_order != nullptr ? u64(static_cast<const int*>(p.ws_order)[rank]) : rank;
   const u32 h = hv / p.heads_per_group;
   const int v0 = vt * kBV;
   const u32 hv_count = p.num_value_heads;

@@ -562,9 +562,15 @@ Plan make_chunked_plan(const Problem& pr, Choice choice, const TensorView& q, co
   state_shape.dynamic_smem = gdn_prefill_state_smem(static_cast<int>(pr.k), choice.bv).total;
   plan.reasons.push_back(fmt::format(
       "chunk kernel: {} x {} blocks of {} threads loop over the floor(T / {}) + N chunk ids, {} "
-      "bytes of shared memory; state kernel: one block per (sequence, value head, value tile)",
+      "bytes of shared memory; state kernel: one block per (sequence, value head, value tile), "
+      "{}",
       chunk_shape.grid.x, chunk_shape.grid.y, kGdnPrefillThreads, kGdnPrefillChunk,
-      chunk_shape.dynamic_smem));
+      chunk_shape.dynamic_smem,
+      pr.seqs > 1 && pr.seqs <= kGdnPrefillOrderMaxSeqs
+          ? "longest sequences first (the chunk kernel ranks them by chunk count; a sequence "
+            "bounds the time once it starts late)"
+          : fmt::format("in sequence order (longest-first ranking is kept for 2 to {} sequences)",
+                        kGdnPrefillOrderMaxSeqs)));
   PlannedLaunch chunk{std::move(chunk_spec), chunk_shape, check_launch(chunk_shape, device)};
   require_legal(chunk.checks, fmt::format("{} ({})", kOp, chunk.spec.str()));
   PlannedLaunch rec{std::move(state_spec), state_shape, check_launch(state_shape, device)};
@@ -834,6 +840,10 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
   p.ws_t = base != nullptr ? base + ws.t : nullptr;
   p.ws_p = base != nullptr ? base + ws.p : nullptr;
   p.ws_scales = base != nullptr ? base + ws.scales : nullptr;
+  // Longest-first order of the state kernel's blocks (a batch of one needs none).
+  p.ws_order = base != nullptr && pr.seqs > 1 && pr.seqs <= kGdnPrefillOrderMaxSeqs
+                   ? base + ws.order
+                   : nullptr;
   const auto release = [&]() noexcept {
     if (owned == 0) return;
     try {

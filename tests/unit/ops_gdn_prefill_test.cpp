@@ -460,9 +460,9 @@ TEST_CASE("gdn_prefill: the fused kernel where the chunked path cannot run, and 
 
 TEST_CASE("gdn_prefill workspace: size helper and argument checks") {
   CHECK(gdn_prefill_workspace_bytes(0, 16) == 0);
-  // T * HV * 272, each region rounded to 256 bytes.
-  CHECK(gdn_prefill_workspace_bytes(1024, 16) == 1024 * 16 * 272);
-  CHECK(gdn_prefill_workspace_bytes(1, 1) == 3 * 256);
+  // T * HV * 272, each region rounded to 256 bytes, and 4096 int32 of sequence order.
+  CHECK(gdn_prefill_workspace_bytes(1024, 16) == 1024 * 16 * 272 + 4096 * 4);
+  CHECK(gdn_prefill_workspace_bytes(1, 1) == 3 * 256 + 4096 * 4);
   CHECK_THROWS_AS(gdn_prefill_workspace_bytes(-1, 4), InvalidArgument);
   const DeviceLimits device = DeviceLimits::for_arch(Arch{9, 0});
   const auto view = [](DType d, std::initializer_list<std::int64_t> shape) {

@@ -99,8 +99,9 @@ struct GdnPrefillOptions {
 
 /// Bytes of options.workspace that a gdn_prefill call over T tokens and HV value heads needs on
 /// its chunked path: T * HV * 272 (bf16 rows of T' and P, 64 each, and 16 bytes of per-row
-/// scales), each of the three regions rounded up to 256 bytes. Throws InvalidArgument for
-/// negative arguments.
+/// scales), each of the three regions rounded up to 256 bytes, plus 16 KiB for the order in
+/// which the state kernel takes the sequences (longest first; none when T = 0). Throws
+/// InvalidArgument for negative arguments.
 std::int64_t gdn_prefill_workspace_bytes(std::int64_t tokens, std::int64_t value_heads);
 
 /// Chunked Gated DeltaNet prefill over N varlen sequences (token ranges cu_seqlens[n] ..
