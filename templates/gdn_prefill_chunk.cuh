@@ -2,50 +2,160 @@
 // Gated DeltaNet chunked prefill, chunked path, kernel 1 of 2: everything of a chunk that does
 // not depend on the recurrent state, for every chunk of every sequence at once.
 //
-// One block of 4 warps per (chunk, q/k head h). With q^, k^ the L2-normalized rows (bf16),
-// G = K^ K^^T and Q^ K^^T are computed once per key head; then for each of the HV / H value
-// heads hv of the group, with gamma the chunk-local cumulative log decay and beta of hv:
-//   A  = strictly-lower beta_i G_ij e^(gamma_i - gamma_j)         (f32, from the mma registers)
-//   T  = (I + A)^-1                (f32 forward substitution, one column per thread)
+// One block of 4 warps per (chunk, q/k head h). With q, k the raw bf16 rows and rq_i = 1 / |q_i|,
+// rk_i = 1 / |k_i| (1 without L2 norm), the raw products G = K K^T and Q K^T are computed once
+// per key head (exact bf16 products, f32 sums; the norms enter as f32 factors, so normalized
+// rows are never rounded); then for each of the HV / H value heads hv of the group, with gamma
+// the chunk-local cumulative log decay and beta of hv:
+//   A  = strictly-lower beta_i rk_i rk_j G_ij e^(gamma_i - gamma_j)        (f32)
+//   T  = (I + A)^-1                (f32 diagonal 16x16 blocks, then 3xbf16 mma block products)
 //   T' = T diag(beta)              -> workspace, bf16 rows [token, hv, 64]
-//   P  = tril(Q^ K^^T e^(gamma_i - gamma_j))                  -> workspace, bf16 rows
+//   P  = tril(rq_i rk_j (Q K^T)_ij e^(gamma_i - gamma_j))                  -> workspace, bf16
 //   scales_i = {e^gamma_i / |q_i|, e^gamma_i / |k_i|, e^(gamma_last - gamma_i) / |k_i|,
-//               e^gamma_last}                                 -> workspace, float4
+//               e^gamma_last}                                              -> workspace, float4
 // The state kernel (gdn_prefill_state.cuh) multiplies raw bf16 q and k with the state and
 // applies the norms and decays through these scales, so normalized q/k are never stored.
 //
 // Chunks are numbered without knowing the lengths on the host: chunk c of sequence n is block
 // floor(cu[n] / 64) + n + c. These ids never collide (floor((bos + L) / 64) + 1 >=
 // floor(bos / 64) + ceil(L / 64)) and stay below floor(T / 64) + N, the grid size; a block
-// finds its sequence by binary search on cu_seqlens (a few L1 hits) and exits when its id is a
-// hole. The workspace is indexed by token, so holes cost no memory.
+// finds its sequence by binary search on cu_seqlens (a few L1 hits) and skips ids that are
+// holes. The workspace is indexed by token, so holes cost no memory.
+//
+// Each block walks its chunk ids in a grid-stride loop. The raw q/k rows of the next chunk are
+// copied with cp.async into the q/k tiles as soon as the current chunk's products have read
+// them, so the copy overlaps everything after the products (gates, A, P, the inverse, the
+// stores); the next gates are loaded one step ahead into registers likewise.
+//
+// The inverse: with T_ii the inverses of the four diagonal blocks (I + A_ii) (warp i, forward
+// substitution in f32, one column per lane), the 32x32 halves are T10 = -T11 A10 T00 and
+// T32 = -T33 A32 T22, and the lower-left quadrant is -T2 A_BL T1 (T1, T2 the inverses of the
+// 32x32 halves). The block products run on mma with each f32 operand split into bf16 hi + lo
+// (hi*hi + hi*lo + lo*hi: about 16 bits), transposed (C^T = B^T A^T) so that a product's
+// accumulator is the next product's A operand. The f32 blocks T_ii, T10 and T32 are parked in
+// the unused upper blocks of A's tile.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kjit/common/cp_async.cuh"
 #include "kjit/common/gdn_math.cuh"
 #include "kjit/common/mma.cuh"
 #include "kjit/gdn_prefill.cuh"
 #include "kjit/gdn_prefill_params.h"
 
 namespace kjit {
+namespace gdn_prefill_chunk_detail {
+
+constexpr int kLdA = 68;  // f32 row pitch of A (and of the parked T blocks)
+
+/// Two f32 -> bf16 hi and lo words (x = hi + lo to about 16 bits); the first value in the low
+/// half.
+__device__ __forceinline__ void split_bf16(float x, float y, u32& hi, u32& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
+  hi = (u32(__bfloat16_as_ushort(h.y)) << 16) | u32(__bfloat16_as_ushort(h.x));
+  lo = (u32(__bfloat16_as_ushort(l.y)) << 16) | u32(__bfloat16_as_ushort(l.x));
+}
+
+/// A 16x16 mma A operand, split into hi and lo.
+struct SplitA {
+  u32 hi[4], lo[4];
+};
+
+/// A operand Y^T of the f32 16x16 block Y stored row-major (pitch kLdA): element (r, c) = Y[c][r].
+__device__ __forceinline__ SplitA load_a_transposed(const float* y, int g, int t4) {
+  SplitA a;
+  const float* c0 = y + (2 * t4) * kLdA;
+  const float* c8 = y + (2 * t4 + 8) * kLdA;
+  split_bf16(c0[g], c0[kLdA + g], a.hi[0], a.lo[0]);
+  split_bf16(c0[g + 8], c0[kLdA + g + 8], a.hi[1], a.lo[1]);
+  split_bf16(c8[g], c8[kLdA + g], a.hi[2], a.lo[2]);
+  split_bf16(c8[g + 8], c8[kLdA + g + 8], a.hi[3], a.lo[3]);
+  return a;
+}
+
+/// A operand from a 16x16 accumulator (two n-tiles of 8 columns).
+__device__ __forceinline__ SplitA a_from_acc(const float (&z)[2][4]) {
+  SplitA a;
+  split_bf16(z[0][0], z[0][1], a.hi[0], a.lo[0]);
+  split_bf16(z[0][2], z[0][3], a.hi[1], a.lo[1]);
+  split_bf16(z[1][0], z[1][1], a.hi[2], a.lo[2]);
+  split_bf16(z[1][2], z[1][3], a.hi[3], a.lo[3]);
+  return a;
+}
+
+/// c += a X^T for the f32 16x16 block X stored row-major: B element (k, n) = X[n][k].
+__device__ __forceinline__ void mma3_bt(float (&c)[2][4], const SplitA& a, const float* x, int g,
+                                        int t4) {
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    const float* row = x + (8 * nt + g) * kLdA + 2 * t4;
+    const float2 x0 = *reinterpret_cast<const float2*>(row);
+    const float2 x1 = *reinterpret_cast<const float2*>(row + 8);
+    u32 bh0, bl0, bh1, bl1;
+    split_bf16(x0.x, x0.y, bh0, bl0);
+    split_bf16(x1.x, x1.y, bh1, bl1);
+    mma::mma_bf16(c[nt], a.lo, bh0, bh1);
+    mma::mma_bf16(c[nt], a.hi, bl0, bl1);
+    mma::mma_bf16(c[nt], a.hi, bh0, bh1);
+  }
+}
+
+__device__ __forceinline__ void zero_acc(float (&c)[2][4]) {
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
+}
+
+/// With c = W = (T_ij)^T negated (the products below compute -T_ij^T), parks T_ij (f32,
+/// row-major) at `dst`: dst[n][m] = -c[m][n].
+__device__ __forceinline__ void park_neg_transposed(float* dst, const float (&c)[2][4], int g,
+                                                    int t4) {
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = g + 8 * (e >> 1), n = 8 * nt + 2 * t4 + (e & 1);
+      dst[n * kLdA + m] = -c[nt][e];
+    }
+  }
+}
+
+/// Stores block (bi, bj) of T' = T diag(beta) as bf16 from c = -(T_ij)^T.
+__device__ __forceinline__ void store_t_block(__nv_bfloat16* s_t, int ld, const float* s_beta,
+                                              int bi, int bj, const float (&c)[2][4], int g,
+                                              int t4) {
+  const float b0 = s_beta[16 * bj + g], b1 = s_beta[16 * bj + g + 8];
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = g + 8 * (e >> 1), n = 8 * nt + 2 * t4 + (e & 1);
+      s_t[(16 * bi + n) * ld + 16 * bj + m] = __float2bfloat16_rn(-c[nt][e] * (e < 2 ? b0 : b1));
+    }
+  }
+}
+
+}  // namespace gdn_prefill_chunk_detail
 
 /// Template parameters: element types of q/k, of the raw gates a/b (f32 for precomputed g and
 /// beta), of A_log/dt_bias and of cu_seqlens; K; kGated: a/b hold g and beta; kL2Norm.
 template <typename Tin, typename Tgate, typename Tparam, typename Tcu, int kK, bool kGated,
           bool kL2Norm>
-// Three blocks per SM (<= 170 registers): the chunk kernel is throughput-bound, and its
-// forward substitution's latency is hidden by the other resident blocks.
+// Three blocks per SM (<= 170 registers): a block's barriers and latencies are covered by the
+// other resident blocks.
 __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
     gdn_prefill_chunk_kernel(const GdnPrefillParams p) {
   using namespace gdn_prefill_detail;
+  using namespace gdn_prefill_chunk_detail;
   static_assert(kK == 64 || kK == 128 || kK == 256, "K must be 64, 128 or 256");
+  static_assert(sizeof(Tin) == 2, "q/k are 16-bit rows");
   constexpr int kLdK = kK + 8;  // bf16 row pitch of q and k
   constexpr int kLd = 72;       // bf16 row pitch of the staging tiles
-  constexpr int kLdA = 68;      // f32 row pitch of A: 16-byte rows for float4 broadcasts
-  constexpr int kPerLane = kK / 32;
   constexpr int kKSteps = kK / 16;
+  constexpr int kRowCopies = kK / 8;  // 16-byte copies per q/k row
   constexpr GdnPrefillChunkSmem kSmem = gdn_prefill_chunk_smem(kK);
 
   extern __shared__ __align__(16) unsigned char smem[];
@@ -58,10 +168,16 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
   float* s_beta = reinterpret_cast<float*>(smem + kSmem.beta);
   float* s_rq = reinterpret_cast<float*>(smem + kSmem.rq);
   float* s_rk = reinterpret_cast<float*>(smem + kSmem.rk);
+  // The parked f32 blocks of T, in the upper blocks of A's tile (never written by A).
+  const auto parked = [&](int r, int c) { return s_a + (16 * r) * kLdA + 16 * c; };
+  // T_ii at (0, i + 1) for i < 3, T33 at (1, 2).
+  const auto t_diag = [&](int i) { return i < 3 ? parked(0, i + 1) : parked(1, 2); };
+  float* const t10 = parked(1, 3);
+  float* const t32 = parked(2, 3);
+  const auto a_blk = [&](int r, int c) { return static_cast<const float*>(parked(r, c)); };
 
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int row0 = warp * 16;
   const u32 h = blockIdx.y;
   const Tcu* cu = static_cast<const Tcu*>(p.cu_seqlens);
   const auto base = [&](i64 m) { return static_cast<i64>(__ldg(cu + m)) / 64 + m; };
@@ -72,94 +188,109 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
   }
   const i64 chunk_ids = p.num_tokens / 64 + i64(p.num_seqs);
 
-  // A grid-stride loop over chunk ids (the grid does not depend on T). Shared buffers are reused
-  // across iterations without a trailing barrier: each is rewritten only after a barrier that
-  // follows its last read in the previous iteration.
-#pragma unroll 1
-  for (i64 b = blockIdx.x; b < chunk_ids; b += gridDim.x) {
-    // The sequence this chunk id belongs to: the largest n with base(n) <= b.
-    if (b < base(0)) continue;
-    i64 lo = 0, hi = i64(p.num_seqs) - 1;
-    while (lo < hi) {
-      const i64 mid = (lo + hi + 1) >> 1;
-      if (base(mid) <= b) {
-        lo = mid;
-      } else {
-        hi = mid - 1;
+  // The first chunk id >= b (in steps of the grid) that is a chunk, with its first token and
+  // row count; chunk_ids when none is left.
+  i64 next_t0 = 0;
+  int next_rows = 0;
+  const auto find_chunk = [&](i64 b) {
+    for (; b < chunk_ids; b += gridDim.x) {
+      if (b < base(0)) continue;
+      // The sequence this chunk id belongs to: the largest n with base(n) <= b.
+      i64 lo = 0, hi = i64(p.num_seqs) - 1;
+      while (lo < hi) {
+        const i64 mid = (lo + hi + 1) >> 1;
+        if (base(mid) <= b) {
+          lo = mid;
+        } else {
+          hi = mid - 1;
+        }
+      }
+      const i64 bos = static_cast<i64>(__ldg(cu + lo));
+      const i64 eos = static_cast<i64>(__ldg(cu + lo + 1));
+      const i64 t0 = bos + 64 * (b - base(lo));
+      if (t0 < eos) {
+        next_t0 = t0;
+        next_rows = static_cast<int>(eos - t0 < 64 ? eos - t0 : 64);
+        return b;
       }
     }
-    const i64 bos = static_cast<i64>(__ldg(cu + lo));
-    const i64 eos = static_cast<i64>(__ldg(cu + lo + 1));
-    const i64 t0 = bos + 64 * (b - base(lo));
-    if (t0 >= eos) continue;
-    const int rows = static_cast<int>(eos - t0 < 64 ? eos - t0 : 64);
+    return chunk_ids;
+  };
 
-    // Warp 0 holds the raw gates of the next value head in registers, loaded one step ahead
-    // (here for the first, during the previous head's inversion for the others), so no gate
-    // load latency sits between the barriers.
-    float gate_a[2] = {0.f, 0.f}, gate_b[2] = {0.f, 0.f};
-    const auto load_gates = [&](u32 hv) {
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const int r = 2 * lane + x;
-        gate_a[x] = 0.f;
-        gate_b[x] = 0.f;
-        if (r < rows) {
-          gate_a[x] = gdn::to_f32(static_cast<const Tgate*>(p.a)[(t0 + r) * p.a_stride_t + hv]);
-          gate_b[x] = gdn::to_f32(static_cast<const Tgate*>(p.b)[(t0 + r) * p.b_stride_t + hv]);
-        }
-      }
-    };
-    if (warp == 0) load_gates(h * p.heads_per_group);
+  // Raw q and k rows of a chunk into s_q / s_k (rows past the end are zero-filled).
+  const Tin* q_head = static_cast<const Tin*>(p.q) + i64(h) * p.q_stride_h;
+  const Tin* k_head = static_cast<const Tin*>(p.k) + i64(h) * p.k_stride_h;
+  const auto copy_qk = [&](i64 t0, int rows) {
+#pragma unroll 4
+    for (int c = tid; c < 64 * kRowCopies; c += kGdnPrefillThreads) {
+      const int r = c / kRowCopies, part = c % kRowCopies;
+      const bool valid = r < rows;
+      const i64 t = valid ? t0 + r : 0;
+      cp_async::copy16(s_q + r * kLdK + part * 8, q_head + t * p.q_stride_t + part * 8, valid);
+      cp_async::copy16(s_k + r * kLdK + part * 8, k_head + t * p.k_stride_t + part * 8, valid);
+    }
+    cp_async::commit();
+  };
 
-    // 1. q, k rows L2-normalized to bf16 (rows past the end are zero), and their inverse norms.
-    {
-      const Tin* q_base = static_cast<const Tin*>(p.q) + i64(h) * p.q_stride_h + lane * kPerLane;
-      const Tin* k_base = static_cast<const Tin*>(p.k) + i64(h) * p.k_stride_h + lane * kPerLane;
-      constexpr int kBatch = kPerLane <= 4 ? 16 : 8;
-#pragma unroll 1
-      for (int rb = 0; rb < 16; rb += kBatch) {
-        u32 wq[kBatch][kPerLane / 2], wk[kBatch][kPerLane / 2];
+  // Warp 0 holds the raw gates of the next value head in registers, loaded one step ahead, so
+  // no gate load latency sits between the barriers.
+  float gate_a[2] = {0.f, 0.f}, gate_b[2] = {0.f, 0.f};
+  const auto load_gates = [&](i64 t0, int rows, u32 hv) {
 #pragma unroll
-        for (int rr = 0; rr < kBatch; ++rr) {
-          const int r = row0 + rb + rr;
-          load_words(q_base + (t0 + r) * p.q_stride_t, r < rows, wq[rr]);
-          load_words(k_base + (t0 + r) * p.k_stride_t, r < rows, wk[rr]);
-        }
-#pragma unroll
-        for (int rr = 0; rr < kBatch; ++rr) {
-          const int r = row0 + rb + rr;
-          float xq[kPerLane], xk[kPerLane];
-          unpack_words<Tin>(wq[rr], xq);
-          unpack_words<Tin>(wk[rr], xk);
-          float iq = 1.f, ik = 1.f;
-          if constexpr (kL2Norm) {
-            float sq = 0.f, sk = 0.f;
-#pragma unroll
-            for (int e = 0; e < kPerLane; ++e) {
-              sq = fmaf(xq[e], xq[e], sq);
-              sk = fmaf(xk[e], xk[e], sk);
-            }
-            iq = gdn::l2_inv_norm(gdn::group_sum<32>(sq));
-            ik = gdn::l2_inv_norm(gdn::group_sum<32>(sk));
-#pragma unroll
-            for (int e = 0; e < kPerLane; ++e) {
-              xq[e] *= iq;
-              xk[e] *= ik;
-            }
-          }
-          store_row_bf16(s_q + r * kLdK + lane * kPerLane, xq);
-          store_row_bf16(s_k + r * kLdK + lane * kPerLane, xk);
-          if (lane == 0) {
-            s_rq[r] = iq;
-            s_rk[r] = ik;
-          }
-        }
+    for (int x = 0; x < 2; ++x) {
+      const int r = 2 * lane + x;
+      gate_a[x] = 0.f;
+      gate_b[x] = 0.f;
+      if (r < rows) {
+        gate_a[x] = gdn::to_f32(static_cast<const Tgate*>(p.a)[(t0 + r) * p.a_stride_t + hv]);
+        gate_b[x] = gdn::to_f32(static_cast<const Tgate*>(p.b)[(t0 + r) * p.b_stride_t + hv]);
       }
     }
+  };
+
+  i64 b = find_chunk(blockIdx.x);
+  if (b >= chunk_ids) return;
+  copy_qk(next_t0, next_rows);
+  if (warp == 0) load_gates(next_t0, next_rows, h * p.heads_per_group);
+  // The blocks of T' above the diagonal blocks are zero, and nothing else writes them.
+  for (int e = tid; e < 64 * 64; e += kGdnPrefillThreads) {
+    const int r = e >> 6, c = e & 63;
+    if ((c >> 4) > (r >> 4)) s_t[r * kLd + c] = __float2bfloat16_rn(0.f);
+  }
+
+  const u32 hv_count = p.num_value_heads;
+#pragma unroll 1
+  while (b < chunk_ids) {
+    const i64 t0 = next_t0;
+    const int rows = next_rows;
+    // The next chunk of this block (its cu_seqlens loads overlap the wait for this one's rows).
+    const i64 b_next = find_chunk(b + gridDim.x);
+    cp_async::wait<0>();
     __syncthreads();
 
-    // 2. G = K^ K^^T and Q^ K^^T, lower block triangle (warp w: rows 16w.., column blocks <= w).
+    // 1. Inverse norms of the raw rows: thread r < 64 takes q row r, thread 64 + r k row r.
+    {
+      const int r = tid & 63;
+      const __nv_bfloat16* row = (tid < 64 ? s_q : s_k) + r * kLdK;
+      float ss = 0.f;
+#pragma unroll 4
+      for (int c = 0; c < kK; c += 8) {
+        const uint4 w = *reinterpret_cast<const uint4*>(row + c);
+        const u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float x0 = __uint_as_float(ws[i] << 16), x1 = __uint_as_float(ws[i] & 0xffff0000u);
+          ss = fmaf(x0, x0, ss);
+          ss = fmaf(x1, x1, ss);
+        }
+      }
+      const float inv = kL2Norm ? gdn::l2_inv_norm(ss) : 1.f;
+      (tid < 64 ? s_rq : s_rk)[r] = inv;
+    }
+
+    // 2. Raw G = K K^T and Q K^T, lower block triangles, balanced: warp w takes G's block row w
+    // and Q K^T's block row 3 - w (five 16x16 blocks each).
+    const int rg = warp, rp = 3 - warp;
     float acc_g[8][4], acc_p[8][4];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -169,22 +300,28 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
 #pragma unroll 2
     for (int ks = 0; ks < kKSteps; ++ks) {
       u32 ak[4], aq[4];
-      mma::load_a(ak, s_k + row0 * kLdK + ks * 16, kLdK);
-      mma::load_a(aq, s_q + row0 * kLdK + ks * 16, kLdK);
+      mma::load_a(ak, s_k + rg * 16 * kLdK + ks * 16, kLdK);
+      mma::load_a(aq, s_q + rp * 16 * kLdK + ks * 16, kLdK);
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
-        if (np <= warp) {
+        if (np <= rg || np <= rp) {
           u32 bk[4];
           mma::load_b2(bk, s_k + np * 16 * kLdK + ks * 16, kLdK);
-          mma::mma_bf16(acc_g[2 * np], ak, bk[0], bk[1]);
-          mma::mma_bf16(acc_g[2 * np + 1], ak, bk[2], bk[3]);
-          mma::mma_bf16(acc_p[2 * np], aq, bk[0], bk[1]);
-          mma::mma_bf16(acc_p[2 * np + 1], aq, bk[2], bk[3]);
+          if (np <= rg) {
+            mma::mma_bf16(acc_g[2 * np], ak, bk[0], bk[1]);
+            mma::mma_bf16(acc_g[2 * np + 1], ak, bk[2], bk[3]);
+          }
+          if (np <= rp) {
+            mma::mma_bf16(acc_p[2 * np], aq, bk[0], bk[1]);
+            mma::mma_bf16(acc_p[2 * np + 1], aq, bk[2], bk[3]);
+          }
         }
       }
     }
+    // Every warp is done with s_q / s_k (and the norms are visible): the next chunk's rows go in.
+    __syncthreads();
+    if (b_next < chunk_ids) copy_qk(next_t0, next_rows);
 
-    const u32 hv_count = p.num_value_heads;
     const i64 ws_row0 = t0 * hv_count;
 #pragma unroll 1
     for (u32 e = 0; e < p.heads_per_group; ++e) {
@@ -210,7 +347,11 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
             }
           }
         }
-        if (e + 1 < p.heads_per_group) load_gates(hv + 1);
+        if (e + 1 < p.heads_per_group) {
+          load_gates(t0, rows, hv + 1);
+        } else if (b_next < chunk_ids) {
+          load_gates(next_t0, next_rows, h * p.heads_per_group);
+        }
         const float local = gl[0] + gl[1];
         float incl = local;
 #pragma unroll
@@ -225,23 +366,37 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
       }
       __syncthreads();
 
-      // 4. A (f32, strictly lower) and P (bf16, lower with the diagonal) of hv; the blocks above
-      // the warp's diagonal block are zero in P and never read in A. The per-row scales.
+      // 4. A (f32, strictly lower; block row rg) and P (bf16, lower with the diagonal; block
+      // row rp, zero above the diagonal block) of hv. The per-row scales.
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        const int i = row0 + g + 8 * hf;
-        const float gi = s_gamma[i], bi = s_beta[i];
+        const int i = rg * 16 + g + 8 * hf;
+        const float gi = s_gamma[i], fi = s_beta[i] * s_rk[i];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          if (nt / 2 <= rg) {
+            const int j = nt * 8 + 2 * t4;
+            const float x0 =
+                i > j ? fi * s_rk[j] * __expf(gi - s_gamma[j]) * acc_g[nt][2 * hf] : 0.f;
+            const float x1 =
+                i > j + 1 ? fi * s_rk[j + 1] * __expf(gi - s_gamma[j + 1]) * acc_g[nt][2 * hf + 1]
+                          : 0.f;
+            *reinterpret_cast<float2*>(s_a + i * kLdA + j) = make_float2(x0, x1);
+          }
+        }
+      }
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = rp * 16 + g + 8 * hf;
+        const float gi = s_gamma[i], fi = s_rq[i];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
           const int j = nt * 8 + 2 * t4;
           float y0 = 0.f, y1 = 0.f;
-          if (nt / 2 <= warp) {
-            const float d0 = __expf(gi - s_gamma[j]), d1 = __expf(gi - s_gamma[j + 1]);
-            const float x0 = i > j ? bi * d0 * acc_g[nt][2 * hf] : 0.f;
-            const float x1 = i > j + 1 ? bi * d1 * acc_g[nt][2 * hf + 1] : 0.f;
-            *reinterpret_cast<float2*>(s_a + i * kLdA + j) = make_float2(x0, x1);
-            y0 = i >= j ? d0 * acc_p[nt][2 * hf] : 0.f;
-            y1 = i >= j + 1 ? d1 * acc_p[nt][2 * hf + 1] : 0.f;
+          if (nt / 2 <= rp) {
+            y0 = i >= j ? fi * s_rk[j] * __expf(gi - s_gamma[j]) * acc_p[nt][2 * hf] : 0.f;
+            y1 = i >= j + 1 ? fi * s_rk[j + 1] * __expf(gi - s_gamma[j + 1]) * acc_p[nt][2 * hf + 1]
+                            : 0.f;
           }
           *reinterpret_cast<u32*>(s_p + i * kLd + j) = mma::pack_bf16(y0, y1);
         }
@@ -255,57 +410,118 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
       }
       __syncthreads();
 
-      // 5. Warps 0-1: T = (I + A)^-1 by forward substitution, thread j owning column j:
-      // x_i = -sum_{k<i} A_ik x_k (i > j), x_j = 1, x_i = 0 above. x starts at zero so the
-      // float4 groups that reach past k = i - 1 (A is zero there up to the diagonal block's end)
-      // add exact zeros. Then T' = T diag(beta) as bf16. Warps 2-3 meanwhile store P's rows.
-      if (warp < 2) {
-        const int j = tid;
-        float x[64];
+      // 5a. Warp w: T_ww = (I + A_ww)^-1 by forward substitution, lane c (mod 16) owning column
+      // c: x_r = -sum_{m<r} A_rm x_m (r > c), x_c = 1, x_r = 0 above (exact zeros in the sums).
+      {
+        const int c = lane & 15;
+        const float* ab = s_a + (16 * warp) * kLdA + 16 * warp;
+        float x[16];
 #pragma unroll
-        for (int i = 0; i < 64; ++i) x[i] = 0.f;
+        for (int r = 0; r < 16; ++r) {
+          float acc = 0.f;
 #pragma unroll
-        for (int i = 0; i < 64; ++i) {
-          const float* arow = s_a + i * kLdA;
-          float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-#pragma unroll
-          for (int k4 = 0; k4 < (i + 3) / 4; ++k4) {
-            const float4 av = *reinterpret_cast<const float4*>(arow + 4 * k4);
-            a0 = fmaf(av.x, x[4 * k4], a0);
-            a1 = fmaf(av.y, x[4 * k4 + 1], a1);
-            a2 = fmaf(av.z, x[4 * k4 + 2], a2);
-            a3 = fmaf(av.w, x[4 * k4 + 3], a3);
+          for (int m4 = 0; m4 < r; m4 += 4) {
+            const float4 av = *reinterpret_cast<const float4*>(ab + r * kLdA + m4);
+            acc = fmaf(av.x, x[m4], acc);
+            if (m4 + 1 < r) acc = fmaf(av.y, x[m4 + 1], acc);
+            if (m4 + 2 < r) acc = fmaf(av.z, x[m4 + 2], acc);
+            if (m4 + 3 < r) acc = fmaf(av.w, x[m4 + 3], acc);
           }
-          const float sum = (a0 + a1) + (a2 + a3);
-          x[i] = i < j ? 0.f : (i == j ? 1.f : -sum);
+          x[r] = r < c ? 0.f : (r == c ? 1.f : -acc);
         }
-        const float bj = s_beta[j];
+        if (lane < 16) {
+          float* td = t_diag(warp);
+          const float bc = s_beta[16 * warp + c];
 #pragma unroll
-        for (int i = 0; i < 64; ++i) s_t[i * kLd + j] = __float2bfloat16_rn(x[i] * bj);
-      } else {
-        __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.ws_p) + (ws_row0 + hv) * 64;
-        for (int c = tid - 64; c < 64 * 8; c += 64) {
-          const int r = c >> 3, part = c & 7;
-          if (r < rows) {
-            *reinterpret_cast<uint4*>(dst + i64(r) * hv_count * 64 + part * 8) =
-                *reinterpret_cast<const uint4*>(s_p + r * kLd + part * 8);
+          for (int r = 0; r < 16; ++r) {
+            td[r * kLdA + c] = x[r];
+            s_t[(16 * warp + r) * kLd + 16 * warp + c] = __float2bfloat16_rn(x[r] * bc);
           }
         }
       }
       __syncthreads();
+
+      // 5b. Products in transposed form (c = -T_ij^T, Z = X^T):
+      //   warp 0: T10 = -T11 (A10 T00)            warp 1: T32 = -T33 (A32 T22)
+      //   warp 2: T21 = -T22 (A21 T11); Z21 = (A21 T11)^T and Z31 = (A31 T11)^T kept
+      //   warp 3: Z20 = (A20 T00)^T, Z30 = (A30 T00)^T kept
+      float z1[2][4], z2[2][4];
+      zero_acc(z1);
+      zero_acc(z2);
       {
-        __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(p.ws_t) + (ws_row0 + hv) * 64;
+        float c[2][4];
+        zero_acc(c);
+        if (warp == 0) {
+          mma3_bt(z1, load_a_transposed(t_diag(0), g, t4), a_blk(1, 0), g, t4);
+          mma3_bt(c, a_from_acc(z1), t_diag(1), g, t4);
+          park_neg_transposed(t10, c, g, t4);
+          store_t_block(s_t, kLd, s_beta, 1, 0, c, g, t4);
+        } else if (warp == 1) {
+          mma3_bt(z1, load_a_transposed(t_diag(2), g, t4), a_blk(3, 2), g, t4);
+          mma3_bt(c, a_from_acc(z1), t_diag(3), g, t4);
+          park_neg_transposed(t32, c, g, t4);
+          store_t_block(s_t, kLd, s_beta, 3, 2, c, g, t4);
+        } else if (warp == 2) {
+          const SplitA t11 = load_a_transposed(t_diag(1), g, t4);
+          mma3_bt(z1, t11, a_blk(2, 1), g, t4);
+          mma3_bt(z2, t11, a_blk(3, 1), g, t4);
+          mma3_bt(c, a_from_acc(z1), t_diag(2), g, t4);
+          store_t_block(s_t, kLd, s_beta, 2, 1, c, g, t4);
+        } else {
+          const SplitA t00 = load_a_transposed(t_diag(0), g, t4);
+          mma3_bt(z1, t00, a_blk(2, 0), g, t4);
+          mma3_bt(z2, t00, a_blk(3, 0), g, t4);
+        }
+      }
+      __syncthreads();
+
+      // 5c. warp 0: T20 = -T22 (A20 T00 + A21 T10)
+      //     warp 2: T31 = -(T32 X21 + T33 X31), X_m1 = A_m1 T11 (Z21, Z31 of 5b)
+      //     warp 3: T30 = -(T32 X20 + T33 X30), X_m0 = A_m0 T00 + A_m1 T10
+      {
+        float c[2][4];
+        zero_acc(c);
+        if (warp == 0) {
+          zero_acc(z1);
+          mma3_bt(z1, load_a_transposed(t_diag(0), g, t4), a_blk(2, 0), g, t4);
+          mma3_bt(z1, load_a_transposed(t10, g, t4), a_blk(2, 1), g, t4);
+          mma3_bt(c, a_from_acc(z1), t_diag(2), g, t4);
+          store_t_block(s_t, kLd, s_beta, 2, 0, c, g, t4);
+        } else if (warp == 2) {
+          mma3_bt(c, a_from_acc(z1), t32, g, t4);
+          mma3_bt(c, a_from_acc(z2), t_diag(3), g, t4);
+          store_t_block(s_t, kLd, s_beta, 3, 1, c, g, t4);
+        } else if (warp == 3) {
+          const SplitA t10a = load_a_transposed(t10, g, t4);
+          mma3_bt(z1, t10a, a_blk(2, 1), g, t4);
+          mma3_bt(z2, t10a, a_blk(3, 1), g, t4);
+          mma3_bt(c, a_from_acc(z1), t32, g, t4);
+          mma3_bt(c, a_from_acc(z2), t_diag(3), g, t4);
+          store_t_block(s_t, kLd, s_beta, 3, 0, c, g, t4);
+        }
+      }
+      __syncthreads();
+
+      // 6. T' and P rows of hv to the workspace (16-byte stores of whole rows).
+      {
+        __nv_bfloat16* dst_t = static_cast<__nv_bfloat16*>(p.ws_t) + (ws_row0 + hv) * 64;
+        __nv_bfloat16* dst_p = static_cast<__nv_bfloat16*>(p.ws_p) + (ws_row0 + hv) * 64;
+#pragma unroll 2
         for (int c = tid; c < 64 * 8; c += kGdnPrefillThreads) {
           const int r = c >> 3, part = c & 7;
           if (r < rows) {
-            *reinterpret_cast<uint4*>(dst + i64(r) * hv_count * 64 + part * 8) =
+            const i64 off = i64(r) * hv_count * 64 + part * 8;
+            *reinterpret_cast<uint4*>(dst_t + off) =
                 *reinterpret_cast<const uint4*>(s_t + r * kLd + part * 8);
+            *reinterpret_cast<uint4*>(dst_p + off) =
+                *reinterpret_cast<const uint4*>(s_p + r * kLd + part * 8);
           }
         }
       }
-      // The next value head rewrites gamma, A, P and T' only after its own two barriers, which
+      // The next value head rewrites gamma, A, P and T' only after its own barriers, which
       // every thread reaches after its share of these copies.
     }
+    b = b_next;
   }
 }
 
