@@ -107,8 +107,9 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillWorkspace gdn_prefill_workspace(u64 toke
 }
 
 /// Shared memory of the chunked path's chunk kernel (templates/gdn_prefill_chunk.cuh) for key
-/// dim `k`: normalized q and k, the f32 matrix A (pitch 68 floats: 16-byte rows for float4
-/// broadcasts), two bf16 staging tiles for P and T' (coalesced stores), per-row vectors.
+/// dim `k`: the raw q and k rows (cp.async targets), the f32 matrix A (pitch 68 floats: 16-byte
+/// rows for float4 broadcasts; its upper blocks hold f32 blocks of the inverse), two bf16 staging
+/// tiles for P and T' (coalesced stores), per-row vectors.
 struct GdnPrefillChunkSmem {
   u32 q;      // bf16 [64][k + 8]
   u32 k;      // bf16 [64][k + 8]
