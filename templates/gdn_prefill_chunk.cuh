@@ -49,6 +49,14 @@ namespace kjit {
 namespace gdn_prefill_chunk_detail {
 
 constexpr int kLdA = 68;  // f32 row pitch of A (and of the parked T blocks)
+constexpr float kLog2e = 1.4426950408889634f;
+
+/// 2^x (MUFU, flushing results below 2^-126 to zero).
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 /// Two f32 -> bf16 hi and lo words (x = hi + lo to about 16 bits); the first value in the low
 /// half.
@@ -168,6 +176,8 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
   float* s_beta = reinterpret_cast<float*>(smem + kSmem.beta);
   float* s_rq = reinterpret_cast<float*>(smem + kSmem.rq);
   float* s_rk = reinterpret_cast<float*>(smem + kSmem.rk);
+  float* s_cf = reinterpret_cast<float*>(smem + kSmem.cf);
+  float* s_ref = reinterpret_cast<float*>(smem + kSmem.ref);
   // The parked f32 blocks of T, in the upper blocks of A's tile (never written by A).
   const auto parked = [&](int r, int c) { return s_a + (16 * r) * kLdA + 16 * c; };
   // T_ii at (0, i + 1) for i < 3, T33 at (1, 2).
@@ -359,29 +369,52 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
           const float y = __shfl_up_sync(0xffffffffu, incl, off);
           if (lane >= off) incl += y;
         }
-        s_gamma[2 * lane] = incl - local + gl[0];
+        const float g0 = incl - local + gl[0];
+        s_gamma[2 * lane] = g0;
         s_gamma[2 * lane + 1] = incl;
         s_beta[2 * lane] = bl[0];
         s_beta[2 * lane + 1] = bl[1];
+        // Column factors of the off-diagonal blocks: with gamma_ref the gamma of the last row of
+        // the column's 16-row block, e^(gamma_i - gamma_j) = e^(gamma_i - gamma_ref) e^(gamma_ref
+        // - gamma_j) for every row i of a later block, both factors <= 1 (gamma does not rise).
+        const float ref = __shfl_sync(0xffffffffu, incl, (lane & ~7) | 7);
+        const float2 rk = *reinterpret_cast<const float2*>(s_rk + 2 * lane);
+        *reinterpret_cast<float2*>(s_cf + 2 * lane) =
+            make_float2(rk.x * ex2((ref - g0) * kLog2e), rk.y * ex2((ref - incl) * kLog2e));
+        if ((lane & 7) == 0) s_ref[lane >> 3] = ref;
       }
       __syncthreads();
 
       // 4. A (f32, strictly lower; block row rg) and P (bf16, lower with the diagonal; block
-      // row rp, zero above the diagonal block) of hv. The per-row scales.
+      // row rp, zero above the diagonal block) of hv. Off-diagonal blocks take the decay as a
+      // row factor times the column factor s_cf; the diagonal block one exponential per element
+      // (masked by selects: the upper part's exponentials may overflow and are discarded).
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = rg * 16 + g + 8 * hf;
         const float gi = s_gamma[i], fi = s_beta[i] * s_rk[i];
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          if (nt / 2 <= rg) {
-            const int j = nt * 8 + 2 * t4;
-            const float x0 =
-                i > j ? fi * s_rk[j] * __expf(gi - s_gamma[j]) * acc_g[nt][2 * hf] : 0.f;
-            const float x1 =
-                i > j + 1 ? fi * s_rk[j + 1] * __expf(gi - s_gamma[j + 1]) * acc_g[nt][2 * hf + 1]
-                          : 0.f;
-            *reinterpret_cast<float2*>(s_a + i * kLdA + j) = make_float2(x0, x1);
+        for (int jb = 0; jb < 4; ++jb) {
+          if (jb < rg) {
+            const float rf = fi * ex2((gi - s_ref[jb]) * kLog2e);
+#pragma unroll
+            for (int h2 = 0; h2 < 2; ++h2) {
+              const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
+              const float2 cf = *reinterpret_cast<const float2*>(s_cf + j);
+              *reinterpret_cast<float2*>(s_a + i * kLdA + j) =
+                  make_float2(rf * cf.x * acc_g[nt][2 * hf], rf * cf.y * acc_g[nt][2 * hf + 1]);
+            }
+          } else if (jb == rg) {
+#pragma unroll
+            for (int h2 = 0; h2 < 2; ++h2) {
+              const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
+              const float2 gj = *reinterpret_cast<const float2*>(s_gamma + j);
+              const float2 kj = *reinterpret_cast<const float2*>(s_rk + j);
+              const float x0 = fi * kj.x * ex2((gi - gj.x) * kLog2e) * acc_g[nt][2 * hf];
+              const float x1 = fi * kj.y * ex2((gi - gj.y) * kLog2e) * acc_g[nt][2 * hf + 1];
+              *reinterpret_cast<float2*>(s_a + i * kLdA + j) =
+                  make_float2(i > j ? x0 : 0.f, i > j + 1 ? x1 : 0.f);
+            }
           }
         }
       }
@@ -390,15 +423,34 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
         const int i = rp * 16 + g + 8 * hf;
         const float gi = s_gamma[i], fi = s_rq[i];
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          const int j = nt * 8 + 2 * t4;
-          float y0 = 0.f, y1 = 0.f;
-          if (nt / 2 <= rp) {
-            y0 = i >= j ? fi * s_rk[j] * __expf(gi - s_gamma[j]) * acc_p[nt][2 * hf] : 0.f;
-            y1 = i >= j + 1 ? fi * s_rk[j + 1] * __expf(gi - s_gamma[j + 1]) * acc_p[nt][2 * hf + 1]
-                            : 0.f;
+        for (int jb = 0; jb < 4; ++jb) {
+          if (jb < rp) {
+            const float rf = fi * ex2((gi - s_ref[jb]) * kLog2e);
+#pragma unroll
+            for (int h2 = 0; h2 < 2; ++h2) {
+              const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
+              const float2 cf = *reinterpret_cast<const float2*>(s_cf + j);
+              *reinterpret_cast<u32*>(s_p + i * kLd + j) =
+                  mma::pack_bf16(rf * cf.x * acc_p[nt][2 * hf], rf * cf.y * acc_p[nt][2 * hf + 1]);
+            }
+          } else if (jb == rp) {
+#pragma unroll
+            for (int h2 = 0; h2 < 2; ++h2) {
+              const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
+              const float2 gj = *reinterpret_cast<const float2*>(s_gamma + j);
+              const float2 kj = *reinterpret_cast<const float2*>(s_rk + j);
+              const float y0 = fi * kj.x * ex2((gi - gj.x) * kLog2e) * acc_p[nt][2 * hf];
+              const float y1 = fi * kj.y * ex2((gi - gj.y) * kLog2e) * acc_p[nt][2 * hf + 1];
+              *reinterpret_cast<u32*>(s_p + i * kLd + j) =
+                  mma::pack_bf16(i >= j ? y0 : 0.f, i >= j + 1 ? y1 : 0.f);
+            }
+          } else {
+#pragma unroll
+            for (int h2 = 0; h2 < 2; ++h2) {
+              const int j = (2 * jb + h2) * 8 + 2 * t4;
+              *reinterpret_cast<u32*>(s_p + i * kLd + j) = 0u;
+            }
           }
-          *reinterpret_cast<u32*>(s_p + i * kLd + j) = mma::pack_bf16(y0, y1);
         }
       }
       if (tid < 64 && tid < rows) {

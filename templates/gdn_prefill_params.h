@@ -120,6 +120,8 @@ struct GdnPrefillChunkSmem {
   u32 beta;   // f32 [64]
   u32 rq;     // f32 [64]: 1 / |q_i| (1 without L2 norm)
   u32 rk;     // f32 [64]
+  u32 cf;     // f32 [64]: rk_j e^(gamma_ref - gamma_j), gamma_ref the last of j's 16-row block
+  u32 ref;    // f32 [4]: gamma at the end of each 16-row block
   u32 total;
 };
 
@@ -145,6 +147,10 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillChunkSmem gdn_prefill_chunk_smem(int k) 
   at += 256u;
   m.rk = at;
   at += 256u;
+  m.cf = at;
+  at += 256u;
+  m.ref = at;
+  at += 16u;
   m.total = at;
   return m;
 }
