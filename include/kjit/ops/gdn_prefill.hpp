@@ -24,7 +24,10 @@ enum class GdnGateKind : std::uint8_t {
   /// a, b [T, HV] (f32/bf16/f16) with A_log, dt_bias [HV]:
   /// g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b).
   raw,
-  /// g [T, HV] f32 (log decay, <= 0) and beta [T, HV] f32 (post-sigmoid).
+  /// g [T, HV] f32 (log decay, <= 0) and beta [T, HV] f32 (post-sigmoid). The kernels take
+  /// exponentials of g's sums within a 64-token chunk split into factors that are <= 1 for a
+  /// decay; a positive g (growth) is computed too, but only while e^(sum of g over 16 tokens)
+  /// stays within f32 range.
   precomputed,
 };
 
