@@ -24,10 +24,9 @@ enum class GdnGateKind : std::uint8_t {
   /// a, b [T, HV] (f32/bf16/f16) with A_log, dt_bias [HV]:
   /// g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b).
   raw,
-  /// g [T, HV] f32 (log decay, <= 0) and beta [T, HV] f32 (post-sigmoid). The kernels take
-  /// exponentials of g's sums within a 64-token chunk split into factors that are <= 1 for a
-  /// decay; a positive g (growth) is computed too, but only while e^(sum of g over 16 tokens)
-  /// stays within f32 range.
+  /// g [T, HV] f32 (log decay, <= 0) and beta [T, HV] f32 (post-sigmoid). The chunked path
+  /// splits e^(g's sum between two tokens of a 64-token chunk) into two factors, each <= 1 for
+  /// a decay; a g > 0 (growth) is accepted, but these factors must then stay in f32 range.
   precomputed,
 };
 
