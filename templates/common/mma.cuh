@@ -71,6 +71,14 @@ __device__ __forceinline__ void load_b2_trans(u32 (&b)[4], const __nv_bfloat16* 
   ldmatrix_x4_trans(b, smem_addr(base + (i + 8 * (m & 1)) * ld + 8 * (m >> 1)));
 }
 
+/// A fragment of the 16x16 tile whose element (r, c) is base[c * ld + r] (stored transposed:
+/// the m dim contiguous), e.g. V^T from V rows. base and ld * 2 bytes must be 16-byte aligned.
+__device__ __forceinline__ void load_a_trans(u32 (&a)[4], const __nv_bfloat16* base, int ld) {
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int m = lane >> 3, i = lane & 7;
+  ldmatrix_x4_trans(a, smem_addr(base + (i + 8 * (m >> 1)) * ld + 8 * (m & 1)));
+}
+
 /// A fragment from an f32 row-major tile (element (r, c) at base[r * ld + c]), rounded to
 /// bf16. base and ld * 4 bytes must be 8-byte aligned.
 __device__ __forceinline__ void load_a_f32(u32 (&a)[4], const float* base, int ld) {
