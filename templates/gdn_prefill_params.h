@@ -159,10 +159,24 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillChunkSmem gdn_prefill_chunk_smem(int k) 
 /// needs 256 threads' registers), 4 otherwise.
 KJIT_GDN_PREFILL_HD constexpr int gdn_prefill_state_warps(int bv) { return bv == 128 ? 8 : 4; }
 
+/// Whether the state kernel's value tile `bv` takes the wide layout: one warp per 16 rows of V
+/// carries its rows of the state and every product of them through the chunk in registers
+/// (bv = 64 and 128, K <= 128). Tiles of 16 and 32 rows split each product over 4 warps and
+/// exchange R^T, Vn^T and the state copy through shared memory.
+KJIT_GDN_PREFILL_HD constexpr bool gdn_prefill_state_wide(int bv) { return bv >= 64; }
+
+/// Input stages of the wide layout: chunk c + stages - 1 is fetched while chunk c computes.
+KJIT_GDN_PREFILL_HD constexpr int gdn_prefill_state_stages(int bv) {
+  return gdn_prefill_state_wide(bv) ? 2 : 1;
+}
+
 /// Shared memory of the chunked path's state kernel (templates/gdn_prefill_state.cuh) for key
-/// dim `k` and value tile `bv`. k, T' and the scales are double-buffered (chunk c + 1's arrive
-/// during all of chunk c); q, v and P are single buffers refilled as soon as the stage that
-/// reads them has passed a barrier.
+/// dim `k` and value tile `bv`. Wide tiles: every input of a chunk (k, q, v, T', P, scales) in
+/// each of gdn_prefill_state_stages(bv) stages of equal size (stage i's buffer = stage 0's + i
+/// (k1 - k0)), one barrier per chunk. Tiles of 16 and 32:
+/// k, T' and the scales are double-buffered (chunk c + 1's arrive during all of chunk c); q, v
+/// and P are single buffers refilled as soon as the stage that reads them has passed a barrier;
+/// then the state copy and the R^T, Vn^T and decayed Vn^T tiles.
 struct GdnPrefillStateSmem {
   u32 k0, k1;    // bf16 [64][k + 8] raw k of the chunk (two buffers)
   u32 q;         // bf16 [64][k + 8] raw q
@@ -170,10 +184,10 @@ struct GdnPrefillStateSmem {
   u32 t0, t1;    // bf16 [64][72] T' (two buffers: issued a whole chunk ahead)
   u32 p;         // bf16 [64][72] P
   u32 sc0, sc1;  // float4 [64] scales (two buffers)
-  u32 s;         // bf16 [bv][k + 8] the state tile at chunk start
-  u32 r;         // bf16 [bv][72] R^T
-  u32 vn;        // bf16 [bv][72] Vn^T
-  u32 vd;        // bf16 [bv][72] Vn^T scaled by e^(gamma_last - gamma_j) / |k_j|
+  u32 s;         // bf16 [bv][k + 8] the state tile at chunk start (tiles of 16 and 32)
+  u32 r;         // bf16 [bv][72] R^T (tiles of 16 and 32)
+  u32 vn;        // bf16 [bv][72] Vn^T (tiles of 16 and 32)
+  u32 vd;        // bf16 [bv][72] Vn^T scaled by e^(gamma_last - gamma_j) / |k_j| (16 and 32)
   u32 total;
 };
 
@@ -183,6 +197,25 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillStateSmem gdn_prefill_state_smem(int k, 
   const u32 tile64 = 64u * 72u * 2u;
   const u32 tile_bv = u32(bv) * 72u * 2u;
   u32 at = 0;
+  if (gdn_prefill_state_wide(bv)) {
+    m.k0 = at;
+    at += 64u * row_k;
+    m.q = at;
+    at += 64u * row_k;
+    m.v = at;
+    at += 64u * u32(bv + 8) * 2u;
+    m.t0 = at;
+    at += tile64;
+    m.p = at;
+    at += tile64;
+    m.sc0 = at;
+    at += 64u * 16u;
+    m.k1 = m.k0 + at;
+    m.t1 = m.t0 + at;
+    m.sc1 = m.sc0 + at;
+    m.total = at * u32(gdn_prefill_state_stages(bv));
+    return m;
+  }
   m.k0 = at;
   at += 64u * row_k;
   m.k1 = at;

@@ -1,17 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 // Gated DeltaNet chunked prefill, chunked path, kernel 2 of 2: the sequential part. One block
-// of 4 or 8 warps per (sequence n, value head hv, value tile of kBV rows) walks the sequence's
-// chunks carrying the f32 state tile S [kBV, K] in registers (mma accumulator layout, as in the
-// fused kernel of gdn_prefill.cuh). Per chunk, with T', P and the scales from the chunk kernel
+// per (sequence n, value head hv, value tile of kBV rows) walks the sequence's chunks carrying
+// the f32 state tile S [kBV, K] in registers (mma accumulator layout, as in the fused kernel of
+// gdn_prefill.cuh). Per chunk, with T', P and the scales from the chunk kernel
 // (gdn_prefill_chunk.cuh) and q, k the raw bf16 rows:
 //   R   = V - diag(e^gamma / |k|) K S^T                         (mma over K)
 //   Vn  = T' R                    (= U - W S^T of the WY form; T' = (I + A)^-1 diag(beta))
 //   O   = scale (diag(e^gamma / |q|) Q S^T + P Vn)
 //   S  <- e^gamma_last S + sum_j (e^(gamma_last - gamma_j) / |k_j|) Vn_j k_j^T
-// Only this S-dependent work is on the sequential path; the next chunk's q, k, v, T', P and
-// scales stream into shared memory with cp.async while the current chunk computes: k, T' and
-// the scales are double-buffered (issued a whole chunk ahead), q and v are refilled once the
-// first product has read them, P at the top of its own chunk. Three barriers per chunk.
+// Only this S-dependent work is on the sequential path; the chunk's inputs (q, k, v, T', P and
+// the scales) stream into shared memory with cp.async while earlier chunks compute.
+//
+// Two layouts (gdn_prefill_state_wide): the wide tiles (64 and 128 rows, K <= 128) give each
+// warp 16 rows of V and keep every product of the chain in registers (state_wide, one barrier
+// per chunk); the tiles of 16 and 32 rows split each product over 4 warps and pass R^T, Vn^T and
+// the state copy through shared memory (state_tiles, three barriers per chunk).
 //
 // Rows past the end of a sequence are zero-filled (q, k, v, T', P and scales): their R, Vn
 // and contributions are exactly zero, and their outputs are not stored.
@@ -25,20 +28,20 @@
 #include "kjit/gdn_prefill_params.h"
 
 namespace kjit {
+namespace gdn_prefill_detail {
 
-/// Template parameters: element types of q/k/v (bf16: raw rows are mma operands), of the state
-/// pool, of out, of cu_seqlens and of state_indices; K, V, the value tile kBV; kCkpt as in the
-/// fused kernel.
-///
-/// Warp w owns rows 16 (w % 4) .. of every 64-row product and, with 8 warps, half of its
-/// columns (w / 4); the state update splits the [kBV, K] tile over all warps. A tile of all of V
-/// (kBV = 128) loads each chunk's q, k, T' and P once per (sequence, value head) instead of
-/// once per tile: the smaller tiles spend their time moving those bytes into shared memory.
+/// A compile-time int as a value (for the parts count of the generic cp.async row issue).
+template <int N>
+struct IntC {
+  static constexpr int value = N;
+};
+
+/// The tiles of 16 and 32 rows (4 warps): warp w owns rows 16 w .. 15 of every 64-row product,
+/// and the state update splits the [kBV, K] tile over the warps; R^T, Vn^T, the decayed Vn^T
+/// and the state's bf16 copy pass through shared memory. Three barriers per chunk.
 template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
           int kBV, bool kCkpt>
-__global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
-    gdn_prefill_state_kernel(const GdnPrefillParams p) {
-  using namespace gdn_prefill_detail;
+__device__ __forceinline__ void state_tiles(const GdnPrefillParams& p) {
   static_assert(kK == 64 || kK == 128 || kK == 256, "K must be 64, 128 or 256");
   static_assert(kV % kBV == 0 && kV <= 256, "the value tile must divide V");
   static_assert(kBV == 16 || kBV == 32 || kBV == 64 || kBV == 128,
@@ -332,6 +335,338 @@ __global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
   }
 
   store_final_state<Tstate, kK, kV>(p, n, slot, padded, hv, v0, s_acc, wm, wn, g, t4);
+}
+
+/// The wide tiles (bv = 64, 128; K <= 128): warp w owns rows 16 w .. 16 w + 15 of the value tile
+/// and carries them through the whole chunk in registers, with no exchange between warps. With
+/// S_w its [16, K] state rows (f32, accumulator layout), per chunk:
+///   R_w^T  = V_w^T - S_w K^T diag(e^gamma / |k|)    A = S_w (registers), B = k rows
+///   O_w    = diag(e^gamma / |q|) Q S_w^T             A = q rows, B = S_w (registers)
+///   Vn_w^T = R_w^T T'^T                              A = R_w^T (registers), B = T' rows
+///   O_w   += P Vn_w                                  A = P rows, B = Vn_w^T (registers)
+///   S_w   <- e^gamma_last S_w + Vn_w^T diag(e^(gamma_last - gamma_j) / |k_j|) K
+/// The accumulator of each product is, packed to bf16, the A or B fragment of the next: the
+/// [16, n] tile of rows g, g + 8 and column pairs 2 t4 is the A fragment of a 16-row operand
+/// and the B fragment of two 8-column ones. Only the chunk's inputs live in shared memory, in
+/// gdn_prefill_state_stages(kBV) stages: one barrier per chunk, after which chunk c + stages - 1
+/// is fetched (cp.async, by every thread) into the stage that chunk c - 1 used.
+///
+/// Measured on the H200 (128k tokens, 16 uneven sequences, H = HV = 16) against this layout:
+/// a ninth warp that only copies, handing stages over by mbarriers with no block barrier, was
+/// ~20% slower per chunk (9 warps cap registers at 168 a thread: 3 warps share a scheduler's
+/// register file); bulk copies (cp.async.bulk, one per row and tensor, ~384 a chunk) slower
+/// still, whoever issues them (the copy engine took ~7 cycles per small copy); a third stage
+/// changed nothing.
+template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
+          int kBV, bool kCkpt>
+__device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
+  static_assert(kK == 64 || kK == 128, "wide tiles carry 16 rows of a K <= 128 state per warp");
+  static_assert(kV % kBV == 0 && kV <= 256, "the value tile must divide V");
+  constexpr int kWarps = kBV / 16;
+  static_assert(kWarps == gdn_prefill_state_warps(kBV), "one warp per 16 rows of the tile");
+  constexpr int kThreads = 32 * kWarps;
+  constexpr int kLdK = kK + 8;
+  constexpr int kLdV = kBV + 8;
+  constexpr int kLd = 72;
+  constexpr int kKSteps = kK / 16;
+  constexpr int kSN = kK / 8;  // n-tiles of the warp's state rows
+  constexpr int kStages = gdn_prefill_state_stages(kBV);
+  constexpr GdnPrefillStateSmem kSmem = gdn_prefill_state_smem(kK, kBV);
+  constexpr u32 kStage = kSmem.k1 - kSmem.k0;
+
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int vw = warp * 16;  // the warp's first row of the value tile
+
+  const u64 tiles = p.v_tiles;
+  const u64 block = blockIdx.x;
+  const int vt = static_cast<int>(block % tiles);
+  const u32 hv = static_cast<u32>((block / tiles) % p.num_value_heads);
+  const u64 n = block / (tiles * p.num_value_heads);
+  const u32 h = hv / p.heads_per_group;
+  const int v0 = vt * kBV;
+  const u32 hv_count = p.num_value_heads;
+
+  const Tcu* cu = static_cast<const Tcu*>(p.cu_seqlens);
+  const i64 bos = static_cast<i64>(cu[n]);
+  const i64 eos = static_cast<i64>(cu[n + 1]);
+  const i64 slot =
+      static_cast<i64>(static_cast<const Tidx*>(p.state_indices)[i64(n) * p.index_stride]);
+  const bool padded = slot < 0 || slot >= p.num_slots;
+  const bool has_init = !padded && (p.has_initial_state == nullptr ||
+                                    p.has_initial_state[i64(n) * p.has_init_stride] != 0);
+
+  const __nv_bfloat16* q_g = static_cast<const __nv_bfloat16*>(p.q) + i64(h) * p.q_stride_h;
+  const __nv_bfloat16* k_g = static_cast<const __nv_bfloat16*>(p.k) + i64(h) * p.k_stride_h;
+  const __nv_bfloat16* v_g = static_cast<const __nv_bfloat16*>(p.v) + i64(hv) * p.v_stride_h + v0;
+  const __nv_bfloat16* t_g = static_cast<const __nv_bfloat16*>(p.ws_t) + i64(hv) * 64;
+  const __nv_bfloat16* p_g = static_cast<const __nv_bfloat16*>(p.ws_p) + i64(hv) * 64;
+  const float4* sc_g = static_cast<const float4*>(p.ws_scales) + hv;
+
+  // The chunk starting at token t into stage `st` (cp.async, 16 bytes per thread and copy; rows
+  // past the end of the sequence zero-filled), one commit group per chunk.
+  const auto rows_at = [&](i64 t) { return static_cast<int>(eos - t < 64 ? eos - t : 64); };
+  const auto issue_rows = [&](unsigned char* dst_bytes, int ld, const __nv_bfloat16* src,
+                              i64 stride, auto parts_c, i64 t, int rows) {
+    constexpr int kParts = decltype(parts_c)::value;
+    __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(dst_bytes);
+#pragma unroll
+    for (int it = 0; it < (64 * kParts + kThreads - 1) / kThreads; ++it) {
+      const int c = tid + it * kThreads;
+      if ((64 * kParts) % kThreads == 0 || c < 64 * kParts) {
+        const int r = c / kParts, part = c % kParts;
+        const bool ok = r < rows;
+        cp_async::copy16(dst + r * ld + part * 8, ok ? src + (t + r) * stride + part * 8 : src, ok);
+      }
+    }
+  };
+  const auto fill = [&](int st, i64 t) {
+    const int rows = rows_at(t);
+    unsigned char* const base = smem + st * kStage;
+    issue_rows(base + kSmem.k0, kLdK, k_g, p.k_stride_t, IntC<kK / 8>{}, t, rows);
+    issue_rows(base + kSmem.q, kLdK, q_g, p.q_stride_t, IntC<kK / 8>{}, t, rows);
+    issue_rows(base + kSmem.v, kLdV, v_g, p.v_stride_t, IntC<kBV / 8>{}, t, rows);
+    issue_rows(base + kSmem.t0, kLd, t_g, i64(hv_count) * 64, IntC<8>{}, t, rows);
+    issue_rows(base + kSmem.p, kLd, p_g, i64(hv_count) * 64, IntC<8>{}, t, rows);
+    if (tid < 64) {
+      const bool ok = tid < rows;
+      cp_async::copy16(reinterpret_cast<float4*>(base + kSmem.sc0) + tid,
+                       ok ? sc_g + (t + tid) * i64(hv_count) : sc_g, ok);
+    }
+  };
+  // Prologue: chunks 0 .. kStages - 2, one commit group each (empty past the end).
+#pragma unroll
+  for (int c = 0; c < kStages - 1; ++c) {
+    const i64 t = bos + i64(c) * kGdnPrefillChunk;
+    if (t < eos) fill(c, t);
+    cp_async::commit();
+  }
+
+  // The warp's state rows: element (vw + g + 8 hf, kk) with kk = ni * 8 + 2 t4 + e at
+  // s_acc[0][ni][2 hf + e] (the layout of store_state_tile with wm = warp, wn = 0).
+  float s_acc[1][kSN][4];
+  {
+    const Tstate* src = has_init ? static_cast<const Tstate*>(p.state) +
+                                       slot * p.state_slot_stride + (i64(hv) * kV + v0) * kK
+                                 : nullptr;
+#pragma unroll
+    for (int ni = 0; ni < kSN; ++ni) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int v = vw + g + 8 * hf;
+        const int kk = ni * 8 + 2 * t4;
+        const float2 x = src != nullptr ? load_pair(src + v * kK + kk) : make_float2(0.f, 0.f);
+        s_acc[0][ni][2 * hf] = x.x;
+        s_acc[0][ni][2 * hf + 1] = x.y;
+      }
+    }
+  }
+
+  Tout* o_base = static_cast<Tout*>(p.out) + i64(hv) * p.out_stride_h + v0 + vw;
+  i64 ckpt_row = 0, ckpt_countdown = 0;
+  if constexpr (kCkpt) {
+    ckpt_row = p.checkpoint_starts[n];
+    ckpt_countdown = p.ckpt_every_chunks;
+  }
+
+  int st = 0;
+  for (i64 t0 = bos; t0 < eos; t0 += kGdnPrefillChunk) {
+    const int rows = rows_at(t0);
+    // This chunk's inputs have landed (every thread's copies, after the barrier); every warp is
+    // done with chunk c - 1, whose stage now takes chunk c + kStages - 1.
+    const i64 ta = t0 + i64(kStages - 1) * kGdnPrefillChunk;
+    const int sa = st == 0 ? kStages - 1 : st - 1;
+    cp_async::wait<kStages - 2>();
+    __syncthreads();
+    if (ta < eos) fill(sa, ta);
+    cp_async::commit();
+    unsigned char* const base = smem + st * kStage;
+    const __nv_bfloat16* s_k = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.k0);
+    const __nv_bfloat16* s_q = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.q);
+    const __nv_bfloat16* s_v = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.v);
+    const __nv_bfloat16* s_t = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.t0);
+    const __nv_bfloat16* s_p = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.p);
+    const float4* s_sc = reinterpret_cast<const float4*>(base + kSmem.sc0);
+    st = st + 1 == kStages ? 0 : st + 1;
+
+    // 1. S_w K^T (rows v, columns j: acc_r[nt], j = 8 nt + 2 t4 + e) and Q S_w^T (rows i,
+    // columns v: acc_o[mt][nv], i = 16 mt + g + 8 hf, v = 8 nv + 2 t4 + e) in one pass over K.
+    float acc_r[8][4], acc_o[4][2][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_r[i][e] = acc_o[i / 2][i % 2][e] = 0.f;
+    }
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      u32 sa[4];
+      sa[0] = mma::pack_bf16(s_acc[0][2 * ks][0], s_acc[0][2 * ks][1]);
+      sa[1] = mma::pack_bf16(s_acc[0][2 * ks][2], s_acc[0][2 * ks][3]);
+      sa[2] = mma::pack_bf16(s_acc[0][2 * ks + 1][0], s_acc[0][2 * ks + 1][1]);
+      sa[3] = mma::pack_bf16(s_acc[0][2 * ks + 1][2], s_acc[0][2 * ks + 1][3]);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        u32 b[4];
+        mma::load_b2(b, s_k + np * 16 * kLdK + ks * 16, kLdK);
+        mma::mma_bf16(acc_r[2 * np], sa, b[0], b[1]);
+        mma::mma_bf16(acc_r[2 * np + 1], sa, b[2], b[3]);
+      }
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        u32 a[4];
+        mma::load_a(a, s_q + mt * 16 * kLdK + ks * 16, kLdK);
+        mma::mma_bf16(acc_o[mt][0], a, sa[0], sa[2]);
+        mma::mma_bf16(acc_o[mt][1], a, sa[1], sa[3]);
+      }
+    }
+
+    // 2. R_w^T = V_w^T - S_w K^T diag(e^gamma / |k|), packed as the A fragments of its four
+    // 16-column blocks; the state update's scales e^(gamma_last - gamma_j) / |k_j| of the same
+    // columns.
+    u32 ra[4][4];
+    float kd[4][2][2];
+#pragma unroll
+    for (int jb = 0; jb < 4; ++jb) {
+      u32 vt[4];
+      mma::load_a_trans(vt, s_v + jb * 16 * kLdV + vw, kLdV);
+#pragma unroll
+      for (int hj = 0; hj < 2; ++hj) {
+        const int j = jb * 16 + hj * 8 + 2 * t4;
+        const float4 c0 = s_sc[j], c1 = s_sc[j + 1];
+        kd[jb][hj][0] = c0.z;
+        kd[jb][hj][1] = c1.z;
+        const float* acc = acc_r[2 * jb + hj];
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const u32 x = vt[2 * hj + hf];
+          ra[jb][2 * hj + hf] =
+              mma::pack_bf16(__uint_as_float(x << 16) - c0.y * acc[2 * hf],
+                             __uint_as_float(x & 0xffff0000u) - c1.y * acc[2 * hf + 1]);
+        }
+      }
+    }
+
+    // 3. Vn_w^T = R_w^T T'^T (T' lower triangular: column blocks <= the row block).
+    float acc_v[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_v[i][e] = 0.f;
+    }
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+#pragma unroll
+      for (int jb = 0; jb <= np; ++jb) {
+        u32 b[4];
+        mma::load_b2(b, s_t + np * 16 * kLd + jb * 16, kLd);
+        mma::mma_bf16(acc_v[2 * np], ra[jb], b[0], b[1]);
+        mma::mma_bf16(acc_v[2 * np + 1], ra[jb], b[2], b[3]);
+      }
+    }
+    // Vn_w^T as bf16 fragments (B of P Vn_w) and decayed, 1/|k|-scaled (A of the update).
+    u32 vb[4][4], vd[4][4];
+#pragma unroll
+    for (int jb = 0; jb < 4; ++jb) {
+#pragma unroll
+      for (int hj = 0; hj < 2; ++hj) {
+        const float* x = acc_v[2 * jb + hj];
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          vb[jb][2 * hj + hf] = mma::pack_bf16(x[2 * hf], x[2 * hf + 1]);
+          vd[jb][2 * hj + hf] =
+              mma::pack_bf16(x[2 * hf] * kd[jb][hj][0], x[2 * hf + 1] * kd[jb][hj][1]);
+        }
+      }
+    }
+
+    // 4. S_w <- e^gamma_last S_w + Vd_w^T K (the order of update_state_tile).
+    {
+      const float decay = s_sc[0].w;
+#pragma unroll
+      for (int ni = 0; ni < kSN; ++ni) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s_acc[0][ni][e] *= decay;
+      }
+#pragma unroll
+      for (int jb = 0; jb < 4; ++jb) {
+#pragma unroll
+        for (int np = 0; np < kSN / 2; ++np) {
+          u32 b[4];
+          mma::load_b2_trans(b, s_k + jb * 16 * kLdK + np * 16, kLdK);
+          mma::mma_bf16(s_acc[0][2 * np], vd[jb], b[0], b[1]);
+          mma::mma_bf16(s_acc[0][2 * np + 1], vd[jb], b[2], b[3]);
+        }
+      }
+    }
+
+    // 5. O_w = diag(e^gamma / |q|) Q S_w^T + P Vn_w (P lower triangular); store the chunk's rows.
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const float sx = s_sc[mt * 16 + g + 8 * hf].x;
+#pragma unroll
+        for (int nv = 0; nv < 2; ++nv) {
+          acc_o[mt][nv][2 * hf] *= sx;
+          acc_o[mt][nv][2 * hf + 1] *= sx;
+        }
+      }
+#pragma unroll
+      for (int jb = 0; jb <= mt; ++jb) {
+        u32 a[4];
+        mma::load_a(a, s_p + mt * 16 * kLd + jb * 16, kLd);
+        mma::mma_bf16(acc_o[mt][0], a, vb[jb][0], vb[jb][2]);
+        mma::mma_bf16(acc_o[mt][1], a, vb[jb][1], vb[jb][3]);
+      }
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = mt * 16 + g + 8 * hf;
+        if (i < rows) {
+          Tout* orow = o_base + (t0 + i) * p.out_stride_t;
+#pragma unroll
+          for (int nv = 0; nv < 2; ++nv) {
+            store_pair(orow + nv * 8 + 2 * t4, p.scale * acc_o[mt][nv][2 * hf],
+                       p.scale * acc_o[mt][nv][2 * hf + 1]);
+          }
+        }
+      }
+    }
+
+    // 6. Checkpoints, as in the fused kernel.
+    if constexpr (kCkpt) {
+      if (rows == kGdnPrefillChunk && --ckpt_countdown == 0) {
+        ckpt_countdown = p.ckpt_every_chunks;
+        if (ckpt_row >= 0 && ckpt_row < p.ckpt_rows) {
+          store_state_tile<Tstate, kK>(static_cast<Tstate*>(p.checkpoints) +
+                                           ckpt_row * p.ckpt_slot_stride + (i64(hv) * kV + v0) * kK,
+                                       s_acc, warp, 0, g, t4);
+        }
+        ++ckpt_row;
+      }
+    }
+  }
+  // No copies are in flight at exit: none is issued past the end of the sequence.
+  store_final_state<Tstate, kK, kV>(p, n, slot, padded, hv, v0, s_acc, warp, 0, g, t4);
+}
+
+}  // namespace gdn_prefill_detail
+
+/// Template parameters: element types of q/k/v (bf16: raw rows are mma operands), of the state
+/// pool, of out, of cu_seqlens and of state_indices; K, V, the value tile kBV; kCkpt as in the
+/// fused kernel. A tile of all of V (kBV = 128) loads each chunk's q, k, T' and P once per
+/// (sequence, value head) instead of once per tile: the smaller tiles spend their time moving
+/// those bytes into shared memory.
+template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
+          int kBV, bool kCkpt>
+__global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
+    gdn_prefill_state_kernel(const GdnPrefillParams p) {
+  if constexpr (gdn_prefill_state_wide(kBV)) {
+    gdn_prefill_detail::state_wide<Tin, Tstate, Tout, Tcu, Tidx, kK, kV, kBV, kCkpt>(p);
+  } else {
+    gdn_prefill_detail::state_tiles<Tin, Tstate, Tout, Tcu, Tidx, kK, kV, kBV, kCkpt>(p);
+  }
 }
 
 }  // namespace kjit
