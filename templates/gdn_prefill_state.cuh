@@ -30,6 +30,23 @@
 namespace kjit {
 namespace gdn_prefill_detail {
 
+/// The (sequence, value head, value tile) a state-kernel block works on. Sequences come in rank
+/// order when the chunk kernel ranked them (longest first, see rank_sequences_longest_first).
+struct StateBlock {
+  u64 n;
+  u32 hv;
+  int vt;
+};
+
+__device__ __forceinline__ StateBlock state_block(const GdnPrefillParams& p) {
+  const u64 tiles = p.v_tiles;
+  const u64 block = blockIdx.x;
+  const u64 rank = block / (tiles * p.num_value_heads);
+  const u64 n = p.ws_order != nullptr ? u64(static_cast<const int*>(p.ws_order)[rank]) : rank;
+  return {n, static_cast<u32>((block / tiles) % p.num_value_heads),
+          static_cast<int>(block % tiles)};
+}
+
 /// A compile-time int as a value (for the parts count of the generic cp.async row issue).
 template <int N>
 struct IntC {
@@ -93,13 +110,10 @@ __device__ __forceinline__ void state_tiles(const GdnPrefillParams& p) {
   const int col0 = (warp >> 2) * kBVW;  // first column of this warp's share of them
   const int row0 = rw * 16;
 
-  const u64 tiles = p.v_tiles;
-  const u64 block = blockIdx.x;
-  const int vt = static_cast<int>(block % tiles);
-  const u32 hv = static_cast<u32>((block / tiles) % p.num_value_heads);
-  // Blocks in rank order: the longest sequences first (see rank_sequences_longest_first).
-  const u64 rank = block / (tiles * p.num_value_heads);
-  const u64 n = p.ws_order != nullptr ? u64(static_cast<const int*>(p.ws_order)[rank]) : rank;
+  const StateBlock block = state_block(p);
+  const u64 n = block.n;
+  const u32 hv = block.hv;
+  const int vt = block.vt;
   const u32 h = hv / p.heads_per_group;
   const int v0 = vt * kBV;
   const u32 hv_count = p.num_value_heads;
@@ -380,11 +394,10 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int vw = warp * 16;  // the warp's first row of the value tile
 
-  const u64 tiles = p.v_tiles;
-  const u64 block = blockIdx.x;
-  const int vt = static_cast<int>(block % tiles);
-  const u32 hv = static_cast<u32>((block / tiles) % p.num_value_heads);
-  const u64 n = block / (tiles * p.num_value_heads);
+  const StateBlock block = state_block(p);
+  const u64 n = block.n;
+  const u32 hv = block.hv;
+  const int vt = block.vt;
   const u32 h = hv / p.heads_per_group;
   const int v0 = vt * kBV;
   const u32 hv_count = p.num_value_heads;
