@@ -5,8 +5,9 @@
 // One block of 4 warps per (chunk, q/k head h). With q, k the raw bf16 rows and rq_i = 1 / |q_i|,
 // rk_i = 1 / |k_i| (1 without L2 norm), the raw products G = K K^T and Q K^T are computed once
 // per key head (exact bf16 products, f32 sums; the norms enter as f32 factors, so normalized
-// rows are never rounded); then for each of the HV / H value heads hv of the group, with gamma
-// the chunk-local cumulative log decay and beta of hv:
+// rows are never rounded; |k_i|^2 is G's diagonal and |q_i|^2 the diagonal of the diagonal
+// blocks of Q Q^T, one more mma pair per k step); then for each of the HV / H value heads hv of the
+// group, with gamma the chunk-local cumulative log decay and beta of hv:
 //   A  = strictly-lower beta_i rk_i rk_j G_ij e^(gamma_i - gamma_j)        (f32)
 //   T  = (I + A)^-1                (f32 diagonal 16x16 blocks, then 3xbf16 mma block products)
 //   T' = T diag(beta)              -> workspace, bf16 rows [token, hv, 64]
@@ -25,7 +26,9 @@
 // Each block walks its chunk ids in a grid-stride loop. The raw q/k rows of the next chunk are
 // copied with cp.async into the q/k tiles as soon as the current chunk's products have read
 // them, so the copy overlaps everything after the products (gates, A, P, the inverse, the
-// stores); the next gates are loaded one step ahead into registers likewise.
+// stores); the next gates are loaded one step ahead into registers likewise. Each warp computes
+// the gates (the decay scan) itself, so no barrier separates them from A and P; a warp stores
+// the P rows it computed.
 //
 // The inverse: with T_ii the inverses of the four diagonal blocks (I + A_ii) (warp i, forward
 // substitution in f32, one column per lane), the 32x32 halves are T10 = -T11 A10 T00 and
@@ -172,12 +175,8 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
   float* s_a = reinterpret_cast<float*>(smem + kSmem.a);
   __nv_bfloat16* s_p = reinterpret_cast<__nv_bfloat16*>(smem + kSmem.p);
   __nv_bfloat16* s_t = reinterpret_cast<__nv_bfloat16*>(smem + kSmem.t);
-  float* s_gamma = reinterpret_cast<float*>(smem + kSmem.gamma);
-  float* s_beta = reinterpret_cast<float*>(smem + kSmem.beta);
   float* s_rq = reinterpret_cast<float*>(smem + kSmem.rq);
   float* s_rk = reinterpret_cast<float*>(smem + kSmem.rk);
-  float* s_cf = reinterpret_cast<float*>(smem + kSmem.cf);
-  float* s_ref = reinterpret_cast<float*>(smem + kSmem.ref);
   // The parked f32 blocks of T, in the upper blocks of A's tile (never written by A).
   const auto parked = [&](int r, int c) { return s_a + (16 * r) * kLdA + 16 * c; };
   // T_ii at (0, i + 1) for i < 3, T33 at (1, 2).
@@ -188,6 +187,13 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
 
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  // Every warp computes the gates itself into its own copies of the per-row vectors (no barrier
+  // between the gates and their use); the later stages read warp 0's beta.
+  float* s_gamma = reinterpret_cast<float*>(smem + kSmem.gamma) + 64 * warp;
+  float* s_beta = reinterpret_cast<float*>(smem + kSmem.beta) + 64 * warp;
+  float* s_cf = reinterpret_cast<float*>(smem + kSmem.cf) + 64 * warp;
+  float* s_ref = reinterpret_cast<float*>(smem + kSmem.ref) + 4 * warp;
+  const float* s_beta0 = reinterpret_cast<const float*>(smem + kSmem.beta);
   const u32 h = blockIdx.y;
   const Tcu* cu = static_cast<const Tcu*>(p.cu_seqlens);
   const auto base = [&](i64 m) { return static_cast<i64>(__ldg(cu + m)) / 64 + m; };
@@ -230,20 +236,28 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
   // Raw q and k rows of a chunk into s_q / s_k (rows past the end are zero-filled).
   const Tin* q_head = static_cast<const Tin*>(p.q) + i64(h) * p.q_stride_h;
   const Tin* k_head = static_cast<const Tin*>(p.k) + i64(h) * p.k_stride_h;
+  // A thread copies the same 16-byte part of every kRowStep-th row: one address computation,
+  // then pointer steps.
+  constexpr int kRowStep = kGdnPrefillThreads / kRowCopies;
+  const int copy_part = tid % kRowCopies, copy_r0 = tid / kRowCopies;
   const auto copy_qk = [&](i64 t0, int rows) {
+    const Tin* src_q = q_head + (t0 + copy_r0) * p.q_stride_t + copy_part * 8;
+    const Tin* src_k = k_head + (t0 + copy_r0) * p.k_stride_t + copy_part * 8;
+    __nv_bfloat16* dst_q = s_q + copy_r0 * kLdK + copy_part * 8;
+    __nv_bfloat16* dst_k = s_k + copy_r0 * kLdK + copy_part * 8;
 #pragma unroll 4
-    for (int c = tid; c < 64 * kRowCopies; c += kGdnPrefillThreads) {
-      const int r = c / kRowCopies, part = c % kRowCopies;
-      const bool valid = r < rows;
-      const i64 t = valid ? t0 + r : 0;
-      cp_async::copy16(s_q + r * kLdK + part * 8, q_head + t * p.q_stride_t + part * 8, valid);
-      cp_async::copy16(s_k + r * kLdK + part * 8, k_head + t * p.k_stride_t + part * 8, valid);
+    for (int i = 0; i < 64 / kRowStep; ++i) {
+      const bool valid = copy_r0 + i * kRowStep < rows;
+      cp_async::copy16(dst_q + i * kRowStep * kLdK, valid ? src_q : q_head, valid);
+      cp_async::copy16(dst_k + i * kRowStep * kLdK, valid ? src_k : k_head, valid);
+      src_q += kRowStep * p.q_stride_t;
+      src_k += kRowStep * p.k_stride_t;
     }
     cp_async::commit();
   };
 
-  // Warp 0 holds the raw gates of the next value head in registers, loaded one step ahead, so
-  // no gate load latency sits between the barriers.
+  // Every warp holds the raw gates of the next value head in registers, loaded one step ahead,
+  // so no gate load latency sits between the barriers.
   float gate_a[2] = {0.f, 0.f}, gate_b[2] = {0.f, 0.f};
   const auto load_gates = [&](i64 t0, int rows, u32 hv) {
 #pragma unroll
@@ -261,7 +275,7 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
   i64 b = find_chunk(blockIdx.x);
   if (b >= chunk_ids) return;
   copy_qk(next_t0, next_rows);
-  if (warp == 0) load_gates(next_t0, next_rows, h * p.heads_per_group);
+  load_gates(next_t0, next_rows, h * p.heads_per_group);
   // The blocks of T' above the diagonal blocks are zero, and nothing else writes them.
   for (int e = tid; e < 64 * 64; e += kGdnPrefillThreads) {
     const int r = e >> 6, c = e & 63;
@@ -278,40 +292,29 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
     cp_async::wait<0>();
     __syncthreads();
 
-    // 1. Inverse norms of the raw rows: thread r < 64 takes q row r, thread 64 + r k row r.
-    {
-      const int r = tid & 63;
-      const __nv_bfloat16* row = (tid < 64 ? s_q : s_k) + r * kLdK;
-      float ss = 0.f;
-#pragma unroll 4
-      for (int c = 0; c < kK; c += 8) {
-        const uint4 w = *reinterpret_cast<const uint4*>(row + c);
-        const u32 ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float x0 = __uint_as_float(ws[i] << 16), x1 = __uint_as_float(ws[i] & 0xffff0000u);
-          ss = fmaf(x0, x0, ss);
-          ss = fmaf(x1, x1, ss);
-        }
-      }
-      const float inv = kL2Norm ? gdn::l2_inv_norm(ss) : 1.f;
-      (tid < 64 ? s_rq : s_rk)[r] = inv;
-    }
-
-    // 2. Raw G = K K^T and Q K^T, lower block triangles, balanced: warp w takes G's block row w
-    // and Q K^T's block row 3 - w (five 16x16 blocks each).
+    // 1. Raw G = K K^T and Q K^T, lower block triangles, balanced: warp w takes G's block row w
+    // and Q K^T's block row 3 - w (five 16x16 blocks each), and the diagonal block of Q Q^T of
+    // block row 3 - w: the squared norms |k_i|^2 and |q_i|^2 are the diagonals (exact bf16
+    // products, f32 sums), so no separate pass over the rows is needed.
     const int rg = warp, rp = 3 - warp;
-    float acc_g[8][4], acc_p[8][4];
+    float acc_g[8][4], acc_p[8][4], acc_qq[2][4];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_g[i][e] = acc_p[i][e] = 0.f;
     }
+    zero_acc(acc_qq);
 #pragma unroll 2
     for (int ks = 0; ks < kKSteps; ++ks) {
       u32 ak[4], aq[4];
       mma::load_a(ak, s_k + rg * 16 * kLdK + ks * 16, kLdK);
       mma::load_a(aq, s_q + rp * 16 * kLdK + ks * 16, kLdK);
+      if constexpr (kL2Norm) {
+        u32 bq[4];
+        mma::load_b2(bq, s_q + rp * 16 * kLdK + ks * 16, kLdK);
+        mma::mma_bf16(acc_qq[0], aq, bq[0], bq[1]);
+        mma::mma_bf16(acc_qq[1], aq, bq[2], bq[3]);
+      }
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         if (np <= rg || np <= rp) {
@@ -328,6 +331,35 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
         }
       }
     }
+    // 2. Inverse norms from the diagonals: row g of a 16x16 accumulator block sits in n-tile 0,
+    // row g + 8 in n-tile 1, at lane 4 g' + t4 with 2 t4 + (e & 1) = g; a quad sum gathers them.
+    {
+      float dk[2] = {0.f, 0.f}, dq[2] = {0.f, 0.f};
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+        for (int jb = 0; jb < 4; ++jb) {
+          if (jb == rg) {
+            const float(&c)[4] = acc_g[2 * jb + hf];
+            dk[hf] = 2 * t4 == g ? c[2 * hf] : (2 * t4 + 1 == g ? c[2 * hf + 1] : 0.f);
+          }
+        }
+        dq[hf] =
+            2 * t4 == g ? acc_qq[hf][2 * hf] : (2 * t4 + 1 == g ? acc_qq[hf][2 * hf + 1] : 0.f);
+#pragma unroll
+        for (int off = 1; off < 4; off *= 2) {
+          dk[hf] += __shfl_xor_sync(0xffffffffu, dk[hf], off);
+          dq[hf] += __shfl_xor_sync(0xffffffffu, dq[hf], off);
+        }
+      }
+      if (t4 == 0) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          s_rk[16 * rg + g + 8 * hf] = kL2Norm ? gdn::l2_inv_norm(dk[hf]) : 1.f;
+          s_rq[16 * rp + g + 8 * hf] = kL2Norm ? gdn::l2_inv_norm(dq[hf]) : 1.f;
+        }
+      }
+    }
     // Every warp is done with s_q / s_k (and the norms are visible): the next chunk's rows go in.
     __syncthreads();
     if (b_next < chunk_ids) copy_qk(next_t0, next_rows);
@@ -337,8 +369,9 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
     for (u32 e = 0; e < p.heads_per_group; ++e) {
       const u32 hv = h * p.heads_per_group + e;
 
-      // 3. Gates of hv: g (log decay) and beta per row, then the inclusive scan gamma.
-      if (warp == 0) {
+      // 3. Gates of hv: g (log decay) and beta per row, then the inclusive scan gamma (each warp
+      // its own copy).
+      {
         float gl[2], bl[2];
 #pragma unroll
         for (int x = 0; x < 2; ++x) {
@@ -383,7 +416,9 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
             make_float2(rk.x * ex2((ref - g0) * kLog2e), rk.y * ex2((ref - incl) * kLog2e));
         if ((lane & 7) == 0) s_ref[lane >> 3] = ref;
       }
-      __syncthreads();
+      // The gates are this warp's own; the P rows it rewrites below are the ones it stored in
+      // stage 6 of the previous value head.
+      __syncwarp();
 
       // 4. A (f32, strictly lower; block row rg) and P (bf16, lower with the diagonal; block
       // row rp, zero above the diagonal block) of hv. Off-diagonal blocks take the decay as a
@@ -483,7 +518,7 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
         }
         if (lane < 16) {
           float* td = t_diag(warp);
-          const float bc = s_beta[16 * warp + c];
+          const float bc = s_beta0[16 * warp + c];
 #pragma unroll
           for (int r = 0; r < 16; ++r) {
             td[r * kLdA + c] = x[r];
@@ -507,18 +542,18 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
           mma3_bt(z1, load_a_transposed(t_diag(0), g, t4), a_blk(1, 0), g, t4);
           mma3_bt(c, a_from_acc(z1), t_diag(1), g, t4);
           park_neg_transposed(t10, c, g, t4);
-          store_t_block(s_t, kLd, s_beta, 1, 0, c, g, t4);
+          store_t_block(s_t, kLd, s_beta0, 1, 0, c, g, t4);
         } else if (warp == 1) {
           mma3_bt(z1, load_a_transposed(t_diag(2), g, t4), a_blk(3, 2), g, t4);
           mma3_bt(c, a_from_acc(z1), t_diag(3), g, t4);
           park_neg_transposed(t32, c, g, t4);
-          store_t_block(s_t, kLd, s_beta, 3, 2, c, g, t4);
+          store_t_block(s_t, kLd, s_beta0, 3, 2, c, g, t4);
         } else if (warp == 2) {
           const SplitA t11 = load_a_transposed(t_diag(1), g, t4);
           mma3_bt(z1, t11, a_blk(2, 1), g, t4);
           mma3_bt(z2, t11, a_blk(3, 1), g, t4);
           mma3_bt(c, a_from_acc(z1), t_diag(2), g, t4);
-          store_t_block(s_t, kLd, s_beta, 2, 1, c, g, t4);
+          store_t_block(s_t, kLd, s_beta0, 2, 1, c, g, t4);
         } else {
           const SplitA t00 = load_a_transposed(t_diag(0), g, t4);
           mma3_bt(z1, t00, a_blk(2, 0), g, t4);
@@ -538,29 +573,30 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
           mma3_bt(z1, load_a_transposed(t_diag(0), g, t4), a_blk(2, 0), g, t4);
           mma3_bt(z1, load_a_transposed(t10, g, t4), a_blk(2, 1), g, t4);
           mma3_bt(c, a_from_acc(z1), t_diag(2), g, t4);
-          store_t_block(s_t, kLd, s_beta, 2, 0, c, g, t4);
+          store_t_block(s_t, kLd, s_beta0, 2, 0, c, g, t4);
         } else if (warp == 2) {
           mma3_bt(c, a_from_acc(z1), t32, g, t4);
           mma3_bt(c, a_from_acc(z2), t_diag(3), g, t4);
-          store_t_block(s_t, kLd, s_beta, 3, 1, c, g, t4);
+          store_t_block(s_t, kLd, s_beta0, 3, 1, c, g, t4);
         } else if (warp == 3) {
           const SplitA t10a = load_a_transposed(t10, g, t4);
           mma3_bt(z1, t10a, a_blk(2, 1), g, t4);
           mma3_bt(z2, t10a, a_blk(3, 1), g, t4);
           mma3_bt(c, a_from_acc(z1), t32, g, t4);
           mma3_bt(c, a_from_acc(z2), t_diag(3), g, t4);
-          store_t_block(s_t, kLd, s_beta, 3, 0, c, g, t4);
+          store_t_block(s_t, kLd, s_beta0, 3, 0, c, g, t4);
         }
       }
       __syncthreads();
 
-      // 6. T' and P rows of hv to the workspace (16-byte stores of whole rows).
+      // 6. T' and P rows of hv to the workspace (16-byte stores of whole rows): warp w stores the
+      // rows of block row 3 - w, whose P rows it wrote itself.
       {
         __nv_bfloat16* dst_t = static_cast<__nv_bfloat16*>(p.ws_t) + (ws_row0 + hv) * 64;
         __nv_bfloat16* dst_p = static_cast<__nv_bfloat16*>(p.ws_p) + (ws_row0 + hv) * 64;
-#pragma unroll 2
-        for (int c = tid; c < 64 * 8; c += kGdnPrefillThreads) {
-          const int r = c >> 3, part = c & 7;
+#pragma unroll
+        for (int it = 0; it < 4; ++it) {
+          const int r = 16 * rp + 4 * it + (lane >> 3), part = lane & 7;
           if (r < rows) {
             const i64 off = i64(r) * hv_count * 64 + part * 8;
             *reinterpret_cast<uint4*>(dst_t + off) =
@@ -570,8 +606,8 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
           }
         }
       }
-      // The next value head rewrites gamma, A, P and T' only after its own barriers, which
-      // every thread reaches after its share of these copies.
+      // The next value head rewrites A and T' only after its own barriers, which every thread
+      // reaches after its share of these copies; gamma and P are per warp.
     }
     b = b_next;
   }

@@ -116,12 +116,12 @@ struct GdnPrefillChunkSmem {
   u32 a;      // f32 [64][68]
   u32 p;      // bf16 [64][72]
   u32 t;      // bf16 [64][72]
-  u32 gamma;  // f32 [64]
-  u32 beta;   // f32 [64]
+  u32 gamma;  // f32 [4][64]: one copy per warp
+  u32 beta;   // f32 [4][64]: one copy per warp
   u32 rq;     // f32 [64]: 1 / |q_i| (1 without L2 norm)
   u32 rk;     // f32 [64]
-  u32 cf;     // f32 [64]: rk_j e^(gamma_ref - gamma_j), gamma_ref the last of j's 16-row block
-  u32 ref;    // f32 [4]: gamma at the end of each 16-row block
+  u32 cf;     // f32 [4][64]: rk_j e^(gamma_ref - gamma_j), gamma_ref the last of j's 16-row block
+  u32 ref;    // f32 [4][4]: gamma at the end of each 16-row block
   u32 total;
 };
 
@@ -140,17 +140,17 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillChunkSmem gdn_prefill_chunk_smem(int k) 
   m.t = at;
   at += 64u * 72u * 2u;
   m.gamma = at;
-  at += 256u;
+  at += 1024u;
   m.beta = at;
-  at += 256u;
+  at += 1024u;
   m.rq = at;
   at += 256u;
   m.rk = at;
   at += 256u;
   m.cf = at;
-  at += 256u;
+  at += 1024u;
   m.ref = at;
-  at += 16u;
+  at += 64u;
   m.total = at;
   return m;
 }
