@@ -72,50 +72,52 @@ def register():
           softplus_threshold=20.0, invalid_index="negative"):
         return mixed_qkv.new_empty((mixed_qkv.shape[0], state.shape[1], state.shape[2]))
 
-    # Checkpoints need state_checkpoints and checkpoint_cu_starts from the caller here: the
-    # plain function's way of making them copies cu_seqlens to the host, and a traced graph can
-    # neither synchronize nor return a tensor whose size depends on the lengths.
-    @torch.library.custom_op("kjit::gdn_prefill",
-                             mutates_args=("state", "state_checkpoints", "workspace"))
+    @torch.library.custom_op("kjit::gdn_prefill", mutates_args=("state",))
     def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, state: Tensor,
                     state_indices: Tensor, a: Optional[Tensor] = None,
                     b: Optional[Tensor] = None, a_log: Optional[Tensor] = None,
                     dt_bias: Optional[Tensor] = None, g: Optional[Tensor] = None,
                     beta: Optional[Tensor] = None,
                     has_initial_state: Optional[Tensor] = None, scale: float = 0.0,
-                    l2norm_qk: bool = True, softplus_threshold: float = 20.0,
-                    checkpoint_every_n_tokens: int = 0,
-                    state_checkpoints: Optional[Tensor] = None,
-                    checkpoint_cu_starts: Optional[Tensor] = None,
-                    workspace: Optional[Tensor] = None) -> Tensor:
-        _require_checkpoint_buffers(checkpoint_every_n_tokens, state_checkpoints,
-                                    checkpoint_cu_starts)
+                    l2norm_qk: bool = True, softplus_threshold: float = 20.0) -> Tensor:
+        return _api.gdn_prefill(q, k, v, cu_seqlens, state, state_indices, a=a, b=b,
+                                a_log=a_log, dt_bias=dt_bias, g=g, beta=beta,
+                                has_initial_state=has_initial_state, scale=scale,
+                                l2norm_qk=l2norm_qk, softplus_threshold=softplus_threshold)
+
+    @gdn_prefill.register_fake
+    def _(q, k, v, cu_seqlens, state, state_indices, a=None, b=None, a_log=None, dt_bias=None,
+          g=None, beta=None, has_initial_state=None, scale=0.0, l2norm_qk=True,
+          softplus_threshold=20.0):
+        return q.new_empty((q.shape[0], v.shape[1], v.shape[2]))
+
+    # Checkpoints as an op of their own, with the buffers required: the plain function makes
+    # them from a host copy of cu_seqlens, which a traced graph can neither take nor size an
+    # output by, and torch 2.11 fails on an optional mutated argument left at its default
+    # (IndexError in its ADInplaceOrView kernel; torch 2.15 does not). For the same reason
+    # neither op takes a workspace: kjit allocates it stream-ordered, also under capture.
+    @torch.library.custom_op("kjit::gdn_prefill_with_checkpoints",
+                             mutates_args=("state", "state_checkpoints"))
+    def gdn_prefill_with_checkpoints(
+            q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, state: Tensor,
+            state_indices: Tensor, state_checkpoints: Tensor, checkpoint_cu_starts: Tensor,
+            checkpoint_every_n_tokens: int, a: Optional[Tensor] = None,
+            b: Optional[Tensor] = None, a_log: Optional[Tensor] = None,
+            dt_bias: Optional[Tensor] = None, g: Optional[Tensor] = None,
+            beta: Optional[Tensor] = None, has_initial_state: Optional[Tensor] = None,
+            scale: float = 0.0, l2norm_qk: bool = True,
+            softplus_threshold: float = 20.0) -> Tensor:
         result = _api.gdn_prefill(q, k, v, cu_seqlens, state, state_indices, a=a, b=b,
                                   a_log=a_log, dt_bias=dt_bias, g=g, beta=beta,
                                   has_initial_state=has_initial_state, scale=scale,
                                   l2norm_qk=l2norm_qk, softplus_threshold=softplus_threshold,
                                   checkpoint_every_n_tokens=checkpoint_every_n_tokens,
                                   state_checkpoints=state_checkpoints,
-                                  checkpoint_cu_starts=checkpoint_cu_starts,
-                                  workspace=workspace)
-        return result[0] if isinstance(result, tuple) else result
+                                  checkpoint_cu_starts=checkpoint_cu_starts)
+        return result[0] if isinstance(result, tuple) else result  # (out, checkpoints) or out
 
-    @gdn_prefill.register_fake
-    def _(q, k, v, cu_seqlens, state, state_indices, a=None, b=None, a_log=None, dt_bias=None,
-          g=None, beta=None, has_initial_state=None, scale=0.0, l2norm_qk=True,
-          softplus_threshold=20.0, checkpoint_every_n_tokens=0, state_checkpoints=None,
-          checkpoint_cu_starts=None, workspace=None):
-        _require_checkpoint_buffers(checkpoint_every_n_tokens, state_checkpoints,
-                                    checkpoint_cu_starts)
+    @gdn_prefill_with_checkpoints.register_fake
+    def _(q, k, v, cu_seqlens, state, state_indices, state_checkpoints, checkpoint_cu_starts,
+          checkpoint_every_n_tokens, a=None, b=None, a_log=None, dt_bias=None, g=None, beta=None,
+          has_initial_state=None, scale=0.0, l2norm_qk=True, softplus_threshold=20.0):
         return q.new_empty((q.shape[0], v.shape[1], v.shape[2]))
-
-
-def _require_checkpoint_buffers(every, state_checkpoints, checkpoint_cu_starts):
-    if every and (state_checkpoints is None or checkpoint_cu_starts is None):
-        missing = [name for name, given in (("state_checkpoints", state_checkpoints),
-                                            ("checkpoint_cu_starts", checkpoint_cu_starts))
-                   if given is None]
-        raise _api._kjit.InvalidArgument(
-            f"torch.ops.kjit.gdn_prefill: checkpoint_every_n_tokens = {every} without "
-            f"{' and '.join(missing)}; accepted: both given (make them with "
-            "kjit.gdn_prefill_checkpoint_starts), or call kjit.gdn_prefill, which makes them")

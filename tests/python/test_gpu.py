@@ -418,16 +418,12 @@ def test_gdn_prefill_checkpoints_against_the_reference():
         close_state(c, ref_ckpt)
         close_state(st, ref_pool)
     assert torch.equal(state[2], pool[2]) and torch.equal(ckpt, ckpt2)
-    # The torch custom op (torch.compile's path) takes the same buffers and a workspace.
-    if hasattr(torch.ops, "kjit") and hasattr(torch.ops.kjit, "gdn_prefill"):
+    # The torch custom op (torch.compile's path) takes the same buffers.
+    if hasattr(torch.ops, "kjit") and hasattr(torch.ops.kjit, "gdn_prefill_with_checkpoints"):
         state3, given3 = pool.clone(), poison((starts[-1], hv, kv, kv), torch.float32)
-        workspace = torch.full((kjit.gdn_prefill_workspace_bytes(t, hv),), 0xFF, device=DEV,
-                               dtype=torch.uint8)
-        out3 = torch.ops.kjit.gdn_prefill(
-            q, k, v, cu, state3, idx, g=g, beta=beta, checkpoint_every_n_tokens=every,
-            state_checkpoints=given3,
-            checkpoint_cu_starts=torch.tensor(starts, device=DEV, dtype=torch.int64),
-            workspace=workspace)
+        out3 = torch.ops.kjit.gdn_prefill_with_checkpoints(
+            q, k, v, cu, state3, idx, given3,
+            torch.tensor(starts, device=DEV, dtype=torch.int64), every, g=g, beta=beta)
         torch.cuda.synchronize()
         assert torch.equal(out3, out2) and torch.equal(given3, ckpt2)
         assert torch.equal(state3, state2)
