@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "codegen/families.hpp"
 #include "driver/context.hpp"
 #include "driver/driver_api.hpp"
 #include "driver/memory.hpp"
@@ -500,11 +501,44 @@ std::int64_t chunk_grid_x(const Problem& pr, const DeviceLimits& device) {
   return std::max<std::int64_t>(1, (32 * std::int64_t{device.sm_count} + pr.heads - 1) / pr.heads);
 }
 
+// Every specialization value of the three gdn_prefill families for a problem, by parameter
+// name, computed once: each family's spec (family_spec) keeps the ones it declares.
+using SpecValues = std::vector<std::pair<std::string, std::string>>;
+
+SpecValues spec_values(const Problem& pr, const TensorView& q, const GdnGates& gates,
+                       const TensorView& cu_seqlens, const TensorView& state,
+                       const TensorView& state_indices, const TensorView& out,
+                       const GdnPrefillOptions& options, int bv) {
+  const bool raw = gates.kind == GdnGateKind::raw;
+  return {{"qkv", std::string(to_string(q.dtype))},
+          {"gate", std::string(to_string(gates.a.dtype))},
+          {"param", std::string(raw ? to_string(gates.a_log.dtype) : "f32")},
+          {"state", std::string(to_string(state.dtype))},
+          {"out", std::string(to_string(out.dtype))},
+          {"cu", std::string(to_string(cu_seqlens.dtype))},
+          {"index", std::string(to_string(state_indices.dtype))},
+          {"k", std::to_string(pr.k)},
+          {"v", std::to_string(pr.v)},
+          {"bv", std::to_string(bv)},
+          {"gated", raw ? "0" : "1"},
+          {"l2norm", options.l2norm_qk ? "1" : "0"},
+          {"ckpt", options.checkpoint_every_n_tokens > 0 ? "1" : "0"}};
+}
+
+KernelSpec family_spec(std::string_view family, const SpecValues& values, Arch arch) {
+  SpecValues params;
+  for (const codegen::ParamDecl& decl : codegen::find_family(family).params) {
+    for (const auto& value : values) {
+      if (value.first == decl.name) params.push_back(value);
+    }
+  }
+  return KernelSpec::make(family, std::move(params), arch);
+}
+
 Plan make_chunked_plan(const Problem& pr, Choice choice, const TensorView& q, const GdnGates& gates,
                        const TensorView& cu_seqlens, const TensorView& state,
                        const TensorView& state_indices, const TensorView& out,
                        const GdnPrefillOptions& options, const DeviceLimits& device) {
-  const bool raw = gates.kind == GdnGateKind::raw;
   const std::int64_t every = options.checkpoint_every_n_tokens;
   Plan plan;
   plan.op = kOp;
@@ -520,27 +554,10 @@ Plan make_chunked_plan(const Problem& pr, Choice choice, const TensorView& q, co
     plan.reasons.push_back("no sequences: nothing to launch");
     return plan;
   }
-  KernelSpec chunk_spec =
-      KernelSpec::make("gdn_prefill_chunk",
-                       {{"qkv", std::string(to_string(q.dtype))},
-                        {"gate", std::string(to_string(gates.a.dtype))},
-                        {"param", std::string(raw ? to_string(gates.a_log.dtype) : "f32")},
-                        {"cu", std::string(to_string(cu_seqlens.dtype))},
-                        {"k", std::to_string(pr.k)},
-                        {"gated", raw ? "0" : "1"},
-                        {"l2norm", options.l2norm_qk ? "1" : "0"}},
-                       device.arch);
-  KernelSpec state_spec = KernelSpec::make("gdn_prefill_state",
-                                           {{"qkv", std::string(to_string(q.dtype))},
-                                            {"state", std::string(to_string(state.dtype))},
-                                            {"out", std::string(to_string(out.dtype))},
-                                            {"cu", std::string(to_string(cu_seqlens.dtype))},
-                                            {"index", std::string(to_string(state_indices.dtype))},
-                                            {"k", std::to_string(pr.k)},
-                                            {"v", std::to_string(pr.v)},
-                                            {"bv", std::to_string(choice.bv)},
-                                            {"ckpt", every > 0 ? "1" : "0"}},
-                                           device.arch);
+  const SpecValues values =
+      spec_values(pr, q, gates, cu_seqlens, state, state_indices, out, options, choice.bv);
+  KernelSpec chunk_spec = family_spec("gdn_prefill_chunk", values, device.arch);
+  KernelSpec state_spec = family_spec("gdn_prefill_state", values, device.arch);
   if (pr.heads > device.max_grid_dim[1]) {
     throw PlanError(fmt::format("{}: grid y is {}, the chunk kernel needs H = {}", kOp,
                                 device.max_grid_dim[1], pr.heads));
@@ -585,29 +602,16 @@ Plan make_plan(const Problem& pr, const TensorView& q, const GdnGates& gates,
                const TensorView& state_indices, const TensorView& out,
                const GdnPrefillOptions& options, const DeviceLimits& device) {
   Choice choice = choose(pr, options.force_mode, device);
-  const bool raw = gates.kind == GdnGateKind::raw;
   const std::int64_t every = options.checkpoint_every_n_tokens;
   const bool ckpt = every > 0;
   if (choice.chunked) {
     return make_chunked_plan(pr, std::move(choice), q, gates, cu_seqlens, state, state_indices, out,
                              options, device);
   }
-  KernelSpec spec =
-      KernelSpec::make("gdn_prefill",
-                       {{"qkv", std::string(to_string(q.dtype))},
-                        {"gate", std::string(to_string(gates.a.dtype))},
-                        {"param", std::string(raw ? to_string(gates.a_log.dtype) : "f32")},
-                        {"state", std::string(to_string(state.dtype))},
-                        {"out", std::string(to_string(out.dtype))},
-                        {"cu", std::string(to_string(cu_seqlens.dtype))},
-                        {"index", std::string(to_string(state_indices.dtype))},
-                        {"k", std::to_string(pr.k)},
-                        {"v", std::to_string(pr.v)},
-                        {"bv", std::to_string(choice.bv)},
-                        {"gated", raw ? "0" : "1"},
-                        {"l2norm", options.l2norm_qk ? "1" : "0"},
-                        {"ckpt", ckpt ? "1" : "0"}},
-                       device.arch);
+  KernelSpec spec = family_spec(
+      "gdn_prefill",
+      spec_values(pr, q, gates, cu_seqlens, state, state_indices, out, options, choice.bv),
+      device.arch);
   Plan plan;
   plan.op = kOp;
   plan.mode = fmt::format("bv{}", choice.bv);
