@@ -48,7 +48,7 @@ fastpath=$(cd /tmp && "$py" -c "import kjit; print('torch fast path: ' + ('loade
 echo "$fastpath"
 
 t2=$(date +%s)
-(cd "$root/tests/python" && timeout 300 "$py" -m pytest -q -rs -p no:cacheprovider \
+(cd "$root/tests/python" && timeout 300 "$py" -m pytest -q -rfEs -p no:cacheprovider \
   --junitxml="$out/pytest.xml" . >"$out/pytest.log" 2>&1)
 rc=$?
 echo "pytest rc=$rc ($(( $(date +%s) - t2 )) s)"
