@@ -25,5 +25,6 @@ echo "python package: built and installed in $(( $(date +%s) - t0 )) s"
 # Whether torch tensors are read by kjit._kjit_torch (built only when torch was importable).
 (cd /tmp && "$py" -c "import kjit; print('torch fast path: ' + ('loaded' if kjit.torch_fastpath() else 'not in use: ' + str(kjit.torch_fastpath_error)))")
 cd "$root/tests/python"
-# -rs: print the reason of every skipped test (no GPU, no torch, no NVRTC).
-"$py" -m pytest -q -rs -p no:cacheprovider "$@" .
+# -rfEs: name every failure and error, and the reason of every skipped test (no GPU, no torch,
+# no NVRTC).
+"$py" -m pytest -q -rfEs -p no:cacheprovider "$@" .
