@@ -17,9 +17,12 @@ const std::vector<FamilyDecl>& families() {
 }
 
 const FamilyDecl& find_family(std::string_view name) {
-  std::string known;
   for (const FamilyDecl& family : families()) {
     if (family.name == name) return family;
+  }
+  // The list of known names only on failure: every plan looks its families up.
+  std::string known;
+  for (const FamilyDecl& family : families()) {
     known += fmt::format("{}{}", known.empty() ? "" : ", ", family.name);
   }
   throw InvalidArgument(
