@@ -501,6 +501,13 @@ std::int64_t chunk_grid_x(const Problem& pr, const DeviceLimits& device) {
   return std::max<std::int64_t>(1, (32 * std::int64_t{device.sm_count} + pr.heads - 1) / pr.heads);
 }
 
+// Whether the chunk kernel ranks the sequences and the state kernel takes them longest first:
+// a batch of one needs no order, the workspace holds kGdnPrefillOrderMaxSeqs ranks, and T = 0
+// has no workspace.
+bool orders_longest_first(const Problem& pr) {
+  return pr.seqs > 1 && pr.seqs <= kGdnPrefillOrderMaxSeqs && pr.tokens > 0;
+}
+
 // Every specialization value of the three gdn_prefill families for a problem, by parameter
 // name, computed once: each family's spec (family_spec) keeps the ones it declares.
 using SpecValues = std::vector<std::pair<std::string, std::string>>;
@@ -583,10 +590,11 @@ Plan make_chunked_plan(const Problem& pr, Choice choice, const TensorView& q, co
       "{}",
       chunk_shape.grid.x, chunk_shape.grid.y, kGdnPrefillThreads, kGdnPrefillChunk,
       chunk_shape.dynamic_smem,
-      pr.seqs > 1 && pr.seqs <= kGdnPrefillOrderMaxSeqs
+      orders_longest_first(pr)
           ? "longest sequences first (the chunk kernel ranks them by chunk count; a sequence "
             "bounds the time once it starts late)"
-          : fmt::format("in sequence order (longest-first ranking is kept for 2 to {} sequences)",
+          : fmt::format("in sequence order (longest-first ranking is kept for 2 to {} sequences "
+                        "and T > 0)",
                         kGdnPrefillOrderMaxSeqs)));
   PlannedLaunch chunk{std::move(chunk_spec), chunk_shape, check_launch(chunk_shape, device)};
   require_legal(chunk.checks, fmt::format("{} ({})", kOp, chunk.spec.str()));
@@ -844,10 +852,7 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
   p.ws_t = base != nullptr ? base + ws.t : nullptr;
   p.ws_p = base != nullptr ? base + ws.p : nullptr;
   p.ws_scales = base != nullptr ? base + ws.scales : nullptr;
-  // Longest-first order of the state kernel's blocks (a batch of one needs none).
-  p.ws_order = base != nullptr && pr.seqs > 1 && pr.seqs <= kGdnPrefillOrderMaxSeqs
-                   ? base + ws.order
-                   : nullptr;
+  p.ws_order = base != nullptr && orders_longest_first(pr) ? base + ws.order : nullptr;
   const auto release = [&]() noexcept {
     if (owned == 0) return;
     try {
