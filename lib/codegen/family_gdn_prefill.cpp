@@ -29,17 +29,15 @@ std::string check_gdn_prefill_state(const KernelSpec& spec) {
 
 // Parameters the three prefill families share, declared once: the fused kernel and the two
 // kernels of the chunked path must accept the same values for them.
+ParamDecl float_dtype_param(std::string_view name, std::string_view doc) {
+  return ParamDecl{
+      .name = name, .kind = ParamKind::dtype, .choices = {"f32", "bf16", "f16"}, .doc = doc};
+}
 ParamDecl gate_param() {
-  return ParamDecl{.name = "gate",
-                   .kind = ParamKind::dtype,
-                   .choices = {"f32", "bf16", "f16"},
-                   .doc = "element type of a and b (f32 g and beta in the gated form)"};
+  return float_dtype_param("gate", "element type of a and b (f32 g and beta in the gated form)");
 }
 ParamDecl param_param() {
-  return ParamDecl{.name = "param",
-                   .kind = ParamKind::dtype,
-                   .choices = {"f32", "bf16", "f16"},
-                   .doc = "element type of A_log and dt_bias (unused in the gated form)"};
+  return float_dtype_param("param", "element type of A_log and dt_bias (unused in the gated form)");
 }
 ParamDecl state_param() {
   return ParamDecl{.name = "state",
