@@ -502,10 +502,10 @@ std::int64_t chunk_grid_x(const Problem& pr, const DeviceLimits& device) {
 }
 
 // Whether the chunk kernel ranks the sequences and the state kernel takes them longest first:
-// a batch of one needs no order, the workspace holds kGdnPrefillOrderMaxSeqs ranks, and T = 0
-// has no workspace.
+// a batch of one needs no order, and the workspace holds kGdnPrefillOrderMaxSeqs ranks. A
+// function of the sequence count only, which the memoized plans are keyed by (T is not).
 bool orders_longest_first(const Problem& pr) {
-  return pr.seqs > 1 && pr.seqs <= kGdnPrefillOrderMaxSeqs && pr.tokens > 0;
+  return pr.seqs > 1 && pr.seqs <= kGdnPrefillOrderMaxSeqs;
 }
 
 // Every specialization value of the three gdn_prefill families for a problem, by parameter
@@ -593,8 +593,7 @@ Plan make_chunked_plan(const Problem& pr, Choice choice, const TensorView& q, co
       orders_longest_first(pr)
           ? "longest sequences first (the chunk kernel ranks them by chunk count; a sequence "
             "bounds the time once it starts late)"
-          : fmt::format("in sequence order (longest-first ranking is kept for 2 to {} sequences "
-                        "and T > 0)",
+          : fmt::format("in sequence order (longest-first ranking is kept for 2 to {} sequences)",
                         kGdnPrefillOrderMaxSeqs)));
   PlannedLaunch chunk{std::move(chunk_spec), chunk_shape, check_launch(chunk_shape, device)};
   require_legal(chunk.checks, fmt::format("{} ({})", kOp, chunk.spec.str()));
