@@ -30,21 +30,46 @@
 namespace kjit {
 namespace gdn_prefill_detail {
 
-/// The (sequence, value head, value tile) a state-kernel block works on. Sequences come in rank
-/// order when the chunk kernel ranked them (longest first, see rank_sequences_longest_first).
-struct StateBlock {
+/// What a state-kernel block works on, the same for both layouts: its sequence n (in rank order
+/// when the chunk kernel ranked them: longest first, see rank_sequences_longest_first), value
+/// head hv with its key head h, value tile vt starting at row v0; the sequence's tokens
+/// [bos, eos), pool slot and whether it is padding or starts from the pool; and where the
+/// chunks' rows come from (raw q, k, v; T', P and scales in the workspace).
+struct StateWork {
   u64 n;
-  u32 hv;
-  int vt;
+  u32 hv, h;
+  int vt, v0;
+  i64 bos, eos, slot;
+  bool padded, has_init;
+  const __nv_bfloat16 *q_g, *k_g, *v_g, *t_g, *p_g;
+  const float4* sc_g;
 };
 
-__device__ __forceinline__ StateBlock state_block(const GdnPrefillParams& p) {
+template <typename Tcu, typename Tidx>
+__device__ __forceinline__ StateWork state_work(const GdnPrefillParams& p, int bv) {
+  StateWork w;
   const u64 tiles = p.v_tiles;
   const u64 block = blockIdx.x;
   const u64 rank = block / (tiles * p.num_value_heads);
-  const u64 n = p.ws_order != nullptr ? u64(static_cast<const int*>(p.ws_order)[rank]) : rank;
-  return {n, static_cast<u32>((block / tiles) % p.num_value_heads),
-          static_cast<int>(block % tiles)};
+  w.n = p.ws_order != nullptr ? u64(static_cast<const int*>(p.ws_order)[rank]) : rank;
+  w.hv = static_cast<u32>((block / tiles) % p.num_value_heads);
+  w.h = w.hv / p.heads_per_group;
+  w.vt = static_cast<int>(block % tiles);
+  w.v0 = w.vt * bv;
+  const Tcu* cu = static_cast<const Tcu*>(p.cu_seqlens);
+  w.bos = static_cast<i64>(cu[w.n]);
+  w.eos = static_cast<i64>(cu[w.n + 1]);
+  w.slot = static_cast<i64>(static_cast<const Tidx*>(p.state_indices)[i64(w.n) * p.index_stride]);
+  w.padded = w.slot < 0 || w.slot >= p.num_slots;
+  w.has_init = !w.padded && (p.has_initial_state == nullptr ||
+                             p.has_initial_state[i64(w.n) * p.has_init_stride] != 0);
+  w.q_g = static_cast<const __nv_bfloat16*>(p.q) + i64(w.h) * p.q_stride_h;
+  w.k_g = static_cast<const __nv_bfloat16*>(p.k) + i64(w.h) * p.k_stride_h;
+  w.v_g = static_cast<const __nv_bfloat16*>(p.v) + i64(w.hv) * p.v_stride_h + w.v0;
+  w.t_g = static_cast<const __nv_bfloat16*>(p.ws_t) + i64(w.hv) * 64;
+  w.p_g = static_cast<const __nv_bfloat16*>(p.ws_p) + i64(w.hv) * 64;
+  w.sc_g = static_cast<const float4*>(p.ws_scales) + w.hv;
+  return w;
 }
 
 /// A compile-time int as a value (for the parts count of the generic cp.async row issue).
@@ -110,29 +135,9 @@ __device__ __forceinline__ void state_tiles(const GdnPrefillParams& p) {
   const int col0 = (warp >> 2) * kBVW;  // first column of this warp's share of them
   const int row0 = rw * 16;
 
-  const StateBlock block = state_block(p);
-  const u64 n = block.n;
-  const u32 hv = block.hv;
-  const int vt = block.vt;
-  const u32 h = hv / p.heads_per_group;
-  const int v0 = vt * kBV;
+  const auto [n, hv, h, vt, v0, bos, eos, slot, padded, has_init, q_g, k_g, v_g, t_g, p_g, sc_g] =
+      state_work<Tcu, Tidx>(p, kBV);
   const u32 hv_count = p.num_value_heads;
-
-  const Tcu* cu = static_cast<const Tcu*>(p.cu_seqlens);
-  const i64 bos = static_cast<i64>(cu[n]);
-  const i64 eos = static_cast<i64>(cu[n + 1]);
-  const i64 slot =
-      static_cast<i64>(static_cast<const Tidx*>(p.state_indices)[i64(n) * p.index_stride]);
-  const bool padded = slot < 0 || slot >= p.num_slots;
-  const bool has_init = !padded && (p.has_initial_state == nullptr ||
-                                    p.has_initial_state[i64(n) * p.has_init_stride] != 0);
-
-  const __nv_bfloat16* q_g = static_cast<const __nv_bfloat16*>(p.q) + i64(h) * p.q_stride_h;
-  const __nv_bfloat16* k_g = static_cast<const __nv_bfloat16*>(p.k) + i64(h) * p.k_stride_h;
-  const __nv_bfloat16* v_g = static_cast<const __nv_bfloat16*>(p.v) + i64(hv) * p.v_stride_h + v0;
-  const __nv_bfloat16* t_g = static_cast<const __nv_bfloat16*>(p.ws_t) + i64(hv) * 64;
-  const __nv_bfloat16* p_g = static_cast<const __nv_bfloat16*>(p.ws_p) + i64(hv) * 64;
-  const float4* sc_g = static_cast<const float4*>(p.ws_scales) + hv;
 
   // cp.async issue helpers for the chunk starting at token t (rows >= `rows` zero-filled).
   const auto issue_rows = [&](__nv_bfloat16* dst, int ld, const __nv_bfloat16* src, i64 stride,
@@ -394,29 +399,9 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int vw = warp * 16;  // the warp's first row of the value tile
 
-  const StateBlock block = state_block(p);
-  const u64 n = block.n;
-  const u32 hv = block.hv;
-  const int vt = block.vt;
-  const u32 h = hv / p.heads_per_group;
-  const int v0 = vt * kBV;
+  const auto [n, hv, h, vt, v0, bos, eos, slot, padded, has_init, q_g, k_g, v_g, t_g, p_g, sc_g] =
+      state_work<Tcu, Tidx>(p, kBV);
   const u32 hv_count = p.num_value_heads;
-
-  const Tcu* cu = static_cast<const Tcu*>(p.cu_seqlens);
-  const i64 bos = static_cast<i64>(cu[n]);
-  const i64 eos = static_cast<i64>(cu[n + 1]);
-  const i64 slot =
-      static_cast<i64>(static_cast<const Tidx*>(p.state_indices)[i64(n) * p.index_stride]);
-  const bool padded = slot < 0 || slot >= p.num_slots;
-  const bool has_init = !padded && (p.has_initial_state == nullptr ||
-                                    p.has_initial_state[i64(n) * p.has_init_stride] != 0);
-
-  const __nv_bfloat16* q_g = static_cast<const __nv_bfloat16*>(p.q) + i64(h) * p.q_stride_h;
-  const __nv_bfloat16* k_g = static_cast<const __nv_bfloat16*>(p.k) + i64(h) * p.k_stride_h;
-  const __nv_bfloat16* v_g = static_cast<const __nv_bfloat16*>(p.v) + i64(hv) * p.v_stride_h + v0;
-  const __nv_bfloat16* t_g = static_cast<const __nv_bfloat16*>(p.ws_t) + i64(hv) * 64;
-  const __nv_bfloat16* p_g = static_cast<const __nv_bfloat16*>(p.ws_p) + i64(hv) * 64;
-  const float4* sc_g = static_cast<const float4*>(p.ws_scales) + hv;
 
   // The chunk starting at token t into stage `st` (cp.async, 16 bytes per thread and copy; rows
   // past the end of the sequence zero-filled), one commit group per chunk.
