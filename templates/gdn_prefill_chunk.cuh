@@ -44,6 +44,7 @@
 
 #include "kjit/common/cp_async.cuh"
 #include "kjit/common/gdn_math.cuh"
+#include "kjit/common/grid_dependency.cuh"
 #include "kjit/common/mma.cuh"
 #include "kjit/gdn_prefill.cuh"
 #include "kjit/gdn_prefill_params.h"
@@ -197,8 +198,12 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
   const u32 h = blockIdx.y;
   const Tcu* cu = static_cast<const Tcu*>(p.cu_seqlens);
   const auto base = [&](i64 m) { return static_cast<i64>(__ldg(cu + m)) / 64 + m; };
+  // The state kernel may start once every block of this one has: its blocks then take the SMs
+  // this kernel's last blocks leave, rank the sequences and load their initial states, and wait
+  // for this kernel's results only after that.
+  grid_dependency::allow_dependent_launch();
   if (p.num_seqs == 0) return;
-  if (blockIdx.y == 0 && p.ws_order != nullptr) {
+  if (blockIdx.y == 0 && p.ws_order != nullptr && p.num_seqs > kGdnPrefillRankInStateMaxSeqs) {
     rank_sequences_longest_first<Tcu>(p, i64(blockIdx.x) * kGdnPrefillThreads + tid,
                                       i64(gridDim.x) * kGdnPrefillThreads);
   }

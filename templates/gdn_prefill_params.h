@@ -90,6 +90,13 @@ struct GdnPrefillWorkspace {
 /// sequences keeps their index order. A fixed size keeps the workspace a function of T and HV.
 inline constexpr u32 kGdnPrefillOrderMaxSeqs = 4096;
 
+/// Up to this many sequences (the smallest state-kernel block's thread count) every state-kernel
+/// block ranks them itself, one thread per sequence, before it waits for the chunk kernel: the
+/// order is then known while the chunk kernel's last blocks still run, and the block loads its
+/// initial state early (programmatic dependent launch). Longer batches take the chunk kernel's
+/// ranks from the workspace after the wait.
+inline constexpr u32 kGdnPrefillRankInStateMaxSeqs = 128;
+
 KJIT_GDN_PREFILL_HD constexpr u64 gdn_prefill_align256(u64 bytes) {
   return (bytes + 255u) & ~u64{255u};
 }
@@ -283,8 +290,9 @@ struct GdnPrefillParams {
   void* ws_t;
   void* ws_p;
   void* ws_scales;
-  /// [num_seqs] int32 when the chunk kernel is to rank the sequences longest first and the
-  /// state kernel to take them in that order (num_seqs <= kGdnPrefillOrderMaxSeqs), else null.
+  /// [num_seqs] int32 when the state kernel is to take the sequences longest first (num_seqs
+  /// <= kGdnPrefillOrderMaxSeqs), else null. The chunk kernel writes the ranks there only for
+  /// more than kGdnPrefillRankInStateMaxSeqs sequences; fewer are ranked by the state kernel.
   void* ws_order;
   i64 q_stride_t, q_stride_h;
   i64 k_stride_t, k_stride_h;

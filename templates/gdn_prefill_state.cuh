@@ -23,6 +23,7 @@
 #include <cuda_bf16.h>
 
 #include "kjit/common/cp_async.cuh"
+#include "kjit/common/grid_dependency.cuh"
 #include "kjit/common/mma.cuh"
 #include "kjit/gdn_prefill.cuh"
 #include "kjit/gdn_prefill_params.h"
@@ -45,13 +46,54 @@ struct StateWork {
   const float4* sc_g;
 };
 
-template <typename Tcu, typename Tidx>
-__device__ __forceinline__ StateWork state_work(const GdnPrefillParams& p, int bv) {
+/// The sequence of rank `rank` among the first p.num_seqs (<= kThreads), longest first (by chunk
+/// count, ties by index: the order rank_sequences_longest_first gives), found by the block's
+/// threads, one per sequence, through `scratch` (kThreads + 1 i64 of shared memory, free again
+/// when this returns). Reads only cu_seqlens, so it runs before the wait for the chunk kernel.
+template <typename Tcu, int kThreads>
+__device__ __forceinline__ u64 ranked_sequence(const GdnPrefillParams& p, u64 rank, i64* scratch) {
+  const Tcu* cu = static_cast<const Tcu*>(p.cu_seqlens);
+  const int seqs = static_cast<int>(p.num_seqs);
+  const int i = static_cast<int>(threadIdx.x);
+  i64 chunks = 0;
+  if (i < seqs) {
+    chunks = (i64(cu[i + 1]) - i64(cu[i]) + kGdnPrefillChunk - 1) / kGdnPrefillChunk;
+    scratch[i] = chunks;
+  }
+  __syncthreads();
+  if (i < seqs) {
+    u64 mine = 0;
+    for (int j = 0; j < seqs; ++j) {
+      const i64 other = scratch[j];
+      mine += (other > chunks || (other == chunks && j < i)) ? 1 : 0;
+    }
+    if (mine == rank) scratch[kThreads] = i;
+  }
+  __syncthreads();
+  const u64 n = u64(scratch[kThreads]);
+  __syncthreads();  // the caller's first shared-memory writes may overlap the scratch
+  return n;
+}
+
+/// The block's work. Sequences ranked by the block itself (up to kGdnPrefillRankInStateMaxSeqs)
+/// or in index order need nothing from the chunk kernel; ranks from the workspace are read after
+/// waiting for it. `scratch`: shared memory for ranked_sequence.
+template <typename Tcu, typename Tidx, int kThreads>
+__device__ __forceinline__ StateWork state_work(const GdnPrefillParams& p, int bv, i64* scratch) {
+  static_assert(kThreads >= int(kGdnPrefillRankInStateMaxSeqs),
+                "every state-kernel block must be able to rank the sequences it is given");
   StateWork w;
   const u64 tiles = p.v_tiles;
   const u64 block = blockIdx.x;
   const u64 rank = block / (tiles * p.num_value_heads);
-  w.n = p.ws_order != nullptr ? u64(static_cast<const int*>(p.ws_order)[rank]) : rank;
+  if (p.ws_order == nullptr) {
+    w.n = rank;
+  } else if (p.num_seqs <= kGdnPrefillRankInStateMaxSeqs) {
+    w.n = ranked_sequence<Tcu, kThreads>(p, rank, scratch);
+  } else {
+    grid_dependency::wait_for_previous_grid();
+    w.n = u64(static_cast<const int*>(p.ws_order)[rank]);
+  }
   w.hv = static_cast<u32>((block / tiles) % p.num_value_heads);
   w.h = w.hv / p.heads_per_group;
   w.vt = static_cast<int>(block % tiles);
@@ -104,6 +146,7 @@ __device__ __forceinline__ void state_tiles(const GdnPrefillParams& p) {
   constexpr int kSNTiles = kK / 8 / kSWarpsN;
   static_assert(kSNTiles % 2 == 0, "state n-tiles are loaded in pairs");
   constexpr GdnPrefillStateSmem kSmem = gdn_prefill_state_smem(kK, kBV);
+  static_assert(kSmem.total >= (kThreads + 1) * sizeof(i64), "ranked_sequence's scratch");
 
   extern __shared__ __align__(16) unsigned char smem[];
   // Double buffers are selected by arithmetic, not by indexing a local array (which would live
@@ -136,7 +179,7 @@ __device__ __forceinline__ void state_tiles(const GdnPrefillParams& p) {
   const int row0 = rw * 16;
 
   const auto [n, hv, h, vt, v0, bos, eos, slot, padded, has_init, q_g, k_g, v_g, t_g, p_g, sc_g] =
-      state_work<Tcu, Tidx>(p, kBV);
+      state_work<Tcu, Tidx, kThreads>(p, kBV, reinterpret_cast<i64*>(smem));
   const u32 hv_count = p.num_value_heads;
 
   // cp.async issue helpers for the chunk starting at token t (rows >= `rows` zero-filled).
@@ -188,6 +231,9 @@ __device__ __forceinline__ void state_tiles(const GdnPrefillParams& p) {
     ckpt_countdown = p.ckpt_every_chunks;
   }
 
+  // Everything above read only the caller's inputs; the chunks' T', P and scales come from the
+  // chunk kernel, which may still be running (programmatic dependent launch).
+  grid_dependency::wait_for_previous_grid();
   if (bos < eos) {
     const int rows = rows_at(bos);
     issue_rows(k_buf(0), kLdK, k_g, p.k_stride_t, kK / 8, bos, rows);
@@ -391,6 +437,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   constexpr int kSN = kK / 8;  // n-tiles of the warp's state rows
   constexpr int kStages = gdn_prefill_state_stages(kBV);
   constexpr GdnPrefillStateSmem kSmem = gdn_prefill_state_smem(kK, kBV);
+  static_assert(kSmem.total >= (kThreads + 1) * sizeof(i64), "ranked_sequence's scratch");
   constexpr u32 kStage = kSmem.k1 - kSmem.k0;
 
   extern __shared__ __align__(16) unsigned char smem[];
@@ -400,7 +447,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   const int vw = warp * 16;  // the warp's first row of the value tile
 
   const auto [n, hv, h, vt, v0, bos, eos, slot, padded, has_init, q_g, k_g, v_g, t_g, p_g, sc_g] =
-      state_work<Tcu, Tidx>(p, kBV);
+      state_work<Tcu, Tidx, kThreads>(p, kBV, reinterpret_cast<i64*>(smem));
   const u32 hv_count = p.num_value_heads;
 
   // The chunk starting at token t into stage `st` (cp.async, 16 bytes per thread and copy; rows
@@ -434,14 +481,6 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
                        ok ? sc_g + (t + tid) * i64(hv_count) : sc_g, ok);
     }
   };
-  // Prologue: chunks 0 .. kStages - 2, one commit group each (empty past the end).
-#pragma unroll
-  for (int c = 0; c < kStages - 1; ++c) {
-    const i64 t = bos + i64(c) * kGdnPrefillChunk;
-    if (t < eos) fill(c, t);
-    cp_async::commit();
-  }
-
   // The warp's state rows: element (vw + g + 8 hf, kk) with kk = ni * 8 + 2 t4 + e at
   // s_acc[0][ni][2 hf + e] (the layout of store_state_tile with wm = warp, wn = 0).
   float s_acc[1][kSN][4];
@@ -467,6 +506,18 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   if constexpr (kCkpt) {
     ckpt_row = p.checkpoint_starts[n];
     ckpt_countdown = p.ckpt_every_chunks;
+  }
+
+  // Everything above read only the caller's inputs (the state loads are still in flight); the
+  // chunks' T', P and scales come from the chunk kernel, which may still be running
+  // (programmatic dependent launch).
+  grid_dependency::wait_for_previous_grid();
+  // Prologue: chunks 0 .. kStages - 2, one commit group each (empty past the end).
+#pragma unroll
+  for (int c = 0; c < kStages - 1; ++c) {
+    const i64 t = bos + i64(c) * kGdnPrefillChunk;
+    if (t < eos) fill(c, t);
+    cp_async::commit();
   }
 
   int st = 0;

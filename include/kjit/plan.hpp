@@ -23,6 +23,11 @@ struct LaunchShape {
   Dim3 grid;
   Dim3 block;
   std::uint32_t dynamic_smem = 0;
+  /// Programmatic dependent launch (sm_90 and later): the kernel may start once every block of
+  /// the kernel before it in the stream has started, and waits in the kernel (griddepcontrol.wait)
+  /// before it reads that kernel's results. Set only on a plan's later launches whose kernels
+  /// read nothing before that wait that the previous launch of the plan writes.
+  bool overlaps_previous = false;
   friend bool operator==(const LaunchShape&, const LaunchShape&) = default;
 };
 
@@ -69,7 +74,7 @@ struct Plan {
   /// margin, and the reasons.
   std::string explain() const;
   /// One JSON object: {"op","mode","arch","reasons":[...],"launches":[{"spec","grid","block",
-  /// "dynamic_smem","checks":[...]}]}.
+  /// "dynamic_smem","overlaps_previous","checks":[...]}]}.
   std::string to_json() const;
 };
 

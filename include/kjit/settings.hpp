@@ -33,6 +33,10 @@ struct Settings {
   bool allow_compile_in_capture = false;
   /// KJIT_DEBUG_CHECKS=1: extra launch-time checks (e.g. duplicate state indices).
   bool debug_checks = false;
+  /// KJIT_DISABLE_PROGRAMMATIC_LAUNCH=1: a plan's later launch never starts before the one
+  /// before it has finished (LaunchShape::overlaps_previous is cleared when a plan is resolved).
+  /// For A/B timing and for tools that do not follow programmatic dependencies.
+  bool disable_programmatic_launch = false;
 
   /// Reads the KJIT_* variables (and CUDA_HOME, XDG_CACHE_HOME, HOME). Throws InvalidArgument
   /// naming the variable for a malformed value (e.g. KJIT_LOG=loud).

@@ -82,15 +82,19 @@ void launch(CUfunction function, const LaunchShape& shape, CUstream stream, void
   config.blockDimZ = shape.block.z;
   config.sharedMemBytes = shape.dynamic_smem;
   config.hStream = stream;
-  config.attrs = nullptr;
-  config.numAttrs = 0;
+  CUlaunchAttribute overlap{};
+  overlap.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  overlap.value.programmaticStreamSerializationAllowed = 1;
+  config.attrs = shape.overlaps_previous ? &overlap : nullptr;
+  config.numAttrs = shape.overlaps_previous ? 1 : 0;
   const CUresult r = cu.cuLaunchKernelEx(&config, function, args, nullptr);
   if (r != CUDA_SUCCESS) {
     throw DriverError(
         fmt::format("cuLaunchKernelEx failed: {} (grid ({}, {}, {}), block ({}, {}, {}), {} "
-                    "bytes dynamic shared memory){}",
+                    "bytes dynamic shared memory{}){}",
                     describe(r), shape.grid.x, shape.grid.y, shape.grid.z, shape.block.x,
                     shape.block.y, shape.block.z, shape.dynamic_smem,
+                    shape.overlaps_previous ? ", programmatic dependent launch" : "",
                     is_sticky(r) ? "; the CUDA context is lost (sticky device fault)" : ""),
         static_cast<int>(r), "cuLaunchKernelEx");
   }

@@ -501,7 +501,12 @@ std::int64_t chunk_grid_x(const Problem& pr, const DeviceLimits& device) {
   return std::max<std::int64_t>(1, (32 * std::int64_t{device.sm_count} + pr.heads - 1) / pr.heads);
 }
 
-// Whether the chunk kernel ranks the sequences and the state kernel takes them longest first:
+// Programmatic dependent launch (griddepcontrol) exists from sm_90 on; older targets compile
+// the kernels' waits to nothing, so their launches must not overlap.
+bool programmatic_launch_supported(Arch arch) { return arch.sm() >= 90; }
+
+// Whether the state kernel takes the sequences longest first (ranked by its own blocks up to
+// kGdnPrefillRankInStateMaxSeqs sequences, else by the chunk kernel into the workspace):
 // a batch of one needs no order, and the workspace holds kGdnPrefillOrderMaxSeqs ranks. A
 // function of the sequence count only, which the memoized plans are keyed by (T is not).
 bool orders_longest_first(const Problem& pr) {
@@ -584,6 +589,9 @@ Plan make_chunked_plan(const Problem& pr, Choice choice, const TensorView& q, co
   state_shape.block =
       Dim3{static_cast<std::uint32_t>(32 * gdn_prefill_state_warps(choice.bv)), 1, 1};
   state_shape.dynamic_smem = gdn_prefill_state_smem(static_cast<int>(pr.k), choice.bv).total;
+  // The state kernel's blocks take the SMs the chunk kernel's last blocks leave, and find their
+  // sequence and load their initial state before they wait for its results.
+  state_shape.overlaps_previous = programmatic_launch_supported(device.arch);
   plan.reasons.push_back(fmt::format(
       "chunk kernel: {} x {} blocks of {} threads loop over the floor(T / {}) + N chunk ids, {} "
       "bytes of shared memory; state kernel: one block per (sequence, value head, value tile), "
@@ -591,10 +599,20 @@ Plan make_chunked_plan(const Problem& pr, Choice choice, const TensorView& q, co
       chunk_shape.grid.x, chunk_shape.grid.y, kGdnPrefillThreads, kGdnPrefillChunk,
       chunk_shape.dynamic_smem,
       orders_longest_first(pr)
-          ? "longest sequences first (the chunk kernel ranks them by chunk count; a sequence "
-            "bounds the time once it starts late)"
+          ? fmt::format("longest sequences first (ranked by chunk count, by the state kernel's "
+                        "blocks up to {} sequences, else by the chunk kernel; a sequence bounds "
+                        "the time once it starts late)",
+                        kGdnPrefillRankInStateMaxSeqs)
           : fmt::format("in sequence order (longest-first ranking is kept for 2 to {} sequences)",
                         kGdnPrefillOrderMaxSeqs)));
+  plan.reasons.push_back(
+      state_shape.overlaps_previous
+          ? std::string("state kernel starts while the chunk kernel's last blocks run "
+                        "(programmatic dependent launch): it ranks the sequences and loads the "
+                        "initial states, then waits for the chunk kernel's results")
+          : fmt::format("state kernel starts after the chunk kernel (programmatic dependent launch "
+                        "needs sm_90 or later; {})",
+                        device.arch.str()));
   PlannedLaunch chunk{std::move(chunk_spec), chunk_shape, check_launch(chunk_shape, device)};
   require_legal(chunk.checks, fmt::format("{} ({})", kOp, chunk.spec.str()));
   PlannedLaunch rec{std::move(state_spec), state_shape, check_launch(state_shape, device)};

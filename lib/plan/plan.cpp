@@ -64,8 +64,12 @@ std::string Plan::explain() const {
   for (std::size_t i = 0; i < launches.size(); ++i) {
     const PlannedLaunch& launch = launches[i];
     out += fmt::format("launch {} of {}: {}\n", i + 1, launches.size(), launch.spec.str());
-    out += fmt::format("  grid {} block {} dynamic smem {} bytes\n", dim3_text(launch.shape.grid),
-                       dim3_text(launch.shape.block), launch.shape.dynamic_smem);
+    out += fmt::format(
+        "  grid {} block {} dynamic smem {} bytes{}\n", dim3_text(launch.shape.grid),
+        dim3_text(launch.shape.block), launch.shape.dynamic_smem,
+        launch.shape.overlaps_previous
+            ? ", starts during launch " + std::to_string(i) + " (programmatic dependent launch)"
+            : std::string());
     for (const LimitCheck& check : launch.checks) {
       out +=
           fmt::format("  {} {}: {} / {} (margin {})\n", check.ok() ? "ok  " : "FAIL", check.limit,
@@ -88,9 +92,11 @@ std::string Plan::to_json() const {
   for (std::size_t i = 0; i < launches.size(); ++i) {
     const PlannedLaunch& launch = launches[i];
     if (i > 0) out += ',';
-    out += fmt::format("{{\"spec\":{},\"grid\":{},\"block\":{},\"dynamic_smem\":{},\"checks\":[",
-                       json_string(launch.spec.str()), dim3_json(launch.shape.grid),
-                       dim3_json(launch.shape.block), launch.shape.dynamic_smem);
+    out += fmt::format(
+        "{{\"spec\":{},\"grid\":{},\"block\":{},\"dynamic_smem\":{},\"overlaps_previous\":{},"
+        "\"checks\":[",
+        json_string(launch.spec.str()), dim3_json(launch.shape.grid), dim3_json(launch.shape.block),
+        launch.shape.dynamic_smem, launch.shape.overlaps_previous ? "true" : "false");
     for (std::size_t j = 0; j < launch.checks.size(); ++j) {
       const LimitCheck& check = launch.checks[j];
       if (j > 0) out += ',';

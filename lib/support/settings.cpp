@@ -62,6 +62,7 @@ Settings Settings::from_env() {
   s.cuda_driver_library = env("KJIT_CUDA_DRIVER_LIBRARY");
   s.allow_compile_in_capture = env_flag("KJIT_ALLOW_COMPILE_IN_CAPTURE");
   s.debug_checks = env_flag("KJIT_DEBUG_CHECKS");
+  s.disable_programmatic_launch = env_flag("KJIT_DISABLE_PROGRAMMATIC_LAUNCH");
   return s;
 }
 

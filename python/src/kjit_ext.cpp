@@ -1163,6 +1163,8 @@ NB_MODULE(_kjit, m) {
                      return nb::make_tuple(l.shape.block.x, l.shape.block.y, l.shape.block.z);
                    })
       .def_prop_ro("dynamic_smem", [](const PlannedLaunch& l) { return l.shape.dynamic_smem; })
+      .def_prop_ro("overlaps_previous",
+                   [](const PlannedLaunch& l) { return l.shape.overlaps_previous; })
       .def_ro("checks", &PlannedLaunch::checks)
       .def("__repr__", [](const PlannedLaunch& l) {
         return "PlannedLaunch(" + l.spec.str() + ", grid " + dim3_text(l.shape.grid) + ", block " +

@@ -417,6 +417,31 @@ TEST_CASE("gdn_prefill chunked: 4096 sequences of 0 to 5 tokens and a long one")
   }
 }
 
+TEST_CASE("gdn_prefill chunked: 128 and 129 sequences, where the ranking moves kernels") {
+  // Up to 128 sequences every state-kernel block ranks them itself before it waits for the
+  // chunk kernel; from 129 on the chunk kernel ranks them into the workspace. Both at the
+  // smallest (128 threads) and the largest state block, with ties and empty sequences, and
+  // under capture (the programmatic edge between the kernels in a graph).
+  for (int seqs : {128, 129}) {
+    for (const char* mode : {"chunked_bv16", "chunked_bv128"}) {
+      for (bool capture : {false, true}) {
+        CAPTURE(seqs);
+        CAPTURE(mode);
+        CAPTURE(capture);
+        Case c;
+        for (int i = 0; i < seqs - 1; ++i) c.lengths.push_back((i * 37) % 150);
+        c.lengths.push_back(700);
+        c.heads = 1;
+        c.value_heads = 2;
+        c.force_mode = mode;
+        c.capture = capture;
+        c.separate_final = capture;
+        run_case(c);
+      }
+    }
+  }
+}
+
 TEST_CASE("gdn_prefill: K and V of 64 and 256, GVA") {
   for (auto [kd, vd] : {std::pair{64, 64}, std::pair{256, 256}, std::pair{64, 128}}) {
     CAPTURE(kd);

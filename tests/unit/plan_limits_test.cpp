@@ -302,7 +302,7 @@ TEST_CASE("plan: to_json is one object with escaped strings") {
         "\"device\":\"h200\"", "\"reasons\":[\"token_major needs block (16, 128) = 2048",
         "a \\\"quoted\\\" reason\\nwith a newline and a tab\\t and a \\u0001\"]",
         "\"launches\":[{\"spec\":\"probe:heavy=0@sm_90\"", "\"grid\":[4096,2,1]",
-        "\"block\":[16,64,1]", "\"dynamic_smem\":1024",
+        "\"block\":[16,64,1]", "\"dynamic_smem\":1024,\"overlaps_previous\":false",
         "{\"limit\":\"threads per block\",\"requested\":1024,\"allowed\":1024}",
         "{\"limit\":\"grid.y\",\"requested\":2,\"allowed\":65535}"}) {
     CAPTURE(expected);
