@@ -591,7 +591,21 @@ Plan make_chunked_plan(const Problem& pr, Choice choice, const TensorView& q, co
   state_shape.dynamic_smem = gdn_prefill_state_smem(static_cast<int>(pr.k), choice.bv).total;
   // The state kernel's blocks take the SMs the chunk kernel's last blocks leave, and find their
   // sequence and load their initial state before they wait for its results.
-  state_shape.overlaps_previous = programmatic_launch_supported(device.arch);
+  // Started early, the blocks land on the SMs the chunk kernel frees first, as many per SM as
+  // fit, so the longest sequences (the first blocks) would share SMs while others idle. So the
+  // overlap is taken only where each block gets an SM of its own: when one block's shared
+  // memory already fills more than half an SM (the value tile of 128), or when the grid fits
+  // the SMs and asking for just over half an SM's shared memory costs nothing.
+  const std::int64_t smem_one_per_sm =
+      (device.max_smem_per_sm / 2 - device.reserved_smem_per_block + 1 + 127) / 128 * 128;
+  const bool one_per_sm = state_shape.dynamic_smem >= smem_one_per_sm;
+  const bool spread = !one_per_sm && blocks <= device.sm_count &&
+                      smem_one_per_sm <= device.max_smem_per_block_optin;
+  state_shape.overlaps_previous =
+      programmatic_launch_supported(device.arch) && (one_per_sm || spread);
+  if (state_shape.overlaps_previous && spread) {
+    state_shape.dynamic_smem = static_cast<std::uint32_t>(smem_one_per_sm);
+  }
   plan.reasons.push_back(fmt::format(
       "chunk kernel: {} x {} blocks of {} threads loop over the floor(T / {}) + N chunk ids, {} "
       "bytes of shared memory; state kernel: one block per (sequence, value head, value tile), "
@@ -607,12 +621,20 @@ Plan make_chunked_plan(const Problem& pr, Choice choice, const TensorView& q, co
                         kGdnPrefillOrderMaxSeqs)));
   plan.reasons.push_back(
       state_shape.overlaps_previous
-          ? std::string("state kernel starts while the chunk kernel's last blocks run "
+          ? fmt::format("state kernel starts while the chunk kernel's last blocks run "
                         "(programmatic dependent launch): it ranks the sequences and loads the "
-                        "initial states, then waits for the chunk kernel's results")
-          : fmt::format("state kernel starts after the chunk kernel (programmatic dependent launch "
-                        "needs sm_90 or later; {})",
-                        device.arch.str()));
+                        "initial states, then waits for the chunk kernel's results{}",
+                        spread ? fmt::format("; its {} blocks ask for {} bytes of shared memory "
+                                             "(one block per SM, as on an idle GPU)",
+                                             blocks, smem_one_per_sm)
+                               : std::string())
+      : !programmatic_launch_supported(device.arch)
+          ? fmt::format("state kernel starts after the chunk kernel (programmatic dependent "
+                        "launch needs sm_90 or later; {})",
+                        device.arch.str())
+          : fmt::format("state kernel starts after the chunk kernel: {} blocks, several per "
+                        "SM, would pile onto the SMs the chunk kernel frees first",
+                        blocks));
   PlannedLaunch chunk{std::move(chunk_spec), chunk_shape, check_launch(chunk_shape, device)};
   require_legal(chunk.checks, fmt::format("{} ({})", kOp, chunk.spec.str()));
   PlannedLaunch rec{std::move(state_spec), state_shape, check_launch(state_shape, device)};
