@@ -208,6 +208,18 @@ struct Chunk {
   __device__ __forceinline__ void store(T* ptr) const { store_words<kBytes, kStoreHint>(ptr, w); }
 };
 
+/// The vector type of a load of kBytes (8 or 16).
+template <int kBytes>
+struct VecOf;
+template <>
+struct VecOf<8> {
+  using type = uint2;
+};
+template <>
+struct VecOf<16> {
+  using type = uint4;
+};
+
 template <int kInvalidRule>
 __device__ __forceinline__ bool invalid_slot(long long slot, long long num_slots) {
   const bool below = kInvalidRule == kGdnInvalidNonpositive ? slot <= 0 : slot < 0;
@@ -324,13 +336,30 @@ struct TileDecoder {
     const QkvT* k_ptr = row + static_cast<i64>(p.num_heads + h) * kK;
     const QkvT* v_ptr = row + static_cast<i64>(2 * p.num_heads) * kK + static_cast<i64>(c.hv) * kV +
                         static_cast<i64>(c.vt) * kBV;
+    // A lane's kVec adjacent q (and k) elements in one load when the row allows it: 16 scalar
+    // loads per lane and tile otherwise, each a request of its own, next to 4 of state.
+    constexpr int kQkBytes = kVec * int(sizeof(QkvT));
+    constexpr bool kQkVector = kQkBytes == 8 || kQkBytes == 16;
+    const bool qk_vector = kQkVector && ((reinterpret_cast<unsigned long long>(q_ptr) |
+                                          reinterpret_cast<unsigned long long>(k_ptr)) &
+                                         static_cast<unsigned long long>(kQkBytes - 1)) == 0;
 #pragma unroll
     for (int j = 0; j < kChunksPerLane; ++j) {
+      const int pos = chunk_of(j) * kVec;
+      if constexpr (kQkVector) {
+        if (qk_vector && chunk_live(j)) {
+          using Vec = typename VecOf<kQkBytes>::type;
+          const Vec qv = *reinterpret_cast<const Vec*>(q_ptr + pos);
+          const Vec kv = *reinterpret_cast<const Vec*>(k_ptr + pos);
+          memcpy(&in.q[j * kVec], &qv, kQkBytes);
+          memcpy(&in.k[j * kVec], &kv, kQkBytes);
+          continue;
+        }
+      }
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        const int pos = chunk_of(j) * kVec + e;
-        in.q[j * kVec + e] = chunk_live(j) ? q_ptr[pos] : gdn::from_f32<QkvT>(0.0f);
-        in.k[j * kVec + e] = chunk_live(j) ? k_ptr[pos] : gdn::from_f32<QkvT>(0.0f);
+        in.q[j * kVec + e] = chunk_live(j) ? q_ptr[pos + e] : gdn::from_f32<QkvT>(0.0f);
+        in.k[j * kVec + e] = chunk_live(j) ? k_ptr[pos + e] : gdn::from_f32<QkvT>(0.0f);
       }
     }
 #pragma unroll
