@@ -305,6 +305,29 @@ struct TileDecoder {
            static_cast<i64>(c.hv) * kV + static_cast<i64>(c.vt) * kBV;
   }
 
+  /// kGdnHintStaged: this thread's chunks of the tile, cp.async (16 bytes, L2 only) into the
+  /// same places of `stage` ([kBV, K] as in the pool), one commit group. Each lane reads back
+  /// only what it copied, so cp.async.wait_group alone orders the reads.
+  __device__ __forceinline__ void stage_state(const GdnDecodeParams& p, long long slot, TileCoord c,
+                                              StateT* stage) const {
+    static_assert(kVecBytes == 16, "cp.async copies 16 bytes");
+    const StateT* tile = tile_ptr(p, slot, c);
+#pragma unroll
+    for (int r = 0; r < kRowsPerThread; ++r) {
+#pragma unroll
+      for (int j = 0; j < kChunksPerLane; ++j) {
+        if (chunk_live(j)) {
+          const int at = local_row(r) * kK + chunk_of(j) * kVec;
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                           static_cast<u32>(__cvta_generic_to_shared(stage + at))),
+                       "l"(tile + at)
+                       : "memory");
+        }
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  }
+
   /// Streaming loads of this thread's state words straight from the pool.
   __device__ __forceinline__ void load_state(const GdnDecodeParams& p, long long slot, TileCoord c,
                                              State& s) const {
@@ -382,9 +405,32 @@ struct TileDecoder {
   }
 
   /// The step itself for a valid slot: normalizes q/k, reduces the old state against them,
-  /// writes the new state back to the pool and this tile's part of out.
+  /// writes the new state back to the pool and this tile's part of out. The old state comes
+  /// from registers (loaded by load_state or load_state_staged).
   __device__ __forceinline__ void finish(const GdnDecodeParams& p, TileCoord c, long long slot,
                                          const Inputs& in, State& s) const {
+    step(p, c, slot, in, [&](int r, int j, float(&x)[kVec]) { s.raw[r][j].unpack(x); });
+  }
+
+  /// finish() for a tile staged by stage_state: waits for the copies, then reads each chunk
+  /// from shared memory once per pass (reductions, then update) instead of holding the tile
+  /// in registers.
+  __device__ __forceinline__ void finish_staged(const GdnDecodeParams& p, TileCoord c,
+                                                long long slot, const Inputs& in,
+                                                const StateT* stage) const {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    step(p, c, slot, in, [&](int r, int j, float(&x)[kVec]) {
+      StateChunk chunk;
+      chunk.load_plain(stage + local_row(r) * kK + chunk_of(j) * kVec);
+      chunk.unpack(x);
+    });
+  }
+
+  /// The arithmetic of a step; `old_state(r, j, x)` gives chunk j of repetition r's row as f32
+  /// (live chunks only).
+  template <typename OldState>
+  __device__ __forceinline__ void step(const GdnDecodeParams& p, TileCoord c, long long slot,
+                                       const Inputs& in, const OldState& old_state) const {
     float q[kElems];
     float k[kElems];
     float q_sq = 0.0f, k_sq = 0.0f;
@@ -422,7 +468,6 @@ struct TileDecoder {
     const float alpha = expf(g);
 
     // Partial dot products of the old state with k and q; then one interleaved reduction.
-    float state[kRowsPerThread][kElems];
     float dk[kRowsPerThread], dq[kRowsPerThread];
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r) {
@@ -430,16 +475,11 @@ struct TileDecoder {
       dq[r] = 0.0f;
 #pragma unroll
       for (int j = 0; j < kChunksPerLane; ++j) {
+        if (!chunk_live(j)) continue;
         float x[kVec];
-        if (chunk_live(j)) {
-          s.raw[r][j].unpack(x);
-        } else {
-#pragma unroll
-          for (int e = 0; e < kVec; ++e) x[e] = 0.0f;
-        }
+        old_state(r, j, x);
 #pragma unroll
         for (int e = 0; e < kVec; ++e) {
-          state[r][j * kVec + e] = x[e];
           dk[r] += x[e] * k[j * kVec + e];
           dq[r] += x[e] * q[j * kVec + e];
         }
@@ -454,6 +494,9 @@ struct TileDecoder {
       }
     }
 
+    // A staged tile is read again from shared memory rather than kept in registers from the
+    // first pass (the compiler would otherwise merge the two reads).
+    if constexpr (kLoadHint == kGdnHintStaged) asm volatile("" ::: "memory");
     StateT* tile = tile_ptr(p, slot, c);
     OutT* out = out_ptr(p, c);
 #pragma unroll
@@ -461,15 +504,14 @@ struct TileDecoder {
       const float u = beta * (gdn::to_f32(in.v[r]) - alpha * dk[r]);
 #pragma unroll
       for (int j = 0; j < kChunksPerLane; ++j) {
+        if (!chunk_live(j)) continue;
         float x[kVec];
+        old_state(r, j, x);
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          x[e] = alpha * state[r][j * kVec + e] + u * k[j * kVec + e];
-        }
-        if (chunk_live(j)) {
-          s.raw[r][j].pack(x);
-          s.raw[r][j].store(tile + local_row(r) * kK + chunk_of(j) * kVec);
-        }
+        for (int e = 0; e < kVec; ++e) x[e] = alpha * x[e] + u * k[j * kVec + e];
+        StateChunk chunk;
+        chunk.pack(x);
+        chunk.store(tile + local_row(r) * kK + chunk_of(j) * kVec);
       }
       if (sub == 0) out[local_row(r)] = gdn::from_f32<OutT>(alpha * dq[r] + u * kq);
     }
@@ -553,6 +595,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks > 0 ? kMinBlocks : 1)
                 "a tile is whole rows-per-warp for every warp");
   static_assert(kMode == kGdnDecodeBulk ? kStages >= 1 && kStages <= 8 : kStages == 0,
                 "stages belong to the bulk mode alone");
+  static_assert(kLoadHint != kGdnHintStaged ||
+                    (kMode != kGdnDecodePersistent && kMode != kGdnDecodeBulk && kVecBytes == 16),
+                "staged loads are for the one-tile-per-block modes with 16-byte vectors");
   constexpr u32 kTiles = kV / kBV;
   using gdn_decode_detail::tile_coord;
   using gdn_decode_detail::TileCoord;
@@ -565,11 +610,19 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks > 0 ? kMinBlocks : 1)
       d.write_zeros(p, c);
       return;
     }
-    typename Decoder::State s;
-    d.load_state(p, slot, c, s);
     typename Decoder::Inputs in;
-    d.load_inputs(p, c, in);
-    d.finish(p, c, slot, in, s);
+    if constexpr (kLoadHint == kGdnHintStaged) {
+      extern __shared__ __align__(16) unsigned char stage_bytes[];
+      StateT* stage = reinterpret_cast<StateT*>(stage_bytes);
+      d.stage_state(p, slot, c, stage);
+      d.load_inputs(p, c, in);
+      d.finish_staged(p, c, slot, in, stage);
+    } else {
+      typename Decoder::State s;
+      d.load_state(p, slot, c, s);
+      d.load_inputs(p, c, in);
+      d.finish(p, c, slot, in, s);
+    }
   };
 
   if constexpr (kMode == kGdnDecodeFlat) {

@@ -32,6 +32,11 @@ enum GdnCacheHint : int {
   kGdnHintPlain = 1,
   /// Loads only: .L1::no_allocate.L2::256B, L2 fetches whole 256-byte blocks.
   kGdnHintL2Prefetch = 2,
+  /// Loads only (flat, split, folded; 16-byte vectors, sm_80+): the tile is copied into shared
+  /// memory by cp.async.cg and read from there twice, so no registers are held while it is in
+  /// flight and a warp can have more rows of state on the way (dynamic shared memory: one
+  /// tile, kBV * K state elements).
+  kGdnHintStaged = 3,
 };
 
 /// Which state indices mean "no state" (template parameter kInvalidRule).

@@ -53,6 +53,18 @@ std::string check_gdn_decode(const KernelSpec& spec) {
   } else if (stages != 0) {
     return fmt::format("stages = {} belongs to mode=bulk alone (mode={})", stages, mode);
   }
+  if (spec.get("load_hint") == "staged") {
+    if (mode == "persistent" || mode == "bulk" || vec_bytes != 16) {
+      return fmt::format(
+          "load_hint=staged is for the one-tile-per-block modes with 16-byte vectors (mode={}, "
+          "vec_bytes={})",
+          mode, vec_bytes);
+    }
+    if (spec.arch.sm() < 80) {
+      return fmt::format("load_hint=staged needs cp.async (sm_80 or newer), the target is {}",
+                         spec.arch.str());
+    }
+  }
   return {};
 }
 
@@ -143,9 +155,10 @@ FamilyDecl gdn_decode_family() {
                                "0: no cap"},
               ParamDecl{.name = "load_hint",
                         .kind = ParamKind::choice,
-                        .choices = {"stream", "plain", "l2_256"},
-                        .rendered = {"0", "1", "2"},
-                        .doc = "state loads: .cs (evict first), no hint, or L2::256B prefetch"},
+                        .choices = {"stream", "plain", "l2_256", "staged"},
+                        .rendered = {"0", "1", "2", "3"},
+                        .doc = "state loads: .cs (evict first), no hint, L2::256B prefetch, or "
+                               "staged (cp.async into shared memory, one tile per block)"},
               ParamDecl{.name = "store_hint",
                         .kind = ParamKind::choice,
                         .choices = {"stream", "plain"},

@@ -278,7 +278,12 @@ struct Tile {
   int bv = 0;
   int warps = 0;
   int rows_per_thread = 0;
+  /// State loads staged in shared memory (load hint "staged").
+  bool staged = false;
 };
+
+/// Whether the state loads may, must or must not go through shared memory.
+enum class Staging { off, automatic, forced };
 
 /// Lanes that share one state row and rows one warp covers, as the template derives them.
 struct RowLayout {
@@ -310,7 +315,10 @@ std::optional<Tile> shape_tile(const Problem& p, const RowLayout& layout, int bv
   return std::nullopt;
 }
 
-Tile choose_tile(const Problem& p, const DeviceLimits& device, int force_bv,
+/// Staged state loads (load hint "staged") go through shared memory, which holds no registers
+/// while they are in flight, so a large grid then takes twice the rows per thread. Automatic
+/// staging is taken for large grids only (where it was measured to help).
+Tile choose_tile(const Problem& p, const DeviceLimits& device, int force_bv, Staging staging,
                  std::vector<std::string>& reasons) {
   const RowLayout layout = row_layout(p);
   int rpt_cap = 1;
@@ -321,13 +329,18 @@ Tile choose_tile(const Problem& p, const DeviceLimits& device, int force_bv,
   // Half the register cap measured best on an H200 for large grids (more resident warps mix
   // load and store phases: 0.90-0.92 of a copy against 0.89-0.91 at the cap); a quarter for
   // small grids, which need many warps more than many rows per thread.
-  int rpt = std::max(1, rpt_cap / 2);
-  if (warps_at_cap < kMinWarpsPerSm * sms) rpt = std::max(1, rpt_cap / 4);
+  // Staged through shared memory, twice the rows measured best (H200, cold L2, HV 32 and 64,
+  // B 256 and 2048: 8 rows per warp moved 0.938-0.955 of a copy where 4 rows in registers
+  // moved 0.913-0.941; exp/mini.cu in the session note of #5).
+  const bool large = warps_at_cap >= kMinWarpsPerSm * sms;
+  const bool staged = staging == Staging::forced || (staging == Staging::automatic && large);
+  int rpt = large ? std::max(1, staged ? rpt_cap : rpt_cap / 2) : std::max(1, rpt_cap / 4);
   reasons.push_back(fmt::format(
       "row layout: {} lanes per state row ({} B vectors, {} elements per lane), {} rows per "
       "warp; up to {} rows per thread ({} with {} warps at {} rows per thread vs {} SMs)",
       layout.lanes_per_row, p.vec_bytes, layout.elems_per_lane, layout.rows_per_warp, rpt,
-      rpt == std::max(1, rpt_cap / 2) ? "large grid" : "small grid: spread over more warps",
+      large ? (staged ? "large grid, state staged in shared memory" : "large grid")
+            : "small grid: spread over more warps",
       warps_at_cap, rpt_cap, sms));
 
   if (force_bv != 0) {
@@ -339,7 +352,9 @@ Tile choose_tile(const Problem& p, const DeviceLimits& device, int force_bv,
           op_name(p.form), force_bv, p.v, layout.rows_per_warp, kMaxWarps, rpt_cap));
     }
     reasons.push_back(fmt::format("BV = {} forced by options.force_bv", force_bv));
-    return *tile;
+    Tile forced = *tile;
+    forced.staged = staged;
+    return forced;
   }
   // One warp per block. Measured on an H200 (cold L2, f32 state, K = V = 128, HV 32 and 64,
   // B 32..2048): one-warp blocks of 4 rows per thread moved 0.916-0.986 of a same-size copy
@@ -357,7 +372,7 @@ Tile choose_tile(const Problem& p, const DeviceLimits& device, int force_bv,
           blocks >= kMinBlocksPerSm * sms
               ? fmt::format(", >= {} per SM", kMinBlocksPerSm)
               : fmt::format(": the most this problem has, < {} per SM", kMinBlocksPerSm)));
-      return Tile{bv, 1, rows};
+      return Tile{bv, 1, rows, staged};
     }
   }
   throw PlanError(fmt::format("{}: no V tile fits V = {} with {} rows per warp", op_name(p.form),
@@ -378,12 +393,13 @@ CacheHints cache_hints(const Problem& p, const GdnDecodeOptions& options) {
   const std::size_t slash = forced.find('/');
   hints.load = forced.substr(0, slash);
   hints.store = slash == std::string::npos ? "" : forced.substr(slash + 1);
-  const bool load_ok = hints.load == "stream" || hints.load == "plain" || hints.load == "l2_256";
+  const bool load_ok = hints.load == "stream" || hints.load == "plain" || hints.load == "l2_256" ||
+                       hints.load == "staged";
   const bool store_ok = hints.store == "stream" || hints.store == "plain";
   if (!load_ok || !store_ok) {
     throw InvalidArgument(fmt::format(
         "{}: options.force_cache_hints = '{}' is not accepted; expected '<load>/<store>' with "
-        "load in stream, plain, l2_256 and store in stream, plain",
+        "load in stream, plain, l2_256, staged and store in stream, plain",
         op_name(p.form), forced));
   }
   return hints;
@@ -474,7 +490,23 @@ Plan make_plan(const Problem& p, const GdnDecodeOptions& options, const DeviceLi
   Plan plan;
   plan.op = std::string(op_name(p.form));
   plan.device = device;
-  const Tile tile = choose_tile(p, device, options.force_bv, plan.reasons);
+  CacheHints hints = cache_hints(p, options);
+  // Staged loads: one tile per block (not the persistent and bulk modes, which keep tiles in
+  // flight their own way), 16-byte vectors (cp.async copies 16 bytes), cp.async (sm_80 on).
+  const bool resident_forced = options.force_mode == "persistent" || options.force_mode == "bulk";
+  const bool can_stage = p.vec_bytes == 16 && device.arch.sm() >= 80 && !resident_forced;
+  if (hints.load == "staged" && !can_stage) {
+    throw PlanError(fmt::format(
+        "{}: staged state loads (options.force_cache_hints = '{}') need 16-byte state vectors "
+        "(have {} B), sm_80 or newer (have {}) and a one-tile-per-block mode (have '{}')",
+        plan.op, options.force_cache_hints, p.vec_bytes, device.arch.str(),
+        options.force_mode.empty() ? "planner's" : options.force_mode));
+  }
+  const Staging staging = hints.load == "staged"                           ? Staging::forced
+                          : options.force_cache_hints.empty() && can_stage ? Staging::automatic
+                                                                           : Staging::off;
+  const Tile tile = choose_tile(p, device, options.force_bv, staging, plan.reasons);
+  if (tile.staged) hints.load = "staged";
   const std::int64_t nv = p.v / tile.bv;
   const std::int64_t pairs = p.batch * p.value_heads;
   const std::int64_t total = pairs * nv;
@@ -521,10 +553,11 @@ Plan make_plan(const Problem& p, const GdnDecodeOptions& options, const DeviceLi
         fmt::format("{}: options.force_stages = {} applies to the bulk mode only (mode is {})",
                     plan.op, options.force_stages, mode));
   }
-  const CacheHints hints = cache_hints(p, options);
   plan.reasons.push_back(fmt::format(
       "state cache hints: loads {}, stores {}{}", hints.load, hints.store,
-      options.force_cache_hints.empty() ? "" : " (forced by options.force_cache_hints)"));
+      !options.force_cache_hints.empty() ? " (forced by options.force_cache_hints)"
+      : tile.staged ? " (staged: cp.async into shared memory, one tile per block; large grid)"
+                    : ""));
 
   LaunchShape shape;
   shape.block = Dim3{static_cast<std::uint32_t>(tile.warps * 32), 1, 1};
@@ -538,6 +571,24 @@ Plan make_plan(const Problem& p, const GdnDecodeOptions& options, const DeviceLi
   if (!resident_mode && options.force_blocks_per_sm != 0) {
     // One tile per block: the residency is only a register cap (more warps per SM).
     resident = plan_resident(p, tile, mode, options, device, plan.reasons, resident_checks);
+  }
+  if (tile.staged) {
+    shape.dynamic_smem =
+        static_cast<std::uint32_t>(tile.bv * p.k * static_cast<std::int64_t>(size_of(p.state)));
+    if (options.force_blocks_per_sm == 0) {
+      // A staged warp holds no state in registers while it waits, so what limits the warps per
+      // SM is registers: capped so that an SM fills with blocks (64 per thread for one-warp
+      // blocks; f32 state, 8 rows: 66 uncapped, which left 28 warps instead of 32).
+      const std::int64_t threads = std::int64_t{tile.warps} * 32;
+      resident.blocks_per_sm = static_cast<int>(
+          std::min<std::int64_t>(device.max_blocks_per_sm, device.max_threads_per_sm / threads));
+      plan.reasons.push_back(fmt::format(
+          "staged tiles: {} B of shared memory per block; registers capped for {} blocks per SM "
+          "({} per thread)",
+          shape.dynamic_smem, resident.blocks_per_sm,
+          std::min<std::int64_t>(device.max_regs_per_thread,
+                                 device.regs_per_sm / (threads * resident.blocks_per_sm))));
+    }
   }
   if (mode == "flat") {
     shape.grid = Dim3{dim(nv), dim(pairs), 1};

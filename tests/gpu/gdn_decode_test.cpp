@@ -104,6 +104,8 @@ struct Case {
   int force_bv = 0, force_stages = 0, force_blocks_per_sm = 0;
   std::string force_cache_hints;
   std::string expect_mode;
+  /// The planner's state load hint, checked when not empty (e.g. "staged").
+  std::string expect_load_hint;
 
   std::string str() const {
     return fmt::format(
@@ -261,12 +263,15 @@ void run_case(const Case& c) {
   }
   CHECK_MESSAGE(changed == 0,
                 fmt::format("{} bytes changed outside the slots of valid rows", changed));
-  if (!c.expect_mode.empty()) {
+  if (!c.expect_mode.empty() || !c.expect_load_hint.empty()) {
     const Plan plan =
         plan_gdn_decode(qkv.view(true), a.view(true), b.view(true), a_log.view(true),
                         dt_bias.view(true), state.view(true), indices.view(true), out.view(true),
                         options, test::runtime().device_limits(test::device()));
-    CHECK(plan.mode == c.expect_mode);
+    if (!c.expect_mode.empty()) CHECK(plan.mode == c.expect_mode);
+    if (!c.expect_load_hint.empty()) {
+      CHECK(plan.launches.at(0).spec.get("load_hint") == c.expect_load_hint);
+    }
   }
 }
 
@@ -480,6 +485,59 @@ TEST_CASE("gdn_decode gpu: cache hints and register caps") {
     c.force_blocks_per_sm = 6;
     run_case(c);
   }
+}
+
+// State tiles staged in shared memory by cp.async (the planner's choice for large grids):
+// every one-tile mode, both state widths, tiles of one to many rows per thread, head dims with
+// ragged lanes (K = 96) and several rows per warp (K = 16, 64), both store hints.
+TEST_CASE("gdn_decode gpu: staged state loads in every one-tile mode") {
+  for (const char* mode : {"flat", "split", "folded"}) {
+    for (DType state : {DType::f32, DType::bf16}) {
+      for (int bv : {0, 8, 32}) {
+        for (const char* hints : {"staged/stream", "staged/plain"}) {
+          Case c;
+          c.batch = 9;
+          c.force_mode = mode;
+          c.state = state;
+          c.force_bv = bv;
+          c.force_cache_hints = hints;
+          c.steps = 2;
+          c.expect_load_hint = "staged";
+          run_case(c);
+        }
+      }
+    }
+  }
+  const std::pair<std::int64_t, std::int64_t> dims[] = {{16, 16}, {64, 64}, {96, 112}, {256, 256}};
+  for (auto [k, v] : dims) {
+    for (DType state : {DType::f32, DType::bf16}) {
+      Case c;
+      c.k = k;
+      c.v = v;
+      c.state = state;
+      c.batch = 4;
+      c.force_cache_hints = "staged/stream";
+      c.expect_load_hint = "staged";
+      run_case(c);
+    }
+  }
+  // The planner stages a large grid on its own; invalid rows under both rules among them.
+  for (GdnInvalidIndex rule : {GdnInvalidIndex::negative, GdnInvalidIndex::nonpositive}) {
+    Case c;
+    c.batch = 700;
+    c.heads = 16;
+    c.value_heads = 32;
+    c.rule = rule;
+    c.invalid_every = 3;
+    c.expect_load_hint = "staged";
+    run_case(c);
+  }
+  Case small;
+  small.batch = 1;
+  small.heads = 16;
+  small.value_heads = 32;
+  small.expect_load_hint = "stream";
+  run_case(small);
 }
 
 TEST_CASE("gdn_decode gpu: strided views") {

@@ -150,10 +150,34 @@ TEST_CASE("gdn_decode plan: V tiles shrink at small batch, grow at large batch")
   CHECK(32 * (128 / bv_small) >= 2 * 132);
   CHECK(bv_small <= 16);
   CHECK(small.launches[0].spec.get_int("warps") == 1);
+  // A large grid stages its tiles in shared memory: one warp x 8 rows per thread, 4 KiB of
+  // shared memory, registers capped for 32 one-warp blocks per SM.
   const Plan large = plan(views(1024, 16, 32, 128, 128), h200);
-  CHECK(large.launches[0].spec.get_int("bv") == 4);  // one warp x 4 rows per thread
+  CHECK(large.launches[0].spec.get_int("bv") == 8);
   CHECK(large.launches[0].spec.get_int("warps") == 1);
   CHECK(large.launches[0].spec.get_int("vec_bytes") == 16);
+  CHECK(large.launches[0].spec.get("load_hint") == "staged");
+  CHECK(large.launches[0].spec.get_int("min_blocks") == 32);
+  CHECK(large.launches[0].shape.dynamic_smem == 8 * 128 * 4);
+  // Forced register loads keep 4 rows per thread and no shared memory.
+  GdnDecodeOptions in_registers;
+  in_registers.force_cache_hints = "stream/stream";
+  const Plan registers = plan(views(1024, 16, 32, 128, 128), h200, in_registers);
+  CHECK(registers.launches[0].spec.get_int("bv") == 4);
+  CHECK(registers.launches[0].spec.get_int("min_blocks") == 0);
+  CHECK(registers.launches[0].shape.dynamic_smem == 0);
+  // A small grid keeps its loads in registers.
+  CHECK(small.launches[0].spec.get("load_hint") == "stream");
+  CHECK(small.launches[0].shape.dynamic_smem == 0);
+  // Staging needs one tile per block and 16-byte vectors.
+  GdnDecodeOptions staged_bulk;
+  staged_bulk.force_mode = "bulk";
+  staged_bulk.force_cache_hints = "staged/stream";
+  CHECK_THROWS_AS(plan(views(1024, 16, 32, 128, 128), h200, staged_bulk), PlanError);
+  GdnDecodeOptions bulk;
+  bulk.force_mode = "bulk";
+  CHECK(plan(views(1024, 16, 32, 128, 128), h200, bulk).launches[0].spec.get("load_hint") ==
+        "stream");
 
   GdnDecodeOptions forced;
   forced.force_bv = 32;
@@ -239,9 +263,10 @@ TEST_CASE("gdn_decode plan: persistent and bulk grids are resident, checked and 
       }
     }
   }
-  // The other modes carry neither stages nor a residency assumption.
-  const Plan flat = plan(views(8, 16, 32, 128, 128), h200);
+  // The other modes carry no stages, and a residency assumption only when staged.
+  const Plan flat = plan(views(2, 16, 32, 128, 128), h200);
   CHECK(flat.launches[0].spec.get_int("stages") == 0);
+  CHECK(flat.launches[0].spec.get("load_hint") == "stream");
   CHECK(flat.launches[0].spec.get_int("min_blocks") == 0);
 }
 

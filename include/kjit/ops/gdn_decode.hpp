@@ -52,9 +52,11 @@ struct GdnDecodeOptions {
   /// (PlanError if threads, shared memory or 32 registers per thread do not fit). For tests
   /// and tuning.
   int force_blocks_per_sm = 0;
-  /// "" lets the planner choose; otherwise "<load>/<store>" cache hints of the state pool's
-  /// accesses, load in stream (.cs), plain, l2_256 (L2::256B prefetch) and store in stream,
-  /// plain. For tests and tuning.
+  /// "" lets the planner choose (large grids: staged loads, else stream/stream); otherwise
+  /// "<load>/<store>" cache hints of the state pool's accesses, load in stream (.cs), plain,
+  /// l2_256 (L2::256B prefetch) or staged (cp.async into shared memory; flat, split and folded
+  /// modes with 16-byte vectors, sm_80+, else PlanError) and store in stream, plain. For tests
+  /// and tuning.
   std::string force_cache_hints;
   /// Before launching, copy state_indices to the host and check that no valid index repeats
   /// and that every valid index is < slots (InvalidArgument otherwise). Synchronizes the
