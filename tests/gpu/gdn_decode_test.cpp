@@ -521,10 +521,11 @@ TEST_CASE("gdn_decode gpu: staged state loads in every one-tile mode") {
       run_case(c);
     }
   }
-  // The planner stages a large grid on its own; invalid rows under both rules among them.
+  // The planner stages a step of >= 1 GiB of state on its own (here 1.0 GiB, HV = 32, f32);
+  // invalid rows under both rules among them.
   for (GdnInvalidIndex rule : {GdnInvalidIndex::negative, GdnInvalidIndex::nonpositive}) {
     Case c;
-    c.batch = 700;
+    c.batch = 512;
     c.heads = 16;
     c.value_heads = 32;
     c.rule = rule;
