@@ -86,6 +86,16 @@ def test_plan_gdn_prefill():
     assert plan.launches and all(spec.endswith("@sm_90") for spec in plan.specs)
 
 
+def test_plan_gdn_prefill_state_kernel_overlaps_the_chunk_kernel_from_sm_90():
+    # The whole-V state tile (one block per SM) starts during the chunk kernel's last blocks
+    # (programmatic dependent launch); sm_80 has no griddepcontrol, so its launches serialize.
+    shape = dict(tokens=32768, seqs=16, heads=16, v_heads=16, k=128, v=128)
+    hopper = kjit.plan("gdn_prefill", arch="h200", **shape)
+    assert [launch.overlaps_previous for launch in hopper.launches] == [False, True]
+    ampere = kjit.plan("gdn_prefill", arch="sm_80", **shape)
+    assert [launch.overlaps_previous for launch in ampere.launches] == [False, False]
+
+
 def test_shape_names_are_the_tool_vocabulary():
     names = {name: (size, default) for name, size, default, _ in kjit.shape_names("merge_state")}
     assert names["tokens"] == (True, "")
