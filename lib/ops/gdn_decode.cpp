@@ -584,11 +584,16 @@ Plan make_plan(const Problem& p, const GdnDecodeOptions& options, const DeviceLi
         static_cast<std::uint32_t>(tile.bv * p.k * static_cast<std::int64_t>(size_of(p.state)));
     if (options.force_blocks_per_sm == 0) {
       // A staged warp holds no state in registers while it waits, so what limits the warps per
-      // SM is registers: capped so that an SM fills with blocks (64 per thread for one-warp
-      // blocks; f32 state, 8 rows: 66 uncapped, which left 28 warps instead of 32).
+      // SM is registers: capped so that an SM fills with as many blocks as its threads and
+      // shared memory take (64 per thread for one-warp blocks of 4 KiB; f32 state, 8 rows: 66
+      // uncapped, which left 28 warps instead of 32). Larger forced tiles fit fewer blocks and
+      // keep more registers.
       const std::int64_t threads = std::int64_t{tile.warps} * 32;
+      const std::int64_t smem_fit =
+          device.max_smem_per_sm / (shape.dynamic_smem + device.reserved_smem_per_block);
       resident.blocks_per_sm = static_cast<int>(
-          std::min<std::int64_t>(device.max_blocks_per_sm, device.max_threads_per_sm / threads));
+          std::max<std::int64_t>(1, std::min({std::int64_t{device.max_blocks_per_sm},
+                                              device.max_threads_per_sm / threads, smem_fit})));
       plan.reasons.push_back(fmt::format(
           "staged tiles: {} B of shared memory per block; registers capped for {} blocks per SM "
           "({} per thread)",

@@ -160,6 +160,15 @@ TEST_CASE("gdn_decode plan: V tiles shrink at small batch, grow at large batch")
   CHECK(large.launches[0].spec.get("load_hint") == "staged");
   CHECK(large.launches[0].spec.get_int("min_blocks") == 32);
   CHECK(large.launches[0].shape.dynamic_smem == 8 * 128 * 4);
+  // A forced larger staged tile (16 KiB) fits 13 blocks per SM by shared memory and is capped
+  // for those, not for 32 (which would leave 64 registers to 32 rows per thread).
+  GdnDecodeOptions big_staged;
+  big_staged.force_bv = 32;
+  big_staged.force_cache_hints = "staged/stream";
+  const Plan big = plan(views(1024, 16, 32, 128, 128), h200, big_staged);
+  CHECK(big.launches[0].shape.dynamic_smem == 32 * 128 * 4);
+  CHECK(big.launches[0].spec.get_int("min_blocks") ==
+        h200.max_smem_per_sm / (32 * 128 * 4 + h200.reserved_smem_per_block));
   // Forced register loads keep 4 rows per thread and no shared memory.
   GdnDecodeOptions in_registers;
   in_registers.force_cache_hints = "stream/stream";
