@@ -457,6 +457,12 @@ Resident plan_resident(const Problem& p, const Tile& tile, const std::string& mo
     reasons.push_back(
         fmt::format("bulk ring: {} stages of {} B state tiles ({} B of shared memory per block)",
                     r.stages, tile_bytes, r.smem));
+  } else if (tile.staged) {
+    r.smem = static_cast<std::uint32_t>(tile_bytes);
+    reasons.push_back(fmt::format(
+        "staged tile: {} B of shared memory per block (cp.async; no registers held while the "
+        "tile is in flight)",
+        r.smem));
   }
   // Blocks that fit by threads and shared memory alone; registers are then capped by
   // __launch_bounds__(threads, blocks per SM) so that they fit too.
@@ -474,6 +480,13 @@ Resident plan_resident(const Problem& p, const Tile& tile, const std::string& mo
                       op, options.force_blocks_per_sm, kMaxResidentBlocks));
     }
     r.blocks_per_sm = options.force_blocks_per_sm;
+  } else if (tile.staged) {
+    // A staged warp holds no state in registers while it waits, so what limits the warps per
+    // SM is registers: capped so that an SM fills with as many blocks as its threads and
+    // shared memory take (64 per thread for one-warp blocks of 4 KiB; f32 state, 8 rows: 66
+    // uncapped, which left 28 warps instead of 32). Larger forced tiles fit fewer blocks and
+    // keep more registers.
+    r.blocks_per_sm = std::max(1, fit);
   } else {
     const auto wanted = static_cast<int>(kResidentThreadsPerSm / threads);
     r.blocks_per_sm = std::max(1, std::min(wanted, fit));
@@ -575,32 +588,11 @@ Plan make_plan(const Problem& p, const GdnDecodeOptions& options, const DeviceLi
   Resident resident;
   std::vector<LimitCheck> resident_checks;
   const bool resident_mode = mode == "persistent" || mode == "bulk";
-  if (!resident_mode && options.force_blocks_per_sm != 0) {
-    // One tile per block: the residency is only a register cap (more warps per SM).
+  if (!resident_mode && (options.force_blocks_per_sm != 0 || tile.staged)) {
+    // One tile per block: the residency is only a register cap (more warps per SM), and a
+    // staged tile's shared memory.
     resident = plan_resident(p, tile, mode, options, device, plan.reasons, resident_checks);
-  }
-  if (tile.staged) {
-    shape.dynamic_smem =
-        static_cast<std::uint32_t>(tile.bv * p.k * static_cast<std::int64_t>(size_of(p.state)));
-    if (options.force_blocks_per_sm == 0) {
-      // A staged warp holds no state in registers while it waits, so what limits the warps per
-      // SM is registers: capped so that an SM fills with as many blocks as its threads and
-      // shared memory take (64 per thread for one-warp blocks of 4 KiB; f32 state, 8 rows: 66
-      // uncapped, which left 28 warps instead of 32). Larger forced tiles fit fewer blocks and
-      // keep more registers.
-      const std::int64_t threads = std::int64_t{tile.warps} * 32;
-      const std::int64_t smem_fit =
-          device.max_smem_per_sm / (shape.dynamic_smem + device.reserved_smem_per_block);
-      resident.blocks_per_sm = static_cast<int>(
-          std::max<std::int64_t>(1, std::min({std::int64_t{device.max_blocks_per_sm},
-                                              device.max_threads_per_sm / threads, smem_fit})));
-      plan.reasons.push_back(fmt::format(
-          "staged tiles: {} B of shared memory per block; registers capped for {} blocks per SM "
-          "({} per thread)",
-          shape.dynamic_smem, resident.blocks_per_sm,
-          std::min<std::int64_t>(device.max_regs_per_thread,
-                                 device.regs_per_sm / (threads * resident.blocks_per_sm))));
-    }
+    shape.dynamic_smem = resident.smem;
   }
   if (mode == "flat") {
     shape.grid = Dim3{dim(nv), dim(pairs), 1};
