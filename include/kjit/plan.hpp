@@ -87,5 +87,8 @@ void require_legal(const std::vector<LimitCheck>& checks, std::string_view what)
 /// Resident blocks per SM for the shape, 0 when it cannot run at all.
 int occupancy_blocks_per_sm(const LaunchShape& shape, const DeviceLimits& device,
                             const FunctionLimits& function);
+/// Whether a launch on `arch` may overlap the one before it (LaunchShape::overlaps_previous):
+/// programmatic dependent launch and the kernels' griddepcontrol waits exist from sm_90 on.
+bool supports_programmatic_launch(Arch arch) noexcept;
 
 }  // namespace kjit

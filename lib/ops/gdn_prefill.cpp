@@ -501,10 +501,6 @@ std::int64_t chunk_grid_x(const Problem& pr, const DeviceLimits& device) {
   return std::max<std::int64_t>(1, (32 * std::int64_t{device.sm_count} + pr.heads - 1) / pr.heads);
 }
 
-// Programmatic dependent launch (griddepcontrol) exists from sm_90 on; older targets compile
-// the kernels' waits to nothing, so their launches must not overlap.
-bool programmatic_launch_supported(Arch arch) { return arch.sm() >= 90; }
-
 // Whether the state kernel takes the sequences longest first (ranked by its own blocks up to
 // kGdnPrefillRankInStateMaxSeqs sequences, else by the chunk kernel into the workspace):
 // a batch of one needs no order, and the workspace holds kGdnPrefillOrderMaxSeqs ranks. A
@@ -596,13 +592,14 @@ Plan make_chunked_plan(const Problem& pr, Choice choice, const TensorView& q, co
   // overlap is taken only where each block gets an SM of its own: when one block's shared
   // memory already fills more than half an SM (the value tile of 128), or when the grid fits
   // the SMs and asking for just over half an SM's shared memory costs nothing.
+  const bool one_per_sm = occupancy_blocks_per_sm(state_shape, device, FunctionLimits{}) == 1;
+  // The least shared memory (in 128-byte steps) of which an SM holds one block only.
   const std::int64_t smem_one_per_sm =
       (device.max_smem_per_sm / 2 - device.reserved_smem_per_block + 1 + 127) / 128 * 128;
-  const bool one_per_sm = state_shape.dynamic_smem >= smem_one_per_sm;
   const bool spread = !one_per_sm && blocks <= device.sm_count &&
                       smem_one_per_sm <= device.max_smem_per_block_optin;
   state_shape.overlaps_previous =
-      programmatic_launch_supported(device.arch) && (one_per_sm || spread);
+      supports_programmatic_launch(device.arch) && (one_per_sm || spread);
   if (state_shape.overlaps_previous && spread) {
     state_shape.dynamic_smem = static_cast<std::uint32_t>(smem_one_per_sm);
   }
@@ -628,7 +625,7 @@ Plan make_chunked_plan(const Problem& pr, Choice choice, const TensorView& q, co
                                              "(one block per SM, as on an idle GPU)",
                                              blocks, smem_one_per_sm)
                                : std::string())
-      : !programmatic_launch_supported(device.arch)
+      : !supports_programmatic_launch(device.arch)
           ? fmt::format("state kernel starts after the chunk kernel (programmatic dependent "
                         "launch needs sm_90 or later; {})",
                         device.arch.str())

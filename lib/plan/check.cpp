@@ -70,6 +70,8 @@ int occupancy_blocks_per_sm(const LaunchShape& shape, const DeviceLimits& device
   return static_cast<int>(std::max<std::int64_t>(blocks, 0));
 }
 
+bool supports_programmatic_launch(Arch arch) noexcept { return arch.sm() >= 90; }
+
 std::vector<LimitCheck> check_launch(const LaunchShape& shape, const DeviceLimits& device,
                                      const FunctionLimits& function) {
   std::vector<LimitCheck> checks;

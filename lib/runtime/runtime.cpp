@@ -575,8 +575,8 @@ Runtime::ResolvedPlan Runtime::resolve(Plan plan, int device, Stream stream) {
   for (std::size_t i = 0; i < plan.launches.size(); ++i) {
     PlannedLaunch& planned = plan.launches[i];
     // An overlap also needs the device to have it: a plan made for one arch may be resolved on
-    // another device only through the same checks, but the kernels' waits exist from sm_90 on.
-    if (impl_->settings.disable_programmatic_launch || limits.arch.sm() < 90) {
+    // another device only through the same checks.
+    if (impl_->settings.disable_programmatic_launch || !supports_programmatic_launch(limits.arch)) {
       planned.shape.overlaps_previous = false;
     }
     const LoadedKernel& kernel = load(planned.spec, device, stream);
