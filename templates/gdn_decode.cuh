@@ -30,6 +30,7 @@
 // which needs both reductions from the old state at once (one pass, more ILP).
 #pragma once
 
+#include "kjit/common/cp_async.cuh"
 #include "kjit/common/gdn_math.cuh"
 #include "kjit/gdn_decode_params.h"
 
@@ -318,14 +319,11 @@ struct TileDecoder {
       for (int j = 0; j < kChunksPerLane; ++j) {
         if (chunk_live(j)) {
           const int at = local_row(r) * kK + chunk_of(j) * kVec;
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                           static_cast<u32>(__cvta_generic_to_shared(stage + at))),
-                       "l"(tile + at)
-                       : "memory");
+          cp_async::copy16(stage + at, tile + at);
         }
       }
     }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    cp_async::commit();
   }
 
   /// Streaming loads of this thread's state words straight from the pool.
@@ -418,7 +416,7 @@ struct TileDecoder {
   __device__ __forceinline__ void finish_staged(const GdnDecodeParams& p, TileCoord c,
                                                 long long slot, const Inputs& in,
                                                 const StateT* stage) const {
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    cp_async::wait<0>();
     step(p, c, slot, in, [&](int r, int j, float(&x)[kVec]) {
       StateChunk chunk;
       chunk.load_plain(stage + local_row(r) * kK + chunk_of(j) * kVec);

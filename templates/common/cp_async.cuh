@@ -18,6 +18,13 @@ __device__ __forceinline__ void copy16(void* dst, const void* src, bool valid) {
                : "memory");
 }
 
+/// Copies 16 bytes from `src` (global, 16-byte aligned) to `dst` (shared, 16-byte aligned),
+/// for copies that are always whole (no zero fill, no source-size operand).
+__device__ __forceinline__ void copy16(void* dst, const void* src) {
+  const u32 d = static_cast<u32>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+
 /// Closes the group of copies issued since the previous commit.
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
