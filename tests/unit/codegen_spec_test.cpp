@@ -133,6 +133,20 @@ TEST_CASE("a family's joint check refuses what its template's static_asserts wou
   CHECK(contains(
       parse_error(spec("bv=12,warps=1,vec_bytes=16,mode=flat,stages=0,min_blocks=0", "sm_90")),
       "bv = 12 does not divide v = 128"));
+  // Staged loads: one tile per block, 16-byte vectors, cp.async (sm_80 on).
+  const auto staged = [&](std::string_view tile, std::string_view arch) {
+    std::string text = spec(tile, arch);
+    text.replace(text.find("load_hint=stream"), 16, "load_hint=staged");
+    return text;
+  };
+  CHECK_NOTHROW(KernelSpec::parse(
+      staged("bv=8,warps=1,vec_bytes=16,mode=split,stages=0,min_blocks=32", "sm_80")));
+  CHECK(contains(
+      parse_error(staged("bv=16,warps=4,vec_bytes=16,mode=bulk,stages=2,min_blocks=0", "sm_90")),
+      "load_hint=staged is for the one-tile-per-block modes with 16-byte vectors (mode=bulk"));
+  CHECK(contains(
+      parse_error(staged("bv=8,warps=1,vec_bytes=8,mode=flat,stages=0,min_blocks=0", "sm_90")),
+      "vec_bytes=8"));
 }
 
 TEST_CASE("bad specs name what is wrong") {

@@ -322,6 +322,17 @@ TEST_CASE("gdn_decode plan: forced persistent and bulk parameters are checked") 
   CHECK_THROWS_WITH_AS(plan(narrow, h200, options), doctest::Contains("16-byte"), PlanError);
   options.force_mode = "persistent";
   CHECK(all_ok(plan(narrow, h200, options)));
+  // Staged loads need 16-byte vectors too; the error names the option's value and the vectors.
+  options = {};
+  options.force_cache_hints = "staged/stream";
+  std::string staged_error;
+  try {
+    plan(narrow, h200, options);
+  } catch (const PlanError& error) {
+    staged_error = error.what();
+  }
+  CHECK(staged_error.find("'staged/stream'") != std::string::npos);
+  CHECK(staged_error.find("have 8 B") != std::string::npos);
 
   // Stages and residency belong to those modes; out-of-range values are named.
   options = {};
