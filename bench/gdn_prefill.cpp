@@ -237,6 +237,12 @@ int main(int argc, char** argv) {
   kjit::GdnPrefillOptions options;
   options.runtime = &gpu->runtime();
   options.device = gpu->device;
+  // KJIT_PREFILL_BENCH_FORCE=<mode>: the whole table under options.force_mode (A/B runs, e.g.
+  // "chunked_mma_sync" for the state kernel on mma.sync where the planner takes wgmma).
+  if (const char* force = std::getenv("KJIT_PREFILL_BENCH_FORCE"); force != nullptr) {
+    options.force_mode = force;
+    std::printf("options.force_mode = %s\n", force);
+  }
   if (!verify(*gpu, options)) return 1;
   // "profile": a few calls of one large shape only, for a profiler's per-kernel split.
   if (argc > 2 && std::string(argv[2]) == "profile") {

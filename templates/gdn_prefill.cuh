@@ -116,6 +116,22 @@ __device__ __forceinline__ void store_pair<__half>(__half* ptr, float x0, float 
   *reinterpret_cast<__half2*>(ptr) = __floats2half2_rn(x0, x1);
 }
 
+/// One element, rounded to T (outputs stored along a column, as the wgmma state path does).
+template <typename T>
+__device__ __forceinline__ void store_one(T* ptr, float x);
+template <>
+__device__ __forceinline__ void store_one<float>(float* ptr, float x) {
+  *ptr = x;
+}
+template <>
+__device__ __forceinline__ void store_one<__nv_bfloat16>(__nv_bfloat16* ptr, float x) {
+  *ptr = __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ void store_one<__half>(__half* ptr, float x) {
+  *ptr = __float2half_rn(x);
+}
+
 /// Stores the f32 state tile (accumulator layout, see the kernel) to `dst`, the tile's first row
 /// in a [V, K] row-major state, rounded to Tstate. Used for the final state and checkpoints.
 template <typename Tstate, int kK, int kSMTiles, int kSNTiles>

@@ -25,6 +25,14 @@
 #include "kjit/common/cp_async.cuh"
 #include "kjit/common/grid_dependency.cuh"
 #include "kjit/common/mma.cuh"
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#include "kjit/common/wgmma.cuh"
+// sm_90a: the wide tiles' products run as warpgroup wgmma, which reads each B tile (k, q, T', P)
+// from shared memory once per four warps instead of once per warp through ldmatrix.
+#define KJIT_GDN_STATE_WGMMA 1
+#else
+#define KJIT_GDN_STATE_WGMMA 0
+#endif
 #include "kjit/gdn_prefill.cuh"
 #include "kjit/gdn_prefill_params.h"
 
@@ -430,9 +438,9 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   constexpr int kWarps = kBV / 16;
   static_assert(kWarps == gdn_prefill_state_warps(kBV), "one warp per 16 rows of the tile");
   constexpr int kThreads = 32 * kWarps;
-  constexpr int kLdK = kK + 8;
+  [[maybe_unused]] constexpr int kLdK = kK + 8;  // padded rows (mma.sync path)
   constexpr int kLdV = kBV + 8;
-  constexpr int kLd = 72;
+  [[maybe_unused]] constexpr int kLd = 72;
   constexpr int kKSteps = kK / 16;
   constexpr int kSN = kK / 8;  // n-tiles of the warp's state rows
   constexpr int kStages = gdn_prefill_state_stages(kBV);
@@ -467,14 +475,41 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       }
     }
   };
+#if KJIT_GDN_STATE_WGMMA
+  // The wgmma operands k, q, T' and P go to shared memory as no-swizzle core matrices (8 rows x
+  // 16 bytes, 128 contiguous bytes; core (r / 8, part) at (r / 8) * parts * 128 + part * 128, the
+  // descriptors' strides below). Eight consecutive threads fill one core matrix: no bank
+  // conflicts.
+  const auto issue_core = [&](unsigned char* dst, const __nv_bfloat16* src, i64 stride,
+                              auto parts_c, i64 t, int rows) {
+    constexpr int kParts = decltype(parts_c)::value;
+#pragma unroll
+    for (int it = 0; it < (64 * kParts + kThreads - 1) / kThreads; ++it) {
+      const int c = tid + it * kThreads;
+      if ((64 * kParts) % kThreads == 0 || c < 64 * kParts) {
+        const int r = (c / (8 * kParts)) * 8 + (c & 7), part = (c >> 3) % kParts;
+        const bool ok = r < rows;
+        cp_async::copy16(dst + (r >> 3) * (kParts * 128) + part * 128 + (r & 7) * 16,
+                         ok ? src + (t + r) * stride + part * 8 : src, ok);
+      }
+    }
+  };
+#endif
   const auto fill = [&](int st, i64 t) {
     const int rows = rows_at(t);
     unsigned char* const base = smem + st * kStage;
+#if KJIT_GDN_STATE_WGMMA
+    issue_core(base + kSmem.k0, k_g, p.k_stride_t, IntC<kK / 8>{}, t, rows);
+    issue_core(base + kSmem.q, q_g, p.q_stride_t, IntC<kK / 8>{}, t, rows);
+    issue_core(base + kSmem.t0, t_g, i64(hv_count) * 64, IntC<8>{}, t, rows);
+    issue_core(base + kSmem.p, p_g, i64(hv_count) * 64, IntC<8>{}, t, rows);
+#else
     issue_rows(base + kSmem.k0, kLdK, k_g, p.k_stride_t, IntC<kK / 8>{}, t, rows);
     issue_rows(base + kSmem.q, kLdK, q_g, p.q_stride_t, IntC<kK / 8>{}, t, rows);
-    issue_rows(base + kSmem.v, kLdV, v_g, p.v_stride_t, IntC<kBV / 8>{}, t, rows);
     issue_rows(base + kSmem.t0, kLd, t_g, i64(hv_count) * 64, IntC<8>{}, t, rows);
     issue_rows(base + kSmem.p, kLd, p_g, i64(hv_count) * 64, IntC<8>{}, t, rows);
+#endif
+    issue_rows(base + kSmem.v, kLdV, v_g, p.v_stride_t, IntC<kBV / 8>{}, t, rows);
     if (tid < 64) {
       const bool ok = tid < rows;
       cp_async::copy16(reinterpret_cast<float4*>(base + kSmem.sc0) + tid,
@@ -540,6 +575,157 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     const float4* s_sc = reinterpret_cast<const float4*>(base + kSmem.sc0);
     st = st + 1 == kStages ? 0 : st + 1;
 
+#if KJIT_GDN_STATE_WGMMA
+    // The same chain on warpgroup products: each warpgroup's four warps (64 rows of V) give
+    // their state rows as A fragments and the tensor cores read k, q, T' and P once per
+    // warpgroup from the core-matrix tiles. O comes out transposed (rows v, columns i).
+    const u32 k_addr = mma::smem_addr(s_k), q_addr = mma::smem_addr(s_q);
+    const u32 t_addr = mma::smem_addr(s_t), p_addr = mma::smem_addr(s_p);
+    constexpr u32 kRowGroupK = kK * 16;   // bytes between 8-row groups of the k and q tiles
+    constexpr u32 kRowGroup64 = 64 * 16;  // of the T' and P tiles
+
+    // 1. S_w K^T (acc_r: rows v, columns j) and S_w Q^T (acc_o: rows v, columns i), over K.
+    u32 s_frag[kKSteps][4];
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      s_frag[ks][0] = mma::pack_bf16(s_acc[0][2 * ks][0], s_acc[0][2 * ks][1]);
+      s_frag[ks][1] = mma::pack_bf16(s_acc[0][2 * ks][2], s_acc[0][2 * ks][3]);
+      s_frag[ks][2] = mma::pack_bf16(s_acc[0][2 * ks + 1][0], s_acc[0][2 * ks + 1][1]);
+      s_frag[ks][3] = mma::pack_bf16(s_acc[0][2 * ks + 1][2], s_acc[0][2 * ks + 1][3]);
+    }
+    float acc_r[8][4], acc_o[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_r[i][e] = acc_o[i][e] = 0.f;
+    }
+    wgmma::hold_registers(acc_r);
+    wgmma::hold_registers(acc_o);
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      wgmma::mma_m64n64k16<0>(acc_r, s_frag[ks],
+                              wgmma::descriptor(k_addr + ks * 256, 128, kRowGroupK));
+    }
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      wgmma::mma_m64n64k16<0>(acc_o, s_frag[ks],
+                              wgmma::descriptor(q_addr + ks * 256, 128, kRowGroupK));
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::hold_registers(acc_r);
+    wgmma::hold_registers(acc_o);
+
+    // 2. R_w^T = V_w^T - S_w K^T diag(e^gamma / |k|) as A fragments; the update's column scales.
+    u32 ra[4][4];
+    float kd[4][2][2];
+#pragma unroll
+    for (int jb = 0; jb < 4; ++jb) {
+      u32 vt[4];
+      mma::load_a_trans(vt, s_v + jb * 16 * kLdV + vw, kLdV);
+#pragma unroll
+      for (int hj = 0; hj < 2; ++hj) {
+        const int j = jb * 16 + hj * 8 + 2 * t4;
+        const float4 c0 = s_sc[j], c1 = s_sc[j + 1];
+        kd[jb][hj][0] = c0.z;
+        kd[jb][hj][1] = c1.z;
+        const float* acc = acc_r[2 * jb + hj];
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const u32 x = vt[2 * hj + hf];
+          ra[jb][2 * hj + hf] =
+              mma::pack_bf16(__uint_as_float(x << 16) - c0.y * acc[2 * hf],
+                             __uint_as_float(x & 0xffff0000u) - c1.y * acc[2 * hf + 1]);
+        }
+      }
+    }
+
+    // 3. Vn_w^T = R_w^T T'^T (T''s zero upper blocks are multiplied too).
+    float acc_v[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_v[i][e] = 0.f;
+    }
+    wgmma::hold_registers(acc_v);
+    wgmma::fence();
+#pragma unroll
+    for (int jb = 0; jb < 4; ++jb) {
+      wgmma::mma_m64n64k16<0>(acc_v, ra[jb],
+                              wgmma::descriptor(t_addr + jb * 256, 128, kRowGroup64));
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::hold_registers(acc_v);
+    u32 vb[4][4], vd[4][4];
+#pragma unroll
+    for (int jb = 0; jb < 4; ++jb) {
+#pragma unroll
+      for (int hj = 0; hj < 2; ++hj) {
+        const float* x = acc_v[2 * jb + hj];
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          vb[jb][2 * hj + hf] = mma::pack_bf16(x[2 * hf], x[2 * hf + 1]);
+          vd[jb][2 * hj + hf] =
+              mma::pack_bf16(x[2 * hf] * kd[jb][hj][0], x[2 * hf + 1] * kd[jb][hj][1]);
+        }
+      }
+    }
+
+    // 4 and 5 in one group: S_w <- e^gamma_last S_w + Vd_w^T K (k read N-major) and
+    // O_w^T = diag(e^gamma / |q|) (S_w Q^T) + Vn_w^T P^T.
+    {
+      const float decay = s_sc[0].w;
+#pragma unroll
+      for (int ni = 0; ni < kSN; ++ni) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s_acc[0][ni][e] *= decay;
+      }
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const float sx0 = s_sc[nt * 8 + 2 * t4].x, sx1 = s_sc[nt * 8 + 2 * t4 + 1].x;
+        acc_o[nt][0] *= sx0;
+        acc_o[nt][1] *= sx1;
+        acc_o[nt][2] *= sx0;
+        acc_o[nt][3] *= sx1;
+      }
+      wgmma::hold_registers(s_acc[0]);
+      wgmma::hold_registers(acc_o);
+      wgmma::fence();
+#pragma unroll
+      for (int jb = 0; jb < 4; ++jb) {
+        const u64 kn = wgmma::descriptor(k_addr + jb * 2 * kRowGroupK, kRowGroupK, 128);
+        if constexpr (kK == 128) {
+          wgmma::mma_m64n128k16<1>(s_acc[0], vd[jb], kn);
+        } else {
+          wgmma::mma_m64n64k16<1>(s_acc[0], vd[jb], kn);
+        }
+      }
+#pragma unroll
+      for (int jb = 0; jb < 4; ++jb) {
+        wgmma::mma_m64n64k16<0>(acc_o, vb[jb],
+                                wgmma::descriptor(p_addr + jb * 256, 128, kRowGroup64));
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::hold_registers(s_acc[0]);
+      wgmma::hold_registers(acc_o);
+    }
+    // The chunk's outputs: element (v = vw + g + 8 hf, i = 8 nt + 2 t4 + e) of O^T.
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = nt * 8 + 2 * t4 + e;
+        if (i < rows) {
+          Tout* orow = o_base + (t0 + i) * p.out_stride_t + g;
+          store_one(orow, p.scale * acc_o[nt][e]);
+          store_one(orow + 8, p.scale * acc_o[nt][2 + e]);
+        }
+      }
+    }
+#else
     // 1. S_w K^T (rows v, columns j: acc_r[nt], j = 8 nt + 2 t4 + e) and Q S_w^T (rows i,
     // columns v: acc_o[mt][nv], i = 16 mt + g + 8 hf, v = 8 nv + 2 t4 + e) in one pass over K.
     float acc_r[8][4], acc_o[4][2][4];
@@ -682,6 +868,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         }
       }
     }
+
+#endif
 
     // 6. Checkpoints, as in the fused kernel.
     if constexpr (kCkpt) {

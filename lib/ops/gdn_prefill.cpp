@@ -323,11 +323,16 @@ struct Choice {
   /// The two-kernel chunked path (else the fused kernel).
   bool chunked = false;
   int bv = 0;
+  /// The state kernel keeps mma.sync where it could take warpgroup products (forced by a
+  /// "_mma_sync" mode, for A/B runs).
+  bool mma_sync = false;
   std::vector<std::string> reasons;
 };
 
 constexpr const char* kModes =
-    "auto, chunked, chunked_bv128, chunked_bv64, chunked_bv32, chunked_bv16, bv64, bv32, bv16";
+    "auto, chunked, chunked_bv128, chunked_bv64, chunked_bv32, chunked_bv16, bv64, bv32, bv16, "
+    "or a chunked mode with the suffix _mma_sync";
+constexpr std::string_view kMmaSyncSuffix = "_mma_sync";
 
 Choice choose_tile(const Problem& pr, const std::string& force, const DeviceLimits& device) {
   Choice choice;
@@ -396,7 +401,7 @@ std::int64_t state_tile_limit(int bv) { return 2048 * gdn_prefill_state_warps(bv
 // The path and, on the chunked path, the state kernel's value tile. The chunked path takes the
 // chunk-local work (A, its inverse, P, the decays) off the sequential path; it needs bf16
 // inputs, 16-byte v rows and the shared memory of both kernels.
-Choice choose(const Problem& pr, const std::string& force, const DeviceLimits& device) {
+Choice choose_path(const Problem& pr, const std::string& force, const DeviceLimits& device) {
   const bool automatic = force.empty() || force == "auto";
   const bool forced_chunked = force.rfind("chunked", 0) == 0;
   if (!automatic && !forced_chunked) return choose_tile(pr, force, device);
@@ -484,6 +489,25 @@ Choice choose(const Problem& pr, const std::string& force, const DeviceLimits& d
   return choice;
 }
 
+// choose_path, after taking a "_mma_sync" suffix off a chunked mode.
+Choice choose(const Problem& pr, const std::string& force, const DeviceLimits& device) {
+  if (force.rfind("chunked", 0) == 0 && force.ends_with(kMmaSyncSuffix)) {
+    Choice choice = choose_path(pr, force.substr(0, force.size() - kMmaSyncSuffix.size()), device);
+    choice.mma_sync = true;
+    return choice;
+  }
+  return choose_path(pr, force, device);
+}
+
+// The wide state tiles (value tile >= 64, K <= 128) multiply on warpgroup wgmma where the
+// device is compute capability 9.0: the tensor cores read each chunk's k, q, T' and P from
+// shared memory once per four warps instead of once per warp. wgmma exists only in the
+// arch-specific target sm_90a (not on sm_100 and later), whose cubins run on 9.0 alone.
+bool state_takes_wgmma(const Problem& pr, const Choice& choice, const DeviceLimits& device) {
+  return device.arch.major == 9 && device.arch.minor == 0 && !choice.mma_sync &&
+         gdn_prefill_state_wide(choice.bv) && pr.k <= 128;
+}
+
 std::string checkpoint_reason(std::int64_t every) {
   return every > 0 ? fmt::format(
                          "state checkpoints every {} tokens ({} chunks of {}): each sequence "
@@ -565,7 +589,17 @@ Plan make_chunked_plan(const Problem& pr, Choice choice, const TensorView& q, co
   const SpecValues values =
       spec_values(pr, q, gates, cu_seqlens, state, state_indices, out, options, choice.bv);
   KernelSpec chunk_spec = family_spec("gdn_prefill_chunk", values, device.arch);
-  KernelSpec state_spec = family_spec("gdn_prefill_state", values, device.arch);
+  const bool wgmma = state_takes_wgmma(pr, choice, device);
+  KernelSpec state_spec =
+      family_spec("gdn_prefill_state", values, wgmma ? Arch{9, 0, 'a'} : device.arch);
+  plan.reasons.push_back(
+      wgmma ? std::string("state kernel compiled for sm_90a: its products are warpgroup wgmma "
+                          "reading k, q, T' and P from shared memory once per 4 warps")
+      : choice.mma_sync ? std::string("state kernel on mma.sync (forced by options.force_mode)")
+                        : fmt::format("state kernel on mma.sync (warpgroup wgmma needs sm_90a "
+                                      "and a value tile >= 64 with K <= 128; here {}, tile {}, "
+                                      "K = {})",
+                                      device.arch.str(), choice.bv, pr.k));
   if (pr.heads > device.max_grid_dim[1]) {
     throw PlanError(fmt::format("{}: grid y is {}, the chunk kernel needs H = {}", kOp,
                                 device.max_grid_dim[1], pr.heads));
@@ -701,7 +735,7 @@ struct Signature {
   std::int64_t dtypes = 0;
   std::int64_t flags = 0;
   std::int64_t checkpoint_every = 0;
-  char force[16] = {};
+  char force[32] = {};
 };
 
 }  // namespace

@@ -331,8 +331,10 @@ TEST_CASE("gdn_prefill: mixed lengths 0, 1, 63, 64, 65, 1000 in one batch, bf16,
 }
 
 TEST_CASE("gdn_prefill: every value tile of both paths on the same batch") {
-  for (const char* mode : {"bv64", "bv32", "bv16", "chunked", "chunked_bv128", "chunked_bv64",
-                           "chunked_bv32", "chunked_bv16"}) {
+  // On sm_90 the chunked 128 and 64 tiles run on wgmma; "_mma_sync" keeps them on mma.sync.
+  for (const char* mode :
+       {"bv64", "bv32", "bv16", "chunked", "chunked_bv128", "chunked_bv64", "chunked_bv32",
+        "chunked_bv16", "chunked_bv128_mma_sync", "chunked_bv64_mma_sync"}) {
     CAPTURE(mode);
     Case c;
     c.lengths = {65, 0, 130, 1};
@@ -455,6 +457,14 @@ TEST_CASE("gdn_prefill: K and V of 64 and 256, GVA") {
     run_case(c);
     c.force_mode = "bv16";  // the fused kernel too
     run_case(c);
+    if (kd == 64) {  // the wide tiles at K = 64 (wgmma on sm_90)
+      c.force_mode = "chunked_bv64";
+      run_case(c);
+      if (vd == 128) {
+        c.force_mode = "chunked_bv128";
+        run_case(c);
+      }
+    }
   }
 }
 
@@ -501,7 +511,8 @@ TEST_CASE("gdn_prefill: checkpoints with every value tile and a separate final s
 }
 
 TEST_CASE("gdn_prefill chunked: checkpoints with every value tile and a separate final state") {
-  for (const char* mode : {"chunked_bv128", "chunked_bv64", "chunked_bv32", "chunked_bv16"}) {
+  for (const char* mode : {"chunked_bv128", "chunked_bv64", "chunked_bv32", "chunked_bv16",
+                           "chunked_bv128_mma_sync"}) {
     CAPTURE(mode);
     Case c;
     c.lengths = {130, 0, 64, 1, 1000};

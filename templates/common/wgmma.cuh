@@ -1,0 +1,104 @@
+// SPDX-License-Identifier: Apache-2.0
+// Warpgroup tensor-core products (wgmma.mma_async, sm_90a only): four warps multiply their
+// 16-row A fragments (registers, the layout of mma.cuh's A) by one B tile that the tensor cores
+// read from shared memory once for the whole warpgroup, where mma.sync has every warp load its
+// own copy through ldmatrix. NVRTC-clean (inline PTX only); compile only under
+// __CUDA_ARCH_FEAT_SM90_ALL.
+//
+// B tiles are bf16 in the no-swizzle canonical layout: 8 x 8 "core matrices" of 128 contiguous
+// bytes (row r of a core matrix at byte 16 r). `lbo` is the byte distance between core matrices
+// adjacent along K, `sbo` along N; for an N-major B (kTransB = 1) the PTX ISA swaps the roles.
+// The accumulators are written asynchronously: issue after fence(), then commit(), wait<0>() and
+// hold_registers() on every accumulator before reading it; the A registers stay untouched until
+// the wait.
+#pragma once
+
+#include "kjit/common/types.h"
+
+namespace kjit {
+namespace wgmma {
+
+/// The shared-memory matrix descriptor of a no-swizzle tile starting at `smem_addr` (16-byte
+/// aligned, a __cvta_generic_to_shared address).
+__device__ __forceinline__ u64 descriptor(u32 smem_addr, u32 lbo, u32 sbo) {
+  return u64((smem_addr & 0x3ffffu) >> 4) | (u64((lbo >> 4) & 0x3fffu) << 16) |
+         (u64((sbo >> 4) & 0x3fffu) << 32);
+}
+
+/// Orders this thread's register writes (A fragments, accumulators) before the next wgmma.
+__device__ __forceinline__ void fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+/// Closes the group of wgmma issued since the previous commit.
+__device__ __forceinline__ void commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+/// Waits until at most `kPending` committed groups are still running.
+template <int kPending>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+/// Keeps the compiler from moving reads of an accumulator above the wait (or writes of it
+/// below the issue).
+template <int N>
+__device__ __forceinline__ void hold_registers(float (&d)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+  }
+}
+
+/// d (64 x 64, f32, d[nt][e] as in mma.cuh's C fragments of n-tile nt) += a (64 x 16,
+/// bf16, the warp's 16 rows as an mma.cuh A fragment) * b (16 x 64, bf16, in shared memory
+/// behind the descriptor `b`). kTransB 0: b K-major, 1: b N-major.
+template <int kTransB>
+__device__ __forceinline__ void mma_m64n64k16(float (&d)[8][4], const u32 (&a)[4], u64 b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+      "}, {%32,%33,%34,%35}, %36, p, 1, 1, %37;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransB));
+}
+
+/// d (64 x 128, f32, d[nt][e] as in mma.cuh's C fragments of n-tile nt) += a (64 x 16,
+/// bf16, the warp's 16 rows as an mma.cuh A fragment) * b (16 x 128, bf16, in shared memory
+/// behind the descriptor `b`). kTransB 0: b K-major, 1: b N-major.
+template <int kTransB>
+__device__ __forceinline__ void mma_m64n128k16(float (&d)[16][4], const u32 (&a)[4], u64 b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+      "}, {%64,%65,%66,%67}, %68, p, 1, 1, %69;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]),
+        "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),
+        "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]),
+        "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransB));
+}
+
+}  // namespace wgmma
+}  // namespace kjit
