@@ -7,7 +7,9 @@
 //
 // B tiles are bf16 in the no-swizzle canonical layout: 8 x 8 "core matrices" of 128 contiguous
 // bytes (row r of a core matrix at byte 16 r). `lbo` is the byte distance between core matrices
-// adjacent along K, `sbo` along N; for an N-major B (kTransB = 1) the PTX ISA swaps the roles.
+// adjacent along K, `sbo` along N, for a K-major B and for an N-major one (kTransB = 1) alike:
+// bench/experiments/wgmma_layout_check.cu checked both on the H200 (the other reading of the
+// N-major strides gives wrong products).
 // The accumulators are written asynchronously: issue after fence(), then commit(), wait<0>() and
 // hold_registers() on every accumulator before reading it; the A registers stay untouched until
 // the wait.
