@@ -607,15 +607,17 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       wgmma::mma_m64n64k16<0>(acc_r, s_frag[ks],
                               wgmma::descriptor(k_addr + ks * 256, 128, kRowGroupK));
     }
+    wgmma::commit();
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       wgmma::mma_m64n64k16<0>(acc_o, s_frag[ks],
                               wgmma::descriptor(q_addr + ks * 256, 128, kRowGroupK));
     }
     wgmma::commit();
-    wgmma::wait<0>();
+    // S_w K^T is done; S_w Q^T keeps the tensor cores busy while R and Vn are formed (acc_o is
+    // not touched until the wait after step 3).
+    wgmma::wait<1>();
     wgmma::hold_registers(acc_r);
-    wgmma::hold_registers(acc_o);
 
     // 2. R_w^T = V_w^T - S_w K^T diag(e^gamma / |k|) as A fragments; the update's column scales.
     u32 ra[4][4];
@@ -658,6 +660,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::hold_registers(acc_v);
+    wgmma::hold_registers(acc_o);
     u32 vb[4][4], vd[4][4];
 #pragma unroll
     for (int jb = 0; jb < 4; ++jb) {
@@ -695,6 +698,12 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       wgmma::fence();
 #pragma unroll
       for (int jb = 0; jb < 4; ++jb) {
+        wgmma::mma_m64n64k16<0>(acc_o, vb[jb],
+                                wgmma::descriptor(p_addr + jb * 256, 128, kRowGroup64));
+      }
+      wgmma::commit();
+#pragma unroll
+      for (int jb = 0; jb < 4; ++jb) {
         const u64 kn = wgmma::descriptor(k_addr + jb * 2 * kRowGroupK, kRowGroupK, 128);
         if constexpr (kK == 128) {
           wgmma::mma_m64n128k16<1>(s_acc[0], vd[jb], kn);
@@ -702,14 +711,9 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
           wgmma::mma_m64n64k16<1>(s_acc[0], vd[jb], kn);
         }
       }
-#pragma unroll
-      for (int jb = 0; jb < 4; ++jb) {
-        wgmma::mma_m64n64k16<0>(acc_o, vb[jb],
-                                wgmma::descriptor(p_addr + jb * 256, 128, kRowGroup64));
-      }
       wgmma::commit();
-      wgmma::wait<0>();
-      wgmma::hold_registers(s_acc[0]);
+      // O is done; the state update runs on while the outputs are stored.
+      wgmma::wait<1>();
       wgmma::hold_registers(acc_o);
     }
     // The chunk's outputs: element (v = vw + g + 8 hf, i = 8 nt + 2 t4 + e) of O^T.
@@ -725,6 +729,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         }
       }
     }
+    wgmma::wait<0>();
+    wgmma::hold_registers(s_acc[0]);
 #else
     // 1. S_w K^T (rows v, columns j: acc_r[nt], j = 8 nt + 2 t4 + e) and Q S_w^T (rows i,
     // columns v: acc_o[mt][nv], i = 16 mt + g + 8 hf, v = 8 nv + 2 t4 + e) in one pass over K.
