@@ -243,7 +243,7 @@ int main(int argc, char** argv) {
   options.runtime = &gpu->runtime();
   options.device = gpu->device;
   // KJIT_PREFILL_BENCH_FORCE=<mode>: the whole table under options.force_mode (A/B runs, e.g.
-  // "chunked_mma_sync" for the state kernel on mma.sync where the planner takes wgmma).
+  // "chunked_wgmma" for the state kernel on warpgroup wgmma).
   if (const char* force = std::getenv("KJIT_PREFILL_BENCH_FORCE"); force != nullptr) {
     options.force_mode = force;
     std::printf("options.force_mode = %s\n", force);

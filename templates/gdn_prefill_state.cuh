@@ -27,8 +27,10 @@
 #include "kjit/common/mma.cuh"
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #include "kjit/common/wgmma.cuh"
-// sm_90a: the wide tiles' products run as warpgroup wgmma, which reads each B tile (k, q, T', P)
-// from shared memory once per four warps instead of once per warp through ldmatrix.
+// sm_90a (the planner compiles for it only when options.force_mode asks for "_wgmma"): the wide
+// tiles' products run as warpgroup wgmma, which reads each B tile (k, q, T', P) from shared
+// memory once per four warps instead of once per warp through ldmatrix. Correct, but slower
+// than mma.sync on the H200 (docs/architecture.md).
 #define KJIT_GDN_STATE_WGMMA 1
 #else
 #define KJIT_GDN_STATE_WGMMA 0
@@ -501,15 +503,16 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 #if KJIT_GDN_STATE_WGMMA
     issue_core(base + kSmem.k0, k_g, p.k_stride_t, IntC<kK / 8>{}, t, rows);
     issue_core(base + kSmem.q, q_g, p.q_stride_t, IntC<kK / 8>{}, t, rows);
+    issue_rows(base + kSmem.v, kLdV, v_g, p.v_stride_t, IntC<kBV / 8>{}, t, rows);
     issue_core(base + kSmem.t0, t_g, i64(hv_count) * 64, IntC<8>{}, t, rows);
     issue_core(base + kSmem.p, p_g, i64(hv_count) * 64, IntC<8>{}, t, rows);
 #else
     issue_rows(base + kSmem.k0, kLdK, k_g, p.k_stride_t, IntC<kK / 8>{}, t, rows);
     issue_rows(base + kSmem.q, kLdK, q_g, p.q_stride_t, IntC<kK / 8>{}, t, rows);
+    issue_rows(base + kSmem.v, kLdV, v_g, p.v_stride_t, IntC<kBV / 8>{}, t, rows);
     issue_rows(base + kSmem.t0, kLd, t_g, i64(hv_count) * 64, IntC<8>{}, t, rows);
     issue_rows(base + kSmem.p, kLd, p_g, i64(hv_count) * 64, IntC<8>{}, t, rows);
 #endif
-    issue_rows(base + kSmem.v, kLdV, v_g, p.v_stride_t, IntC<kBV / 8>{}, t, rows);
     if (tid < 64) {
       const bool ok = tid < rows;
       cp_async::copy16(reinterpret_cast<float4*>(base + kSmem.sc0) + tid,
@@ -607,17 +610,16 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       wgmma::mma_m64n64k16<0>(acc_r, s_frag[ks],
                               wgmma::descriptor(k_addr + ks * 256, 128, kRowGroupK));
     }
-    wgmma::commit();
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       wgmma::mma_m64n64k16<0>(acc_o, s_frag[ks],
                               wgmma::descriptor(q_addr + ks * 256, 128, kRowGroupK));
     }
+    // (Waiting for S_w K^T alone and forming R while S_w Q^T ran spilled 48 bytes.)
     wgmma::commit();
-    // S_w K^T is done; S_w Q^T keeps the tensor cores busy while R and Vn are formed (acc_o is
-    // not touched until the wait after step 3).
-    wgmma::wait<1>();
+    wgmma::wait<0>();
     wgmma::hold_registers(acc_r);
+    wgmma::hold_registers(acc_o);
 
     // 2. R_w^T = V_w^T - S_w K^T diag(e^gamma / |k|) as A fragments; the update's column scales.
     u32 ra[4][4];
@@ -660,7 +662,6 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::hold_registers(acc_v);
-    wgmma::hold_registers(acc_o);
     u32 vb[4][4], vd[4][4];
 #pragma unroll
     for (int jb = 0; jb < 4; ++jb) {

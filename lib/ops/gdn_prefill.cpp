@@ -323,16 +323,16 @@ struct Choice {
   /// The two-kernel chunked path (else the fused kernel).
   bool chunked = false;
   int bv = 0;
-  /// The state kernel keeps mma.sync where it could take warpgroup products (forced by a
-  /// "_mma_sync" mode, for A/B runs).
-  bool mma_sync = false;
+  /// The state kernel's wide tiles multiply on warpgroup wgmma (sm_90a) instead of mma.sync:
+  /// asked for by a "_wgmma" mode.
+  bool wgmma = false;
   std::vector<std::string> reasons;
 };
 
 constexpr const char* kModes =
     "auto, chunked, chunked_bv128, chunked_bv64, chunked_bv32, chunked_bv16, bv64, bv32, bv16, "
-    "or a chunked mode with the suffix _mma_sync";
-constexpr std::string_view kMmaSyncSuffix = "_mma_sync";
+    "or a chunked mode with the suffix _wgmma";
+constexpr std::string_view kWgmmaSuffix = "_wgmma";
 
 Choice choose_tile(const Problem& pr, const std::string& force, const DeviceLimits& device) {
   Choice choice;
@@ -401,7 +401,9 @@ std::int64_t state_tile_limit(int bv) { return 2048 * gdn_prefill_state_warps(bv
 // The path and, on the chunked path, the state kernel's value tile. The chunked path takes the
 // chunk-local work (A, its inverse, P, the decays) off the sequential path; it needs bf16
 // inputs, 16-byte v rows and the shared memory of both kernels.
-Choice choose_path(const Problem& pr, const std::string& force, const DeviceLimits& device) {
+// `shown`: the mode as the caller spelled it, for messages (force without a _wgmma suffix).
+Choice choose_path(const Problem& pr, const std::string& force, const DeviceLimits& device,
+                   std::string_view shown) {
   const bool automatic = force.empty() || force == "auto";
   const bool forced_chunked = force.rfind("chunked", 0) == 0;
   if (!automatic && !forced_chunked) return choose_tile(pr, force, device);
@@ -411,12 +413,12 @@ Choice choose_path(const Problem& pr, const std::string& force, const DeviceLimi
       if (force == fmt::format("chunked_bv{}", bv)) forced_bv = bv;
     }
     if (forced_bv == 0) {
-      fail(fmt::format("options.force_mode '{}' is not a mode; accepted: {}", force, kModes));
+      fail(fmt::format("options.force_mode '{}' is not a mode; accepted: {}", shown, kModes));
     }
     if (pr.v % forced_bv != 0 || forced_bv * pr.k > state_tile_limit(forced_bv)) {
       fail(
           fmt::format("options.force_mode '{}' needs V % {} == 0 and {} * K <= {} (V = {}, K = {})",
-                      force, forced_bv, forced_bv, state_tile_limit(forced_bv), pr.v, pr.k));
+                      shown, forced_bv, forced_bv, state_tile_limit(forced_bv), pr.v, pr.k));
     }
   }
   const auto smem_of = [&](int bv) {
@@ -463,7 +465,7 @@ Choice choose_path(const Problem& pr, const std::string& force, const DeviceLimi
   if (!why_not.empty()) {
     if (forced_chunked) {
       throw PlanError(fmt::format("{}: options.force_mode '{}': the chunked path cannot run: {}",
-                                  kOp, force, why_not));
+                                  kOp, shown, why_not));
     }
     Choice fused = choose_tile(pr, "", device);
     fused.reasons.insert(
@@ -489,23 +491,29 @@ Choice choose_path(const Problem& pr, const std::string& force, const DeviceLimi
   return choice;
 }
 
-// choose_path, after taking a "_mma_sync" suffix off a chunked mode.
+// choose_path, after taking a "_wgmma" suffix off a chunked mode. The state kernel's wide tiles
+// (value tile >= 64, K <= 128) can multiply on warpgroup wgmma, which reads each chunk's k, q, T'
+// and P from shared memory once per four warps instead of once per warp. It exists only in the
+// arch-specific target sm_90a (not on sm_100 and later), and on the H200 it was slower than
+// mma.sync (docs/architecture.md), so it is never chosen, only asked for.
 Choice choose(const Problem& pr, const std::string& force, const DeviceLimits& device) {
-  if (force.rfind("chunked", 0) == 0 && force.ends_with(kMmaSyncSuffix)) {
-    Choice choice = choose_path(pr, force.substr(0, force.size() - kMmaSyncSuffix.size()), device);
-    choice.mma_sync = true;
-    return choice;
+  if (!(force.rfind("chunked", 0) == 0 && force.ends_with(kWgmmaSuffix))) {
+    return choose_path(pr, force, device, force);
   }
-  return choose_path(pr, force, device);
-}
-
-// The wide state tiles (value tile >= 64, K <= 128) multiply on warpgroup wgmma where the
-// device is compute capability 9.0: the tensor cores read each chunk's k, q, T' and P from
-// shared memory once per four warps instead of once per warp. wgmma exists only in the
-// arch-specific target sm_90a (not on sm_100 and later), whose cubins run on 9.0 alone.
-bool state_takes_wgmma(const Problem& pr, const Choice& choice, const DeviceLimits& device) {
-  return device.arch.major == 9 && device.arch.minor == 0 && !choice.mma_sync &&
-         gdn_prefill_state_wide(choice.bv) && pr.k <= 128;
+  Choice choice =
+      choose_path(pr, force.substr(0, force.size() - kWgmmaSuffix.size()), device, force);
+  if (!(device.arch.major == 9 && device.arch.minor == 0) || !gdn_prefill_state_wide(choice.bv) ||
+      pr.k > 128) {
+    throw PlanError(fmt::format(
+        "{}: options.force_mode '{}': warpgroup wgmma needs compute capability 9.0 (sm_90a), a "
+        "value tile of 64 or 128 and K <= 128; here {}, value tile {}, K = {}",
+        kOp, force, device.arch.str(), choice.bv, pr.k));
+  }
+  choice.wgmma = true;
+  choice.reasons.push_back(fmt::format(
+      "state kernel on warpgroup wgmma (forced by options.force_mode '{}'): compiled for sm_90a",
+      force));
+  return choice;
 }
 
 std::string checkpoint_reason(std::int64_t every) {
@@ -589,17 +597,8 @@ Plan make_chunked_plan(const Problem& pr, Choice choice, const TensorView& q, co
   const SpecValues values =
       spec_values(pr, q, gates, cu_seqlens, state, state_indices, out, options, choice.bv);
   KernelSpec chunk_spec = family_spec("gdn_prefill_chunk", values, device.arch);
-  const bool wgmma = state_takes_wgmma(pr, choice, device);
   KernelSpec state_spec =
-      family_spec("gdn_prefill_state", values, wgmma ? Arch{9, 0, 'a'} : device.arch);
-  plan.reasons.push_back(
-      wgmma ? std::string("state kernel compiled for sm_90a: its products are warpgroup wgmma "
-                          "reading k, q, T' and P from shared memory once per 4 warps")
-      : choice.mma_sync ? std::string("state kernel on mma.sync (forced by options.force_mode)")
-                        : fmt::format("state kernel on mma.sync (warpgroup wgmma needs sm_90a "
-                                      "and a value tile >= 64 with K <= 128; here {}, tile {}, "
-                                      "K = {})",
-                                      device.arch.str(), choice.bv, pr.k));
+      family_spec("gdn_prefill_state", values, choice.wgmma ? Arch{9, 0, 'a'} : device.arch);
   if (pr.heads > device.max_grid_dim[1]) {
     throw PlanError(fmt::format("{}: grid y is {}, the chunk kernel needs H = {}", kOp,
                                 device.max_grid_dim[1], pr.heads));

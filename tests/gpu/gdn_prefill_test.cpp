@@ -331,10 +331,8 @@ TEST_CASE("gdn_prefill: mixed lengths 0, 1, 63, 64, 65, 1000 in one batch, bf16,
 }
 
 TEST_CASE("gdn_prefill: every value tile of both paths on the same batch") {
-  // On sm_90 the chunked 128 and 64 tiles run on wgmma; "_mma_sync" keeps them on mma.sync.
-  for (const char* mode :
-       {"bv64", "bv32", "bv16", "chunked", "chunked_bv128", "chunked_bv64", "chunked_bv32",
-        "chunked_bv16", "chunked_bv128_mma_sync", "chunked_bv64_mma_sync"}) {
+  for (const char* mode : {"bv64", "bv32", "bv16", "chunked", "chunked_bv128", "chunked_bv64",
+                           "chunked_bv32", "chunked_bv16"}) {
     CAPTURE(mode);
     Case c;
     c.lengths = {65, 0, 130, 1};
@@ -468,6 +466,37 @@ TEST_CASE("gdn_prefill: K and V of 64 and 256, GVA") {
   }
 }
 
+TEST_CASE("gdn_prefill chunked: the wide tiles on warpgroup wgmma (sm_90a, force_mode _wgmma)") {
+  const DeviceLimits limits = test::runtime().device_limits(test::device());
+  if (!(limits.arch.major == 9 && limits.arch.minor == 0)) {
+    MESSAGE("skipped: wgmma needs compute capability 9.0; this device is " << limits.arch.str());
+    return;
+  }
+  for (const char* mode : {"chunked_bv128_wgmma", "chunked_bv64_wgmma"}) {
+    CAPTURE(mode);
+    Case c;
+    c.lengths = {65, 0, 130, 1, 1000, 63, 64};
+    c.force_mode = mode;
+    run_case(c);
+    c.lengths = {130, 0, 64, 1, 1000};  // checkpoints, f32 out, i64 offsets, separate final state
+    c.out = DType::f32;
+    c.cu = DType::i64;
+    c.precomputed = true;
+    c.separate_final = true;
+    c.ckpt_every = 64;
+    run_case(c);
+  }
+  Case c;  // bf16 pool, f16 out, K = 64 with V = 128 (wide tile of 128 rows at K = 64), GVA
+  c.lengths = {63, 65, 1, 300};
+  c.heads = 1;
+  c.value_heads = 3;
+  c.k = 64;
+  c.state = DType::bf16;
+  c.out = DType::f16;
+  c.force_mode = "chunked_bv128_wgmma";
+  run_case(c);
+}
+
 TEST_CASE("gdn_prefill: one 100k-token sequence next to short ones (H = HV = 1)") {
   Case c;
   c.lengths = {100000, 1, 63};
@@ -511,8 +540,7 @@ TEST_CASE("gdn_prefill: checkpoints with every value tile and a separate final s
 }
 
 TEST_CASE("gdn_prefill chunked: checkpoints with every value tile and a separate final state") {
-  for (const char* mode : {"chunked_bv128", "chunked_bv64", "chunked_bv32", "chunked_bv16",
-                           "chunked_bv128_mma_sync"}) {
+  for (const char* mode : {"chunked_bv128", "chunked_bv64", "chunked_bv32", "chunked_bv16"}) {
     CAPTURE(mode);
     Case c;
     c.lengths = {130, 0, 64, 1, 1000};

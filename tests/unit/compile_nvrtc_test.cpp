@@ -214,6 +214,28 @@ TEST_CASE("architecture-specific targets compile") {
   }
 }
 
+TEST_CASE("gdn_prefill_state's wide tiles compile to wgmma for sm_90a without spilling") {
+  // force_mode "_wgmma" plans these (templates/common/wgmma.cuh); the GPU suite runs them.
+  const Compiler& c = nvrtc();
+  for (const char* spec :
+       {"gdn_prefill_state:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=128,v=128,bv=128,"
+        "ckpt=0@sm_90a",
+        "gdn_prefill_state:qkv=bf16,state=bf16,out=f16,cu=i64,index=i64,k=64,v=128,bv=128,"
+        "ckpt=1@sm_90a"}) {
+    CAPTURE(spec);
+    const CompiledKernel kernel = c.compile(KernelSpec::parse(spec));
+    CHECK(is_elf(kernel.cubin));
+    CHECK(kernel.ptx.find("wgmma.mma_async") != std::string::npos);
+    CHECK(kernel.resources.spill_store_bytes == 0);
+  }
+  // The portable target keeps mma.sync.
+  const CompiledKernel plain = c.compile(KernelSpec::parse(
+      "gdn_prefill_state:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=128,v=128,bv=128,"
+      "ckpt=0@sm_90"));
+  CHECK(plain.ptx.find("wgmma") == std::string::npos);
+  CHECK(plain.ptx.find("mma.sync") != std::string::npos);
+}
+
 TEST_CASE("every family's template compiles for sm_80, sm_90 and sm_100a") {
   const Compiler& c = nvrtc();
   // Each job: the minimal spec, and the typical one to fall back on when the template's own

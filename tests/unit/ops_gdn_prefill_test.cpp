@@ -443,6 +443,47 @@ TEST_CASE("gdn_prefill plans are legal for every shape, N = 4096 and T = 100k in
   }
 }
 
+TEST_CASE("gdn_prefill: force_mode '_wgmma' compiles the wide state tile for sm_90a, only there") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  for (const std::string mode : {"chunked_bv128_wgmma", "chunked_bv64_wgmma", "chunked_wgmma"}) {
+    CAPTURE(mode);
+    const Plan plan = plan_for({100000, 4096, 16, 32, 128, 128}, h200, DType::f32, mode);
+    REQUIRE(plan.launches.size() == 2);
+    CHECK(plan.launches[0].spec.arch == Arch{9, 0});
+    CHECK(plan.launches[1].spec.arch == Arch{9, 0, 'a'});
+    CHECK(plan.launches[1].spec.str().ends_with("@sm_90a"));
+    bool said = false;
+    for (const std::string& r : plan.reasons)
+      said |= r.find("warpgroup wgmma") != std::string::npos;
+    CHECK(said);
+  }
+  // The default stays on mma.sync, compiled for the device's own target.
+  const Plan plain = plan_for({100000, 4096, 16, 32, 128, 128}, h200);
+  REQUIRE(plain.launches.size() == 2);
+  CHECK(plain.launches[1].spec.arch == Arch{9, 0});
+  // Refused where it cannot run: other archs, tiles under 64 rows, K = 256.
+  // (A tile the problem cannot take is an InvalidArgument, as without the suffix.)
+  const auto refused = [&](const Shapes& s, const DeviceLimits& d, const std::string& mode,
+                           const char* names) {
+    CAPTURE(mode);
+    try {
+      plan_for(s, d, DType::f32, mode);
+      FAIL("no error");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      CHECK(what.find(mode) != std::string::npos);
+      CHECK(what.find(names) != std::string::npos);
+    }
+  };
+  refused({100000, 64, 16, 32, 128, 128}, DeviceLimits::for_arch(Arch{10, 0}),
+          "chunked_bv128_wgmma", "sm_100");
+  refused({100000, 64, 16, 32, 128, 128}, DeviceLimits::for_arch(Arch{8, 0}), "chunked_bv64_wgmma",
+          "sm_80");
+  refused({100000, 64, 16, 32, 128, 128}, h200, "chunked_bv32_wgmma", "value tile 32");
+  refused({100000, 64, 16, 32, 256, 256}, h200, "chunked_bv64_wgmma", "K = 256");
+  refused({1000, 4, 1, 1, 128, 128}, h200, "bv64_wgmma", "is not a mode");  // the fused kernel
+}
+
 TEST_CASE("gdn_prefill: the fused kernel where the chunked path cannot run, and why") {
   const DeviceLimits device = DeviceLimits::for_arch(Arch{9, 0});
   const auto view = [](DType d, std::initializer_list<std::int64_t> shape) {

@@ -86,7 +86,11 @@ struct GdnPrefillOptions {
   Runtime* runtime = nullptr;
   /// "" or "auto": the planner chooses the path and the value tile. "bv64", "bv32", "bv16" force
   /// the fused single-kernel path with that tile; "chunked" forces the two-kernel chunked path
-  /// (planner's tile), "chunked_bv64", "chunked_bv32", "chunked_bv16" with that tile.
+  /// (planner's tile), "chunked_bv128", "chunked_bv64", "chunked_bv32", "chunked_bv16" with that
+  /// tile. A chunked mode with the suffix "_wgmma" (e.g. "chunked_bv128_wgmma") runs the state
+  /// kernel's 64- and 128-row tiles on warpgroup wgmma, compiled for sm_90a: compute capability
+  /// 9.0 only (a PlanError elsewhere), and slower than the default mma.sync on the H200; it is
+  /// there for A/B runs.
   std::string force_mode;
   /// Scratch memory of the chunked path: a 1-D u8 tensor on the device, 256-byte aligned, of at
   /// least gdn_prefill_workspace_bytes(T, HV) bytes; it must not be in use by other work on the
