@@ -231,7 +231,7 @@ struct Anchor {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string why;
   auto gpu = kjit::bench::Gpu::open(&why);
   if (!gpu) {
@@ -334,4 +334,15 @@ int main(int argc, char** argv) {
   }
   if (json != nullptr) std::fclose(json);
   return 0;
+}
+
+// A plan the forced mode cannot take (KJIT_PREFILL_BENCH_FORCE) or any other kjit::Error ends
+// the run with its message.
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const kjit::Error& error) {
+    std::fprintf(stderr, "bench_gdn_prefill: %s\n", error.what());
+    return 1;
+  }
 }
