@@ -439,16 +439,18 @@ Choice choose_path(const Problem& pr, const std::string& force, const DeviceLimi
                           chunk_smem, device.max_smem_per_block_optin, device.name);
   } else {
     // Preference: all of V in one block of 8 warps (each chunk's q, k, T' and P cross into
-    // shared memory once per (sequence, value head), not once per tile) when there is at least
-    // one (sequence, value head) pair per SM; otherwise 32 rows (two blocks per SM at K = 128),
-    // or 16 when 32 still leaves SMs idle; 64 last. Measured on the H200 (bench_gdn_prefill):
-    // 256 pairs: bv128 946.7 us vs bv32 997.7 us at 32k tokens; 64 and 128 pairs: bv32 306.8
-    // and 456.4 us vs bv128 426.9 and 481.9 us at 8k.
+    // shared memory once per (sequence, value head), not once per tile) when there are at least
+    // 3 (sequence, value head) pairs per 4 SMs; otherwise 32 rows (two blocks per SM at K =
+    // 128), or 16 when 32 still leaves SMs idle; 64 last. Measured on the H200
+    // (bench_gdn_prefill, 8k tokens, 4 sequences): 64 pairs, bv32 261.5 us vs bv128 288.6; 128
+    // pairs (4 SMs idle under bv128), bv128 326.0 vs bv32 382.7. At 32k tokens, 256 pairs:
+    // bv128 946.7 vs bv32 997.7. Between 64 and 128 pairs it is not measured: bv32's four
+    // blocks per pair no longer run in one wave above half the SM count.
     const std::int64_t pairs = pr.seqs * pr.value_heads;
     const std::int64_t blocks32 = pairs * (pr.v / 32);
     std::vector<int> order =
         blocks32 < device.sm_count ? std::vector<int>{16, 32, 64} : std::vector<int>{32, 16, 64};
-    if (pairs >= device.sm_count) order.insert(order.begin(), 128);
+    if (4 * pairs >= 3 * std::int64_t{device.sm_count}) order.insert(order.begin(), 128);
     if (forced_bv != 0) order = {forced_bv};
     for (int bv : order) {
       if (pr.v % bv != 0 || bv * pr.k > state_tile_limit(bv)) continue;
@@ -486,8 +488,13 @@ Choice choose_path(const Problem& pr, const std::string& force, const DeviceLimi
   choice.reasons.push_back(fmt::format(
       "state kernel value tile {}{}: {} blocks ({} sequences x {} value heads x {} tiles), {} "
       "bytes of shared memory each",
-      choice.bv, forced_bv != 0 ? " (forced)" : "", pr.seqs * pr.value_heads * (pr.v / choice.bv),
-      pr.seqs, pr.value_heads, pr.v / choice.bv, smem_of(choice.bv)));
+      choice.bv,
+      forced_bv != 0     ? " (forced)"
+      : choice.bv == 128 ? fmt::format(" (all of V: {} pairs >= 3/4 of {} SMs)",
+                                       pr.seqs * pr.value_heads, device.sm_count)
+                         : std::string(),
+      pr.seqs * pr.value_heads * (pr.v / choice.bv), pr.seqs, pr.value_heads, pr.v / choice.bv,
+      smem_of(choice.bv)));
   return choice;
 }
 

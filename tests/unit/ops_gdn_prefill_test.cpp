@@ -423,8 +423,14 @@ TEST_CASE("gdn_prefill plans are legal for every shape, N = 4096 and T = 100k in
         CHECK(launch.shape.dynamic_smem == gdn_prefill_smem(static_cast<int>(s.k), fbv).total);
       }
     }
-    // Few (sequence, value head) pairs take the state kernel's smaller tile; many take all of V.
+    // Few (sequence, value head) pairs take the state kernel's smaller tile; many take all of V
+    // (from 3 pairs per 4 SMs on).
     CHECK(plan_for({100000, 1, 1, 1, 128, 128}, device).mode == "chunked_bv16");
+    if (whole_v_fits) {
+      const std::int64_t from = (3 * device.sm_count + 3) / 4;
+      CHECK(plan_for({8192, from, 1, 1, 128, 128}, device).mode == "chunked_bv128");
+      CHECK(plan_for({8192, from - 1, 1, 1, 128, 128}, device).mode != "chunked_bv128");
+    }
     if (whole_v_fits) {
       CHECK(plan_for({100000, 4096, 16, 32, 128, 128}, device).mode == "chunked_bv128");
       CHECK(plan_for({1000, 4, 1, 1, 128, 128}, device, DType::bf16, "chunked_bv128").mode ==
