@@ -14,7 +14,8 @@
 // Two layouts (gdn_prefill_state_wide): the wide tiles (64 and 128 rows, K <= 128) give each
 // warp 16 rows of V and keep every product of the chain in registers (state_wide, one barrier
 // per chunk); the tiles of 16 and 32 rows split each product over 4 warps and pass R^T, Vn^T and
-// the state copy through shared memory (state_tiles, three barriers per chunk).
+// the state copy through shared memory (state_tiles, three barriers per chunk). Compiled for
+// sm_90a, the wide tiles run the same chain on warpgroup wgmma instead of mma.sync (opt-in).
 //
 // Rows past the end of a sequence are zero-filled (q, k, v, T', P and scales): their R, Vn
 // and contributions are exactly zero, and their outputs are not stored.
