@@ -119,7 +119,9 @@ std::vector<OpParam> gdn_prefill_params() {
       option("index_dtype", "i32", "dtype of state_indices (i32, i64)"),
       option("gated", "0", "1: precomputed f32 g and beta"),
       option("l2norm", "1", "1: L2-normalize q and k"),
-      option("mode", "", "force a value tile (bv64, bv32, bv16)"),
+      option("mode", "",
+             "force a path and value tile (bv64, bv32, bv16: fused; chunked, chunked_bv128 .. "
+             "_bv16; a chunked mode + _wgmma: sm_90a warpgroup MMA)"),
       option("checkpoint", "0",
              "state checkpoints every this many tokens (a multiple of 64; 0: none)"),
   };
