@@ -433,6 +433,64 @@ __device__ __forceinline__ void state_tiles(const GdnPrefillParams& p) {
 /// register file); bulk copies (cp.async.bulk, one per row and tensor, ~384 a chunk) slower
 /// still, whoever issues them (the copy engine took ~7 cycles per small copy); a third stage
 /// changed nothing.
+/// The A fragment (mma.cuh layout) of k-step ks of a warp's 16 state rows held as accumulators
+/// (s[ni][e]: row g + 8 (e / 2), column 8 ni + 2 t4 + e % 2), rounded to bf16.
+template <int kSN>
+__device__ __forceinline__ void state_fragment(const float (&s)[kSN][4], int ks, u32 (&a)[4]) {
+  a[0] = mma::pack_bf16(s[2 * ks][0], s[2 * ks][1]);
+  a[1] = mma::pack_bf16(s[2 * ks][2], s[2 * ks][3]);
+  a[2] = mma::pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+  a[3] = mma::pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+}
+
+/// Step 2 of the wide tiles: R_w^T = V_w^T - S_w K^T diag(e^gamma / |k|) as the A fragments of
+/// its four 16-column blocks (ra), from S_w K^T (acc_r: rows v, columns j = 8 nt + 2 t4 + e)
+/// and the warp's rows of V^T (s_v + vw, row stride ld); kd takes the state update's column
+/// scales e^(gamma_last - gamma_j) / |k_j| of the same columns.
+__device__ __forceinline__ void form_r(const float (&acc_r)[8][4], const __nv_bfloat16* s_v, int ld,
+                                       const float4* s_sc, int t4, u32 (&ra)[4][4],
+                                       float (&kd)[4][2][2]) {
+#pragma unroll
+  for (int jb = 0; jb < 4; ++jb) {
+    u32 vt[4];
+    mma::load_a_trans(vt, s_v + jb * 16 * ld, ld);
+#pragma unroll
+    for (int hj = 0; hj < 2; ++hj) {
+      const int j = jb * 16 + hj * 8 + 2 * t4;
+      const float4 c0 = s_sc[j], c1 = s_sc[j + 1];
+      kd[jb][hj][0] = c0.z;
+      kd[jb][hj][1] = c1.z;
+      const float* acc = acc_r[2 * jb + hj];
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const u32 x = vt[2 * hj + hf];
+        ra[jb][2 * hj + hf] =
+            mma::pack_bf16(__uint_as_float(x << 16) - c0.y * acc[2 * hf],
+                           __uint_as_float(x & 0xffff0000u) - c1.y * acc[2 * hf + 1]);
+      }
+    }
+  }
+}
+
+/// Vn_w^T (acc_v, the layout of acc_r) as bf16 fragments: vb for P Vn_w, and vd decayed and
+/// 1/|k|-scaled by kd (form_r) for the state update.
+__device__ __forceinline__ void pack_vn(const float (&acc_v)[8][4], const float (&kd)[4][2][2],
+                                        u32 (&vb)[4][4], u32 (&vd)[4][4]) {
+#pragma unroll
+  for (int jb = 0; jb < 4; ++jb) {
+#pragma unroll
+    for (int hj = 0; hj < 2; ++hj) {
+      const float* x = acc_v[2 * jb + hj];
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        vb[jb][2 * hj + hf] = mma::pack_bf16(x[2 * hf], x[2 * hf + 1]);
+        vd[jb][2 * hj + hf] =
+            mma::pack_bf16(x[2 * hf] * kd[jb][hj][0], x[2 * hf + 1] * kd[jb][hj][1]);
+      }
+    }
+  }
+}
+
 template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
           int kBV, bool kCkpt>
 __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
@@ -591,12 +649,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     // 1. S_w K^T (acc_r: rows v, columns j) and S_w Q^T (acc_o: rows v, columns i), over K.
     u32 s_frag[kKSteps][4];
 #pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      s_frag[ks][0] = mma::pack_bf16(s_acc[0][2 * ks][0], s_acc[0][2 * ks][1]);
-      s_frag[ks][1] = mma::pack_bf16(s_acc[0][2 * ks][2], s_acc[0][2 * ks][3]);
-      s_frag[ks][2] = mma::pack_bf16(s_acc[0][2 * ks + 1][0], s_acc[0][2 * ks + 1][1]);
-      s_frag[ks][3] = mma::pack_bf16(s_acc[0][2 * ks + 1][2], s_acc[0][2 * ks + 1][3]);
-    }
+    for (int ks = 0; ks < kKSteps; ++ks) state_fragment(s_acc[0], ks, s_frag[ks]);
     float acc_r[8][4], acc_o[8][4];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -622,29 +675,10 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     wgmma::hold_registers(acc_r);
     wgmma::hold_registers(acc_o);
 
-    // 2. R_w^T = V_w^T - S_w K^T diag(e^gamma / |k|) as A fragments; the update's column scales.
+    // 2. R_w^T and the update's column scales.
     u32 ra[4][4];
     float kd[4][2][2];
-#pragma unroll
-    for (int jb = 0; jb < 4; ++jb) {
-      u32 vt[4];
-      mma::load_a_trans(vt, s_v + jb * 16 * kLdV + vw, kLdV);
-#pragma unroll
-      for (int hj = 0; hj < 2; ++hj) {
-        const int j = jb * 16 + hj * 8 + 2 * t4;
-        const float4 c0 = s_sc[j], c1 = s_sc[j + 1];
-        kd[jb][hj][0] = c0.z;
-        kd[jb][hj][1] = c1.z;
-        const float* acc = acc_r[2 * jb + hj];
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const u32 x = vt[2 * hj + hf];
-          ra[jb][2 * hj + hf] =
-              mma::pack_bf16(__uint_as_float(x << 16) - c0.y * acc[2 * hf],
-                             __uint_as_float(x & 0xffff0000u) - c1.y * acc[2 * hf + 1]);
-        }
-      }
-    }
+    form_r(acc_r, s_v + vw, kLdV, s_sc, t4, ra, kd);
 
     // 3. Vn_w^T = R_w^T T'^T (T''s zero upper blocks are multiplied too).
     float acc_v[8][4];
@@ -664,19 +698,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     wgmma::wait<0>();
     wgmma::hold_registers(acc_v);
     u32 vb[4][4], vd[4][4];
-#pragma unroll
-    for (int jb = 0; jb < 4; ++jb) {
-#pragma unroll
-      for (int hj = 0; hj < 2; ++hj) {
-        const float* x = acc_v[2 * jb + hj];
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          vb[jb][2 * hj + hf] = mma::pack_bf16(x[2 * hf], x[2 * hf + 1]);
-          vd[jb][2 * hj + hf] =
-              mma::pack_bf16(x[2 * hf] * kd[jb][hj][0], x[2 * hf + 1] * kd[jb][hj][1]);
-        }
-      }
-    }
+    pack_vn(acc_v, kd, vb, vd);
 
     // 4 and 5 in one group: S_w <- e^gamma_last S_w + Vd_w^T K (k read N-major) and
     // O_w^T = diag(e^gamma / |q|) (S_w Q^T) + Vn_w^T P^T.
@@ -745,10 +767,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       u32 sa[4];
-      sa[0] = mma::pack_bf16(s_acc[0][2 * ks][0], s_acc[0][2 * ks][1]);
-      sa[1] = mma::pack_bf16(s_acc[0][2 * ks][2], s_acc[0][2 * ks][3]);
-      sa[2] = mma::pack_bf16(s_acc[0][2 * ks + 1][0], s_acc[0][2 * ks + 1][1]);
-      sa[3] = mma::pack_bf16(s_acc[0][2 * ks + 1][2], s_acc[0][2 * ks + 1][3]);
+      state_fragment(s_acc[0], ks, sa);
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         u32 b[4];
@@ -770,26 +789,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     // columns.
     u32 ra[4][4];
     float kd[4][2][2];
-#pragma unroll
-    for (int jb = 0; jb < 4; ++jb) {
-      u32 vt[4];
-      mma::load_a_trans(vt, s_v + jb * 16 * kLdV + vw, kLdV);
-#pragma unroll
-      for (int hj = 0; hj < 2; ++hj) {
-        const int j = jb * 16 + hj * 8 + 2 * t4;
-        const float4 c0 = s_sc[j], c1 = s_sc[j + 1];
-        kd[jb][hj][0] = c0.z;
-        kd[jb][hj][1] = c1.z;
-        const float* acc = acc_r[2 * jb + hj];
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const u32 x = vt[2 * hj + hf];
-          ra[jb][2 * hj + hf] =
-              mma::pack_bf16(__uint_as_float(x << 16) - c0.y * acc[2 * hf],
-                             __uint_as_float(x & 0xffff0000u) - c1.y * acc[2 * hf + 1]);
-        }
-      }
-    }
+    form_r(acc_r, s_v + vw, kLdV, s_sc, t4, ra, kd);
 
     // 3. Vn_w^T = R_w^T T'^T (T' lower triangular: column blocks <= the row block).
     float acc_v[8][4];
@@ -810,19 +810,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     }
     // Vn_w^T as bf16 fragments (B of P Vn_w) and decayed, 1/|k|-scaled (A of the update).
     u32 vb[4][4], vd[4][4];
-#pragma unroll
-    for (int jb = 0; jb < 4; ++jb) {
-#pragma unroll
-      for (int hj = 0; hj < 2; ++hj) {
-        const float* x = acc_v[2 * jb + hj];
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          vb[jb][2 * hj + hf] = mma::pack_bf16(x[2 * hf], x[2 * hf + 1]);
-          vd[jb][2 * hj + hf] =
-              mma::pack_bf16(x[2 * hf] * kd[jb][hj][0], x[2 * hf + 1] * kd[jb][hj][1]);
-        }
-      }
-    }
+    pack_vn(acc_v, kd, vb, vd);
 
     // 4. S_w <- e^gamma_last S_w + Vd_w^T K (the order of update_state_tile).
     {
