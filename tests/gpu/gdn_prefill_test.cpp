@@ -322,6 +322,20 @@ void run_case(const Case& c) {
   CHECK(final2 == got_final);
 }
 
+// Checkpoints every 64 tokens over lengths 0 to 1000 with f32 out, i64 offsets, precomputed
+// gates and a separate final state, under force_mode `mode`.
+Case checkpoint_case(const std::string& mode) {
+  Case c;
+  c.lengths = {130, 0, 64, 1, 1000};
+  c.force_mode = mode;
+  c.out = DType::f32;
+  c.cu = DType::i64;
+  c.precomputed = true;
+  c.separate_final = true;
+  c.ckpt_every = 64;
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("gdn_prefill: mixed lengths 0, 1, 63, 64, 65, 1000 in one batch, bf16, f32 pool") {
@@ -331,8 +345,8 @@ TEST_CASE("gdn_prefill: mixed lengths 0, 1, 63, 64, 65, 1000 in one batch, bf16,
 }
 
 TEST_CASE("gdn_prefill: every value tile of both paths on the same batch") {
-  for (const char* mode : {"bv64", "bv32", "bv16", "chunked", "chunked_bv128", "chunked_bv64",
-                           "chunked_bv32", "chunked_bv16"}) {
+  for (const std::string mode : {"bv64", "bv32", "bv16", "chunked", "chunked_bv128", "chunked_bv64",
+                                 "chunked_bv32", "chunked_bv16"}) {
     CAPTURE(mode);
     Case c;
     c.lengths = {65, 0, 130, 1};
@@ -367,7 +381,7 @@ TEST_CASE("gdn_prefill chunked: a caller's workspace, i64 indices, precomputed g
 }
 
 TEST_CASE("gdn_prefill: q and k without L2 norm, both paths") {
-  for (const char* mode : {"chunked", "bv32"}) {
+  for (const std::string mode : {"chunked", "bv32"}) {
     CAPTURE(mode);
     Case c;
     c.lengths = {200, 1, 64, 0, 129};
@@ -423,7 +437,7 @@ TEST_CASE("gdn_prefill chunked: 128 and 129 sequences, where the ranking moves k
   // smallest (128 threads) and the largest state block, with ties and empty sequences, and
   // under capture (the programmatic edge between the kernels in a graph).
   for (int seqs : {128, 129}) {
-    for (const char* mode : {"chunked_bv16", "chunked_bv128"}) {
+    for (const std::string mode : {"chunked_bv16", "chunked_bv128"}) {
       for (bool capture : {false, true}) {
         CAPTURE(seqs);
         CAPTURE(mode);
@@ -472,19 +486,13 @@ TEST_CASE("gdn_prefill chunked: the wide tiles on warpgroup wgmma (sm_90a, force
     MESSAGE("skipped: wgmma needs compute capability 9.0; this device is " << limits.arch.str());
     return;
   }
-  for (const char* mode : {"chunked_bv128_wgmma", "chunked_bv64_wgmma"}) {
+  for (const std::string mode : {"chunked_bv128_wgmma", "chunked_bv64_wgmma"}) {
     CAPTURE(mode);
     Case c;
     c.lengths = {65, 0, 130, 1, 1000, 63, 64};
     c.force_mode = mode;
     run_case(c);
-    c.lengths = {130, 0, 64, 1, 1000};  // checkpoints, f32 out, i64 offsets, separate final state
-    c.out = DType::f32;
-    c.cu = DType::i64;
-    c.precomputed = true;
-    c.separate_final = true;
-    c.ckpt_every = 64;
-    run_case(c);
+    run_case(checkpoint_case(mode));
   }
   Case c;  // bf16 pool, f16 out, K = 64 with V = 128 (wide tile of 128 rows at K = 64), GVA
   c.lengths = {63, 65, 1, 300};
@@ -523,34 +531,19 @@ TEST_CASE("gdn_prefill: checkpoints every 128 tokens, lengths 0 to 1000, padding
 }
 
 TEST_CASE("gdn_prefill: checkpoints with every value tile and a separate final state") {
-  for (const char* mode : {"bv64", "bv32", "bv16"}) {
+  for (const std::string mode : {"bv64", "bv32", "bv16"}) {
     CAPTURE(mode);
-    Case c;
-    c.lengths = {130, 0, 64, 1, 1000};
-    c.force_mode = mode;
+    Case c = checkpoint_case(mode);
     c.in = DType::f16;
-    c.out = DType::f32;
-    c.cu = DType::i64;
     c.index = DType::i64;
-    c.precomputed = true;
-    c.separate_final = true;
-    c.ckpt_every = 64;
     run_case(c);
   }
 }
 
 TEST_CASE("gdn_prefill chunked: checkpoints with every value tile and a separate final state") {
-  for (const char* mode : {"chunked_bv128", "chunked_bv64", "chunked_bv32", "chunked_bv16"}) {
+  for (const std::string mode : {"chunked_bv128", "chunked_bv64", "chunked_bv32", "chunked_bv16"}) {
     CAPTURE(mode);
-    Case c;
-    c.lengths = {130, 0, 64, 1, 1000};
-    c.force_mode = mode;
-    c.out = DType::f32;
-    c.cu = DType::i64;
-    c.precomputed = true;
-    c.separate_final = true;
-    c.ckpt_every = 64;
-    run_case(c);
+    run_case(checkpoint_case(mode));
   }
 }
 
