@@ -12,14 +12,7 @@
 #include <numeric>
 #include <random>
 #include <vector>
-#define CK(x)                                        \
-  do {                                               \
-    cudaError_t e = (x);                             \
-    if (e != cudaSuccess) {                          \
-      printf("%s: %s\n", #x, cudaGetErrorString(e)); \
-      exit(1);                                       \
-    }                                                \
-  } while (0)
+#include "cuda_check.h"
 
 template <int kRows, int kWarps, bool kStream>
 __global__ void __launch_bounds__(kWarps * 32)

@@ -22,14 +22,7 @@
 using kjit::u32;
 using kjit::u64;
 
-#define CK(x)                                             \
-  do {                                                    \
-    cudaError_t e = (x);                                  \
-    if (e != cudaSuccess) {                               \
-      std::printf("%s: %s\n", #x, cudaGetErrorString(e)); \
-      std::exit(1);                                       \
-    }                                                     \
-  } while (0)
+#include "cuda_check.h"
 
 __device__ int core_offset(int r, int c) {
   return (r / 8) * 2048 + (c / 8) * 128 + (r % 8) * 16 + (c % 8) * 2;
