@@ -509,8 +509,8 @@ Choice choose(const Problem& pr, const std::string& force, const DeviceLimits& d
   }
   Choice choice =
       choose_path(pr, force.substr(0, force.size() - kWgmmaSuffix.size()), device, force);
-  if (!(device.arch.major == 9 && device.arch.minor == 0) || !gdn_prefill_state_wide(choice.bv) ||
-      pr.k > 128) {
+  // (A wide tile at K > 128 never gets here: state_tile_limit refuses it in choose_path.)
+  if (!(device.arch.major == 9 && device.arch.minor == 0) || !gdn_prefill_state_wide(choice.bv)) {
     throw PlanError(fmt::format(
         "{}: options.force_mode '{}': warpgroup wgmma needs compute capability 9.0 (sm_90a), a "
         "value tile of 64 or 128 and K <= 128; here {}, value tile {}, K = {}",
