@@ -9,7 +9,8 @@
 // separated by ';': "planner" is the planner's choice, otherwise
 // "<mode>[:bv=N,stages=N,bps=N,hints=L/S]" forces a grid mode ("planner": the planner's), V
 // tile, bulk stages, resident blocks per SM and state cache hints. A summary table of every shape x
-// variant is printed last.
+// variant is printed last. KJIT_GDN_BENCH_SLOTS=sorted gives each call its slots in ascending
+// order instead of a random permutation.
 //
 //   bench_gdn_decode [results.jsonl]
 #include <fmt/format.h>
@@ -193,9 +194,12 @@ int main(int argc, char** argv) {
   base.runtime = &gpu->runtime();
   base.device = gpu->device;
   const std::vector<Variant> variants = parse_variants(std::getenv("KJIT_GDN_BENCH_VARIANTS"));
+  const char* slot_order = std::getenv("KJIT_GDN_BENCH_SLOTS");
+  const bool sorted_slots = slot_order != nullptr && std::string(slot_order) == "sorted";
   std::vector<Row> rows;
-  std::printf("gdn_decode H=16 K=V=128 bf16 qkv, f32 state; median GPU us of %s\n",
-              "cold calls (L2 flushed, pools rotated)");
+  std::printf("gdn_decode H=16 K=V=128 bf16 qkv, f32 state; median GPU us of %s; slots %s\n",
+              "cold calls (L2 flushed, pools rotated)",
+              sorted_slots ? "ascending within each call" : "a random permutation");
   bool all_ok = true;
   for (std::int64_t value_heads : {32, 64}) {
     for (std::int64_t batch : {1, 8, 32, 256, 1024, 2048}) {
@@ -220,6 +224,11 @@ int main(int argc, char** argv) {
       std::vector<std::int32_t> perm(static_cast<std::size_t>(slots));
       std::iota(perm.begin(), perm.end(), 0);
       std::shuffle(perm.begin(), perm.end(), std::mt19937_64(seed + 4));
+      if (sorted_slots) {
+        for (std::int64_t r = 0; r < rotations; ++r) {
+          std::sort(perm.begin() + r * batch, perm.begin() + (r + 1) * batch);
+        }
+      }
       indices.upload(perm.data(), perm.size() * 4);
 
       const TensorView pool_view = view(pool, DType::f32, {slots, value_heads, kDim, kDim});

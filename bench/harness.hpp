@@ -162,18 +162,25 @@ inline double empty_kernel_us(Gpu& gpu) {
 }
 
 /// Device-to-device copy bandwidth in GB/s (bytes read + written) for a copy moving
-/// `bytes_moved` bytes, measured in this run (cached per size).
+/// `bytes_moved` bytes, measured in this run (cached per size). Cold, like the ops' timed
+/// calls: L2 is flushed first and each call copies its own window of >= 512 MB of source and
+/// destination, so a copy smaller than L2 is not served from it (one buffer pair copied over
+/// and over was, which made small copies look faster than DRAM allows).
 inline double copy_gbs(Gpu& gpu, std::size_t bytes_moved) {
+  constexpr std::size_t kColdBytes = std::size_t{512} << 20;
   const std::size_t half = std::max<std::size_t>(bytes_moved / 2, 256) & ~std::size_t{255};
   if (auto it = gpu.copy_gbs_cache_.find(half); it != gpu.copy_gbs_cache_.end()) return it->second;
-  DeviceBuffer src(half), dst(half);
-  check(cu().cuMemsetD8Async(src.ptr(), 1, half, gpu.cu_stream()), "cuMemsetD8Async");
+  const std::size_t windows = std::max<std::size_t>(1, kColdBytes / half);
+  DeviceBuffer src(half * windows), dst(half * windows);
+  check(cu().cuMemsetD8Async(src.ptr(), 1, src.bytes(), gpu.cu_stream()), "cuMemsetD8Async");
   const int reps = half * 2 > (std::size_t{1} << 30) ? 50 : 100;
   flush_l2(gpu);
+  std::size_t call = 0;
   const double us = median_gpu_us(
       gpu,
       [&](Stream) {
-        check(cu().cuMemcpyDtoDAsync(dst.ptr(), src.ptr(), half, gpu.cu_stream()),
+        const std::size_t at = (call++ % windows) * half;
+        check(cu().cuMemcpyDtoDAsync(dst.ptr() + at, src.ptr() + at, half, gpu.cu_stream()),
               "cuMemcpyDtoDAsync");
       },
       reps);
