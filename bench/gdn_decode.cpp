@@ -7,10 +7,10 @@
 //
 // KJIT_GDN_BENCH_VARIANTS (default "planner") lists the configurations to time on every shape,
 // separated by ';': "planner" is the planner's choice, otherwise
-// "<mode>[:bv=N,stages=N,bps=N,hints=L/S]" forces a grid mode ("planner": the planner's), V
-// tile, bulk stages, resident blocks per SM and state cache hints. A summary table of every shape x
-// variant is printed last. KJIT_GDN_BENCH_SLOTS=sorted gives each call its slots in ascending
-// order instead of a random permutation.
+// "<mode>[:bv=N,stages=N,bps=N,hints=L/S,order=slot|given]" forces a grid mode ("planner": the
+// planner's), V tile, bulk stages, resident blocks per SM, state cache hints and row order. A
+// summary table of every shape x variant is printed last. KJIT_GDN_BENCH_SLOTS=sorted gives each
+// call its slots in ascending order instead of a random permutation.
 //
 //   bench_gdn_decode [results.jsonl]
 #include <fmt/format.h>
@@ -66,6 +66,7 @@ struct Variant {
   std::string mode;
   int bv = 0, stages = 0, blocks_per_sm = 0;
   std::string hints;
+  kjit::GdnRowOrder order = kjit::GdnRowOrder::automatic;
 };
 
 std::vector<Variant> parse_variants(const char* text) {
@@ -94,6 +95,11 @@ std::vector<Variant> parse_variants(const char* text) {
         const std::string key = kv.substr(0, eq);
         const int value = std::atoi(kv.c_str() + eq + 1);
         if (key == "hints") v.hints = kv.substr(eq + 1);
+        if (key == "order") {
+          v.order = kv.substr(eq + 1) == "slot"    ? kjit::GdnRowOrder::by_slot
+                    : kv.substr(eq + 1) == "given" ? kjit::GdnRowOrder::as_given
+                                                   : kjit::GdnRowOrder::automatic;
+        }
         if (key == "bv") v.bv = value;
         if (key == "stages") v.stages = value;
         if (key == "bps") v.blocks_per_sm = value;
@@ -259,6 +265,7 @@ int main(int argc, char** argv) {
         options.force_stages = variant.stages;
         options.force_blocks_per_sm = variant.blocks_per_sm;
         options.force_cache_hints = variant.hints;
+        options.row_order = variant.order;
         kjit::Plan plan;
         try {
           plan = kjit::plan_gdn_decode(v_qkv, v_a, v_b, v_alog, v_dtb, pool_view, views_for(0),
@@ -270,7 +277,7 @@ int main(int argc, char** argv) {
           row.cells.push_back("-");
           continue;
         }
-        const kjit::KernelSpec& spec = plan.launches.front().spec;
+        const kjit::KernelSpec& spec = plan.launches.back().spec;
         const Result check =
             verify(batch, value_heads, qkv, ab, params, pool, indices, out, options, *gpu);
         all_ok = all_ok && check.ok;
@@ -284,14 +291,14 @@ int main(int argc, char** argv) {
             },
             reps);
         const double gbs = static_cast<double>(moved) / (us * 1e3);
-        const kjit::Dim3 grid = plan.launches.front().shape.grid;
+        const kjit::Dim3 grid = plan.launches.back().shape.grid;
         const std::string line = fmt::format(
             "HV={:>2} B={:>4}  {:<28}  {:>9.2f} us  {:>7.1f} GB/s  copy {:>7.1f} GB/s  ratio "
             "{:.3f}  mode={} bv={} warps={} stages={} bps={} grid={}x{}x{}  check={} (max err "
-            "{:.2e})",
+            "{:.2e}) ordered={}",
             value_heads, batch, variant.name, us, gbs, copy, gbs / copy, plan.mode, spec.get("bv"),
             spec.get("warps"), spec.get("stages"), spec.get("min_blocks"), grid.x, grid.y, grid.z,
-            check.ok ? "ok" : "FAILED", check.max_err);
+            check.ok ? "ok" : "FAILED", check.max_err, spec.get("ordered"));
         std::printf("%s\n", line.c_str());
         std::fflush(stdout);
         row.cells.push_back(fmt::format("{:.2f}/{:.3f}{}", us, gbs / copy, check.ok ? "" : "!"));

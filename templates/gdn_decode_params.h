@@ -39,6 +39,13 @@ enum GdnCacheHint : int {
   kGdnHintStaged = 3,
 };
 
+/// Rows whose keys gdn_decode_order_kernel packs: the row number takes the low 24 bits of a key
+/// (B <= 2^24), the slot the bits above (slots < 2^39).
+constexpr int kGdnOrderRowBits = 24;
+/// Threads of a gdn_decode_order_kernel block: 32 rows, each ranked by 8 threads.
+constexpr int kGdnOrderThreads = 256;
+constexpr int kGdnOrderRowsPerBlock = 32;
+
 /// Which state indices mean "no state" (template parameter kInvalidRule).
 enum GdnInvalidRule : int {
   /// index < 0 is invalid (SGLang; slot 0 is a real slot).
@@ -65,6 +72,10 @@ struct GdnDecodeParams {
   const void* indices;
   /// [B, HV, V]; inner [HV, V] contiguous.
   void* out;
+  /// Rows in slot order (kOrdered): [B] keys slot * 2^24 + n, ascending, written by
+  /// gdn_decode_order_kernel (an invalid row's slot is -1); row i of the grid is the row of
+  /// key i. nullptr when the rows run in their given order.
+  i64* order;
   i64 qkv_row_stride;
   i64 a_row_stride;
   i64 b_row_stride;

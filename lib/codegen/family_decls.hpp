@@ -10,6 +10,7 @@ namespace kjit::codegen {
 FamilyDecl probe_family();
 FamilyDecl merge_state_family();
 FamilyDecl gdn_decode_family();
+FamilyDecl gdn_decode_order_family();
 FamilyDecl bench_family();
 FamilyDecl gdn_prefill_family();
 FamilyDecl gdn_prefill_chunk_family();

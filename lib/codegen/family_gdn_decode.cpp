@@ -53,6 +53,10 @@ std::string check_gdn_decode(const KernelSpec& spec) {
   } else if (stages != 0) {
     return fmt::format("stages = {} belongs to mode=bulk alone (mode={})", stages, mode);
   }
+  if (spec.get_int("ordered") != 0 && (mode == "persistent" || mode == "bulk")) {
+    return fmt::format(
+        "ordered=1 (rows in slot order) is for the one-tile-per-block modes (mode={})", mode);
+  }
   if (spec.get("load_hint") == "staged") {
     if (mode == "persistent" || mode == "bulk" || vec_bytes != 16) {
       return fmt::format(
@@ -66,6 +70,14 @@ std::string check_gdn_decode(const KernelSpec& spec) {
     }
   }
   return {};
+}
+
+ParamDecl invalid_rule_param() {
+  return ParamDecl{.name = "invalid",
+                   .kind = ParamKind::choice,
+                   .choices = {"negative", "nonpositive"},
+                   .rendered = {"0", "1"},
+                   .doc = "which state indices are invalid: < 0, or <= 0 (slot 0 null)"};
 }
 
 }  // namespace
@@ -169,18 +181,44 @@ FamilyDecl gdn_decode_family() {
                         .doc = "1: a/b hold precomputed f32 g (log decay) and beta"},
               ParamDecl{
                   .name = "l2norm", .kind = ParamKind::boolean, .doc = "1: L2-normalize q and k"},
-              ParamDecl{.name = "invalid",
-                        .kind = ParamKind::choice,
-                        .choices = {"negative", "nonpositive"},
-                        .rendered = {"0", "1"},
-                        .doc = "which state indices are invalid: < 0, or <= 0 (slot 0 null)"},
+              invalid_rule_param(),
+              ParamDecl{.name = "ordered",
+                        .kind = ParamKind::boolean,
+                        .doc = "1: rows in slot order, from the keys gdn_decode_order wrote "
+                               "(flat, split and folded modes)"},
           },
       .min_sm = 80,
       .doc = "Gated DeltaNet packed decode: one recurrent step per row, state pool in place",
       // What the planner emits for K = V = 128: one warp, 4 rows, 16-byte vectors, flat mode.
-      .typical =
-          {{"bv", "4"}, {"warps", "1"}, {"vec_bytes", "16"}, {"stages", "0"}, {"min_blocks", "0"}},
+      .typical = {{"bv", "4"},
+                  {"warps", "1"},
+                  {"vec_bytes", "16"},
+                  {"stages", "0"},
+                  {"min_blocks", "0"},
+                  {"ordered", "0"}},
       .check = check_gdn_decode,
+  };
+}
+
+// The pass before an ordered gdn_decode launch: ranks the rows by slot. Order = the template
+// parameters of kjit::gdn_decode_order_kernel (templates/gdn_decode.cuh).
+FamilyDecl gdn_decode_order_family() {
+  return FamilyDecl{
+      .name = "gdn_decode_order",
+      .include = "kjit/gdn_decode.cuh",
+      .kernel = "kjit::gdn_decode_order_kernel",
+      .params =
+          {
+              ParamDecl{.name = "index",
+                        .kind = ParamKind::dtype,
+                        .choices = {"i32", "i64"},
+                        .doc = "element type of state_indices"},
+              invalid_rule_param(),
+          },
+      .min_sm = 80,
+      .doc =
+          "Gated DeltaNet packed decode, the pass before an ordered step: each row's "
+          "(slot, row) key at its rank, so the step visits the pool in address order",
   };
 }
 

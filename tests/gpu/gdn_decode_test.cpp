@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/gpu.hpp"
+#include "kjit/error.hpp"
 #include "kjit/ops/gdn_decode.hpp"
 #include "ops/gdn_reference.hpp"
 #include "support/numeric.hpp"
@@ -103,19 +104,24 @@ struct Case {
   std::string force_mode;
   int force_bv = 0, force_stages = 0, force_blocks_per_sm = 0;
   std::string force_cache_hints;
+  GdnRowOrder row_order = GdnRowOrder::automatic;
+  /// Steps after the first run as a captured CUDA graph (the first loads the kernels).
+  bool capture = false;
   std::string expect_mode;
+  /// Whether the plan must (1) or must not (0) take the rows in slot order; -1: not checked.
+  int expect_ordered = -1;
   /// The planner's state load hint, checked when not empty (e.g. "staged").
   std::string expect_load_hint;
 
   std::string str() const {
     return fmt::format(
         "B={} H={} HV={} K={} V={} qkv={} gate={} state={} out={} index={} rule={} gated={} "
-        "pads=({},{},{},{},{}) mode={} bv={} stages={} bps={} hints={}",
+        "pads=({},{},{},{},{}) mode={} bv={} stages={} bps={} hints={} order={} capture={}",
         batch, heads, value_heads, k, v, to_string(qkv), to_string(gate), to_string(state),
         to_string(out), to_string(index),
         rule == GdnInvalidIndex::negative ? "negative" : "nonpositive", gated, qkv_pad, gate_pad,
         slot_pad, out_pad, index_stride, force_mode, force_bv, force_stages, force_blocks_per_sm,
-        force_cache_hints);
+        force_cache_hints, static_cast<int>(row_order), capture);
   }
 };
 
@@ -197,6 +203,44 @@ void run_case(const Case& c) {
   options.force_stages = c.force_stages;
   options.force_blocks_per_sm = c.force_blocks_per_sm;
   options.force_cache_hints = c.force_cache_hints;
+  options.row_order = c.row_order;
+  const auto call = [&](Stream stream) {
+    if (c.gated) {
+      gdn_decode_gated(qkv.view(true), a.view(true), b.view(true), state.view(true),
+                       indices.view(true), out.view(true), options, stream);
+    } else {
+      gdn_decode(qkv.view(true), a.view(true), b.view(true), a_log.view(true), dt_bias.view(true),
+                 state.view(true), indices.view(true), out.view(true), options, stream);
+    }
+  };
+  // One step as a CUDA graph, captured on a stream of its own and replayed once (the state is
+  // updated in place, so only the replay may run it).
+  const auto call_in_graph = [&] {
+    test::sync();
+    CUstream stream = nullptr;
+    test::check_cu(test::cu().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    test::check_cu(test::cu().cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                   "cuStreamBeginCapture");
+    std::string failure;
+    try {
+      call(reinterpret_cast<Stream>(stream));
+    } catch (const Error& error) {
+      failure = error.what();
+    }
+    CUgraph graph = nullptr;
+    const CUresult end = test::cu().cuStreamEndCapture(stream, &graph);
+    CAPTURE(failure);
+    CHECK(failure.empty());
+    test::check_cu(end, "cuStreamEndCapture");
+    REQUIRE(graph != nullptr);
+    CUgraphExec exec = nullptr;
+    test::check_cu(test::cu().cuGraphInstantiate(&exec, graph, 0), "cuGraphInstantiate");
+    test::check_cu(test::cu().cuGraphLaunch(exec, stream), "cuGraphLaunch");
+    test::check_cu(test::cu().cuStreamSynchronize(stream), "cuStreamSynchronize");
+    (void)test::cu().cuGraphExecDestroy(exec);
+    (void)test::cu().cuGraphDestroy(graph);
+    (void)test::cu().cuStreamDestroy(stream);
+  };
 
   for (int step = 0; step < c.steps; ++step) {
     CAPTURE(step);
@@ -215,15 +259,16 @@ void run_case(const Case& c) {
     a.upload();
     b.upload();
     out.poison();
+    if (c.capture && step > 0) {
+      call_in_graph();
+    } else {
+      call(test::stream());
+    }
     if (c.gated) {
-      gdn_decode_gated(qkv.view(true), a.view(true), b.view(true), state.view(true),
-                       indices.view(true), out.view(true), options, test::stream());
       reference::gdn_decode_gated_reference(qkv.view(false), a.view(false), b.view(false),
                                             state.view(false), indices.view(false),
                                             ref_out.view(false), options);
     } else {
-      gdn_decode(qkv.view(true), a.view(true), b.view(true), a_log.view(true), dt_bias.view(true),
-                 state.view(true), indices.view(true), out.view(true), options, test::stream());
       reference::gdn_decode_reference(qkv.view(false), a.view(false), b.view(false),
                                       a_log.view(false), dt_bias.view(false), state.view(false),
                                       indices.view(false), ref_out.view(false), options);
@@ -263,14 +308,18 @@ void run_case(const Case& c) {
   }
   CHECK_MESSAGE(changed == 0,
                 fmt::format("{} bytes changed outside the slots of valid rows", changed));
-  if (!c.expect_mode.empty() || !c.expect_load_hint.empty()) {
+  if (!c.expect_mode.empty() || !c.expect_load_hint.empty() || c.expect_ordered >= 0) {
     const Plan plan =
         plan_gdn_decode(qkv.view(true), a.view(true), b.view(true), a_log.view(true),
                         dt_bias.view(true), state.view(true), indices.view(true), out.view(true),
                         options, test::runtime().device_limits(test::device()));
     if (!c.expect_mode.empty()) CHECK(plan.mode == c.expect_mode);
     if (!c.expect_load_hint.empty()) {
-      CHECK(plan.launches.at(0).spec.get("load_hint") == c.expect_load_hint);
+      CHECK(plan.launches.back().spec.get("load_hint") == c.expect_load_hint);
+    }
+    if (c.expect_ordered >= 0) {
+      CHECK(plan.launches.back().spec.get_int("ordered") == c.expect_ordered);
+      CHECK(plan.launches.size() == (c.expect_ordered == 1 ? 2u : 1u));
     }
   }
 }
@@ -531,6 +580,7 @@ TEST_CASE("gdn_decode gpu: staged state loads in every one-tile mode") {
     c.rule = rule;
     c.invalid_every = 3;
     c.expect_load_hint = "staged";
+    c.expect_ordered = 1;  // and in slot order (>= 512 MiB)
     run_case(c);
   }
   Case small;
@@ -539,6 +589,61 @@ TEST_CASE("gdn_decode gpu: staged state loads in every one-tile mode") {
   small.value_heads = 32;
   small.expect_load_hint = "stream";
   run_case(small);
+}
+
+TEST_CASE("gdn_decode gpu: rows in slot order") {
+  // Forced at small sizes: every one-tile mode, both rules, both index types (i64 strided),
+  // both forms, staged and register loads, the ranking kernel's partial block (B = 37) and
+  // its tiles of 1024 keys (B = 1025, 2049), one row, and steps replayed from a CUDA graph.
+  for (const char* mode : {"", "flat", "split", "folded"}) {
+    for (GdnInvalidIndex rule : {GdnInvalidIndex::negative, GdnInvalidIndex::nonpositive}) {
+      for (DType index : {DType::i32, DType::i64}) {
+        Case c;
+        c.batch = 37;
+        c.force_mode = mode;
+        c.rule = rule;
+        c.index = index;
+        c.index_stride = index == DType::i64 ? 3 : 1;
+        c.invalid_every = 3;
+        c.row_order = GdnRowOrder::by_slot;
+        c.expect_ordered = 1;
+        c.steps = 2;
+        run_case(c);
+      }
+    }
+  }
+  Case staged;
+  staged.batch = 21;
+  staged.force_cache_hints = "staged/stream";
+  staged.row_order = GdnRowOrder::by_slot;
+  staged.expect_ordered = 1;
+  staged.expect_load_hint = "staged";
+  run_case(staged);
+  staged.gated = true;
+  staged.state = DType::bf16;
+  run_case(staged);
+  for (std::int64_t batch : {1, 2, 1025, 2049}) {
+    Case c;
+    c.batch = batch;
+    c.heads = 1;
+    c.value_heads = 2;
+    c.k = 32;
+    c.v = 32;
+    c.invalid_every = batch > 2 ? 5 : 0;
+    c.row_order = GdnRowOrder::by_slot;
+    c.expect_ordered = 1;
+    c.steps = 2;
+    run_case(c);
+  }
+  for (GdnRowOrder order : {GdnRowOrder::by_slot, GdnRowOrder::as_given}) {
+    Case c;
+    c.batch = 40;
+    c.row_order = order;
+    c.expect_ordered = order == GdnRowOrder::by_slot ? 1 : 0;
+    c.capture = true;
+    c.steps = 3;
+    run_case(c);
+  }
 }
 
 TEST_CASE("gdn_decode gpu: strided views") {

@@ -107,9 +107,10 @@ TEST_CASE("specs of every declared family round-trip") {
 TEST_CASE("a family's joint check refuses what its template's static_asserts would") {
   const std::string base =
       "gdn_decode:qkv=bf16,gate=bf16,a_log=f32,dt_bias=bf16,state=f32,out=bf16,index=i32,k=128,"
-      "v=128,{},load_hint=stream,store_hint=stream,gated=0,l2norm=1,invalid=negative@{}";
-  const auto spec = [&](std::string_view tile, std::string_view arch) {
-    return fmt::format(fmt::runtime(base), tile, arch);
+      "v=128,{},load_hint=stream,store_hint=stream,gated=0,l2norm=1,invalid=negative,{}@{}";
+  const auto spec = [&](std::string_view tile, std::string_view arch,
+                        std::string_view ordered = "ordered=0") {
+    return fmt::format(fmt::runtime(base), tile, ordered, arch);
   };
   // What the planner emits parses.
   CHECK_NOTHROW(KernelSpec::parse(
@@ -133,6 +134,14 @@ TEST_CASE("a family's joint check refuses what its template's static_asserts wou
   CHECK(contains(
       parse_error(spec("bv=12,warps=1,vec_bytes=16,mode=flat,stages=0,min_blocks=0", "sm_90")),
       "bv = 12 does not divide v = 128"));
+  // Rows in slot order: the one-tile-per-block modes only.
+  CHECK_NOTHROW(KernelSpec::parse(
+      spec("bv=8,warps=1,vec_bytes=16,mode=folded,stages=0,min_blocks=0", "sm_90", "ordered=1")));
+  CHECK(contains(parse_error(spec("bv=16,warps=4,vec_bytes=16,mode=persistent,stages=0,min_"
+                                  "blocks=0",
+                                  "sm_90", "ordered=1")),
+                 "ordered=1 (rows in slot order) is for the one-tile-per-block modes "
+                 "(mode=persistent)"));
   // Staged loads: one tile per block, 16-byte vectors, cp.async (sm_80 on).
   const auto staged = [&](std::string_view tile, std::string_view arch) {
     std::string text = spec(tile, arch);

@@ -74,24 +74,29 @@ TEST_CASE("gdn_decode plan: legal for every batch, head count and head dim on sm
           CAPTURE(k);
           CAPTURE(v);
           const Plan p = plan(views(batch, 1, value_heads, k, v), h200);
-          REQUIRE(p.launches.size() == 1);
+          // A ranking kernel comes first when the rows run in slot order (>= 512 MiB of state,
+          // 2..16384 rows).
+          const bool ordered = p.launches.back().spec.get_int("ordered") == 1;
+          CHECK(ordered == (batch >= 2 && batch <= 16384 &&
+                            batch * value_heads * k * v * 4 >= (std::int64_t{512} << 20)));
+          REQUIRE(p.launches.size() == (ordered ? 2u : 1u));
           CHECK(all_ok(p));
           const std::int64_t pairs = batch * value_heads;
           const std::string expected = pairs <= 65535   ? "flat"
                                        : batch <= 65535 ? "split"
                                                         : "folded";
           CHECK(p.mode == expected);
-          CHECK(p.launches[0].spec.get("mode") == expected);
-          const std::int64_t bv = p.launches[0].spec.get_int("bv");
+          CHECK(p.launches.back().spec.get("mode") == expected);
+          const std::int64_t bv = p.launches.back().spec.get_int("bv");
           CHECK(v % bv == 0);
-          const Dim3 grid = p.launches[0].shape.grid;
+          const Dim3 grid = p.launches.back().shape.grid;
           if (expected == "folded") {
             CHECK(grid.x == std::min<std::int64_t>(pairs * (v / bv), 2147483647));
           } else {
             CHECK(grid.count() == static_cast<std::uint64_t>(pairs * (v / bv)));
           }
-          CHECK(p.launches[0].shape.block.x % 32 == 0);
-          CHECK(p.launches[0].shape.block.x <= 256);
+          CHECK(p.launches.back().shape.block.x % 32 == 0);
+          CHECK(p.launches.back().shape.block.x <= 256);
         }
       }
     }
@@ -106,8 +111,8 @@ TEST_CASE("gdn_decode plan: mode at the grid-y boundary") {
   CHECK(plan(views(2047, 16, 32, 128, 128), h200).mode == "flat");   // 65504
   CHECK(plan(views(70000, 1, 1, 16, 16), h200).mode == "folded");
   const Plan split = plan(views(2048, 16, 32, 128, 128), h200);
-  CHECK(split.launches[0].shape.grid.y == 32);
-  CHECK(split.launches[0].shape.grid.z == 2048);
+  CHECK(split.launches.back().shape.grid.y == 32);
+  CHECK(split.launches.back().shape.grid.z == 2048);
   CHECK_FALSE(split.reasons.empty());
   CHECK(split.explain().find("flat ruled out") != std::string::npos);
 
@@ -130,14 +135,14 @@ TEST_CASE("gdn_decode plan: a tiny device still plans by folding onto x") {
       const Plan p = plan(views(batch, 1, value_heads, 128, 128), tiny);
       CHECK(all_ok(p));
       const std::int64_t pairs = batch * value_heads;
-      const std::int64_t nv = 128 / p.launches[0].spec.get_int("bv");
+      const std::int64_t nv = 128 / p.launches.back().spec.get_int("bv");
       if (pairs <= 7) {
         CHECK(p.mode == "flat");
       } else if (value_heads <= 7 && batch <= 7) {
         CHECK(p.mode == "split");
       } else {
         CHECK(p.mode == "folded");
-        CHECK(p.launches[0].shape.grid.x == std::min<std::int64_t>(pairs * nv, 1000));
+        CHECK(p.launches.back().shape.grid.x == std::min<std::int64_t>(pairs * nv, 1000));
       }
     }
   }
@@ -146,43 +151,43 @@ TEST_CASE("gdn_decode plan: a tiny device still plans by folding onto x") {
 TEST_CASE("gdn_decode plan: V tiles shrink at small batch, grow at large batch") {
   const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
   const Plan small = plan(views(1, 16, 32, 128, 128), h200);
-  const std::int64_t bv_small = small.launches[0].spec.get_int("bv");
+  const std::int64_t bv_small = small.launches.back().spec.get_int("bv");
   CHECK(32 * (128 / bv_small) >= 2 * 132);
   CHECK(bv_small <= 16);
-  CHECK(small.launches[0].spec.get_int("warps") == 1);
+  CHECK(small.launches.back().spec.get_int("warps") == 1);
   // A step reading >= 1 GiB of state (here 2 GiB) stages its tiles in shared memory: one warp
   // x 8 rows per thread, 4 KiB of shared memory, registers capped for 32 one-warp blocks per
   // SM. Below 1 GiB the tiles stay in registers.
   const Plan large = plan(views(1024, 16, 32, 128, 128), h200);
-  CHECK(large.launches[0].spec.get_int("bv") == 8);
-  CHECK(large.launches[0].spec.get_int("warps") == 1);
-  CHECK(large.launches[0].spec.get_int("vec_bytes") == 16);
-  CHECK(large.launches[0].spec.get("load_hint") == "staged");
-  CHECK(large.launches[0].spec.get_int("min_blocks") == 32);
-  CHECK(large.launches[0].shape.dynamic_smem == 8 * 128 * 4);
+  CHECK(large.launches.back().spec.get_int("bv") == 8);
+  CHECK(large.launches.back().spec.get_int("warps") == 1);
+  CHECK(large.launches.back().spec.get_int("vec_bytes") == 16);
+  CHECK(large.launches.back().spec.get("load_hint") == "staged");
+  CHECK(large.launches.back().spec.get_int("min_blocks") == 32);
+  CHECK(large.launches.back().shape.dynamic_smem == 8 * 128 * 4);
   // A forced larger staged tile (16 KiB) fits 13 blocks per SM by shared memory and is capped
   // for those, not for 32 (which would leave 64 registers to 32 rows per thread).
   GdnDecodeOptions big_staged;
   big_staged.force_bv = 32;
   big_staged.force_cache_hints = "staged/stream";
   const Plan big = plan(views(1024, 16, 32, 128, 128), h200, big_staged);
-  CHECK(big.launches[0].shape.dynamic_smem == 32 * 128 * 4);
-  CHECK(big.launches[0].spec.get_int("min_blocks") ==
+  CHECK(big.launches.back().shape.dynamic_smem == 32 * 128 * 4);
+  CHECK(big.launches.back().spec.get_int("min_blocks") ==
         h200.max_smem_per_sm / (32 * 128 * 4 + h200.reserved_smem_per_block));
   // Forced register loads keep 4 rows per thread and no shared memory.
   GdnDecodeOptions in_registers;
   in_registers.force_cache_hints = "stream/stream";
   const Plan registers = plan(views(1024, 16, 32, 128, 128), h200, in_registers);
-  CHECK(registers.launches[0].spec.get_int("bv") == 4);
-  CHECK(registers.launches[0].spec.get_int("min_blocks") == 0);
-  CHECK(registers.launches[0].shape.dynamic_smem == 0);
+  CHECK(registers.launches.back().spec.get_int("bv") == 4);
+  CHECK(registers.launches.back().spec.get_int("min_blocks") == 0);
+  CHECK(registers.launches.back().shape.dynamic_smem == 0);
   // A small grid keeps its loads in registers, and so does a step under 1 GiB of state.
-  CHECK(small.launches[0].spec.get("load_hint") == "stream");
-  CHECK(plan(views(255, 16, 64, 128, 128), h200).launches[0].spec.get("load_hint") == "stream");
-  CHECK(plan(views(256, 16, 64, 128, 128), h200).launches[0].spec.get("load_hint") == "staged");
-  CHECK(plan(views(256, 16, 32, 128, 128), h200).launches[0].spec.get("load_hint") == "stream");
-  CHECK(plan(views(256, 16, 32, 128, 128), h200).launches[0].spec.get_int("bv") == 4);
-  CHECK(small.launches[0].shape.dynamic_smem == 0);
+  CHECK(small.launches.back().spec.get("load_hint") == "stream");
+  CHECK(plan(views(255, 16, 64, 128, 128), h200).launches.back().spec.get("load_hint") == "stream");
+  CHECK(plan(views(256, 16, 64, 128, 128), h200).launches.back().spec.get("load_hint") == "staged");
+  CHECK(plan(views(256, 16, 32, 128, 128), h200).launches.back().spec.get("load_hint") == "stream");
+  CHECK(plan(views(256, 16, 32, 128, 128), h200).launches.back().spec.get_int("bv") == 4);
+  CHECK(small.launches.back().shape.dynamic_smem == 0);
   // Staging needs one tile per block and 16-byte vectors.
   GdnDecodeOptions staged_bulk;
   staged_bulk.force_mode = "bulk";
@@ -190,12 +195,12 @@ TEST_CASE("gdn_decode plan: V tiles shrink at small batch, grow at large batch")
   CHECK_THROWS_AS(plan(views(1024, 16, 32, 128, 128), h200, staged_bulk), PlanError);
   GdnDecodeOptions bulk;
   bulk.force_mode = "bulk";
-  CHECK(plan(views(1024, 16, 32, 128, 128), h200, bulk).launches[0].spec.get("load_hint") ==
+  CHECK(plan(views(1024, 16, 32, 128, 128), h200, bulk).launches.back().spec.get("load_hint") ==
         "stream");
 
   GdnDecodeOptions forced;
   forced.force_bv = 32;
-  CHECK(plan(views(1, 16, 32, 128, 128), h200, forced).launches[0].spec.get_int("bv") == 32);
+  CHECK(plan(views(1, 16, 32, 128, 128), h200, forced).launches.back().spec.get_int("bv") == 32);
   forced.force_bv = 48;
   CHECK(rejection(views(1, 16, 32, 128, 128), forced).find("force_bv") != std::string::npos);
 }
@@ -204,14 +209,14 @@ TEST_CASE("gdn_decode plan: the pool's alignment picks the vector width") {
   const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
   Views w = views(4, 1, 2, 64, 64);
   w.state.data = static_cast<char*>(w.state.data) + 4;
-  CHECK(plan(w, h200).launches[0].spec.get_int("vec_bytes") == 4);
+  CHECK(plan(w, h200).launches.back().spec.get_int("vec_bytes") == 4);
   w = views(4, 1, 2, 64, 64);
   w.state.strides[0] += 2;  // padded slot stride: 8-byte multiple
-  CHECK(plan(w, h200).launches[0].spec.get_int("vec_bytes") == 8);
+  CHECK(plan(w, h200).launches.back().spec.get_int("vec_bytes") == 8);
   w = views(4, 1, 2, 64, 64, DType::bf16);
   w.state.strides[0] += 1;  // 2-byte multiple
   const Plan narrow = plan(w, h200);
-  CHECK(narrow.launches[0].spec.get_int("vec_bytes") == 2);
+  CHECK(narrow.launches.back().spec.get_int("vec_bytes") == 2);
   CHECK(all_ok(narrow));
 }
 
@@ -224,10 +229,10 @@ TEST_CASE("gdn_decode plan: every dtype combination and both forms plan") {
         w.indices.dtype = index;
         const Plan p = plan(w, h200);
         CHECK(all_ok(p));
-        CHECK(p.launches[0].spec.get("state") == to_string(state));
+        CHECK(p.launches.back().spec.get("state") == to_string(state));
         TensorView g = TensorView::contiguous(fake(9), DType::f32, {3, 4});
         const Plan gated = plan_gdn_decode_gated(w.qkv, g, g, w.state, w.indices, w.out, {}, h200);
-        CHECK(gated.launches[0].spec.get("gated") == "1");
+        CHECK(gated.launches.back().spec.get("gated") == "1");
         CHECK(all_ok(gated));
       }
     }
@@ -248,16 +253,16 @@ TEST_CASE("gdn_decode plan: persistent and bulk grids are resident, checked and 
         REQUIRE(p.launches.size() == 1);
         CHECK(all_ok(p));
         CHECK(p.mode == mode);
-        const KernelSpec& spec = p.launches[0].spec;
+        const KernelSpec& spec = p.launches.back().spec;
         const std::int64_t bps = spec.get_int("min_blocks");
         const std::int64_t tiles = batch * value_heads * (128 / spec.get_int("bv"));
         CHECK(bps >= 1);
-        CHECK(p.launches[0].shape.grid.x == std::min<std::int64_t>(tiles, 132 * bps));
-        CHECK(p.launches[0].shape.grid.y == 1);
-        CHECK(p.launches[0].shape.grid.z == 1);
+        CHECK(p.launches.back().shape.grid.x == std::min<std::int64_t>(tiles, 132 * bps));
+        CHECK(p.launches.back().shape.grid.y == 1);
+        CHECK(p.launches.back().shape.grid.z == 1);
         // The residency the grid assumes is one of the plan's checks.
         bool resident_checked = false;
-        for (const LimitCheck& check : p.launches[0].checks) {
+        for (const LimitCheck& check : p.launches.back().checks) {
           if (check.limit.find("resident blocks per SM") != std::string::npos) {
             resident_checked = true;
             CHECK(check.requested == bps);
@@ -268,20 +273,20 @@ TEST_CASE("gdn_decode plan: persistent and bulk grids are resident, checked and 
         if (std::string(mode) == "bulk") {
           const std::int64_t stages = spec.get_int("stages");
           CHECK(stages >= 2);
-          CHECK(p.launches[0].shape.dynamic_smem ==
+          CHECK(p.launches.back().shape.dynamic_smem ==
                 static_cast<std::uint32_t>(stages * spec.get_int("bv") * 128 * 4));
         } else {
           CHECK(spec.get_int("stages") == 0);
-          CHECK(p.launches[0].shape.dynamic_smem == 0);
+          CHECK(p.launches.back().shape.dynamic_smem == 0);
         }
       }
     }
   }
   // The other modes carry no stages, and a residency assumption only when staged.
   const Plan flat = plan(views(2, 16, 32, 128, 128), h200);
-  CHECK(flat.launches[0].spec.get_int("stages") == 0);
-  CHECK(flat.launches[0].spec.get("load_hint") == "stream");
-  CHECK(flat.launches[0].spec.get_int("min_blocks") == 0);
+  CHECK(flat.launches.back().spec.get_int("stages") == 0);
+  CHECK(flat.launches.back().spec.get("load_hint") == "stream");
+  CHECK(flat.launches.back().spec.get_int("min_blocks") == 0);
 }
 
 TEST_CASE("gdn_decode plan: forced persistent and bulk parameters are checked") {
@@ -292,10 +297,10 @@ TEST_CASE("gdn_decode plan: forced persistent and bulk parameters are checked") 
   options.force_stages = 3;
   options.force_blocks_per_sm = 2;
   const Plan p = plan(views(256, 16, 32, 128, 128), h200, options);
-  CHECK(p.launches[0].spec.get_int("stages") == 3);
-  CHECK(p.launches[0].spec.get_int("min_blocks") == 2);
-  CHECK(p.launches[0].shape.dynamic_smem == 3 * 32 * 128 * 4);
-  CHECK(p.launches[0].shape.grid.x == 264);
+  CHECK(p.launches.back().spec.get_int("stages") == 3);
+  CHECK(p.launches.back().spec.get_int("min_blocks") == 2);
+  CHECK(p.launches.back().shape.dynamic_smem == 3 * 32 * 128 * 4);
+  CHECK(p.launches.back().shape.grid.x == 264);
 
   // More resident blocks than shared memory allows: a plan error naming the limit.
   options.force_stages = 8;
@@ -344,9 +349,9 @@ TEST_CASE("gdn_decode plan: forced persistent and bulk parameters are checked") 
   options.force_blocks_per_sm = 6;
   const Plan capped = plan(views(8, 16, 32, 128, 128), h200, options);
   CHECK(all_ok(capped));
-  CHECK(capped.launches[0].spec.get_int("min_blocks") == 6);
-  CHECK(capped.launches[0].shape.grid ==
-        plan(views(8, 16, 32, 128, 128), h200).launches[0].shape.grid);
+  CHECK(capped.launches.back().spec.get_int("min_blocks") == 6);
+  CHECK(capped.launches.back().shape.grid ==
+        plan(views(8, 16, 32, 128, 128), h200).launches.back().shape.grid);
   options.force_blocks_per_sm = 33;
   CHECK(rejection(views(8, 16, 32, 128, 128), options).find("force_blocks_per_sm") !=
         std::string::npos);
@@ -356,18 +361,97 @@ TEST_CASE("gdn_decode plan: forced persistent and bulk parameters are checked") 
   CHECK(rejection(views(8, 16, 32, 128, 128), options).find("force_stages") != std::string::npos);
 }
 
+bool has_reason(const Plan& p, std::string_view text) {
+  for (const std::string& reason : p.reasons) {
+    if (reason.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST_CASE("gdn_decode plan: rows in slot order") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  // 512 MiB of f32 state (B = 256, HV = 32): a ranking kernel of ceil(B / 32) blocks, then the
+  // step, which may start early (programmatic launch) and waits for the keys.
+  const Plan big = plan(views(256, 16, 32, 128, 128), h200);
+  REQUIRE(big.launches.size() == 2);
+  CHECK(all_ok(big));
+  CHECK(big.launches[0].spec.family == "gdn_decode_order");
+  CHECK(big.launches[0].spec.get("index") == "i32");
+  CHECK(big.launches[0].spec.get("invalid") == "negative");
+  CHECK(big.launches[0].shape.grid.x == 8);
+  CHECK(big.launches[0].shape.block.x == 256);
+  CHECK_FALSE(big.launches[0].shape.overlaps_previous);
+  CHECK(big.launches[1].spec.get_int("ordered") == 1);
+  CHECK(big.launches[1].shape.overlaps_previous);
+  CHECK(has_reason(big, "rows in slot order: 512 MiB of state"));
+  // sm_80 has no programmatic launch: the step starts after the ranking kernel.
+  const Plan a100 = plan(views(256, 16, 32, 128, 128), DeviceLimits::for_arch(Arch{8, 0}));
+  REQUIRE(a100.launches.size() == 2);
+  CHECK_FALSE(a100.launches[1].shape.overlaps_previous);
+  // Below 512 MiB, one row, above 16384 rows, or in the resident modes: the given order.
+  for (const auto& [batch, value_heads] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+           {255, 32}, {32, 32}, {1, 64}, {16385, 32}, {70000, 64}}) {
+    CAPTURE(batch);
+    const Plan p = plan(views(batch, 16, value_heads, 128, 128), h200);
+    CHECK(p.launches.size() == 1);
+    CHECK(p.launches.back().spec.get_int("ordered") == 0);
+    CHECK(has_reason(p, "rows in the given order"));
+  }
+  CHECK(plan(views(16384, 16, 32, 128, 128), h200).launches.size() == 2);
+  GdnDecodeOptions persistent;
+  persistent.force_mode = "persistent";
+  CHECK(plan(views(256, 16, 32, 128, 128), h200, persistent).launches.size() == 1);
+
+  // Forced either way.
+  GdnDecodeOptions by_slot;
+  by_slot.row_order = GdnRowOrder::by_slot;
+  for (const char* mode : {"", "flat", "split", "folded"}) {
+    CAPTURE(mode);
+    by_slot.force_mode = mode;
+    const Plan p = plan(views(1, 16, 32, 128, 128), h200, by_slot);
+    REQUIRE(p.launches.size() == 2);
+    CHECK(all_ok(p));
+    CHECK(p.launches[0].shape.grid.x == 1);
+    CHECK(has_reason(p, "forced by options.row_order"));
+  }
+  by_slot.force_mode = "bulk";
+  CHECK_THROWS_WITH_AS(plan(views(256, 16, 32, 128, 128), h200, by_slot),
+                       doctest::Contains("options.row_order = by_slot needs the flat, split or "
+                                         "folded mode (mode is bulk)"),
+                       PlanError);
+  by_slot.force_mode.clear();
+  CHECK_THROWS_WITH_AS(plan(views(16385, 1, 1, 128, 128), h200, by_slot),
+                       doctest::Contains("B <= 16384 (B = 16385)"), PlanError);
+  GdnDecodeOptions as_given;
+  as_given.row_order = GdnRowOrder::as_given;
+  const Plan given = plan(views(256, 16, 32, 128, 128), h200, as_given);
+  CHECK(given.launches.size() == 1);
+  CHECK(given.launches.back().spec.get_int("ordered") == 0);
+  CHECK(has_reason(given, "options.row_order = as_given"));
+  // The ranking kernel follows the index type and the invalid rule.
+  Views w = views(300, 16, 32, 128, 128);
+  w.indices = TensorView::contiguous(fake(6), DType::i64, {300});
+  GdnDecodeOptions nonpositive;
+  nonpositive.invalid_index = GdnInvalidIndex::nonpositive;
+  const Plan i64_plan = plan(w, h200, nonpositive);
+  REQUIRE(i64_plan.launches.size() == 2);
+  CHECK(i64_plan.launches[0].spec.get("index") == "i64");
+  CHECK(i64_plan.launches[0].spec.get("invalid") == "nonpositive");
+  CHECK(i64_plan.launches[0].shape.grid.x == 10);
+}
+
 TEST_CASE("gdn_decode plan: cache hints of the state accesses") {
   const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
   GdnDecodeOptions options;
   const Plan planned = plan(views(256, 16, 32, 128, 128), h200, options);
-  CHECK_FALSE(planned.launches[0].spec.get("load_hint").empty());
+  CHECK_FALSE(planned.launches.back().spec.get("load_hint").empty());
   CHECK(planned.explain().find("cache hints") != std::string::npos);
   for (const char* hints : {"stream/stream", "plain/plain", "l2_256/stream", "l2_256/plain"}) {
     options.force_cache_hints = hints;
     const Plan p = plan(views(256, 16, 32, 128, 128), h200, options);
     const std::string text = hints;
-    CHECK(p.launches[0].spec.get("load_hint") == text.substr(0, text.find('/')));
-    CHECK(p.launches[0].spec.get("store_hint") == text.substr(text.find('/') + 1));
+    CHECK(p.launches.back().spec.get("load_hint") == text.substr(0, text.find('/')));
+    CHECK(p.launches.back().spec.get("store_hint") == text.substr(text.find('/') + 1));
   }
   for (const char* bad : {"plain", "l2_256/l2_256", "fast/stream", "/"}) {
     options.force_cache_hints = bad;
