@@ -419,32 +419,28 @@ struct TileDecoder {
   /// from registers (loaded by load_state or load_state_staged).
   __device__ __forceinline__ void finish(const GdnDecodeParams& p, TileCoord c, long long slot,
                                          const Inputs& in, State& s) const {
-    step(
-        p, c, slot, in, [] {}, [&](int r, int j, float(&x)[kVec]) { s.raw[r][j].unpack(x); });
+    step(p, c, slot, in, [&](int r, int j, float(&x)[kVec]) { s.raw[r][j].unpack(x); });
   }
 
-  /// finish() for a tile staged by stage_state: normalizes q/k and computes the gates while the
-  /// copies are in flight, waits for them, then reads each chunk from shared memory once per
-  /// pass (reductions, then update) instead of holding the tile in registers.
+  /// finish() for a tile staged by stage_state: waits for the copies, then reads each chunk
+  /// from shared memory once per pass (reductions, then update) instead of holding the tile
+  /// in registers.
   __device__ __forceinline__ void finish_staged(const GdnDecodeParams& p, TileCoord c,
                                                 long long slot, const Inputs& in,
                                                 const StateT* stage) const {
-    step(
-        p, c, slot, in, [] { cp_async::wait<0>(); },
-        [&](int r, int j, float(&x)[kVec]) {
-          StateChunk chunk;
-          chunk.load_plain(stage + local_row(r) * kK + chunk_of(j) * kVec);
-          chunk.unpack(x);
-        });
+    cp_async::wait<0>();
+    step(p, c, slot, in, [&](int r, int j, float(&x)[kVec]) {
+      StateChunk chunk;
+      chunk.load_plain(stage + local_row(r) * kK + chunk_of(j) * kVec);
+      chunk.unpack(x);
+    });
   }
 
-  /// The arithmetic of a step; `wait_for_state()` runs after the work that needs only the
-  /// inputs (q/k norms, k.q, gates), `old_state(r, j, x)` then gives chunk j of repetition r's
-  /// row as f32 (live chunks only).
-  template <typename WaitForState, typename OldState>
+  /// The arithmetic of a step; `old_state(r, j, x)` gives chunk j of repetition r's row as f32
+  /// (live chunks only).
+  template <typename OldState>
   __device__ __forceinline__ void step(const GdnDecodeParams& p, TileCoord c, long long slot,
-                                       const Inputs& in, const WaitForState& wait_for_state,
-                                       const OldState& old_state) const {
+                                       const Inputs& in, const OldState& old_state) const {
     float q[kElems];
     float k[kElems];
     float q_sq = 0.0f, k_sq = 0.0f;
@@ -480,7 +476,6 @@ struct TileDecoder {
       beta = gdn::sigmoid(gdn::to_f32(in.b));
     }
     const float alpha = expf(g);
-    wait_for_state();
 
     // Partial dot products of the old state with k and q; then one interleaved reduction.
     float dk[kRowsPerThread], dq[kRowsPerThread];
