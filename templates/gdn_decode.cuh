@@ -17,6 +17,10 @@
 //   one thread keeps kStages tiles in flight per block with no registers spent on them, the
 //   other threads only read shared memory, compute and store.
 //
+// Rows in slot order (kOrdered; flat, split, folded): gdn_decode_order_kernel first ranks the
+// rows by slot, and grid row i then takes the row of the i-th smallest slot, so the blocks
+// walk the pool in address order whatever order the caller's rows are in.
+//
 // Thread layout: a row of K elements is kChunks chunks of kVecBytes; kLanesPerRow lanes (a
 // power of two <= 32) split a row, so a warp covers kRowsPerWarp adjacent rows (adjacent in
 // memory: one coalesced access per instruction) and each thread repeats that for
