@@ -64,6 +64,10 @@ for tool in ${KJIT_SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
   # "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)" line.
   errors=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$log" | tail -1 | grep -oE '[0-9]+$')
   hazards=$(grep -oE 'RACECHECK SUMMARY: .*' "$log" | tail -1)
+  # A racecheck run with no hazards may print only its own summary: its error count stands in.
+  if [ -z "$errors" ] && [ -n "$hazards" ]; then
+    errors=$(echo "$hazards" | grep -oE '\(([0-9]+) errors' | grep -oE '[0-9]+')
+  fi
   cases=$(grep -E '^\[doctest\] test cases:' "$log" | tail -1 | tr -s ' ')
   passed=$(echo "$cases" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+')
   failed=$(echo "$cases" | grep -oE '[0-9]+ failed' | grep -oE '[0-9]+')
