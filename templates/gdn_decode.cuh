@@ -274,12 +274,23 @@ struct TileDecoder {
   static constexpr int kRowsPerWarp = 32 / kLanesPerRow;
   static constexpr int kRowsPerThread = kBV / (kWarps * kRowsPerWarp);
   static constexpr int kElems = kChunksPerLane * kVec;
+  /// Row sums reduced by halving exchanges when the 2 * kRowsPerThread sums (H.k and H.q per
+  /// row) fit the lanes of a row: each exchange sends half of a lane's sums, so a lane ends with
+  /// one whole sum (25 shuffles instead of 80 for 8 rows over 32 lanes), and only the lanes
+  /// owning a row load its v and store its out. On the H200 a model of the staged step moved
+  /// 0.8-1.3% more bytes per second with it (bench/experiments/decode_step_model.cu).
+  static constexpr int kSums = 2 * kRowsPerThread;
+  static constexpr bool kCompact =
+      kSums <= kLanesPerRow && (kRowsPerThread & (kRowsPerThread - 1)) == 0;
+  /// Compact reduction: sum j ends in the lanes j * kSumStride .. + kSumStride - 1 of a row.
+  static constexpr int kSumStride = kCompact ? kLanesPerRow / kSums : 1;
 
   /// q/k/v/gates of one tile as stored (converted only in finish, so loading never waits).
   struct Inputs {
     QkvT q[kElems];
     QkvT k[kElems];
-    QkvT v[kRowsPerThread];
+    /// Compact reduction: v[0] is the v of the row this lane owns (own_row()).
+    QkvT v[kCompact ? 1 : kRowsPerThread];
     GateT a, b;
     ALogT a_log;
     DtBiasT dt_bias;
@@ -301,6 +312,9 @@ struct TileDecoder {
     return (r * kWarps + warp) * kRowsPerWarp + row_in_warp;
   }
   __device__ __forceinline__ int chunk_of(int j) const { return j * kLanesPerRow + sub; }
+  /// Compact reduction: the repetition whose sums (H.k at 2r, H.q at 2r + 1) this lane ends
+  /// with.
+  __device__ __forceinline__ int own_row() const { return sub / kSumStride / 2; }
   __device__ __forceinline__ bool chunk_live(int j) const {
     return !kRagged || chunk_of(j) < kChunks;
   }
@@ -400,7 +414,9 @@ struct TileDecoder {
       }
     }
 #pragma unroll
-    for (int r = 0; r < kRowsPerThread; ++r) in.v[r] = v_ptr[local_row(r)];
+    for (int r = 0; r < (kCompact ? 1 : kRowsPerThread); ++r) {
+      in.v[r] = v_ptr[local_row(kCompact ? own_row() : r)];
+    }
     in.a = static_cast<const GateT*>(p.a)[static_cast<i64>(c.n) * p.a_row_stride + c.hv];
     in.b = static_cast<const GateT*>(p.b)[static_cast<i64>(c.n) * p.b_row_stride + c.hv];
     if constexpr (!kGated) {
@@ -438,6 +454,26 @@ struct TileDecoder {
       chunk.load_plain(stage + local_row(r) * kK + chunk_of(j) * kVec);
       chunk.unpack(x);
     });
+  }
+
+  /// Halving exchanges of the compact reduction, kHalf = half the sums a lane still holds: a
+  /// lane whose bit kHalf * kSumStride of sub is set keeps the upper half and sends the lower,
+  /// its partner the reverse; the kept half absorbs what arrives. Afterwards a lane holds sum
+  /// sub / kSumStride, partial over the lanes that differ in the bits below kSumStride.
+  /// Constant indices, so the sums stay in registers.
+  template <int kHalf>
+  __device__ __forceinline__ void reduce_halving(float (&sums)[kSums]) const {
+    if constexpr (kHalf >= 1) {
+      constexpr int kBit = kHalf * kSumStride;
+      const bool upper = (sub & kBit) != 0;
+#pragma unroll
+      for (int i = 0; i < kHalf; ++i) {
+        const float send = upper ? sums[i] : sums[i + kHalf];
+        const float keep = upper ? sums[i + kHalf] : sums[i];
+        sums[i] = keep + __shfl_xor_sync(0xffffffffu, send, kBit);
+      }
+      reduce_halving<kHalf / 2>(sums);
+    }
   }
 
   /// The arithmetic of a step; `old_state(r, j, x)` gives chunk j of repetition r's row as f32
@@ -499,35 +535,67 @@ struct TileDecoder {
         }
       }
     }
-#pragma unroll
-    for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) {
+    // u per row; out is stored here by the compact reduction's owner lanes.
+    float u[kRowsPerThread];
+    OutT* out = out_ptr(p, c);
+    if constexpr (kCompact) {
+      float sums[kSums];
 #pragma unroll
       for (int r = 0; r < kRowsPerThread; ++r) {
-        dk[r] += __shfl_xor_sync(0xffffffffu, dk[r], offset);
-        dq[r] += __shfl_xor_sync(0xffffffffu, dq[r], offset);
+        sums[2 * r] = dk[r];
+        sums[2 * r + 1] = dq[r];
       }
+      reduce_halving<kSums / 2>(sums);
+#pragma unroll
+      for (int offset = kSumStride / 2; offset > 0; offset /= 2) {
+        sums[0] += __shfl_xor_sync(0xffffffffu, sums[0], offset);
+      }
+      // Lanes of row r: sum 2r (H.k) where bit kSumStride of sub is clear, 2r + 1 (H.q) where set.
+      const float other = __shfl_xor_sync(0xffffffffu, sums[0], kSumStride);
+      const bool holds_dq = (sub & kSumStride) != 0;
+      const float own_dk = holds_dq ? other : sums[0];
+      const float own_dq = holds_dq ? sums[0] : other;
+      const float own_u = beta * (gdn::to_f32(in.v[0]) - alpha * own_dk);
+      if (sub % (2 * kSumStride) == 0) {
+        out[local_row(own_row())] = gdn::from_f32<OutT>(alpha * own_dq + own_u * kq);
+      }
+#pragma unroll
+      for (int r = 0; r < kRowsPerThread; ++r) {
+        u[r] = __shfl_sync(0xffffffffu, own_u, 2 * r * kSumStride, kLanesPerRow);
+      }
+    } else {
+#pragma unroll
+      for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) {
+#pragma unroll
+        for (int r = 0; r < kRowsPerThread; ++r) {
+          dk[r] += __shfl_xor_sync(0xffffffffu, dk[r], offset);
+          dq[r] += __shfl_xor_sync(0xffffffffu, dq[r], offset);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kRowsPerThread; ++r) u[r] = beta * (gdn::to_f32(in.v[r]) - alpha * dk[r]);
     }
 
     // A staged tile is read again from shared memory rather than kept in registers from the
     // first pass (the compiler would otherwise merge the two reads).
     if constexpr (kLoadHint == kGdnHintStaged) asm volatile("" ::: "memory");
     StateT* tile = tile_ptr(p, slot, c);
-    OutT* out = out_ptr(p, c);
 #pragma unroll
     for (int r = 0; r < kRowsPerThread; ++r) {
-      const float u = beta * (gdn::to_f32(in.v[r]) - alpha * dk[r]);
 #pragma unroll
       for (int j = 0; j < kChunksPerLane; ++j) {
         if (!chunk_live(j)) continue;
         float x[kVec];
         old_state(r, j, x);
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) x[e] = alpha * x[e] + u * k[j * kVec + e];
+        for (int e = 0; e < kVec; ++e) x[e] = alpha * x[e] + u[r] * k[j * kVec + e];
         StateChunk chunk;
         chunk.pack(x);
         chunk.store(tile + local_row(r) * kK + chunk_of(j) * kVec);
       }
-      if (sub == 0) out[local_row(r)] = gdn::from_f32<OutT>(alpha * dq[r] + u * kq);
+      if constexpr (!kCompact) {
+        if (sub == 0) out[local_row(r)] = gdn::from_f32<OutT>(alpha * dq[r] + u[r] * kq);
+      }
     }
   }
 };

@@ -33,8 +33,26 @@ __device__ __forceinline__ unsigned smem_u32(const void* p) {
   return (unsigned)__cvta_generic_to_shared(p);
 }
 
-template <int kRows, int kWarps, int kStage>
+/// One halving exchange of a transposed reduction: lanes with bit 2*kHalf set keep the upper
+/// kHalf of their 2*kHalf values and send the lower (constant indices: val stays in registers).
+template <int kHalf>
+__device__ __forceinline__ void halve(float (&val)[16], int lane) {
+  const bool upper = (lane & (2 * kHalf)) != 0;
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const float send = upper ? val[i] : val[i + kHalf];
+    const float keep = upper ? val[i + kHalf] : val[i];
+    val[i] = keep + __shfl_xor_sync(~0u, send, 2 * kHalf);
+  }
+}
+
+/// kCompact (one warp, 8 rows): the 16 row sums (k and q dot products) are reduced by halving
+/// exchanges (8 + 4 + 2 + 1 + 1 shuffles, leaving row r's two sums in lanes 4r..4r+3), each
+/// row's v is loaded, its u and out computed, by those lanes alone (one 16-byte v load, one
+/// 16-byte out store per tile), and u is broadcast back (8 shuffles): 25 shuffles instead of 80.
+template <int kRows, int kWarps, int kStage, bool kCompact = false>
 __global__ void __launch_bounds__(kWarps * 32) mini(const P p) {
+  static_assert(!kCompact || (kRows == 8 && kWarps == 1), "compact: one warp of 8 rows");
   constexpr int kTileRows = kRows * kWarps;
   constexpr int kTiles = 128 / kTileRows;
   extern __shared__ __align__(128) float4 sm[];
@@ -84,9 +102,14 @@ __global__ void __launch_bounds__(kWarps * 32) mini(const P p) {
   const uint2 qw = *reinterpret_cast<const uint2*>(row + h * 128 + lane * 4);
   const uint2 kw = *reinterpret_cast<const uint2*>(row + (16 + h) * 128 + lane * 4);
   float vv[kRows];
+  if constexpr (kCompact) {
+    // Lanes 4r..4r+3 own row r: one load of the tile's 8 consecutive v values.
+    vv[0] = __bfloat162float(row[2 * 16 * 128 + hv * 128 + vt * kTileRows + (lane >> 2)]);
+  } else {
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
-    vv[r] = __bfloat162float(row[2 * 16 * 128 + hv * 128 + vt * kTileRows + r * kWarps + warp]);
+    for (int r = 0; r < kRows; ++r)
+      vv[r] = __bfloat162float(row[2 * 16 * 128 + hv * 128 + vt * kTileRows + r * kWarps + warp]);
+  }
   const float ga = __bfloat162float(p.a[n * p.hv_count + hv]);
   const float gb = __bfloat162float(p.b[n * p.hv_count + hv]);
   const float alog = p.a_log[hv], dtb = p.dt_bias[hv];
@@ -133,6 +156,41 @@ __global__ void __launch_bounds__(kWarps * 32) mini(const P p) {
     dk[r] = s.x * k[0] + s.y * k[1] + s.z * k[2] + s.w * k[3];
     dq[r] = s.x * q[0] + s.y * q[1] + s.z * q[2] + s.w * q[3];
   }
+  __nv_bfloat16* out = p.out + n * p.hv_count * 128 + hv * 128 + vt * kTileRows;
+  if constexpr (kCompact) {
+    // Value j of 16 (dk[r] at 2r, dq[r] at 2r + 1); each exchange halves the values a lane
+    // holds: lane bit b keeps the upper half when set and sends the other half.
+    float val[16];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      val[2 * r] = dk[r];
+      val[2 * r + 1] = dq[r];
+    }
+    halve<8>(val, lane);
+    halve<4>(val, lane);
+    halve<2>(val, lane);
+    halve<1>(val, lane);
+    val[0] += __shfl_xor_sync(~0u, val[0], 1);
+    // Lane L holds value 8*b4 + 4*b3 + 2*b2 + b1 of its bits: row r = L >> 2, dk when b1 = 0.
+    const float other = __shfl_xor_sync(~0u, val[0], 2);
+    const bool is_dq = (lane & 2) != 0;
+    const float my_dk = is_dq ? other : val[0], my_dq = is_dq ? val[0] : other;
+    const float my_u = beta * (vv[0] - alpha * my_dk);
+    if ((lane & 3) == 0) out[lane >> 2] = __float2bfloat16(alpha * my_dq + my_u * kq);
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      dk[r] = __shfl_sync(~0u, my_u, 4 * r);  // dk[] now holds u per row
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float4 s = kStage == 0 ? x[r] : stage[r * 32 + lane];
+      const float u = dk[r];
+      __stcs(tile + r * 32 + lane,
+             make_float4(alpha * s.x + u * k[0], alpha * s.y + u * k[1], alpha * s.z + u * k[2],
+                         alpha * s.w + u * k[3]));
+    }
+    return;
+  }
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) {
 #pragma unroll
@@ -141,7 +199,6 @@ __global__ void __launch_bounds__(kWarps * 32) mini(const P p) {
       dq[r] += __shfl_xor_sync(~0u, dq[r], o);
     }
   }
-  __nv_bfloat16* out = p.out + n * p.hv_count * 128 + hv * 128 + vt * kTileRows;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const float4 s = kStage == 0 ? x[r] : stage[r * 32 + lane];
@@ -219,22 +276,26 @@ int main() {
       };
       report("cudaMemcpy", copy);
       auto grid = [&](long long blocks) { return dim3(1024, (unsigned)((blocks + 1023) / 1024)); };
-#define RUN(NAME, ROWS, WARPS, STAGE)                                                              \
+#define RUN_C(NAME, ROWS, WARPS, STAGE, COMPACT)                                                  \
   {                                                                                                \
     const long long blocks = B * hv * (128 / ((ROWS) * (WARPS)));                                  \
     const int smem = (STAGE) ? (ROWS) * (WARPS)*512 : 0;                                           \
-    CK(cudaFuncSetAttribute(mini<ROWS, WARPS, STAGE>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                            64 * 1024));                                                           \
-    report(NAME,                                                                                   \
-           median_us([&] { mini<ROWS, WARPS, STAGE><<<grid(blocks), (WARPS)*32, smem>>>(p); }));   \
+    CK(cudaFuncSetAttribute(mini<ROWS, WARPS, STAGE, COMPACT>,                                     \
+                            cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));              \
+    report(NAME, median_us([&] {                                                                   \
+             mini<ROWS, WARPS, STAGE, COMPACT><<<grid(blocks), (WARPS)*32, smem>>>(p);            \
+           }));                                                                                    \
     CK(cudaGetLastError());                                                                        \
   }
+#define RUN(NAME, ROWS, WARPS, STAGE) RUN_C(NAME, ROWS, WARPS, STAGE, false)
       RUN("reg 1w x 4", 4, 1, 0);
       RUN("reg 1w x 8", 8, 1, 0);
       RUN("reg 2w x 4", 4, 2, 0);
       RUN("reg 2w x 8", 8, 2, 0);
       RUN("cp.async 1w x 4", 4, 1, 1);
       RUN("cp.async 1w x 8", 8, 1, 1);
+      RUN_C("cp.async 1w x 8, compact", 8, 1, 1, true);
+      RUN_C("reg 1w x 8, compact", 8, 1, 0, true);
       RUN("cp.async 1w x 16", 16, 1, 1);
       RUN("cp.async 2w x 8", 8, 2, 1);
       RUN("cp.async 4w x 8", 8, 4, 1);
