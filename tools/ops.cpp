@@ -99,6 +99,8 @@ std::vector<OpParam> gdn_decode_params() {
       option("l2norm", "1", "1: L2-normalize q and k"),
       option("invalid", "negative", "invalid state indices: negative or nonpositive"),
       option("mode", "", "force a grid mode (flat, split, folded)"),
+      option("row_order", "auto",
+             "row order: auto (slot order from 512 MiB of state), by_slot, as_given"),
   };
 }
 
@@ -238,6 +240,15 @@ Plan plan_decode(const ShapeValues& values, const DeviceLimits& device) {
     throw UsageError(fmt::format("invalid must be negative or nonpositive, got '{}'", invalid));
   }
   options.force_mode = values.at("mode");
+  const std::string& row_order = values.at("row_order");
+  if (row_order == "by_slot") {
+    options.row_order = GdnRowOrder::by_slot;
+  } else if (row_order == "as_given") {
+    options.row_order = GdnRowOrder::as_given;
+  } else if (row_order != "auto") {
+    throw UsageError(
+        fmt::format("row_order must be auto, by_slot or as_given, got '{}'", row_order));
+  }
   FakeMemory memory;
   const TensorView qkv = memory.tensor(get_dtype(values, "dtype"), {b, row_width(h, k, hv, v)});
   const TensorView state = memory.tensor(get_dtype(values, "state_dtype"), {b + 1, hv, v, k});

@@ -25,6 +25,17 @@ run 0 plan merge_states --tokens 7 --states 4 --heads 128 --head-dim 512 --arch 
 contains "$(json 'j["launches"][0]["spec"]' "$OUT" '.launches[0].spec')" "@sm_100a"
 run 0 plan gdn_decode --batch 8 --heads 16 --v-heads 32 --k 128 --v 128 --state-dtype f32 --arch sm_90
 contains "$OUT" "gdn_decode:"
+# 512 MiB of state: a ranking kernel first, the step in slot order; --row-order overrides it.
+run 0 plan gdn_decode --batch 256 --heads 16 --v-heads 32 --k 128 --v 128 --arch h200
+contains "$OUT" "launch 1 of 2: gdn_decode_order:"
+contains "$OUT" "ordered=1@sm_90"
+run 0 plan gdn_decode --batch 256 --heads 16 --v-heads 32 --k 128 --v 128 --row-order as_given --arch h200
+contains "$OUT" "launch 1 of 1: gdn_decode:"
+contains "$OUT" "ordered=0@sm_90"
+run 0 plan gdn_decode --batch 3 --heads 16 --v-heads 32 --k 128 --v 128 --row-order by_slot --arch h200
+contains "$OUT" "forced by options.row_order"
+usage_error plan gdn_decode --batch 3 --heads 16 --v-heads 32 --k 128 --v 128 --row-order sorted --arch h200
+contains "$ERR" "row_order must be auto, by_slot or as_given, got 'sorted'"
 run 0 plan gdn_prefill --tokens 1000 --seqs 4 --heads 16 --v-heads 32 --k 128 --v 128 --arch h200
 contains "$OUT" "gdn_prefill:"
 contains "$OUT" "ckpt=0@sm_90"
