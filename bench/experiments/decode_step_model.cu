@@ -185,9 +185,8 @@ __global__ void __launch_bounds__(kWarps * 32) mini(const P p) {
     for (int r = 0; r < kRows; ++r) {
       const float4 s = kStage == 0 ? x[r] : stage[r * 32 + lane];
       const float u = dk[r];
-      __stcs(tile + r * 32 + lane,
-             make_float4(alpha * s.x + u * k[0], alpha * s.y + u * k[1], alpha * s.z + u * k[2],
-                         alpha * s.w + u * k[3]));
+      __stcs(tile + r * 32 + lane, make_float4(alpha * s.x + u * k[0], alpha * s.y + u * k[1],
+                                               alpha * s.z + u * k[2], alpha * s.w + u * k[3]));
     }
     return;
   }
@@ -276,16 +275,16 @@ int main() {
       };
       report("cudaMemcpy", copy);
       auto grid = [&](long long blocks) { return dim3(1024, (unsigned)((blocks + 1023) / 1024)); };
-#define RUN_C(NAME, ROWS, WARPS, STAGE, COMPACT)                                                  \
-  {                                                                                                \
-    const long long blocks = B * hv * (128 / ((ROWS) * (WARPS)));                                  \
-    const int smem = (STAGE) ? (ROWS) * (WARPS)*512 : 0;                                           \
-    CK(cudaFuncSetAttribute(mini<ROWS, WARPS, STAGE, COMPACT>,                                     \
-                            cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));              \
-    report(NAME, median_us([&] {                                                                   \
-             mini<ROWS, WARPS, STAGE, COMPACT><<<grid(blocks), (WARPS)*32, smem>>>(p);            \
-           }));                                                                                    \
-    CK(cudaGetLastError());                                                                        \
+#define RUN_C(NAME, ROWS, WARPS, STAGE, COMPACT)                                       \
+  {                                                                                    \
+    const long long blocks = B * hv * (128 / ((ROWS) * (WARPS)));                      \
+    const int smem = (STAGE) ? (ROWS) * (WARPS)*512 : 0;                               \
+    CK(cudaFuncSetAttribute(mini<ROWS, WARPS, STAGE, COMPACT>,                         \
+                            cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));  \
+    report(NAME, median_us([&] {                                                       \
+             mini<ROWS, WARPS, STAGE, COMPACT><<<grid(blocks), (WARPS)*32, smem>>>(p); \
+           }));                                                                        \
+    CK(cudaGetLastError());                                                            \
   }
 #define RUN(NAME, ROWS, WARPS, STAGE) RUN_C(NAME, ROWS, WARPS, STAGE, false)
       RUN("reg 1w x 4", 4, 1, 0);
