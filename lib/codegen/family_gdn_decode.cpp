@@ -72,6 +72,14 @@ std::string check_gdn_decode(const KernelSpec& spec) {
   return {};
 }
 
+// Parameters the step and its ranking kernel share.
+ParamDecl index_dtype_param() {
+  return ParamDecl{.name = "index",
+                   .kind = ParamKind::dtype,
+                   .choices = {"i32", "i64"},
+                   .doc = "element type of state_indices"};
+}
+
 ParamDecl invalid_rule_param() {
   return ParamDecl{.name = "invalid",
                    .kind = ParamKind::choice,
@@ -116,10 +124,7 @@ FamilyDecl gdn_decode_family() {
                         .kind = ParamKind::dtype,
                         .choices = floats,
                         .doc = "element type of out"},
-              ParamDecl{.name = "index",
-                        .kind = ParamKind::dtype,
-                        .choices = {"i32", "i64"},
-                        .doc = "element type of state_indices"},
+              index_dtype_param(),
               ParamDecl{.name = "k",
                         .kind = ParamKind::integer,
                         .min = 16,
@@ -209,10 +214,7 @@ FamilyDecl gdn_decode_order_family() {
       .kernel = "kjit::gdn_decode_order_kernel",
       .params =
           {
-              ParamDecl{.name = "index",
-                        .kind = ParamKind::dtype,
-                        .choices = {"i32", "i64"},
-                        .doc = "element type of state_indices"},
+              index_dtype_param(),
               invalid_rule_param(),
           },
       .min_sm = 80,

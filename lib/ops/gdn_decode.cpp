@@ -23,15 +23,6 @@
 #include "kjit/runtime.hpp"
 #include "kjit/spec.hpp"
 
-// The debug index check copies indices back through kjit's driver loader, whose header needs
-// cuda.h; the ops layer sees the toolkit headers only when its target adds them.
-#if __has_include(<cuda.h>)
-#include "driver/driver_api.hpp"
-#define KJIT_GDN_DEBUG_CHECK_AVAILABLE 1
-#else
-#define KJIT_GDN_DEBUG_CHECK_AVAILABLE 0
-#endif
-
 namespace kjit {
 namespace {
 
@@ -780,15 +771,6 @@ Signature signature(const Problem& p, const GdnDecodeOptions& options, int devic
 /// ones. Synchronizes `stream`; skipped while it captures (a copy there would break the graph).
 void check_indices(const Problem& p, const TensorView& indices, GdnInvalidIndex rule,
                    Stream stream) {
-#if !KJIT_GDN_DEBUG_CHECK_AVAILABLE
-  (void)p;
-  (void)indices;
-  (void)rule;
-  (void)stream;
-  throw Error(
-      "gdn_decode: debug_check_indices needs kjit built with the CUDA headers visible to "
-      "lib/ops (target_include_directories(kjit_ops PRIVATE ${CUDAToolkit_INCLUDE_DIRS}))");
-#else
   const driver::DriverApi& cu = driver::driver_api();
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   driver::check(cu.cuStreamIsCapturing(reinterpret_cast<CUstream>(stream), &capture),
@@ -825,7 +807,6 @@ void check_indices(const Problem& p, const TensorView& indices, GdnInvalidIndex 
           op_name(p.form), n, slot));
     }
   }
-#endif
 }
 
 void run(const Problem& p, const TensorView& qkv, const TensorView& a, const TensorView& b,
