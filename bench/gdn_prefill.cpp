@@ -56,13 +56,22 @@ std::vector<std::int32_t> uneven_offsets(std::int64_t tokens, std::int64_t seqs,
   return cu;
 }
 
+// Equal lengths (the last sequence takes the remainder).
+std::vector<std::int32_t> equal_offsets(std::int64_t tokens, std::int64_t seqs) {
+  std::vector<std::int32_t> cu{0};
+  for (std::int64_t i = 1; i <= seqs; ++i) {
+    cu.push_back(static_cast<std::int32_t>(i == seqs ? tokens : tokens / seqs * i));
+  }
+  return cu;
+}
+
 Inputs make_inputs(std::int64_t tokens, std::int64_t seqs, std::int64_t heads,
-                   std::int64_t value_heads) {
+                   std::int64_t value_heads, bool equal = false) {
   Inputs in{tokens,
             seqs,
             heads,
             value_heads,
-            uneven_offsets(tokens, seqs, 7),
+            equal ? equal_offsets(tokens, seqs) : uneven_offsets(tokens, seqs, 7),
             DeviceBuffer(static_cast<std::size_t>(tokens * heads * kDim) * 2),
             DeviceBuffer(static_cast<std::size_t>(tokens * heads * kDim) * 2),
             DeviceBuffer(static_cast<std::size_t>(tokens * value_heads * kDim) * 2),
@@ -229,6 +238,107 @@ struct Anchor {
   double fla_us;
 };
 
+// The plan gdn_prefill runs for `in` under `options` (its mode names the path).
+kjit::Plan plan_of(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOptions& options) {
+  const std::int64_t t = in.tokens, h = in.heads, hv = in.value_heads, n = in.seqs;
+  const auto view = [](void* p, DType d, std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(p, d, shape);
+  };
+  return kjit::plan_gdn_prefill(
+      view(in.q.get(), DType::bf16, {t, h, kDim}), view(in.k.get(), DType::bf16, {t, h, kDim}),
+      view(in.v.get(), DType::bf16, {t, hv, kDim}),
+      kjit::GdnGates::raw(
+          view(in.a.get(), DType::bf16, {t, hv}), view(in.b.get(), DType::bf16, {t, hv}),
+          view(in.a_log.get(), DType::f32, {hv}), view(in.dt_bias.get(), DType::f32, {hv})),
+      view(in.cu_dev.get(), DType::i32, {n + 1}),
+      view(in.pool.get(), DType::f32, {n, hv, kDim, kDim}), view(in.indices.get(), DType::i32, {n}),
+      TensorView{}, view(in.out.get(), DType::bf16, {t, hv, kDim}), options,
+      gpu.runtime().device_limits(gpu.device));
+}
+
+// A few long sequences of equal length, with the figures the issue measured on the same H200 in
+// one device call (FlashInfer's SM90 kernel without its context-parallel path, FlashQLA's
+// kernel without its q/k norm pass; 0: not measured there).
+struct FewShape {
+  std::int64_t heads, value_heads, seqs, length;
+  double flashinfer_us, flashqla_us;
+};
+
+// GPU us of the planner's choice and of the sequential chunked path ("chunked"), and the floor:
+// bytes that must move (q, k, v, gates read, out written, states read and written) over a
+// same-run cold copy of that size, and FLOPs (6KV + 4 * 64 (K + V) per token and value head)
+// over the ~790 TFLOP/s measured bf16 GEMM rate. KJIT_PREFILL_BENCH_CP="16,32,64": also each
+// segment length forced (chunked_cp<L>).
+void few_sequences_table(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& options,
+                         FILE* json) {
+  const std::vector<FewShape> shapes = {
+      {16, 16, 1, 32768, 1615, 400}, {16, 16, 2, 16384, 776, 591},    {16, 16, 4, 8192, 394, 396},
+      {16, 16, 8, 4096, 209, 331},   {16, 16, 1, 131072, 6502, 1362}, {16, 32, 1, 32768, 1547, 821},
+      {16, 16, 16, 8192, 787, 0},
+  };
+  std::vector<std::int64_t> sweep;
+  if (const char* env = std::getenv("KJIT_PREFILL_BENCH_CP"); env != nullptr) {
+    for (std::string rest = env; !rest.empty();) {
+      const std::size_t comma = rest.find(',');
+      sweep.push_back(std::stoll(rest.substr(0, comma)));
+      rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    }
+  }
+  std::printf(
+      "\nfew long sequences (equal lengths), GPU us\n%4s %4s %11s | %-22s %9s | %9s %7s | "
+      "%8s %6s | %9s %9s",
+      "H", "HV", "seqs x len", "planner's mode", "GPU us", "chunked", "gain", "floor", "of it",
+      "FlashInfr", "FlashQLA");
+  for (std::int64_t l : sweep) std::printf(" %9s", fmt::format("cp{}", l).c_str());
+  std::printf("\n");
+  for (const FewShape& s : shapes) {
+    const std::int64_t tokens = s.seqs * s.length;
+    Inputs in = make_inputs(tokens, s.seqs, s.heads, s.value_heads, true);
+    const kjit::Plan plan = plan_of(gpu, in, options);
+    kjit::bench::flush_l2(gpu);
+    const double us = kjit::bench::median_gpu_us(
+        gpu, [&](kjit::Stream stream) { call(in, options, stream); }, 20, 3);
+    kjit::GdnPrefillOptions sequential = options;
+    sequential.force_mode = "chunked";
+    kjit::bench::flush_l2(gpu);
+    const double seq_us = kjit::bench::median_gpu_us(
+        gpu, [&](kjit::Stream stream) { call(in, sequential, stream); }, 10, 2);
+    const double bytes =
+        static_cast<double>(tokens) *
+            static_cast<double>(2 * s.heads * kDim * 2 + 2 * s.value_heads * kDim * 2 +
+                                2 * s.value_heads * 2) +
+        2.0 * static_cast<double>(s.seqs * s.value_heads * kDim * kDim * 4);
+    const double copy = kjit::bench::copy_gbs(gpu, static_cast<std::size_t>(bytes));
+    const double flops = (6.0 * kDim * kDim + 4.0 * 64 * (kDim + kDim)) *
+                         static_cast<double>(tokens * s.value_heads);
+    const double floor_us = std::max(bytes / (copy * 1e3), flops / 790e6);
+    std::printf(
+        "%4lld %4lld %4lld x %-6lld | %-22s %9.1f | %9.1f %6.2fx | %8.1f %5.0f%% | %9.0f %9.0f",
+        static_cast<long long>(s.heads), static_cast<long long>(s.value_heads),
+        static_cast<long long>(s.seqs), static_cast<long long>(s.length), plan.mode.c_str(), us,
+        seq_us, seq_us / us, floor_us, 100.0 * floor_us / us, s.flashinfer_us, s.flashqla_us);
+    for (std::int64_t l : sweep) {
+      kjit::GdnPrefillOptions forced = options;
+      forced.force_mode = fmt::format("chunked_cp{}", l);
+      kjit::bench::flush_l2(gpu);
+      std::printf(" %9.1f",
+                  kjit::bench::median_gpu_us(
+                      gpu, [&](kjit::Stream stream) { call(in, forced, stream); }, 10, 2));
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+    if (json != nullptr) {
+      std::fprintf(json,
+                   "{\"bench\":\"gdn_prefill_few\",\"heads\":%lld,\"value_heads\":%lld,"
+                   "\"seqs\":%lld,\"length\":%lld,\"mode\":\"%s\",\"gpu_us\":%.2f,"
+                   "\"chunked_us\":%.2f,\"floor_us\":%.2f}\n",
+                   static_cast<long long>(s.heads), static_cast<long long>(s.value_heads),
+                   static_cast<long long>(s.seqs), static_cast<long long>(s.length),
+                   plan.mode.c_str(), us, seq_us, floor_us);
+    }
+  }
+}
+
 }  // namespace
 
 int run(int argc, char** argv) {
@@ -249,6 +359,18 @@ int run(int argc, char** argv) {
     std::printf("options.force_mode = %s\n", force);
   }
   if (!verify(*gpu, options)) return 1;
+  {
+    // The context-parallel path on the same check, forced with short segments.
+    kjit::GdnPrefillOptions cp = options;
+    cp.force_mode = "chunked_cp2";
+    std::printf("(force_mode chunked_cp2) ");
+    if (!verify(*gpu, cp)) return 1;
+  }
+  if (const char* few = std::getenv("KJIT_PREFILL_BENCH_FEW_ONLY"); few != nullptr) {
+    few_sequences_table(*gpu, options, json);
+    if (json != nullptr) std::fclose(json);
+    return 0;
+  }
   // "profile": a few calls of one large shape only, for a profiler's per-kernel split.
   if (argc > 2 && std::string(argv[2]) == "profile") {
     Inputs in = make_inputs(131072, 16, 16, 16);
@@ -304,6 +426,7 @@ int run(int argc, char** argv) {
                    tflops, host_us, s.fla_us, s.fla_us / us);
     }
   }
+  few_sequences_table(*gpu, options, json);
   // The chunked path's value tiles, each forced (the table above is the planner's choice):
   // KJIT_PREFILL_BENCH_SWEEP=1 (a minute more; the fused bv64 column is slow at 128k).
   const char* sweep = std::getenv("KJIT_PREFILL_BENCH_SWEEP");

@@ -294,6 +294,13 @@ struct GdnPrefillParams {
   /// <= kGdnPrefillOrderMaxSeqs), else null. The chunk kernel writes the ranks there only for
   /// more than kGdnPrefillRankInStateMaxSeqs sequences; fewer are ranked by the state kernel.
   void* ws_order;
+  /// Context-parallel path only (gdn_prefill_cp_workspace): per segment id z and value head,
+  /// f32 [Z, HV, V, K] states at the segment's end from a zero start (B), [Z, HV, K, K] the
+  /// segment's linear map of the state (M: its end state from an identity start with v = 0),
+  /// and [Z, HV, V, K] each segment's exact initial state (X, written by the scan kernel).
+  float* cp_b;
+  float* cp_m;
+  float* cp_x;
   i64 q_stride_t, q_stride_h;
   i64 k_stride_t, k_stride_h;
   i64 v_stride_t, v_stride_h;
@@ -316,13 +323,47 @@ struct GdnPrefillParams {
   u32 heads_per_group;
   /// V / BV.
   u32 v_tiles;
+  /// Context-parallel segment pass only: K / BV identity tiles after the V / BV state tiles.
+  u32 k_tiles;
   /// Chunked path only: q/k heads H.
   u32 num_heads;
   /// Chunked path only: tokens T (the chunk kernel's ids run to floor(T / 64) + N).
   i64 num_tokens;
+  /// Context-parallel path only: chunks per segment L, and the segment ids Z = floor(T / (64 L))
+  /// + N (segment s of sequence n has id floor(cu[n] / (64 L)) + n + s).
+  i64 cp_segment_chunks;
+  i64 cp_segments;
   float scale;
   float softplus_threshold;
 };
+
+/// Rows of the state per block of the context-parallel scan (gdn_prefill_cp.cuh), and its threads
+/// (16 per row, K / 16 columns each).
+inline constexpr int kGdnPrefillCpScanRows = 8;
+inline constexpr int kGdnPrefillCpScanThreads = 16 * kGdnPrefillCpScanRows;
+
+/// Byte offsets of the context-parallel path's regions, placed after the chunked path's
+/// workspace (gdn_prefill_workspace): B, X [Z, HV, V, K] f32 and M [Z, HV, K, K] f32 for Z segment
+/// ids. Regions start on 256-byte boundaries.
+struct GdnPrefillCpWorkspace {
+  u64 b;
+  u64 m;
+  u64 x;
+  u64 total;
+};
+
+KJIT_GDN_PREFILL_HD constexpr GdnPrefillCpWorkspace gdn_prefill_cp_workspace(u64 base, u64 segments,
+                                                                             u64 value_heads, u64 k,
+                                                                             u64 v) {
+  GdnPrefillCpWorkspace w{};
+  const u64 vk = segments * value_heads * v * k * 4u;
+  const u64 kk = segments * value_heads * k * k * 4u;
+  w.b = gdn_prefill_align256(base);
+  w.m = w.b + gdn_prefill_align256(vk);
+  w.x = w.m + gdn_prefill_align256(kk);
+  w.total = w.x + vk;
+  return w;
+}
 
 }  // namespace kjit
 

@@ -125,6 +125,90 @@ __device__ __forceinline__ StateWork state_work(const GdnPrefillParams& p, int b
   return w;
 }
 
+/// Context-parallel path (kPhase 1: segment pass, 2: resume pass): what a block works on beyond
+/// StateWork. A sequence's chunks are cut into segments of p.cp_segment_chunks chunks; segment s
+/// of sequence n has the id z = floor(cu[n] / (64 L)) + n + s, collision-free and below
+/// p.cp_segments = floor(T / (64 L)) + N without the host knowing the lengths. Blocks are
+/// (z, value head, tile); the segment pass has V / bv tiles of state rows and then K / bv
+/// "identity" tiles that carry the segment's linear map M (K rows starting from I, with v = 0).
+struct CpWork {
+  bool run;       // false: the id is past its sequence's segments, or this pass skips it
+  bool identity;  // an identity tile (segment pass only)
+  bool out;       // the block stores its outputs (exact initial state)
+  i64 z, s, segments;
+  i64 first_chunk;  // the segment's first chunk within its sequence
+};
+
+/// The largest n in [0, N) with floor(cu[n] / span) + n <= z (the function is increasing in n),
+/// or -1.
+template <typename Tcu>
+__device__ __forceinline__ i64 cp_sequence_of(const GdnPrefillParams& p, i64 z, i64 span) {
+  const Tcu* cu = static_cast<const Tcu*>(p.cu_seqlens);
+  i64 lo = 0, hi = i64(p.num_seqs) - 1, found = -1;
+  while (lo <= hi) {
+    const i64 mid = (lo + hi) >> 1;
+    if (i64(cu[mid]) / span + mid <= z) {
+      found = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return found;
+}
+
+/// The block's work on the context-parallel path: fills `w` (its token range is the segment's)
+/// and says whether and how the block runs. kPhase 1 runs segment 0's state rows exactly (the
+/// sequence's initial state, outputs stored) and, for the middle segments 1 .. S - 2, the state
+/// rows from zero and the identity rows, storing only their end states (B, M); the last
+/// segment's B and M are never needed. kPhase 2 reruns segments 1 .. S - 1 from the exact
+/// initial states the scan kernel wrote (X), storing outputs.
+template <typename Tcu, typename Tidx, int kPhase>
+__device__ __forceinline__ CpWork cp_state_work(const GdnPrefillParams& p, int bv, StateWork& w) {
+  CpWork c{};
+  const u64 v_tiles = p.v_tiles;
+  const u64 tiles = kPhase == 1 ? v_tiles + p.k_tiles : v_tiles;
+  const u64 block = blockIdx.x;
+  const int tile = static_cast<int>(block % tiles);
+  w.hv = static_cast<u32>((block / tiles) % p.num_value_heads);
+  c.z = static_cast<i64>(block / (tiles * p.num_value_heads));
+  c.identity = u64(tile) >= v_tiles;
+  w.vt = c.identity ? tile - static_cast<int>(v_tiles) : tile;
+  w.v0 = w.vt * bv;
+  const i64 span = p.cp_segment_chunks * kGdnPrefillChunk;
+  const i64 n = cp_sequence_of<Tcu>(p, c.z, span);
+  if (n < 0) return c;
+  const Tcu* cu = static_cast<const Tcu*>(p.cu_seqlens);
+  const i64 bos = i64(cu[n]), eos = i64(cu[n + 1]);
+  c.s = c.z - (bos / span + n);
+  c.segments = eos > bos ? (eos - bos + span - 1) / span : 0;
+  if (c.s >= c.segments) return c;
+  if (kPhase == 1) {
+    c.run = c.s == 0 ? !c.identity : c.s < c.segments - 1;
+    c.out = c.s == 0;
+  } else {
+    c.run = c.s >= 1;
+    c.out = true;
+  }
+  if (!c.run) return c;
+  c.first_chunk = c.s * p.cp_segment_chunks;
+  w.n = u64(n);
+  w.h = w.hv / p.heads_per_group;
+  w.bos = bos + c.s * span;
+  w.eos = w.bos + span < eos ? w.bos + span : eos;
+  w.slot = static_cast<i64>(static_cast<const Tidx*>(p.state_indices)[n * p.index_stride]);
+  w.padded = w.slot < 0 || w.slot >= p.num_slots;
+  w.has_init = !w.padded &&
+               (p.has_initial_state == nullptr || p.has_initial_state[n * p.has_init_stride] != 0);
+  w.q_g = static_cast<const __nv_bfloat16*>(p.q) + i64(w.h) * p.q_stride_h;
+  w.k_g = static_cast<const __nv_bfloat16*>(p.k) + i64(w.h) * p.k_stride_h;
+  w.v_g = static_cast<const __nv_bfloat16*>(p.v) + i64(w.hv) * p.v_stride_h + w.v0;
+  w.t_g = static_cast<const __nv_bfloat16*>(p.ws_t) + i64(w.hv) * 64;
+  w.p_g = static_cast<const __nv_bfloat16*>(p.ws_p) + i64(w.hv) * 64;
+  w.sc_g = static_cast<const float4*>(p.ws_scales) + w.hv;
+  return c;
+}
+
 /// A compile-time int as a value (for the parts count of the generic cp.async row issue).
 template <int N>
 struct IntC {
@@ -492,9 +576,11 @@ __device__ __forceinline__ void pack_vn(const float (&acc_v)[8][4], const float 
 }
 
 template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
-          int kBV, bool kCkpt>
+          int kBV, bool kCkpt, int kPhase = 0>
 __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   static_assert(kK == 64 || kK == 128, "wide tiles carry 16 rows of a K <= 128 state per warp");
+  static_assert(kPhase == 0 || (!KJIT_GDN_STATE_WGMMA && kK % kBV == 0),
+                "the context-parallel passes run on mma.sync, with tiles that divide K");
   static_assert(kV % kBV == 0 && kV <= 256, "the value tile must divide V");
   constexpr int kWarps = kBV / 16;
   static_assert(kWarps == gdn_prefill_state_warps(kBV), "one warp per 16 rows of the tile");
@@ -515,9 +601,23 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int vw = warp * 16;  // the warp's first row of the value tile
 
+  StateWork work{};
+  CpWork cp{};
+  if constexpr (kPhase == 0) {
+    work = state_work<Tcu, Tidx, kThreads>(p, kBV, reinterpret_cast<i64*>(smem));
+    cp.out = true;
+  } else {
+    cp = cp_state_work<Tcu, Tidx, kPhase>(p, kBV, work);
+    if (!cp.run) return;  // uniform over the block, before any barrier
+  }
   const auto [n, hv, h, vt, v0, bos, eos, slot, padded, has_init, q_g, k_g, v_g, t_g, p_g, sc_g] =
-      state_work<Tcu, Tidx, kThreads>(p, kBV, reinterpret_cast<i64*>(smem));
+      work;
   const u32 hv_count = p.num_value_heads;
+  // Identity tiles (segment pass) multiply v = 0: their rows are zero-filled.
+  const bool zero_v = kPhase == 1 && cp.identity;
+  // Whether this block's outputs are stored (always, but in the segment pass only for segment
+  // 0's state rows): blocks that store none skip the products that only feed O.
+  const bool want_out = cp.out;
 
   // The chunk starting at token t into stage `st` (cp.async, 16 bytes per thread and copy; rows
   // past the end of the sequence zero-filled), one commit group per chunk.
@@ -567,10 +667,11 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     issue_core(base + kSmem.p, p_g, i64(hv_count) * 64, IntC<8>{}, t, rows);
 #else
     issue_rows(base + kSmem.k0, kLdK, k_g, p.k_stride_t, IntC<kK / 8>{}, t, rows);
-    issue_rows(base + kSmem.q, kLdK, q_g, p.q_stride_t, IntC<kK / 8>{}, t, rows);
-    issue_rows(base + kSmem.v, kLdV, v_g, p.v_stride_t, IntC<kBV / 8>{}, t, rows);
+    // q and P feed only the outputs: blocks that store none zero-fill them instead of loading.
+    issue_rows(base + kSmem.q, kLdK, q_g, p.q_stride_t, IntC<kK / 8>{}, t, want_out ? rows : 0);
+    issue_rows(base + kSmem.v, kLdV, v_g, p.v_stride_t, IntC<kBV / 8>{}, t, zero_v ? 0 : rows);
     issue_rows(base + kSmem.t0, kLd, t_g, i64(hv_count) * 64, IntC<8>{}, t, rows);
-    issue_rows(base + kSmem.p, kLd, p_g, i64(hv_count) * 64, IntC<8>{}, t, rows);
+    issue_rows(base + kSmem.p, kLd, p_g, i64(hv_count) * 64, IntC<8>{}, t, want_out ? rows : 0);
 #endif
     if (tid < 64) {
       const bool ok = tid < rows;
@@ -581,7 +682,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   // The warp's state rows: element (vw + g + 8 hf, kk) with kk = ni * 8 + 2 t4 + e at
   // s_acc[0][ni][2 hf + e] (the layout of store_state_tile with wm = warp, wn = 0).
   float s_acc[1][kSN][4];
-  {
+  if (kPhase == 0 || (kPhase == 1 && cp.s == 0)) {
     const Tstate* src = has_init ? static_cast<const Tstate*>(p.state) +
                                        slot * p.state_slot_stride + (i64(hv) * kV + v0) * kK
                                  : nullptr;
@@ -596,13 +697,41 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         s_acc[0][ni][2 * hf + 1] = x.y;
       }
     }
+  } else {
+    // Segment pass, s >= 1: state rows from zero, identity rows (K rows v0 ..) from I. Resume
+    // pass: the exact initial state the scan kernel wrote (X). The scan kernel ran before this
+    // launch started (no programmatic overlap), so X is read here.
+    const float* src =
+        kPhase == 2 ? p.cp_x + ((cp.z * hv_count + hv) * kV + v0) * i64(kK) : nullptr;
+#pragma unroll
+    for (int ni = 0; ni < kSN; ++ni) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int v = vw + g + 8 * hf;
+        const int kk = ni * 8 + 2 * t4;
+        float2 x = make_float2(0.f, 0.f);
+        if (src != nullptr) {
+          x = *reinterpret_cast<const float2*>(src + v * kK + kk);
+        } else if (cp.identity) {
+          x = make_float2(v0 + v == kk ? 1.f : 0.f, v0 + v == kk + 1 ? 1.f : 0.f);
+        }
+        s_acc[0][ni][2 * hf] = x.x;
+        s_acc[0][ni][2 * hf + 1] = x.y;
+      }
+    }
   }
 
   Tout* o_base = static_cast<Tout*>(p.out) + i64(hv) * p.out_stride_h + v0 + vw;
   i64 ckpt_row = 0, ckpt_countdown = 0;
-  if constexpr (kCkpt) {
+  // Checkpoints come from blocks with the exact state only (those that store outputs); a
+  // segment starting at chunk c0 (all chunks before it are full) has written floor(c0 / E).
+  const bool ckpt_here = kCkpt && want_out;
+  if constexpr (kCkpt && kPhase == 0) {
     ckpt_row = p.checkpoint_starts[n];
     ckpt_countdown = p.ckpt_every_chunks;
+  } else if constexpr (kCkpt) {
+    ckpt_row = p.checkpoint_starts[n] + cp.first_chunk / p.ckpt_every_chunks;
+    ckpt_countdown = p.ckpt_every_chunks - cp.first_chunk % p.ckpt_every_chunks;
   }
 
   // Everything above read only the caller's inputs (the state loads are still in flight); the
@@ -775,12 +904,14 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         mma::mma_bf16(acc_r[2 * np], sa, b[0], b[1]);
         mma::mma_bf16(acc_r[2 * np + 1], sa, b[2], b[3]);
       }
+      if (want_out) {
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt) {
-        u32 a[4];
-        mma::load_a(a, s_q + mt * 16 * kLdK + ks * 16, kLdK);
-        mma::mma_bf16(acc_o[mt][0], a, sa[0], sa[2]);
-        mma::mma_bf16(acc_o[mt][1], a, sa[1], sa[3]);
+        for (int mt = 0; mt < 4; ++mt) {
+          u32 a[4];
+          mma::load_a(a, s_q + mt * 16 * kLdK + ks * 16, kLdK);
+          mma::mma_bf16(acc_o[mt][0], a, sa[0], sa[2]);
+          mma::mma_bf16(acc_o[mt][1], a, sa[1], sa[3]);
+        }
       }
     }
 
@@ -833,33 +964,35 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     }
 
     // 5. O_w = diag(e^gamma / |q|) Q S_w^T + P Vn_w (P lower triangular); store the chunk's rows.
+    if (want_out) {
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
+      for (int mt = 0; mt < 4; ++mt) {
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const float sx = s_sc[mt * 16 + g + 8 * hf].x;
-#pragma unroll
-        for (int nv = 0; nv < 2; ++nv) {
-          acc_o[mt][nv][2 * hf] *= sx;
-          acc_o[mt][nv][2 * hf + 1] *= sx;
-        }
-      }
-#pragma unroll
-      for (int jb = 0; jb <= mt; ++jb) {
-        u32 a[4];
-        mma::load_a(a, s_p + mt * 16 * kLd + jb * 16, kLd);
-        mma::mma_bf16(acc_o[mt][0], a, vb[jb][0], vb[jb][2]);
-        mma::mma_bf16(acc_o[mt][1], a, vb[jb][1], vb[jb][3]);
-      }
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int i = mt * 16 + g + 8 * hf;
-        if (i < rows) {
-          Tout* orow = o_base + (t0 + i) * p.out_stride_t;
+        for (int hf = 0; hf < 2; ++hf) {
+          const float sx = s_sc[mt * 16 + g + 8 * hf].x;
 #pragma unroll
           for (int nv = 0; nv < 2; ++nv) {
-            store_pair(orow + nv * 8 + 2 * t4, p.scale * acc_o[mt][nv][2 * hf],
-                       p.scale * acc_o[mt][nv][2 * hf + 1]);
+            acc_o[mt][nv][2 * hf] *= sx;
+            acc_o[mt][nv][2 * hf + 1] *= sx;
+          }
+        }
+#pragma unroll
+        for (int jb = 0; jb <= mt; ++jb) {
+          u32 a[4];
+          mma::load_a(a, s_p + mt * 16 * kLd + jb * 16, kLd);
+          mma::mma_bf16(acc_o[mt][0], a, vb[jb][0], vb[jb][2]);
+          mma::mma_bf16(acc_o[mt][1], a, vb[jb][1], vb[jb][3]);
+        }
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int i = mt * 16 + g + 8 * hf;
+          if (i < rows) {
+            Tout* orow = o_base + (t0 + i) * p.out_stride_t;
+#pragma unroll
+            for (int nv = 0; nv < 2; ++nv) {
+              store_pair(orow + nv * 8 + 2 * t4, p.scale * acc_o[mt][nv][2 * hf],
+                         p.scale * acc_o[mt][nv][2 * hf + 1]);
+            }
           }
         }
       }
@@ -869,7 +1002,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 
     // 6. Checkpoints, as in the fused kernel.
     if constexpr (kCkpt) {
-      if (rows == kGdnPrefillChunk && --ckpt_countdown == 0) {
+      if (ckpt_here && rows == kGdnPrefillChunk && --ckpt_countdown == 0) {
         ckpt_countdown = p.ckpt_every_chunks;
         if (ckpt_row >= 0 && ckpt_row < p.ckpt_rows) {
           store_state_tile<Tstate, kK>(static_cast<Tstate*>(p.checkpoints) +
@@ -881,7 +1014,20 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     }
   }
   // No copies are in flight at exit: none is issued past the end of the sequence.
-  store_final_state<Tstate, kK, kV>(p, n, slot, padded, hv, v0, s_acc, warp, 0, g, t4);
+  if constexpr (kPhase == 0) {
+    store_final_state<Tstate, kK, kV>(p, n, slot, padded, hv, v0, s_acc, warp, 0, g, t4);
+  } else {
+    // The sequence's last segment holds its final state (segment pass: a sequence of one
+    // segment); segment-pass blocks of a longer sequence leave B (state rows) or M (identity
+    // rows) for the scan kernel, in f32.
+    if (cp.s == cp.segments - 1) {
+      store_final_state<Tstate, kK, kV>(p, n, slot, padded, hv, v0, s_acc, warp, 0, g, t4);
+    } else if (kPhase == 1) {
+      float* dst = cp.identity ? p.cp_m + ((cp.z * hv_count + hv) * kK + v0) * i64(kK)
+                               : p.cp_b + ((cp.z * hv_count + hv) * kV + v0) * i64(kK);
+      store_state_tile<float, kK>(dst, s_acc, warp, 0, g, t4);
+    }
+  }
 }
 
 }  // namespace gdn_prefill_detail
@@ -900,6 +1046,18 @@ __global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
   } else {
     gdn_prefill_detail::state_tiles<Tin, Tstate, Tout, Tcu, Tidx, kK, kV, kBV, kCkpt>(p);
   }
+}
+
+/// The context-parallel path's two passes over segments of the sequences (see CpWork): kPhase 1
+/// the segment pass, kPhase 2 the resume pass. The wide tiles only (kBV = 64 or 128 dividing K
+/// and V), on mma.sync.
+template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
+          int kBV, bool kCkpt, int kPhase>
+__global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
+    gdn_prefill_state_cp_kernel(const GdnPrefillParams p) {
+  static_assert(gdn_prefill_state_wide(kBV), "the context-parallel passes use the wide tiles");
+  static_assert(kPhase == 1 || kPhase == 2, "phase 1 (segments) or 2 (resume)");
+  gdn_prefill_detail::state_wide<Tin, Tstate, Tout, Tcu, Tidx, kK, kV, kBV, kCkpt, kPhase>(p);
 }
 
 }  // namespace kjit

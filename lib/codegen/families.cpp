@@ -10,8 +10,16 @@ namespace kjit::codegen {
 
 const std::vector<FamilyDecl>& families() {
   static const std::vector<FamilyDecl> table = {
-      probe_family(), merge_state_family(), gdn_decode_family(),        gdn_decode_order_family(),
-      bench_family(), gdn_prefill_family(), gdn_prefill_chunk_family(), gdn_prefill_state_family(),
+      probe_family(),
+      merge_state_family(),
+      gdn_decode_family(),
+      gdn_decode_order_family(),
+      bench_family(),
+      gdn_prefill_family(),
+      gdn_prefill_chunk_family(),
+      gdn_prefill_state_family(),
+      gdn_prefill_state_cp_family(),
+      gdn_prefill_cp_scan_family(),
   };
   return table;
 }

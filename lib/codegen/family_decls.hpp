@@ -15,5 +15,7 @@ FamilyDecl bench_family();
 FamilyDecl gdn_prefill_family();
 FamilyDecl gdn_prefill_chunk_family();
 FamilyDecl gdn_prefill_state_family();
+FamilyDecl gdn_prefill_state_cp_family();
+FamilyDecl gdn_prefill_cp_scan_family();
 
 }  // namespace kjit::codegen

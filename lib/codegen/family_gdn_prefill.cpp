@@ -168,4 +168,87 @@ FamilyDecl gdn_prefill_state_family() {
   };
 }
 
+// The context-parallel path's tiles: the wide layout (64 or 128 rows, 4 or 8 warps) with rows
+// that tile both V (state rows) and K (the identity rows of a segment's linear map).
+std::string check_gdn_prefill_state_cp(const KernelSpec& spec) {
+  const std::int64_t k = spec.get_int("k");
+  const std::int64_t v = spec.get_int("v");
+  const std::int64_t bv = spec.get_int("bv");
+  if (k > 128) return fmt::format("k = {} > 128 (the wide tiles hold 16 rows of K per warp)", k);
+  if (v % bv != 0 || k % bv != 0) {
+    return fmt::format("bv = {} must divide both v = {} and k = {}", bv, v, k);
+  }
+  return check_gdn_prefill_state(spec);
+}
+
+// The context-parallel path's two passes of the state kernel over segments of the sequences
+// (phase 1: segment pass, phase 2: resume pass). Order = the template parameters of
+// kjit::gdn_prefill_state_cp_kernel (templates/gdn_prefill_state.cuh).
+FamilyDecl gdn_prefill_state_cp_family() {
+  return FamilyDecl{
+      .name = "gdn_prefill_state_cp",
+      .include = "kjit/gdn_prefill_state.cuh",
+      .kernel = "kjit::gdn_prefill_state_cp_kernel",
+      .params =
+          {
+              ParamDecl{.name = "qkv",
+                        .kind = ParamKind::dtype,
+                        .choices = {"bf16"},
+                        .doc = "element type of q, k and v (raw rows are mma operands)"},
+              state_param(),
+              out_param(),
+              integer_dtype_param("cu", "element type of cu_seqlens"),
+              integer_dtype_param("index", "element type of state_indices"),
+              ParamDecl{.name = "k",
+                        .kind = ParamKind::choice,
+                        .choices = {"128", "64"},
+                        .rendered = {"128", "64"},
+                        .doc = "key head dim K"},
+              head_dim_param("v", "value head dim V"),
+              ParamDecl{.name = "bv",
+                        .kind = ParamKind::choice,
+                        .choices = {"128", "64"},
+                        .rendered = {"128", "64"},
+                        .doc = "state rows per block; divides V and K"},
+              flag_param("ckpt", "1: write state checkpoints every n full chunks"),
+              ParamDecl{.name = "phase",
+                        .kind = ParamKind::choice,
+                        .choices = {"1", "2"},
+                        .rendered = {"1", "2"},
+                        .doc = "1: segment pass (end states from zero and identity starts), 2: "
+                               "resume pass (outputs from the exact initial states)"},
+          },
+      .min_sm = 80,
+      .doc =
+          "Gated DeltaNet chunked prefill, context-parallel path: the state kernel over "
+          "segments of the sequences",
+      .check = check_gdn_prefill_state_cp,
+  };
+}
+
+// The context-parallel path's scan: each segment's exact initial state from the segment pass's
+// end states and linear maps. Order = the template parameters of
+// kjit::gdn_prefill_cp_scan_kernel (templates/gdn_prefill_cp.cuh).
+FamilyDecl gdn_prefill_cp_scan_family() {
+  return FamilyDecl{
+      .name = "gdn_prefill_cp_scan",
+      .include = "kjit/gdn_prefill_cp.cuh",
+      .kernel = "kjit::gdn_prefill_cp_scan_kernel",
+      .params =
+          {
+              integer_dtype_param("cu", "element type of cu_seqlens"),
+              ParamDecl{.name = "k",
+                        .kind = ParamKind::choice,
+                        .choices = {"128", "64"},
+                        .rendered = {"128", "64"},
+                        .doc = "key head dim K"},
+              head_dim_param("v", "value head dim V"),
+          },
+      .min_sm = 80,
+      .doc =
+          "Gated DeltaNet chunked prefill, context-parallel path: X_{s+1} = X_s M_s + B_s over "
+          "each sequence's segments, in f32",
+  };
+}
+
 }  // namespace kjit::codegen

@@ -326,12 +326,17 @@ struct Choice {
   /// The state kernel's wide tiles multiply on warpgroup wgmma (sm_90a) instead of mma.sync:
   /// asked for by a "_wgmma" mode.
   bool wgmma = false;
+  /// Context-parallel path: chunks per segment L (0: each sequence's state rows walk its whole
+  /// length in one block).
+  std::int64_t cp_chunks = 0;
   std::vector<std::string> reasons;
 };
 
 constexpr const char* kModes =
     "auto, chunked, chunked_bv128, chunked_bv64, chunked_bv32, chunked_bv16, bv64, bv32, bv16, "
-    "or a chunked mode with the suffix _wgmma";
+    "a chunked mode with the suffix _wgmma, chunked_cp (context-parallel, planner's segments) or "
+    "chunked_cp<L> (segments of L >= 1 chunks)";
+constexpr std::string_view kCpPrefix = "chunked_cp";
 constexpr std::string_view kWgmmaSuffix = "_wgmma";
 
 Choice choose_tile(const Problem& pr, const std::string& force, const DeviceLimits& device) {
@@ -498,13 +503,169 @@ Choice choose_path(const Problem& pr, const std::string& force, const DeviceLimi
   return choice;
 }
 
+// The context-parallel path (few long sequences). A sequence's chunks are cut into segments of
+// L chunks; the state recurrence is affine in the state, so segment s's end state is X_s M_s +
+// B_s with M_s [K, K] its end state from the identity (v = 0) and B_s its end state from zero.
+// A segment pass computes M_s, B_s of the middle segments in parallel (and segment 0 exactly), a
+// scan walks X_{s+1} = X_s M_s + B_s per sequence in f32, and a resume pass reruns segments 1 ..
+// S - 1 from their exact X_s with outputs. Exact (no state is assumed), at about 2.2x the state
+// kernel's work, in exchange for parallelism: it pays when the (sequence, value head) pairs
+// leave most SMs idle.
+struct CpDecision {
+  std::int64_t chunks = 0;  // L; 0: not taken
+  int bv = 0;
+  std::string reason;   // why taken (chunks > 0)
+  std::string why_not;  // why not (an empty string with chunks == 0: not considered)
+};
+
+// The state rows per block of the context-parallel passes: the widest wide tile that divides K
+// and V and whose shared memory a block may have (0: none).
+int cp_tile(const Problem& pr, const DeviceLimits& device) {
+  for (int bv : {128, 64}) {
+    if (pr.k % bv != 0 || pr.v % bv != 0 || bv * pr.k > state_tile_limit(bv)) continue;
+    if (gdn_prefill_state_smem(static_cast<int>(pr.k), bv).total <=
+        device.max_smem_per_block_optin) {
+      return bv;
+    }
+  }
+  return 0;
+}
+
+// Segment ids of a call: floor(T / (64 L)) + N (see CpWork in gdn_prefill_state.cuh).
+std::int64_t cp_segments(const Problem& pr, std::int64_t chunks) {
+  return pr.tokens / (kGdnPrefillChunk * chunks) + pr.seqs;
+}
+
+std::int64_t cp_workspace_bytes(const Problem& pr, std::int64_t chunks) {
+  const GdnPrefillWorkspace base = gdn_prefill_workspace(
+      static_cast<std::uint64_t>(pr.tokens), static_cast<std::uint64_t>(pr.value_heads));
+  return static_cast<std::int64_t>(
+      gdn_prefill_cp_workspace(base.total, static_cast<std::uint64_t>(cp_segments(pr, chunks)),
+                               static_cast<std::uint64_t>(pr.value_heads),
+                               static_cast<std::uint64_t>(pr.k), static_cast<std::uint64_t>(pr.v))
+          .total);
+}
+
+// `forced_chunks`: L from the mode (0: the planner's). `user_workspace`: bytes of the caller's
+// options.workspace (-1: kjit allocates it). The rule, from the H200 (docs/architecture.md):
+// the sequential state kernel takes (longest sequence) x t per chunk; the context-parallel
+// passes about 2.2 x (all chunks x HV x V / bv) / SMs x t. With P (sequence, value head) pairs
+// of equal length that is a gain of SMs / (2.2 P): taken when 3 P <= SMs. L spreads the resume
+// pass over about one wave of blocks, at least kCpMinChunks so the scan stays short.
+CpDecision decide_cp(const Problem& pr, const DeviceLimits& device, std::int64_t user_workspace,
+                     std::int64_t forced_chunks, bool forced) {
+  constexpr std::int64_t kCpMinChunks = 16;
+  CpDecision d;
+  if (pr.k > 128) {
+    d.why_not = fmt::format(
+        "context-parallel path out: K = {} > 128 (its passes use the wide state tiles)", pr.k);
+    return d;
+  }
+  d.bv = cp_tile(pr, device);
+  if (d.bv == 0) {
+    d.why_not = fmt::format(
+        "context-parallel path out: no state tile of 64 or 128 rows fits the {} bytes of shared "
+        "memory a block may use on {}",
+        device.max_smem_per_block_optin, device.name);
+    return d;
+  }
+  const std::int64_t tiles = pr.v / d.bv;
+  const std::int64_t pairs = pr.seqs * pr.value_heads;
+  const std::int64_t work = pr.tokens / kGdnPrefillChunk * pr.value_heads * tiles;
+  std::int64_t chunks = forced_chunks;
+  if (chunks == 0) {
+    chunks = std::max<std::int64_t>(kCpMinChunks, (work + device.sm_count - 1) / device.sm_count);
+  }
+  if (!forced) {
+    if (3 * pairs > std::int64_t{device.sm_count}) {
+      d.why_not = fmt::format(
+          "no context-parallel path: {} (sequence, value head) pairs, 3 x {} > {} SMs (it does "
+          "~2.2x the state work; it pays when the pairs leave most SMs idle)",
+          pairs, pairs, device.sm_count);
+      return d;
+    }
+    if (pr.tokens < 3 * kGdnPrefillChunk * chunks * pr.seqs) {
+      d.why_not = fmt::format(
+          "no context-parallel path: {} tokens over {} sequences are fewer than 3 segments of {} "
+          "chunks each",
+          pr.tokens, pr.seqs, chunks);
+      return d;
+    }
+  }
+  const std::int64_t need = cp_workspace_bytes(pr, chunks);
+  if (user_workspace >= 0 && user_workspace < need) {
+    d.why_not = fmt::format(
+        "{}context-parallel path: options.workspace holds {} bytes, it needs {} (segments of {} "
+        "chunks)",
+        forced ? "" : "no ", user_workspace, need, chunks);
+    return d;
+  }
+  const std::int64_t segments = cp_segments(pr, chunks);
+  const std::int64_t resume_blocks = segments * pr.value_heads * tiles;
+  if (resume_blocks + segments * pr.value_heads * (pr.k / d.bv) >
+      std::int64_t{device.max_grid_dim[0]}) {
+    d.why_not =
+        fmt::format("context-parallel path out: {} segment ids x {} value heads exceed grid x",
+                    segments, pr.value_heads);
+    return d;
+  }
+  d.chunks = chunks;
+  d.reason = fmt::format(
+      "context-parallel state{}: segments of {} chunks ({} tokens), {} segment ids; {} (sequence, "
+      "value head) pairs would leave {} of {} SMs idle. Segment pass: end states from zero and "
+      "the identity (the segment's linear map M) in parallel; scan: X_(s+1) = X_s M_s + B_s in "
+      "f32; resume pass: each segment from its exact initial state, value tile {}",
+      forced ? " (forced by options.force_mode)" : "", chunks, chunks * kGdnPrefillChunk, segments,
+      pairs, std::max<std::int64_t>(0, device.sm_count - pairs * tiles), device.sm_count, d.bv);
+  return d;
+}
+
 // choose_path, after taking a "_wgmma" suffix off a chunked mode. The state kernel's wide tiles
 // (value tile >= 64, K <= 128) can multiply on warpgroup wgmma, which reads each chunk's k, q, T'
 // and P from shared memory once per four warps instead of once per warp. It exists only in the
 // arch-specific target sm_90a (not on sm_100 and later), and on the H200 it was slower than
 // mma.sync (docs/architecture.md), so it is never chosen, only asked for.
-Choice choose(const Problem& pr, const std::string& force, const DeviceLimits& device) {
+Choice choose(const Problem& pr, const std::string& force, const DeviceLimits& device,
+              std::int64_t user_workspace) {
+  if (force.rfind(kCpPrefix, 0) == 0) {
+    std::int64_t chunks = 0;
+    const std::string digits = force.substr(kCpPrefix.size());
+    if (!digits.empty()) {
+      const bool numeric =
+          digits.size() <= 6 &&
+          std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+      chunks = numeric ? std::stoll(digits) : 0;
+      if (chunks < 1) {
+        fail(fmt::format("options.force_mode '{}' is not a mode; accepted: {}", force, kModes));
+      }
+    }
+    Choice choice = choose_path(pr, "chunked", device, force);
+    const CpDecision cp = decide_cp(pr, device, user_workspace, chunks, true);
+    if (!cp.why_not.empty()) {
+      throw PlanError(
+          fmt::format("{}: options.force_mode '{}': the context-parallel path cannot run: {}", kOp,
+                      force, cp.why_not));
+    }
+    choice.cp_chunks = cp.chunks;
+    choice.bv = cp.bv;
+    choice.reasons.back() = cp.reason;  // in place of the sequential state kernel's tile
+    return choice;
+  }
   if (!(force.rfind("chunked", 0) == 0 && force.ends_with(kWgmmaSuffix))) {
+    if (force.empty() || force == "auto") {
+      Choice choice = choose_path(pr, force, device, force);
+      if (choice.chunked) {
+        const CpDecision cp = decide_cp(pr, device, user_workspace, 0, false);
+        if (cp.chunks > 0) {
+          choice.cp_chunks = cp.chunks;
+          choice.bv = cp.bv;
+          choice.reasons.back() = cp.reason;  // in place of the sequential state kernel's tile
+        } else {
+          choice.reasons.push_back(cp.why_not);
+        }
+      }
+      return choice;
+    }
     return choose_path(pr, force, device, force);
   }
   Choice choice =
@@ -569,7 +730,8 @@ SpecValues spec_values(const Problem& pr, const TensorView& q, const GdnGates& g
           {"bv", std::to_string(bv)},
           {"gated", raw ? "0" : "1"},
           {"l2norm", options.l2norm_qk ? "1" : "0"},
-          {"ckpt", options.checkpoint_every_n_tokens > 0 ? "1" : "0"}};
+          {"ckpt", options.checkpoint_every_n_tokens > 0 ? "1" : "0"},
+          {"phase", "1"}};
 }
 
 KernelSpec family_spec(std::string_view family, const SpecValues& values, Arch arch) {
@@ -582,6 +744,64 @@ KernelSpec family_spec(std::string_view family, const SpecValues& values, Arch a
   return KernelSpec::make(family, std::move(params), arch);
 }
 
+// The context-parallel plan: the chunk kernel, the segment pass (starting during the chunk
+// kernel's tail when each of its blocks fills an SM), the scan, the resume pass.
+Plan make_cp_plan(const Problem& pr, Plan plan, KernelSpec chunk_spec, LaunchShape chunk_shape,
+                  SpecValues values, const Choice& choice, const DeviceLimits& device) {
+  const std::int64_t segments = cp_segments(pr, choice.cp_chunks);
+  const std::int64_t v_tiles = pr.v / choice.bv, k_tiles = pr.k / choice.bv;
+  KernelSpec segment_spec = family_spec("gdn_prefill_state_cp", values, device.arch);
+  for (auto& value : values) {
+    if (value.first == "phase") value.second = "2";
+  }
+  KernelSpec resume_spec = family_spec("gdn_prefill_state_cp", values, device.arch);
+  KernelSpec scan_spec = family_spec("gdn_prefill_cp_scan", values, device.arch);
+  const auto state_shape = [&](std::int64_t blocks) {
+    if (blocks > device.max_grid_dim[0]) {
+      throw PlanError(fmt::format("{}: grid x is {}, a context-parallel pass needs {} blocks", kOp,
+                                  device.max_grid_dim[0], blocks));
+    }
+    LaunchShape shape;
+    shape.grid = Dim3{static_cast<std::uint32_t>(blocks), 1, 1};
+    shape.block = Dim3{static_cast<std::uint32_t>(32 * gdn_prefill_state_warps(choice.bv)), 1, 1};
+    shape.dynamic_smem = gdn_prefill_state_smem(static_cast<int>(pr.k), choice.bv).total;
+    return shape;
+  };
+  LaunchShape segment_shape = state_shape(segments * pr.value_heads * (v_tiles + k_tiles));
+  segment_shape.overlaps_previous =
+      supports_programmatic_launch(device.arch) &&
+      occupancy_blocks_per_sm(segment_shape, device, FunctionLimits{}) == 1;
+  const LaunchShape resume_shape = state_shape(segments * pr.value_heads * v_tiles);
+  const std::int64_t scan_blocks = pr.seqs * pr.value_heads * (pr.v / kGdnPrefillCpScanRows);
+  if (scan_blocks > device.max_grid_dim[0]) {
+    throw PlanError(fmt::format("{}: grid x is {}, the context-parallel scan needs {} blocks", kOp,
+                                device.max_grid_dim[0], scan_blocks));
+  }
+  LaunchShape scan_shape;
+  scan_shape.grid = Dim3{static_cast<std::uint32_t>(scan_blocks), 1, 1};
+  scan_shape.block = Dim3{kGdnPrefillCpScanThreads, 1, 1};
+  plan.reasons.push_back(fmt::format(
+      "chunk kernel: {} x {} blocks; segment pass: {} blocks ({} segment ids x {} value heads x "
+      "({} state + {} identity tiles)){}; scan: {} blocks of {} rows; resume pass: {} blocks",
+      chunk_shape.grid.x, chunk_shape.grid.y, segment_shape.grid.x, segments, pr.value_heads,
+      v_tiles, k_tiles,
+      segment_shape.overlaps_previous ? ", started during the chunk kernel's tail" : "",
+      scan_shape.grid.x, kGdnPrefillCpScanRows, resume_shape.grid.x));
+  plan.reasons.push_back(
+      fmt::format("workspace: T x HV x {} bytes plus {} bytes of segment states and maps",
+                  2 * kGdnPrefillWsRowBytes + kGdnPrefillWsScaleBytes,
+                  cp_workspace_bytes(pr, choice.cp_chunks) -
+                      gdn_prefill_workspace_bytes(pr.tokens, pr.value_heads)));
+  for (auto [spec, shape] :
+       {std::pair{&chunk_spec, chunk_shape}, std::pair{&segment_spec, segment_shape},
+        std::pair{&scan_spec, scan_shape}, std::pair{&resume_spec, resume_shape}}) {
+    PlannedLaunch launch{std::move(*spec), shape, check_launch(shape, device)};
+    require_legal(launch.checks, fmt::format("{} ({})", kOp, launch.spec.str()));
+    plan.launches.push_back(std::move(launch));
+  }
+  return plan;
+}
+
 Plan make_chunked_plan(const Problem& pr, Choice choice, const TensorView& q, const GdnGates& gates,
                        const TensorView& cu_seqlens, const TensorView& state,
                        const TensorView& state_indices, const TensorView& out,
@@ -589,7 +809,8 @@ Plan make_chunked_plan(const Problem& pr, Choice choice, const TensorView& q, co
   const std::int64_t every = options.checkpoint_every_n_tokens;
   Plan plan;
   plan.op = kOp;
-  plan.mode = fmt::format("chunked_bv{}", choice.bv);
+  plan.mode = choice.cp_chunks > 0 ? fmt::format("chunked_cp{}_bv{}", choice.cp_chunks, choice.bv)
+                                   : fmt::format("chunked_bv{}", choice.bv);
   plan.reasons = std::move(choice.reasons);
   plan.device = device;
   plan.reasons.push_back(checkpoint_reason(every));
@@ -615,6 +836,9 @@ Plan make_chunked_plan(const Problem& pr, Choice choice, const TensorView& q, co
                           static_cast<std::uint32_t>(pr.heads), 1};
   chunk_shape.block = Dim3{kGdnPrefillThreads, 1, 1};
   chunk_shape.dynamic_smem = gdn_prefill_chunk_smem(static_cast<int>(pr.k)).total;
+  if (choice.cp_chunks > 0) {
+    return make_cp_plan(pr, std::move(plan), chunk_spec, chunk_shape, values, choice, device);
+  }
   const std::int64_t blocks = pr.seqs * pr.value_heads * (pr.v / choice.bv);
   if (blocks > device.max_grid_dim[0]) {
     throw PlanError(fmt::format("{}: grid x is {}, the state kernel needs {} blocks", kOp,
@@ -685,7 +909,8 @@ Plan make_plan(const Problem& pr, const TensorView& q, const GdnGates& gates,
                const TensorView& cu_seqlens, const TensorView& state,
                const TensorView& state_indices, const TensorView& out,
                const GdnPrefillOptions& options, const DeviceLimits& device) {
-  Choice choice = choose(pr, options.force_mode, device);
+  Choice choice = choose(pr, options.force_mode, device,
+                         given(options.workspace) ? options.workspace.shape[0] : -1);
   const std::int64_t every = options.checkpoint_every_n_tokens;
   const bool ckpt = every > 0;
   if (choice.chunked) {
@@ -741,8 +966,19 @@ struct Signature {
   std::int64_t dtypes = 0;
   std::int64_t flags = 0;
   std::int64_t checkpoint_every = 0;
+  /// The context-parallel decision depends on T and on the caller's workspace size (neither is
+  /// otherwise in the key): its segment length, or 0.
+  std::int64_t cp_chunks = 0;
   char force[32] = {};
 };
+
+// L of a context-parallel plan (mode "chunked_cp<L>_bv<bv>"), else 0.
+std::int64_t plan_cp_chunks(const Plan& plan) {
+  if (plan.launches.size() != 4) return 0;
+  const std::string_view mode = plan.mode;
+  const std::size_t end = mode.find("_bv");
+  return std::stoll(std::string(mode.substr(kCpPrefix.size(), end - kCpPrefix.size())));
+}
 
 }  // namespace
 
@@ -781,9 +1017,12 @@ Plan plan_gdn_prefill(const TensorView& q, const TensorView& k, const TensorView
   const Problem pr =
       validate(q, k, v, gates, cu_seqlens, state, state_indices, has_initial_state, out, options);
   Plan plan = make_plan(pr, q, gates, cu_seqlens, state, state_indices, out, options, device);
-  if (plan.launches.size() == 2) {
-    plan.reasons.push_back(fmt::format("workspace for T = {}: {} bytes", pr.tokens,
-                                       gdn_prefill_workspace_bytes(pr.tokens, pr.value_heads)));
+  if (plan.launches.size() >= 2) {
+    const std::int64_t cp_chunks = plan_cp_chunks(plan);
+    plan.reasons.push_back(
+        fmt::format("workspace for T = {}: {} bytes", pr.tokens,
+                    cp_chunks > 0 ? cp_workspace_bytes(pr, cp_chunks)
+                                  : gdn_prefill_workspace_bytes(pr.tokens, pr.value_heads)));
   }
   return plan;
 }
@@ -843,13 +1082,27 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
   // The plan's text names the interval, so it is part of the key, not just ckpt on/off.
   sig.checkpoint_every = options.checkpoint_every_n_tokens;
   std::memcpy(sig.force, options.force_mode.data(), options.force_mode.size());
+  {
+    // The auto rule's decision (a function of T, N, HV and the SM count) goes into the key; a
+    // forced mode is in the key already, but its L may be the planner's.
+    const std::string& force = options.force_mode;
+    if (force.empty() || force == "auto" || force.rfind(kCpPrefix, 0) == 0) {
+      const bool forced = !(force.empty() || force == "auto");
+      const CpDecision cp =
+          decide_cp(pr, runtime.device_limits(device),
+                    given(options.workspace) ? options.workspace.shape[0] : -1, 0, forced);
+      sig.cp_chunks =
+          cp.chunks > 0 ? cp.chunks : -1 - static_cast<std::int64_t>(!cp.why_not.empty());
+    }
+  }
 
   const Runtime::ResolvedPlan& resolved = runtime.memoized(sig, stream, [&] {
     return std::pair{make_plan(pr, q, gates, cu_seqlens, state, state_indices, out, options,
                                runtime.device_limits(device)),
                      device};
   });
-  const bool chunked = resolved.plan.launches.size() == 2;
+  const bool chunked = resolved.plan.launches.size() >= 2;
+  const std::int64_t cp_chunks = plan_cp_chunks(resolved.plan);
   const std::string_view mode = resolved.plan.mode;
   const int bv = mode.ends_with("bv16")    ? 16
                  : mode.ends_with("bv32")  ? 32
@@ -900,6 +1153,11 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
   p.softplus_threshold = options.softplus_threshold;
   p.num_heads = static_cast<u32>(pr.heads);
   p.num_tokens = pr.tokens;
+  if (cp_chunks > 0) {
+    p.k_tiles = static_cast<u32>(pr.k / bv);
+    p.cp_segment_chunks = cp_chunks;
+    p.cp_segments = cp_segments(pr, cp_chunks);
+  }
   if (!chunked) {
     runtime.launch(resolved, 0, stream, &p, sizeof p);
     return;
@@ -910,13 +1168,15 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
   // host synchronization; under capture both become graph memory nodes).
   const GdnPrefillWorkspace ws = gdn_prefill_workspace(static_cast<std::uint64_t>(pr.tokens),
                                                        static_cast<std::uint64_t>(pr.value_heads));
+  const std::uint64_t ws_total =
+      cp_chunks > 0 ? static_cast<std::uint64_t>(cp_workspace_bytes(pr, cp_chunks)) : ws.total;
   auto* base = static_cast<unsigned char*>(options.workspace.data);
   CUdeviceptr owned = 0;
   const CUstream cu_stream = reinterpret_cast<CUstream>(stream);
-  if (base == nullptr && ws.total > 0) {
+  if (base == nullptr && ws_total > 0) {
     driver::ScopedContext scoped(static_cast<CUcontext>(resolved.context));
     try {
-      owned = driver::allocate_workspace(resolved.device, ws.total, cu_stream, kOp);
+      owned = driver::allocate_workspace(resolved.device, ws_total, cu_stream, kOp);
     } catch (const DriverError& error) {
       throw DriverError(fmt::format("{}; pass options.workspace (gdn_prefill_workspace_bytes(T = "
                                     "{}, HV = {}) bytes) instead",
@@ -929,6 +1189,17 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
   p.ws_p = base != nullptr ? base + ws.p : nullptr;
   p.ws_scales = base != nullptr ? base + ws.scales : nullptr;
   p.ws_order = base != nullptr && orders_longest_first(pr) ? base + ws.order : nullptr;
+  if (cp_chunks > 0 && base != nullptr) {
+    const GdnPrefillCpWorkspace cw = gdn_prefill_cp_workspace(
+        ws.total, static_cast<std::uint64_t>(p.cp_segments),
+        static_cast<std::uint64_t>(pr.value_heads), static_cast<std::uint64_t>(pr.k),
+        static_cast<std::uint64_t>(pr.v));
+    p.cp_b = reinterpret_cast<float*>(base + cw.b);
+    p.cp_m = reinterpret_cast<float*>(base + cw.m);
+    p.cp_x = reinterpret_cast<float*>(base + cw.x);
+    // The segment and resume passes find sequences by their offsets, not by rank.
+    p.ws_order = nullptr;
+  }
   const auto release = [&]() noexcept {
     if (owned == 0) return;
     try {
@@ -938,8 +1209,9 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
     }
   };
   try {
-    runtime.launch(resolved, 0, stream, &p, sizeof p);
-    runtime.launch(resolved, 1, stream, &p, sizeof p);
+    for (std::size_t i = 0; i < resolved.plan.launches.size(); ++i) {
+      runtime.launch(resolved, i, stream, &p, sizeof p);
+    }
   } catch (...) {
     release();
     throw;

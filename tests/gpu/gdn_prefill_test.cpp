@@ -49,6 +49,11 @@ struct Case {
   // false: q and k are used as given (then drawn with norm ~0.9, so the recurrence stays
   // bounded).
   bool l2norm = true;
+  // Precomputed gates only: g drawn from [-slow_decay, 0] instead of [-0.2, 0] (g near 0: the
+  // state carries over the whole sequence, so a segment started from an assumed state fails).
+  double slow_decay = 0.0;
+  // When not empty: the mode the planner must choose must start with this (e.g. "chunked_cp").
+  std::string expect_mode;
 };
 
 DeviceBuffer upload(const Bytes& host) {
@@ -89,7 +94,8 @@ void run_case(const Case& c) {
     gb.resize(ga.size());
     std::uniform_real_distribution<double> unit(0.0, 1.0);
     for (std::int64_t i = 0; i < t * hv; ++i) {
-      support::store_from_double(ga.data(), DType::f32, i, -0.2 * unit(rng));
+      support::store_from_double(ga.data(), DType::f32, i,
+                                 -(c.slow_decay > 0 ? c.slow_decay : 0.2) * unit(rng));
       support::store_from_double(gb.data(), DType::f32, i, unit(rng));
     }
   } else {
@@ -149,7 +155,36 @@ void run_case(const Case& c) {
                                {ckpt_stride, vd * kd, kd, 1});
   };
 
-  const std::int64_t ws_bytes = gdn_prefill_workspace_bytes(t, hv);
+  // The workspace the plan reports (more than gdn_prefill_workspace_bytes on the
+  // context-parallel path), and the mode it chose.
+  std::int64_t ws_bytes = gdn_prefill_workspace_bytes(t, hv);
+  {
+    GdnPrefillOptions plan_options;
+    plan_options.l2norm_qk = c.l2norm;
+    plan_options.force_mode = c.force_mode;
+    if (ckpt) {
+      plan_options.checkpoint_every_n_tokens = c.ckpt_every;
+      plan_options.state_checkpoints = ckpt_view(dckpt.get());
+      plan_options.checkpoint_cu_starts =
+          TensorView::contiguous(dstarts.get(), DType::i64, {n + 1});
+    }
+    const Plan plan = plan_gdn_prefill(
+        TensorView::contiguous(dq.get(), c.in, {t, h, kd}),
+        TensorView::contiguous(dk.get(), c.in, {t, h, kd}),
+        TensorView::contiguous(dv.get(), c.in, {t, hv, vd}),
+        gates_of(dga.get(), dgb.get(), dalog.get(), ddt.get()),
+        TensorView::contiguous(dcu.get(), c.cu, {n + 1}),
+        TensorView::contiguous(dpool.get(), c.state, {slots, hv, vd, kd}),
+        TensorView::contiguous(didx.get(), c.index, {n}),
+        c.all_have_state ? TensorView{} : TensorView::contiguous(dinit.get(), DType::u8, {n}),
+        TensorView::contiguous(dout.get(), c.out, {t, hv, vd}), plan_options,
+        test::runtime().device_limits(test::device()));
+    MESSAGE("mode " << plan.mode);
+    if (!c.expect_mode.empty()) CHECK(plan.mode.starts_with(c.expect_mode));
+    for (const std::string& r : plan.reasons) {
+      if (r.starts_with("workspace for T = ")) ws_bytes = std::stoll(r.substr(r.find(": ") + 2));
+    }
+  }
   DeviceBuffer dws(c.workspace ? static_cast<std::size_t>(std::max<std::int64_t>(ws_bytes, 1)) : 0);
   if (c.workspace) dws.poison();
   REQUIRE((!c.capture || c.separate_final));
@@ -639,6 +674,119 @@ TEST_CASE("gdn_prefill: T decode steps equal one prefill of T tokens") {
   CHECK(eo.non_finite == 0);
   CHECK(eo.rel <= 2e-2);
   CHECK(es.rel <= 2e-2);
+}
+
+// The context-parallel path (segment pass, scan, resume pass): forced with short segments so
+// that every kind of segment appears (a sequence of one segment, of two, of many; padding and
+// has_initial_state = 0 among them).
+TEST_CASE("gdn_prefill context-parallel: mixed lengths 0 .. 4097, segments of 1, 2 and 3 chunks") {
+  for (const char* mode : {"chunked_cp1", "chunked_cp2", "chunked_cp3"}) {
+    CAPTURE(mode);
+    Case c;
+    c.lengths = {0, 1, 63, 64, 65, 1000, 4097, 130, 700};
+    c.force_mode = mode;
+    c.expect_mode = mode;
+    run_case(c);
+  }
+}
+
+TEST_CASE("gdn_prefill context-parallel: checkpoints every 64 and 128 tokens") {
+  for (const char* mode : {"chunked_cp2", "chunked_cp3"}) {
+    CAPTURE(mode);
+    run_case(checkpoint_case(mode));
+    Case c;
+    c.lengths = {0, 1, 63, 1000, 64, 65, 128, 130, 2000};
+    c.state = DType::bf16;
+    c.force_mode = mode;
+    c.ckpt_every = 128;
+    run_case(c);
+  }
+}
+
+TEST_CASE("gdn_prefill context-parallel: K and V of 64 and 256, GVA, dtypes, final state") {
+  for (const auto& [k, v] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+           {64, 64}, {64, 128}, {128, 64}, {128, 256}}) {
+    CAPTURE(k);
+    CAPTURE(v);
+    Case c;
+    c.lengths = {700, 1, 1500, 300};
+    c.heads = 2;
+    c.value_heads = 4;
+    c.k = k;
+    c.v = v;
+    c.state = k == 64 ? DType::bf16 : DType::f32;
+    c.out = v == 64 ? DType::f32 : DType::f16;
+    c.cu = DType::i64;
+    c.index = DType::i64;
+    c.separate_final = v != 128;
+    c.force_mode = "chunked_cp2";
+    c.expect_mode = "chunked_cp2";
+    run_case(c);
+  }
+}
+
+TEST_CASE("gdn_prefill context-parallel: a caller's workspace, precomputed gates, no L2 norm") {
+  Case c;
+  c.lengths = {3000, 5, 2000};
+  c.workspace = true;
+  c.precomputed = true;
+  c.force_mode = "chunked_cp4";
+  c.expect_mode = "chunked_cp4";
+  run_case(c);
+  c.l2norm = false;
+  c.workspace = false;
+  c.precomputed = false;
+  run_case(c);
+}
+
+TEST_CASE("gdn_prefill context-parallel: CUDA graph capture and replay") {
+  Case c;
+  c.lengths = {5000, 70};
+  c.separate_final = true;
+  c.capture = true;
+  c.force_mode = "chunked_cp5";
+  c.expect_mode = "chunked_cp5";
+  run_case(c);
+}
+
+// The planner's own choice: 1 and 2 sequences of up to 200k tokens (H = HV = 1), with and without
+// an initial state (sequence 1 of a batch has has_initial_state = 0).
+TEST_CASE("gdn_prefill context-parallel: chosen for 1 and 2 long sequences, up to 200k tokens") {
+  for (const auto& lengths :
+       std::vector<std::vector<std::int64_t>>{{200000}, {150000, 50000}, {20000, 9000}}) {
+    CAPTURE(lengths.size());
+    CAPTURE(lengths[0]);
+    Case c;
+    c.lengths = lengths;
+    c.heads = 1;
+    c.value_heads = 1;
+    c.expect_mode = "chunked_cp";
+    run_case(c);
+  }
+  Case few;
+  few.lengths = {1};
+  few.heads = 1;
+  few.value_heads = 1;
+  few.expect_mode = "chunked_bv";  // one token: nothing to split
+  run_case(few);
+}
+
+// g close to 0 over 100k tokens: every segment's initial state matters to the end. A segment
+// started from zero (or from any assumed state) would miss the carried state by far more than
+// the tolerance (the float64 algebra test in tests/unit shows the size of that miss).
+TEST_CASE("gdn_prefill context-parallel: slowly decaying gates over 100k tokens") {
+  Case c;
+  c.lengths = {100000};
+  c.heads = 1;
+  c.value_heads = 1;
+  c.precomputed = true;
+  c.slow_decay = 1e-5;
+  c.expect_mode = "chunked_cp";
+  run_case(c);
+  c.lengths = {60000, 40000};
+  c.force_mode = "chunked_cp64";
+  c.expect_mode = "chunked_cp64";
+  run_case(c);
 }
 
 }  // namespace kjit

@@ -351,8 +351,17 @@ TEST_CASE("gdn_prefill plans are legal for every shape, N = 4096 and T = 100k in
       CAPTURE(s.hv);
       CAPTURE(s.k);
       CAPTURE(s.v);
-      const Plan plan = plan_for(s, device);
-      REQUIRE(!plan.launches.empty());
+      const Plan automatic = plan_for(s, device);
+      REQUIRE(!automatic.launches.empty());
+      for (const PlannedLaunch& launch : automatic.launches) {
+        for (const LimitCheck& check : launch.checks) CHECK_MESSAGE(check.ok(), check.limit);
+        CHECK(launch.shape.dynamic_smem <= device.max_smem_per_block_optin);
+      }
+      // Few long sequences take the context-parallel path (its own test below); the
+      // sequential chunked path ("chunked") is checked here for every shape.
+      if (automatic.launches.size() == 4) CHECK(3 * s.n * s.hv <= device.sm_count);
+      const Plan plan =
+          automatic.launches.size() == 4 ? plan_for(s, device, DType::f32, "chunked") : automatic;
       for (const PlannedLaunch& launch : plan.launches) {
         for (const LimitCheck& check : launch.checks) CHECK_MESSAGE(check.ok(), check.limit);
         CHECK(launch.shape.dynamic_smem <= device.max_smem_per_block_optin);
@@ -425,7 +434,8 @@ TEST_CASE("gdn_prefill plans are legal for every shape, N = 4096 and T = 100k in
     }
     // Few (sequence, value head) pairs take the state kernel's smaller tile; many take all of V
     // (from 3 pairs per 4 SMs on).
-    CHECK(plan_for({100000, 1, 1, 1, 128, 128}, device).mode == "chunked_bv16");
+    CHECK(plan_for({100000, 1, 1, 1, 128, 128}, device, DType::f32, "chunked").mode ==
+          "chunked_bv16");
     if (whole_v_fits) {
       const std::int64_t from = (3 * device.sm_count + 3) / 4;
       CHECK(plan_for({8192, from, 1, 1, 128, 128}, device).mode == "chunked_bv128");
@@ -875,6 +885,306 @@ TEST_CASE("gdn_prefill checkpoint arguments: errors name the argument, value and
       CHECK(with.launches[i].shape.grid.count() == without.launches[i].shape.grid.count());
     }
   }
+}
+
+namespace {
+
+// Tokens [from, to) of one sequence of `pr` as a problem of its own (slot 0, one sequence),
+// starting from `init` [HV, V', K] (V' = rows of init / (HV K)); v_zero: v replaced by zeros of
+// width V' (the context-parallel path's identity rows).
+Problem segment_of(const Problem& pr, std::int64_t from, std::int64_t to, const Vec& init,
+                   bool v_zero) {
+  Problem s;
+  s.heads = pr.heads;
+  s.value_heads = pr.value_heads;
+  s.k = pr.k;
+  s.v = static_cast<std::int64_t>(init.size()) / (pr.value_heads * pr.k);
+  s.cu = {0, to - from};
+  const auto rows = [&](const Vec& x, std::int64_t width) {
+    return Vec(x.begin() + from * width, x.begin() + to * width);
+  };
+  s.q = rows(pr.q, pr.heads * pr.k);
+  s.kk = rows(pr.kk, pr.heads * pr.k);
+  s.vv = v_zero ? Vec(static_cast<std::size_t>((to - from) * pr.value_heads * s.v), 0.0)
+                : rows(pr.vv, pr.value_heads * pr.v);
+  s.a = rows(pr.a, pr.value_heads);
+  s.b = rows(pr.b, pr.value_heads);
+  s.a_log = pr.a_log;
+  s.dt_bias = pr.dt_bias;
+  s.slots = 1;
+  s.state = init;
+  s.indices = {0};
+  s.has_init = {1};
+  return s;
+}
+
+// Runs the float64 reference on a one-sequence problem: its outputs and its final state.
+void run_reference(Problem& pr, Vec& out, Vec& final_state) {
+  out.assign(static_cast<std::size_t>(pr.tokens() * pr.value_heads * pr.v), std::nan(""));
+  final_state.assign(static_cast<std::size_t>(pr.value_heads * pr.v * pr.k), std::nan(""));
+  Views w = views(pr, {});
+  GdnPrefillOptions options;
+  options.scale = 0.5f;
+  options.final_state =
+      TensorView::contiguous(final_state.data(), DType::f64, {1, pr.value_heads, pr.v, pr.k});
+  ops::gdn_prefill_reference(
+      w.q, w.k, w.v, w.gates, w.cu, w.state, w.indices, w.has_init,
+      TensorView::contiguous(out.data(), DType::f64, {pr.tokens(), pr.value_heads, pr.v}), options);
+}
+
+}  // namespace
+
+// The context-parallel path's algebra, in float64 on the reference: per segment, M (the end
+// state from the identity with v = 0) and B (the end state from zero); the scan X_(s+1) = X_s M_s
+// + B_s gives each segment's initial state, and each segment rerun from it reproduces the
+// sequential outputs and final state to rounding. Also shows that starting a segment from zero
+// (an approximate shortcut) would be far off with slowly decaying gates.
+TEST_CASE("gdn_prefill context-parallel algebra: segment maps reproduce the recurrence exactly") {
+  for (const std::int64_t span : {64, 192, 320}) {
+    CAPTURE(span);
+    Problem pr = make_problem({700}, 1, 2, 8, 6, 31 + static_cast<std::uint64_t>(span));
+    // Slow decay (g = -exp(A_log) softplus(a + dt_bias) near 0): the state carries far.
+    for (double& x : pr.a) x = -8.0 + 0.1 * x;
+    const std::int64_t hv_count = pr.value_heads, K = pr.k, V = pr.v;
+    const Vec init(pr.state.begin() + pr.indices[0] * hv_count * V * K,
+                   pr.state.begin() + (pr.indices[0] + 1) * hv_count * V * K);
+    Problem whole = segment_of(pr, 0, 700, init, false);
+    Vec out_seq, final_seq;
+    run_reference(whole, out_seq, final_seq);
+
+    Vec identity(static_cast<std::size_t>(hv_count * K * K), 0.0);
+    for (std::int64_t h = 0; h < hv_count; ++h) {
+      for (std::int64_t i = 0; i < K; ++i)
+        identity[static_cast<std::size_t>((h * K + i) * K + i)] = 1;
+    }
+    Vec x = init, out_cp, zero_start_out;
+    for (std::int64_t from = 0; from < 700; from += span) {
+      const std::int64_t to = std::min<std::int64_t>(700, from + span);
+      // The exact rerun from X_s.
+      Problem seg = segment_of(pr, from, to, x, false);
+      Vec out, fin;
+      run_reference(seg, out, fin);
+      out_cp.insert(out_cp.end(), out.begin(), out.end());
+      // The shortcut a decay threshold would take: the segment from zero.
+      Problem zero_seg = segment_of(pr, from, to, Vec(x.size(), 0.0), false);
+      Vec zout, bz;
+      run_reference(zero_seg, zout, bz);
+      zero_start_out.insert(zero_start_out.end(), zout.begin(), zout.end());
+      // M_s from the identity with v = 0; X_(s+1) = X_s M_s + B_s.
+      Problem map_seg = segment_of(pr, from, to, identity, true);
+      Vec mout, m;
+      run_reference(map_seg, mout, m);
+      Vec next(x.size(), 0.0);
+      for (std::int64_t h = 0; h < hv_count; ++h) {
+        for (std::int64_t r = 0; r < V; ++r) {
+          for (std::int64_t c = 0; c < K; ++c) {
+            double acc = bz[static_cast<std::size_t>((h * V + r) * K + c)];
+            for (std::int64_t j = 0; j < K; ++j) {
+              acc += x[static_cast<std::size_t>((h * V + r) * K + j)] *
+                     m[static_cast<std::size_t>((h * K + j) * K + c)];
+            }
+            next[static_cast<std::size_t>((h * V + r) * K + c)] = acc;
+          }
+        }
+      }
+      // The map agrees with the rerun's own end state.
+      CHECK(max_abs_diff(next, fin) < 1e-10);
+      x = next;
+    }
+    CHECK(max_abs_diff(x, final_seq) < 1e-10);
+    REQUIRE(out_cp.size() == out_seq.size());
+    CHECK(max_abs_diff(out_cp, out_seq) < 1e-10);
+    if (span < 700) CHECK(max_abs_diff(zero_start_out, out_seq) > 1e-2);
+  }
+}
+
+namespace {
+
+// A plan of the context-parallel path checked against its invariants; returns L.
+std::int64_t check_cp_plan(const Plan& plan, const Shapes& s, const DeviceLimits& device) {
+  REQUIRE(plan.launches.size() == 4);
+  const std::int64_t l = std::stoll(plan.mode.substr(10, plan.mode.find("_bv") - 10));
+  const int bv = std::stoi(plan.mode.substr(plan.mode.find("_bv") + 3));
+  CHECK(plan.mode == fmt::format("chunked_cp{}_bv{}", l, bv));
+  CHECK(l >= 1);
+  CHECK(s.k % bv == 0);
+  CHECK(s.v % bv == 0);
+  CHECK(plan.launches[0].spec.family == "gdn_prefill_chunk");
+  CHECK(plan.launches[1].spec.family == "gdn_prefill_state_cp");
+  CHECK(plan.launches[1].spec.get("phase") == "1");
+  CHECK(plan.launches[2].spec.family == "gdn_prefill_cp_scan");
+  CHECK(plan.launches[3].spec.family == "gdn_prefill_state_cp");
+  CHECK(plan.launches[3].spec.get("phase") == "2");
+  const std::uint64_t ids = static_cast<std::uint64_t>(s.t / (64 * l) + s.n);
+  CHECK(plan.launches[1].shape.grid.count() == ids * s.hv * (s.v / bv + s.k / bv));
+  CHECK(plan.launches[3].shape.grid.count() == ids * s.hv * (s.v / bv));
+  CHECK(plan.launches[2].shape.grid.count() ==
+        static_cast<std::uint64_t>(s.n * s.hv * (s.v / kGdnPrefillCpScanRows)));
+  CHECK_FALSE(plan.launches[2].shape.overlaps_previous);
+  CHECK_FALSE(plan.launches[3].shape.overlaps_previous);
+  for (const PlannedLaunch& launch : plan.launches) {
+    for (const LimitCheck& check : launch.checks) CHECK_MESSAGE(check.ok(), check.limit);
+    CHECK(launch.shape.dynamic_smem <= device.max_smem_per_block_optin);
+  }
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "gdn_prefill planner: the context-parallel path where pairs leave SMs idle, plans legal") {
+  int cp_plans = 0, sequential_plans = 0;
+  for (const char* arch : {"sm_80", "sm_86", "sm_90", "sm_100"}) {
+    for (const int sms : {16, 66, 132, 264}) {
+      DeviceLimits device = DeviceLimits::for_arch(Arch::parse(arch));
+      device.sm_count = sms;
+      for (const std::int64_t n : {1, 2, 4, 8, 16, 64}) {
+        for (const std::int64_t t : {1000, 8192, 32768, 131072, 1 << 20}) {
+          for (const auto [h, hv, k, v] :
+               std::vector<std::array<std::int64_t, 4>>{{1, 1, 128, 128},
+                                                        {16, 16, 128, 128},
+                                                        {16, 32, 128, 128},
+                                                        {4, 8, 64, 128},
+                                                        {2, 4, 128, 256},
+                                                        {2, 2, 256, 256},
+                                                        {4, 4, 64, 64}}) {
+            const Shapes s{t, n, h, hv, k, v};
+            CAPTURE(arch);
+            CAPTURE(sms);
+            CAPTURE(n);
+            CAPTURE(t);
+            CAPTURE(hv);
+            CAPTURE(k);
+            CAPTURE(v);
+            Plan plan;
+            try {
+              plan = plan_for(s, device);
+            } catch (const PlanError& e) {
+              // sm_86/sm_89 (99 KiB per block) have no tile at all for K = V = 256.
+              CHECK(std::string(e.what()).find("no value tile fits") != std::string::npos);
+              CHECK(k == 256);
+              continue;
+            }
+            for (const PlannedLaunch& launch : plan.launches) {
+              for (const LimitCheck& check : launch.checks) CHECK_MESSAGE(check.ok(), check.limit);
+            }
+            // The rule, restated: a tile of 128 (or else 64) rows dividing K and V that fits,
+            // K <= 128, pairs leaving two thirds of the SMs idle, L = max(16, work / SMs) and
+            // at least 3 segments per sequence on average.
+            int bv = 0;
+            for (int b : {128, 64}) {
+              if (bv == 0 && k % b == 0 && v % b == 0 &&
+                  b * k <= 2048 * gdn_prefill_state_warps(b) &&
+                  gdn_prefill_state_smem(static_cast<int>(k), b).total <=
+                      device.max_smem_per_block_optin) {
+                bv = b;
+              }
+            }
+            const std::int64_t work = t / 64 * hv * (bv > 0 ? v / bv : 1);
+            const std::int64_t rule_l = std::max<std::int64_t>(16, (work + sms - 1) / sms);
+            const bool expect_cp =
+                k <= 128 && bv > 0 && 3 * n * hv <= sms && t >= 3 * 64 * rule_l * n;
+            CHECK((plan.launches.size() == 4) == expect_cp);
+            if (plan.launches.size() == 4) {
+              ++cp_plans;
+              CHECK(check_cp_plan(plan, s, device) == rule_l);
+              bool said = false;
+              for (const std::string& r : plan.reasons) {
+                said |= r.starts_with("context-parallel state: segments of");
+              }
+              CHECK(said);
+            } else {
+              ++sequential_plans;
+              REQUIRE(plan.launches.size() == 2);
+              bool said = false;
+              for (const std::string& r : plan.reasons) {
+                said |= r.find("context-parallel") != std::string::npos;
+              }
+              CHECK(said);
+            }
+          }
+        }
+      }
+    }
+  }
+  MESSAGE(cp_plans << " context-parallel plans, " << sequential_plans << " sequential");
+  CHECK(cp_plans > 100);
+  CHECK(sequential_plans > 100);
+
+  // The H200's shapes of the issue: few long sequences take it, 16 x 8k at HV = 16 does not.
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  CHECK(plan_for({32768, 1, 16, 16, 128, 128}, h200).launches.size() == 4);
+  CHECK(plan_for({32768, 2, 16, 16, 128, 128}, h200).launches.size() == 4);
+  CHECK(plan_for({131072, 1, 16, 16, 128, 128}, h200).launches.size() == 4);
+  CHECK(plan_for({32768, 1, 16, 32, 128, 128}, h200).launches.size() == 4);
+  CHECK(plan_for({131072, 16, 16, 16, 128, 128}, h200).launches.size() == 2);
+  CHECK(plan_for({8192, 16, 16, 16, 128, 128}, h200).launches.size() == 2);
+}
+
+TEST_CASE("gdn_prefill planner: forced context-parallel modes and their refusals") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  const Shapes many{131072, 16, 16, 16, 128, 128};
+  // Forced where the rule would not take it, with the planner's L or a given one.
+  check_cp_plan(plan_for(many, h200, DType::f32, "chunked_cp"), many, h200);
+  const Plan seven = plan_for(many, h200, DType::bf16, "chunked_cp7");
+  CHECK(check_cp_plan(seven, many, h200) == 7);
+  const Shapes one{1000, 1, 1, 1, 64, 64};
+  CHECK(check_cp_plan(plan_for(one, h200, DType::f32, "chunked_cp1"), one, h200) == 1);
+  // "chunked" stays sequential where auto would take the context-parallel path.
+  const Shapes few{131072, 1, 16, 16, 128, 128};
+  CHECK(plan_for(few, h200).launches.size() == 4);
+  CHECK(plan_for(few, h200, DType::f32, "chunked").launches.size() == 2);
+  for (const char* bad : {"chunked_cp0", "chunked_cpx", "chunked_cp-3", "chunked_cp9999999"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(plan_for(few, h200, DType::f32, bad), InvalidArgument);
+  }
+  const auto plan_error = [&](const Shapes& s, const DeviceLimits& d) {
+    try {
+      plan_for(s, d, DType::f32, "chunked_cp");
+    } catch (const PlanError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(plan_error({131072, 1, 2, 2, 256, 256}, h200).find("K = 256 > 128") != std::string::npos);
+  CHECK(plan_error({131072, 1, 2, 2, 128, 128}, DeviceLimits::for_arch(Arch{8, 6}))
+            .find("no state tile of 64 or 128 rows fits") != std::string::npos);
+}
+
+TEST_CASE("gdn_prefill planner: a caller's workspace too small for the context-parallel path") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  const std::int64_t t = 65536, n = 1, h = 4, hv = 4, k = 128, v = 128;
+  const auto view = [](DType d, std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(nullptr, d, shape);
+  };
+  alignas(256) static unsigned char marker[256];
+  const auto plan_with = [&](std::int64_t bytes, const std::string& force) {
+    GdnPrefillOptions options;
+    options.force_mode = force;
+    if (bytes > 0) options.workspace = TensorView::contiguous(marker, DType::u8, {bytes});
+    return plan_gdn_prefill(
+        view(DType::bf16, {t, h, k}), view(DType::bf16, {t, h, k}), view(DType::bf16, {t, hv, v}),
+        GdnGates::precomputed(view(DType::f32, {t, hv}), view(DType::f32, {t, hv})),
+        view(DType::i32, {n + 1}), view(DType::f32, {n, hv, v, k}), view(DType::i32, {n}),
+        TensorView{}, view(DType::f32, {t, hv, v}), options, h200);
+  };
+  const Plan own = plan_with(0, "");
+  REQUIRE(own.launches.size() == 4);
+  // The bytes the plan reports are what it needs: exactly that much keeps the path.
+  std::int64_t need = 0;
+  for (const std::string& r : own.reasons) {
+    if (r.starts_with("workspace for T = ")) need = std::stoll(r.substr(r.find(": ") + 2));
+  }
+  CHECK(need > gdn_prefill_workspace_bytes(t, hv));
+  CHECK(plan_with(need, "").launches.size() == 4);
+  const Plan small = plan_with(need - 1, "");
+  CHECK(small.launches.size() == 2);
+  bool said = false;
+  for (const std::string& r : small.reasons) {
+    said |= r.find("options.workspace holds " + std::to_string(need - 1)) != std::string::npos;
+  }
+  CHECK(said);
+  CHECK_THROWS_AS(plan_with(need - 1, "chunked_cp"), PlanError);
 }
 
 }  // namespace kjit
