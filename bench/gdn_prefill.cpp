@@ -189,11 +189,19 @@ double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOption
       view(in.pool.get(), DType::f32, {n, hv, kDim, kDim}), view(in.indices.get(), DType::i32, {n}),
       TensorView{}, view(in.out.get(), DType::bf16, {t, hv, kDim}), options,
       gpu.runtime().device_limits(gpu.device));
-  if (plan.launches.size() != 2) return 0.0;
+  if (plan.launches.size() < 2 || launch >= plan.launches.size()) return 0.0;
   const kjit::Runtime::ResolvedPlan resolved = gpu.runtime().resolve(plan, gpu.device);
   const kjit::GdnPrefillWorkspace layout =
       kjit::gdn_prefill_workspace(static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(hv));
-  DeviceBuffer ws(static_cast<std::size_t>(layout.total));
+  // The context-parallel plan ("chunked_cp<L>_bv128"): its segment regions after the rest.
+  const bool cp = plan.launches.size() == 4;
+  const std::int64_t cp_chunks =
+      cp ? std::stoll(plan.mode.substr(10, plan.mode.find("_bv") - 10)) : 0;
+  const std::int64_t segments = cp ? t / (64 * cp_chunks) + n : 0;
+  const kjit::GdnPrefillCpWorkspace cp_layout =
+      kjit::gdn_prefill_cp_workspace(layout.total, static_cast<std::uint64_t>(segments),
+                                     static_cast<std::uint64_t>(hv), kDim, kDim);
+  DeviceBuffer ws(static_cast<std::size_t>(cp ? cp_layout.total : layout.total));
   kjit::GdnPrefillParams p{};
   p.q = in.q.get();
   p.k = in.k.get();
@@ -210,6 +218,14 @@ double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOption
   p.ws_t = base + layout.t;
   p.ws_p = base + layout.p;
   p.ws_scales = base + layout.scales;
+  if (cp) {
+    p.cp_b = reinterpret_cast<float*>(base + cp_layout.b);
+    p.cp_m = reinterpret_cast<float*>(base + cp_layout.m);
+    p.cp_x = reinterpret_cast<float*>(base + cp_layout.x);
+    p.cp_segment_chunks = cp_chunks;
+    p.cp_segments = segments;
+    p.k_tiles = 1;
+  }
   p.q_stride_t = p.k_stride_t = h * kDim;
   p.q_stride_h = p.k_stride_h = kDim;
   p.v_stride_t = p.out_stride_t = hv * kDim;
@@ -226,7 +242,9 @@ double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOption
   p.num_tokens = t;
   p.scale = 1.0f;
   p.softplus_threshold = 20.0f;
-  if (launch == 1) gpu.runtime().launch(resolved, 0, gpu.stream, &p, sizeof p);
+  // The launches before this one, once: they fill what it reads.
+  for (std::size_t i = 0; i < launch; ++i)
+    gpu.runtime().launch(resolved, i, gpu.stream, &p, sizeof p);
   return kjit::bench::median_gpu_us(
       gpu,
       [&](kjit::Stream stream) { gpu.runtime().launch(resolved, launch, stream, &p, sizeof p); },
@@ -317,6 +335,11 @@ void few_sequences_table(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& o
         static_cast<long long>(s.heads), static_cast<long long>(s.value_heads),
         static_cast<long long>(s.seqs), static_cast<long long>(s.length), plan.mode.c_str(), us,
         seq_us, seq_us / us, floor_us, 100.0 * floor_us / us, s.flashinfer_us, s.flashqla_us);
+    if (plan.launches.size() == 4) {
+      std::printf(" | chunk %.1f + segments %.1f + scan %.1f + resume %.1f",
+                  kernel_us(gpu, in, options, 0), kernel_us(gpu, in, options, 1),
+                  kernel_us(gpu, in, options, 2), kernel_us(gpu, in, options, 3));
+    }
     for (std::int64_t l : sweep) {
       kjit::GdnPrefillOptions forced = options;
       forced.force_mode = fmt::format("chunked_cp{}", l);

@@ -11,46 +11,83 @@
 // from an assumed state.
 #pragma once
 
+#include "kjit/common/cp_async.cuh"
 #include "kjit/common/types.h"
 #include "kjit/gdn_prefill_params.h"
 
 namespace kjit {
 
-/// One block per (sequence n, value head hv, group of kGdnPrefillCpScanRows rows of V); a
-/// sequence of fewer than 3 segments needs no product (X_1 = B_0) but still stores X_1.
+/// One block per (sequence n, value head hv, kGdnPrefillCpScanRows rows of the state); a sequence
+/// of fewer than 3 segments needs no product (X_1 = B_0) but still stores X_1. The chain is
+/// latency-bound (one product per segment, each waiting for the last): M streams through a ring
+/// of kGdnPrefillCpScanStages shared-memory tiles of 32 of its rows by cp.async, issued
+/// kGdnPrefillCpScanStages - 1 tiles ahead across segments, and B_(z+1) is loaded during the
+/// product of segment z. (8-row blocks with a tile in flight at a time took ~10 us per segment
+/// on the H200.)
 template <typename Tcu, int kK, int kV>
 __global__ void __launch_bounds__(kGdnPrefillCpScanThreads)
     gdn_prefill_cp_scan_kernel(const GdnPrefillParams p) {
   static_assert(kK == 64 || kK == 128, "the context-parallel path runs the wide state tiles");
-  static_assert(kV % kGdnPrefillCpScanRows == 0, "row groups divide V");
-  constexpr int kCols = kK / 16;
-  constexpr int kGroups = kV / kGdnPrefillCpScanRows;
-  __shared__ __align__(16) float s_rows[kGdnPrefillCpScanRows][kK];
+  constexpr int kRows = kGdnPrefillCpScanRows, kThreads = kGdnPrefillCpScanThreads;
+  constexpr int kStages = kGdnPrefillCpScanStages;
+  static_assert(kV % kRows == 0, "row groups divide V");
+  constexpr int kCols = kK / 16;  // columns per thread
+  constexpr int kRowTiles = kV / kRows;
+  constexpr int kTileRows = 32;                 // rows of M per stage
+  constexpr int kTiles = kK / kTileRows;        // stages per segment
+  constexpr int kTileVec = kTileRows * kK / 4;  // float4 per stage
+  static_assert(kTileVec % kThreads == 0, "whole float4 copies per thread");
+  static_assert(gdn_prefill_cp_scan_smem(kK) == u32(kStages) * kTileRows * kK * 4, "smem size");
+  __shared__ __align__(16) float s_rows[kRows][kK + 4];  // +4: rows start on distinct banks
+  extern __shared__ __align__(16) float s_m[];           // [kStages][kTileRows][kK]
 
   const u64 block = blockIdx.x;
-  const int group = static_cast<int>(block % kGroups);
-  const u32 hv = static_cast<u32>((block / kGroups) % p.num_value_heads);
-  const i64 n = static_cast<i64>(block / (u64(kGroups) * p.num_value_heads));
+  const int row_tile = static_cast<int>(block % kRowTiles);
+  const u32 hv = static_cast<u32>((block / kRowTiles) % p.num_value_heads);
+  const i64 n = static_cast<i64>(block / (u64(kRowTiles) * p.num_value_heads));
   const Tcu* cu = static_cast<const Tcu*>(p.cu_seqlens);
   const i64 bos = i64(cu[n]), eos = i64(cu[n + 1]);
   const i64 span = p.cp_segment_chunks * kGdnPrefillChunk;
-  const i64 segments = eos > bos ? (eos - bos + span - 1) / span : 0;
+  const i64 segments = eos > bos ? (eos - bos + span - 1) / span : 1;
   if (segments < 2) return;
   const i64 z0 = bos / span + n;
 
   const int tid = static_cast<int>(threadIdx.x);
   const int r = tid / 16, c0 = (tid % 16) * kCols;
   const i64 hv_count = p.num_value_heads;
-  // Element offset of this thread's columns in row (group rows + r) of a [V, K] state.
-  const i64 row = (i64(hv) * kV + group * kGdnPrefillCpScanRows + r) * kK + c0;
+  // Element offset of this thread's columns in its row of a [V, K] state.
+  const i64 row = (i64(hv) * kV + row_tile * kRows + r) * kK + c0;
   const auto vk = [&](float* base, i64 z) { return base + z * hv_count * kV * kK + row; };
-
-  float acc[kCols];
+  // Products needed: segments 1 .. S - 2 (X_1 = B_0; the last segment's map is never used).
+  const i64 tiles_total = (segments - 2) * kTiles;
+  const auto issue_tile = [&](i64 q) {
+    if (q < tiles_total) {
+      const i64 z = z0 + 1 + q / kTiles;
+      const float4* src = reinterpret_cast<const float4*>(
+          p.cp_m + (z * hv_count + hv) * i64(kK) * kK + (q % kTiles) * kTileRows * kK);
+      float4* dst = reinterpret_cast<float4*>(s_m + (q % kStages) * kTileRows * kK);
 #pragma unroll
-  for (int c = 0; c < kCols; c += 4) {
-    const float4 x = *reinterpret_cast<const float4*>(vk(p.cp_b, z0) + c);
-    acc[c] = x.x, acc[c + 1] = x.y, acc[c + 2] = x.z, acc[c + 3] = x.w;
-  }
+      for (int it = 0; it < kTileVec / kThreads; ++it) {
+        const int e = tid + it * kThreads;
+        cp_async::copy16(dst + e, src + e);
+      }
+    }
+    cp_async::commit();  // (empty past the last tile: the wait counts stay uniform)
+  };
+#pragma unroll
+  for (int q = 0; q < kStages - 1; ++q) issue_tile(q);
+
+  const auto load = [&](float(&x)[kCols], const float* src) {
+#pragma unroll
+    for (int c = 0; c < kCols; c += 4) {
+      const float4 v4 = *reinterpret_cast<const float4*>(src + c);
+      x[c] = v4.x, x[c + 1] = v4.y, x[c + 2] = v4.z, x[c + 3] = v4.w;
+    }
+  };
+  float acc[kCols], b_next[kCols];
+  load(acc, vk(p.cp_b, z0));
+  if (segments > 2) load(b_next, vk(p.cp_b, z0 + 1));
+  i64 q = 0;
   for (i64 s = 1; s < segments; ++s) {
     const i64 z = z0 + s;
 #pragma unroll
@@ -61,29 +98,32 @@ __global__ void __launch_bounds__(kGdnPrefillCpScanThreads)
     if (s == segments - 1) break;  // the resume pass computes the last segment's end itself
 #pragma unroll
     for (int c = 0; c < kCols; ++c) s_rows[r][c0 + c] = acc[c];
-    __syncthreads();
-    // acc = B_z + X_z M_z: each thread's columns of its row, M's rows read through L1 (the
-    // block's 8 rows read the same M row at once).
+      // acc = B_z + X_z M_z; B_(z+1) is loaded meanwhile.
 #pragma unroll
-    for (int c = 0; c < kCols; c += 4) {
-      const float4 x = *reinterpret_cast<const float4*>(vk(p.cp_b, z) + c);
-      acc[c] = x.x, acc[c + 1] = x.y, acc[c + 2] = x.z, acc[c + 3] = x.w;
-    }
-    const float* m = p.cp_m + (z * hv_count + hv) * i64(kK) * kK + c0;
-#pragma unroll 4
-    for (int kk = 0; kk < kK; ++kk) {
-      const float xs = s_rows[r][kk];
+    for (int c = 0; c < kCols; ++c) acc[c] = b_next[c];
+    if (s + 1 < segments - 1) load(b_next, vk(p.cp_b, z + 1));
+#pragma unroll 1
+    for (int tile = 0; tile < kTiles; ++tile, ++q) {
+      issue_tile(q + kStages - 1);
+      cp_async::wait<kStages - 1>();
+      __syncthreads();  // stage q (every thread's copies) and s_rows are visible
+      const float* m = s_m + (q % kStages) * kTileRows * kK + c0;
+#pragma unroll 8
+      for (int kr = 0; kr < kTileRows; ++kr) {
+        const float xs = s_rows[r][tile * kTileRows + kr];
 #pragma unroll
-      for (int c = 0; c < kCols; c += 4) {
-        const float4 mv = __ldg(reinterpret_cast<const float4*>(m + i64(kk) * kK + c));
-        acc[c] = fmaf(xs, mv.x, acc[c]);
-        acc[c + 1] = fmaf(xs, mv.y, acc[c + 1]);
-        acc[c + 2] = fmaf(xs, mv.z, acc[c + 2]);
-        acc[c + 3] = fmaf(xs, mv.w, acc[c + 3]);
+        for (int c = 0; c < kCols; c += 4) {
+          const float4 mv = *reinterpret_cast<const float4*>(m + kr * kK + c);
+          acc[c] = fmaf(xs, mv.x, acc[c]);
+          acc[c + 1] = fmaf(xs, mv.y, acc[c + 1]);
+          acc[c + 2] = fmaf(xs, mv.z, acc[c + 2]);
+          acc[c + 3] = fmaf(xs, mv.w, acc[c + 3]);
+        }
       }
+      __syncthreads();  // stage q's buffer and s_rows are free again
     }
-    __syncthreads();
   }
+  cp_async::wait<0>();
 }
 
 }  // namespace kjit

@@ -198,7 +198,10 @@ struct GdnPrefillStateSmem {
   u32 total;
 };
 
-KJIT_GDN_PREFILL_HD constexpr GdnPrefillStateSmem gdn_prefill_state_smem(int k, int bv) {
+/// `stages`: input stages of the wide tiles (0: gdn_prefill_state_stages(bv); the
+/// context-parallel passes may take 3).
+KJIT_GDN_PREFILL_HD constexpr GdnPrefillStateSmem gdn_prefill_state_smem(int k, int bv,
+                                                                         int stages = 0) {
   GdnPrefillStateSmem m{};
   const u32 row_k = u32(k + 8) * 2u;
   const u32 tile64 = 64u * 72u * 2u;
@@ -220,7 +223,7 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillStateSmem gdn_prefill_state_smem(int k, 
     m.k1 = m.k0 + at;
     m.t1 = m.t0 + at;
     m.sc1 = m.sc0 + at;
-    m.total = at * u32(gdn_prefill_state_stages(bv));
+    m.total = at * u32(stages > 0 ? stages : gdn_prefill_state_stages(bv));
     return m;
   }
   m.k0 = at;
@@ -337,10 +340,17 @@ struct GdnPrefillParams {
   float softplus_threshold;
 };
 
-/// Rows of the state per block of the context-parallel scan (gdn_prefill_cp.cuh), and its threads
-/// (16 per row, K / 16 columns each).
-inline constexpr int kGdnPrefillCpScanRows = 8;
+/// The context-parallel scan (gdn_prefill_cp.cuh): each block owns kGdnPrefillCpScanRows rows of
+/// the [V, K] state (all K columns: the product sums over them), 16 threads per row; its blocks
+/// are (sequence, value head, V / rows). M streams through a ring of kGdnPrefillCpScanStages
+/// tiles of 32 of its rows (dynamic shared memory, gdn_prefill_cp_scan_smem).
+inline constexpr int kGdnPrefillCpScanRows = 16;
 inline constexpr int kGdnPrefillCpScanThreads = 16 * kGdnPrefillCpScanRows;
+inline constexpr int kGdnPrefillCpScanStages = 6;
+
+KJIT_GDN_PREFILL_HD constexpr u32 gdn_prefill_cp_scan_smem(int k) {
+  return u32(kGdnPrefillCpScanStages) * 32u * u32(k) * 4u;
+}
 
 /// Byte offsets of the context-parallel path's regions, placed after the chunked path's
 /// workspace (gdn_prefill_workspace): B, X [Z, HV, V, K] f32 and M [Z, HV, K, K] f32 for Z segment

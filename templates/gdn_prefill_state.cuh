@@ -181,7 +181,9 @@ __device__ __forceinline__ CpWork cp_state_work(const GdnPrefillParams& p, int b
   const Tcu* cu = static_cast<const Tcu*>(p.cu_seqlens);
   const i64 bos = i64(cu[n]), eos = i64(cu[n + 1]);
   c.s = c.z - (bos / span + n);
-  c.segments = eos > bos ? (eos - bos + span - 1) / span : 0;
+  // A sequence without tokens is one empty segment: its block still stores the final state (its
+  // initial state, or zeros), as the sequential kernel does.
+  c.segments = eos > bos ? (eos - bos + span - 1) / span : 1;
   if (c.s >= c.segments) return c;
   if (kPhase == 1) {
     c.run = c.s == 0 ? !c.identity : c.s < c.segments - 1;
@@ -576,7 +578,7 @@ __device__ __forceinline__ void pack_vn(const float (&acc_v)[8][4], const float 
 }
 
 template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
-          int kBV, bool kCkpt, int kPhase = 0>
+          int kBV, bool kCkpt, int kPhase = 0, int kStagesWanted = 0>
 __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   static_assert(kK == 64 || kK == 128, "wide tiles carry 16 rows of a K <= 128 state per warp");
   static_assert(kPhase == 0 || (!KJIT_GDN_STATE_WGMMA && kK % kBV == 0),
@@ -590,8 +592,9 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   [[maybe_unused]] constexpr int kLd = 72;
   constexpr int kKSteps = kK / 16;
   constexpr int kSN = kK / 8;  // n-tiles of the warp's state rows
-  constexpr int kStages = gdn_prefill_state_stages(kBV);
-  constexpr GdnPrefillStateSmem kSmem = gdn_prefill_state_smem(kK, kBV);
+  constexpr int kStages = kStagesWanted > 0 ? kStagesWanted : gdn_prefill_state_stages(kBV);
+  static_assert(kStages >= 2, "the wide tiles fetch chunk c + stages - 1 during chunk c");
+  constexpr GdnPrefillStateSmem kSmem = gdn_prefill_state_smem(kK, kBV, kStages);
   static_assert(kSmem.total >= (kThreads + 1) * sizeof(i64), "ranked_sequence's scratch");
   constexpr u32 kStage = kSmem.k1 - kSmem.k0;
 
@@ -1052,12 +1055,13 @@ __global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
 /// the segment pass, kPhase 2 the resume pass. The wide tiles only (kBV = 64 or 128 dividing K
 /// and V), on mma.sync.
 template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
-          int kBV, bool kCkpt, int kPhase>
+          int kBV, bool kCkpt, int kPhase, int kStages>
 __global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
     gdn_prefill_state_cp_kernel(const GdnPrefillParams p) {
   static_assert(gdn_prefill_state_wide(kBV), "the context-parallel passes use the wide tiles");
   static_assert(kPhase == 1 || kPhase == 2, "phase 1 (segments) or 2 (resume)");
-  gdn_prefill_detail::state_wide<Tin, Tstate, Tout, Tcu, Tidx, kK, kV, kBV, kCkpt, kPhase>(p);
+  gdn_prefill_detail::state_wide<Tin, Tstate, Tout, Tcu, Tidx, kK, kV, kBV, kCkpt, kPhase, kStages>(
+      p);
 }
 
 }  // namespace kjit

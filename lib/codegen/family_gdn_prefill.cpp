@@ -217,6 +217,11 @@ FamilyDecl gdn_prefill_state_cp_family() {
                         .rendered = {"1", "2"},
                         .doc = "1: segment pass (end states from zero and identity starts), 2: "
                                "resume pass (outputs from the exact initial states)"},
+              ParamDecl{.name = "stages",
+                        .kind = ParamKind::choice,
+                        .choices = {"2", "3"},
+                        .rendered = {"2", "3"},
+                        .doc = "input stages: chunk c + stages - 1 is fetched during chunk c"},
           },
       .min_sm = 80,
       .doc =

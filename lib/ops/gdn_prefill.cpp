@@ -329,13 +329,16 @@ struct Choice {
   /// Context-parallel path: chunks per segment L (0: each sequence's state rows walk its whole
   /// length in one block).
   std::int64_t cp_chunks = 0;
+  /// Context-parallel path: input stages of its state passes (2 or 3).
+  int cp_stages = 2;
   std::vector<std::string> reasons;
 };
 
 constexpr const char* kModes =
     "auto, chunked, chunked_bv128, chunked_bv64, chunked_bv32, chunked_bv16, bv64, bv32, bv16, "
     "a chunked mode with the suffix _wgmma, chunked_cp (context-parallel, planner's segments) or "
-    "chunked_cp<L> (segments of L >= 1 chunks)";
+    "chunked_cp<L> (segments of L >= 1 chunks), either optionally followed by _s2 or _s3 (input "
+    "stages of its state passes)";
 constexpr std::string_view kCpPrefix = "chunked_cp";
 constexpr std::string_view kWgmmaSuffix = "_wgmma";
 
@@ -514,6 +517,7 @@ Choice choose_path(const Problem& pr, const std::string& force, const DeviceLimi
 struct CpDecision {
   std::int64_t chunks = 0;  // L; 0: not taken
   int bv = 0;
+  int stages = 2;
   std::string reason;   // why taken (chunks > 0)
   std::string why_not;  // why not (an empty string with chunks == 0: not considered)
 };
@@ -553,7 +557,7 @@ std::int64_t cp_workspace_bytes(const Problem& pr, std::int64_t chunks) {
 // of equal length that is a gain of SMs / (2.2 P): taken when 3 P <= SMs. L spreads the resume
 // pass over about one wave of blocks, at least kCpMinChunks so the scan stays short.
 CpDecision decide_cp(const Problem& pr, const DeviceLimits& device, std::int64_t user_workspace,
-                     std::int64_t forced_chunks, bool forced) {
+                     std::int64_t forced_chunks, bool forced, int forced_stages = 0) {
   constexpr std::int64_t kCpMinChunks = 16;
   CpDecision d;
   if (pr.k > 128) {
@@ -609,14 +613,31 @@ CpDecision decide_cp(const Problem& pr, const DeviceLimits& device, std::int64_t
                     segments, pr.value_heads);
     return d;
   }
+  // A third input stage where the shared memory holds it: the passes run one block per SM on
+  // every SM, and two stages leave the loads' latency exposed (H200: docs/architecture.md).
+  const auto stage_fits = [&](int stages) {
+    return gdn_prefill_state_smem(static_cast<int>(pr.k), d.bv, stages).total <=
+           device.max_smem_per_block_optin;
+  };
+  d.stages = forced_stages > 0 ? forced_stages : stage_fits(3) ? 3 : 2;
+  if (!stage_fits(d.stages)) {
+    d.why_not = fmt::format(
+        "context-parallel path out: {} input stages of the {}-row tile need {} bytes of shared "
+        "memory > {} per block on {}",
+        d.stages, d.bv, gdn_prefill_state_smem(static_cast<int>(pr.k), d.bv, d.stages).total,
+        device.max_smem_per_block_optin, device.name);
+    return d;
+  }
   d.chunks = chunks;
   d.reason = fmt::format(
       "context-parallel state{}: segments of {} chunks ({} tokens), {} segment ids; {} (sequence, "
       "value head) pairs would leave {} of {} SMs idle. Segment pass: end states from zero and "
       "the identity (the segment's linear map M) in parallel; scan: X_(s+1) = X_s M_s + B_s in "
-      "f32; resume pass: each segment from its exact initial state, value tile {}",
+      "f32; resume pass: each segment from its exact initial state, value tile {}, {} input "
+      "stages",
       forced ? " (forced by options.force_mode)" : "", chunks, chunks * kGdnPrefillChunk, segments,
-      pairs, std::max<std::int64_t>(0, device.sm_count - pairs * tiles), device.sm_count, d.bv);
+      pairs, std::max<std::int64_t>(0, device.sm_count - pairs * tiles), device.sm_count, d.bv,
+      d.stages);
   return d;
 }
 
@@ -629,7 +650,15 @@ Choice choose(const Problem& pr, const std::string& force, const DeviceLimits& d
               std::int64_t user_workspace) {
   if (force.rfind(kCpPrefix, 0) == 0) {
     std::int64_t chunks = 0;
-    const std::string digits = force.substr(kCpPrefix.size());
+    std::string digits = force.substr(kCpPrefix.size());
+    int stages = 0;
+    for (int st : {2, 3}) {
+      const std::string suffix = fmt::format("_s{}", st);
+      if (digits.ends_with(suffix)) {
+        stages = st;
+        digits.resize(digits.size() - suffix.size());
+      }
+    }
     if (!digits.empty()) {
       const bool numeric =
           digits.size() <= 6 &&
@@ -640,13 +669,14 @@ Choice choose(const Problem& pr, const std::string& force, const DeviceLimits& d
       }
     }
     Choice choice = choose_path(pr, "chunked", device, force);
-    const CpDecision cp = decide_cp(pr, device, user_workspace, chunks, true);
+    const CpDecision cp = decide_cp(pr, device, user_workspace, chunks, true, stages);
     if (!cp.why_not.empty()) {
       throw PlanError(
           fmt::format("{}: options.force_mode '{}': the context-parallel path cannot run: {}", kOp,
                       force, cp.why_not));
     }
     choice.cp_chunks = cp.chunks;
+    choice.cp_stages = cp.stages;
     choice.bv = cp.bv;
     choice.reasons.back() = cp.reason;  // in place of the sequential state kernel's tile
     return choice;
@@ -658,6 +688,7 @@ Choice choose(const Problem& pr, const std::string& force, const DeviceLimits& d
         const CpDecision cp = decide_cp(pr, device, user_workspace, 0, false);
         if (cp.chunks > 0) {
           choice.cp_chunks = cp.chunks;
+          choice.cp_stages = cp.stages;
           choice.bv = cp.bv;
           choice.reasons.back() = cp.reason;  // in place of the sequential state kernel's tile
         } else {
@@ -731,7 +762,8 @@ SpecValues spec_values(const Problem& pr, const TensorView& q, const GdnGates& g
           {"gated", raw ? "0" : "1"},
           {"l2norm", options.l2norm_qk ? "1" : "0"},
           {"ckpt", options.checkpoint_every_n_tokens > 0 ? "1" : "0"},
-          {"phase", "1"}};
+          {"phase", "1"},
+          {"stages", "2"}};
 }
 
 KernelSpec family_spec(std::string_view family, const SpecValues& values, Arch arch) {
@@ -750,6 +782,9 @@ Plan make_cp_plan(const Problem& pr, Plan plan, KernelSpec chunk_spec, LaunchSha
                   SpecValues values, const Choice& choice, const DeviceLimits& device) {
   const std::int64_t segments = cp_segments(pr, choice.cp_chunks);
   const std::int64_t v_tiles = pr.v / choice.bv, k_tiles = pr.k / choice.bv;
+  for (auto& value : values) {
+    if (value.first == "stages") value.second = std::to_string(choice.cp_stages);
+  }
   KernelSpec segment_spec = family_spec("gdn_prefill_state_cp", values, device.arch);
   for (auto& value : values) {
     if (value.first == "phase") value.second = "2";
@@ -764,7 +799,8 @@ Plan make_cp_plan(const Problem& pr, Plan plan, KernelSpec chunk_spec, LaunchSha
     LaunchShape shape;
     shape.grid = Dim3{static_cast<std::uint32_t>(blocks), 1, 1};
     shape.block = Dim3{static_cast<std::uint32_t>(32 * gdn_prefill_state_warps(choice.bv)), 1, 1};
-    shape.dynamic_smem = gdn_prefill_state_smem(static_cast<int>(pr.k), choice.bv).total;
+    shape.dynamic_smem =
+        gdn_prefill_state_smem(static_cast<int>(pr.k), choice.bv, choice.cp_stages).total;
     return shape;
   };
   LaunchShape segment_shape = state_shape(segments * pr.value_heads * (v_tiles + k_tiles));
@@ -780,6 +816,7 @@ Plan make_cp_plan(const Problem& pr, Plan plan, KernelSpec chunk_spec, LaunchSha
   LaunchShape scan_shape;
   scan_shape.grid = Dim3{static_cast<std::uint32_t>(scan_blocks), 1, 1};
   scan_shape.block = Dim3{kGdnPrefillCpScanThreads, 1, 1};
+  scan_shape.dynamic_smem = gdn_prefill_cp_scan_smem(static_cast<int>(pr.k));
   plan.reasons.push_back(fmt::format(
       "chunk kernel: {} x {} blocks; segment pass: {} blocks ({} segment ids x {} value heads x "
       "({} state + {} identity tiles)){}; scan: {} blocks of {} rows; resume pass: {} blocks",
