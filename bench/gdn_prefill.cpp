@@ -294,11 +294,12 @@ void few_sequences_table(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& o
       {16, 16, 8, 4096, 209, 331},   {16, 16, 1, 131072, 6502, 1362}, {16, 32, 1, 32768, 1547, 821},
       {16, 16, 16, 8192, 787, 0},
   };
-  std::vector<std::int64_t> sweep;
+  // Entries are mode suffixes: "32" runs chunked_cp32, "63_s2" chunked_cp63_s2.
+  std::vector<std::string> sweep;
   if (const char* env = std::getenv("KJIT_PREFILL_BENCH_CP"); env != nullptr) {
     for (std::string rest = env; !rest.empty();) {
       const std::size_t comma = rest.find(',');
-      sweep.push_back(std::stoll(rest.substr(0, comma)));
+      sweep.push_back(rest.substr(0, comma));
       rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
     }
   }
@@ -307,7 +308,7 @@ void few_sequences_table(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& o
       "%8s %6s | %9s %9s",
       "H", "HV", "seqs x len", "planner's mode", "GPU us", "chunked", "gain", "floor", "of it",
       "FlashInfr", "FlashQLA");
-  for (std::int64_t l : sweep) std::printf(" %9s", fmt::format("cp{}", l).c_str());
+  for (const std::string& l : sweep) std::printf(" %9s", ("cp" + l).c_str());
   std::printf("\n");
   for (const FewShape& s : shapes) {
     const std::int64_t tokens = s.seqs * s.length;
@@ -340,9 +341,9 @@ void few_sequences_table(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& o
                   kernel_us(gpu, in, options, 0), kernel_us(gpu, in, options, 1),
                   kernel_us(gpu, in, options, 2), kernel_us(gpu, in, options, 3));
     }
-    for (std::int64_t l : sweep) {
+    for (const std::string& l : sweep) {
       kjit::GdnPrefillOptions forced = options;
-      forced.force_mode = fmt::format("chunked_cp{}", l);
+      forced.force_mode = "chunked_cp" + l;
       kjit::bench::flush_l2(gpu);
       std::printf(" %9.1f",
                   kjit::bench::median_gpu_us(
