@@ -141,7 +141,16 @@ std::string encode_bundle(const BundleInfo& info, const std::vector<CompiledKern
           "runtime, which sets the key)",
           spec, kernel.key));
     }
-    const std::string encoded = encode_entry(key, kernel);
+    // A kernel from a disk cache written before logs were made reproducible may still carry
+    // ptxas's timings; the bundle must not.
+    CompiledKernel normalized;
+    const CompiledKernel* stored = &kernel;
+    if (std::string log = reproducible_log(kernel.log); log != kernel.log) {
+      normalized = kernel;
+      normalized.log = std::move(log);
+      stored = &normalized;
+    }
+    const std::string encoded = encode_entry(key, *stored);
     std::string record;
     put_field(record, spec);
     put_field(record, key.hex());
@@ -395,9 +404,13 @@ std::vector<std::string> BundleSet::paths() const {
   return out;
 }
 
-std::shared_ptr<const CompiledKernel> BundleSet::find(const KernelSpec& spec) const {
+std::shared_ptr<const CompiledKernel> BundleSet::find(const KernelSpec& spec,
+                                                      std::string* path) const {
   for (const Bundle& bundle : bundles_) {
-    if (auto kernel = bundle.find(spec)) return kernel;
+    if (auto kernel = bundle.find(spec)) {
+      if (path != nullptr) *path = bundle.path();
+      return kernel;
+    }
   }
   return nullptr;
 }
@@ -408,9 +421,12 @@ std::vector<std::string> BundleSet::nearest(const KernelSpec& spec, int n) const
   return take_nearest(std::move(ranked), n);
 }
 
-std::string BundleSet::miss_message(const KernelSpec& spec) const {
+std::string BundleSet::miss_message(const KernelSpec& spec, std::string_view elsewhere) const {
   std::string message =
-      fmt::format("{} is in no bundle and JIT is disabled (KJIT_DISABLE_JIT=1)", spec.str());
+      elsewhere.empty()
+          ? fmt::format("{} is in no bundle and JIT is disabled (KJIT_DISABLE_JIT=1)", spec.str())
+          : fmt::format("{} is in no bundle, {}, and JIT is disabled (KJIT_DISABLE_JIT=1)",
+                        spec.str(), elsewhere);
   if (bundles_.empty()) return message + "; no bundle is configured (KJIT_BUNDLE_PATH is empty)";
   message += fmt::format("; bundles searched: {}", join(paths(), ":"));
   const std::vector<std::string> near = nearest(spec, 3);

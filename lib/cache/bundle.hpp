@@ -130,13 +130,16 @@ class BundleSet {
   /// The paths of the bundles, in search order.
   std::vector<std::string> paths() const;
 
-  /// The kernel for this exact spec from the first bundle holding it, or nullptr.
-  std::shared_ptr<const CompiledKernel> find(const KernelSpec& spec) const;
+  /// The kernel for this exact spec from the first bundle holding it, or nullptr; `path`, when
+  /// given, is set to that bundle's path on a hit.
+  std::shared_ptr<const CompiledKernel> find(const KernelSpec& spec,
+                                             std::string* path = nullptr) const;
   /// Up to `n` nearest spec texts over all bundles (see Bundle::nearest), without duplicates.
   std::vector<std::string> nearest(const KernelSpec& spec, int n) const;
   /// The text of a KernelNotInBundle for `spec`: the spec, the bundles searched, and the
-  /// nearest specs they hold with the parameters that differ.
-  std::string miss_message(const KernelSpec& spec) const;
+  /// nearest specs they hold with the parameters that differ. `elsewhere`, when given, says
+  /// what else was searched ("not in the disk cache /x (...)").
+  std::string miss_message(const KernelSpec& spec, std::string_view elsewhere = {}) const;
 
  private:
   std::vector<Bundle> bundles_;

@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "cache/compiler_memo.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
@@ -68,6 +70,41 @@ bool read_field(std::string_view* text, std::string_view key, std::string* value
 
 bool has_newline(const std::string& text) { return text.find('\n') != std::string::npos; }
 
+/// The fields of a memo file.
+struct MemoFile {
+  std::string selector;
+  std::string library;
+  std::string stamp;
+  CompilerMemo memo;
+};
+
+std::optional<MemoFile> parse_memo(const std::string& path) {
+  const std::optional<std::string> file = read_small_file(path);
+  if (!file) return std::nullopt;
+  std::string_view text = *file;
+  const std::string_view magic = kMagic;
+  if (!text.starts_with(magic) || text.size() <= magic.size() || text[magic.size()] != '\n') {
+    return std::nullopt;
+  }
+  text.remove_prefix(magic.size() + 1);
+  MemoFile memo;
+  std::string size_text;
+  if (!read_field(&text, "selector", &memo.selector) ||
+      !read_field(&text, "library", &memo.library) || !read_field(&text, "stamp", &memo.stamp) ||
+      !read_field(&text, "id", &memo.memo.id) || !read_field(&text, "material-bytes", &size_text)) {
+    return std::nullopt;
+  }
+  std::size_t size = 0;
+  const auto [end, error] =
+      std::from_chars(size_text.data(), size_text.data() + size_text.size(), size);
+  if (error != std::errc() || end != size_text.data() + size_text.size() || text.size() != size ||
+      memo.memo.id.empty()) {
+    return std::nullopt;
+  }
+  memo.memo.material = std::string(text);
+  return memo;
+}
+
 }  // namespace
 
 std::string compiler_memo_path(const std::string& root, const std::string& selector) {
@@ -76,35 +113,33 @@ std::string compiler_memo_path(const std::string& root, const std::string& selec
 
 std::optional<CompilerMemo> read_compiler_memo(const std::string& root,
                                                const std::string& selector) {
-  const std::optional<std::string> file = read_small_file(compiler_memo_path(root, selector));
-  if (!file) return std::nullopt;
-  std::string_view text = *file;
-  const std::string_view magic = kMagic;
-  if (!text.starts_with(magic) || text.size() <= magic.size() || text[magic.size()] != '\n') {
+  std::optional<MemoFile> file = parse_memo(compiler_memo_path(root, selector));
+  if (!file || file->selector != selector) return std::nullopt;
+  const std::optional<std::string> now = file_stamp(file->library);
+  if (!now || *now != file->stamp) {
+    support::log(LogLevel::debug, "compiler memo for '{}' is stale: {} changed", selector,
+                 file->library);
     return std::nullopt;
   }
-  text.remove_prefix(magic.size() + 1);
-  std::string memo_selector, library, stamp, id, size_text;
-  if (!read_field(&text, "selector", &memo_selector) || memo_selector != selector) {
-    return std::nullopt;
+  return std::move(file->memo);
+}
+
+std::vector<CompilerMemo> read_all_compiler_memos(const std::string& root) {
+  std::vector<std::string> paths;
+  const std::string dir = fmt::format("{}/v1/compilers", root);
+  if (DIR* stream = ::opendir(dir.c_str())) {
+    while (const dirent* entry = ::readdir(stream)) {
+      const std::string_view name = entry->d_name;
+      if (name.size() > 5 && name.ends_with(".memo")) paths.push_back(dir + "/" + entry->d_name);
+    }
+    ::closedir(stream);
   }
-  if (!read_field(&text, "library", &library) || !read_field(&text, "stamp", &stamp) ||
-      !read_field(&text, "id", &id) || !read_field(&text, "material-bytes", &size_text)) {
-    return std::nullopt;
+  std::sort(paths.begin(), paths.end());
+  std::vector<CompilerMemo> memos;
+  for (const std::string& path : paths) {
+    if (std::optional<MemoFile> file = parse_memo(path)) memos.push_back(std::move(file->memo));
   }
-  std::size_t size = 0;
-  const auto [end, error] =
-      std::from_chars(size_text.data(), size_text.data() + size_text.size(), size);
-  if (error != std::errc() || end != size_text.data() + size_text.size() || text.size() != size ||
-      id.empty()) {
-    return std::nullopt;
-  }
-  const std::optional<std::string> now = file_stamp(library);
-  if (!now || *now != stamp) {
-    support::log(LogLevel::debug, "compiler memo for '{}' is stale: {} changed", selector, library);
-    return std::nullopt;
-  }
-  return CompilerMemo{id, std::string(text)};
+  return memos;
 }
 
 bool write_compiler_memo(const std::string& root, const std::string& selector,

@@ -13,6 +13,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace kjit::cache {
 
@@ -30,6 +31,12 @@ std::string compiler_memo_path(const std::string& root, const std::string& selec
 /// unchanged; nullopt otherwise (never throws: a bad memo is only a slower start).
 std::optional<CompilerMemo> read_compiler_memo(const std::string& root,
                                                const std::string& selector);
+
+/// Every memo under `root` that parses, whatever selector it was written for and whether its
+/// library file still exists, in file-name order. With JIT disabled nothing is compiled, so
+/// the identity of whichever compiler filled a (pre-filled, perhaps copied) cache is enough to
+/// key its entries; a memo's selector and stamp only decide whether NVRTC must be loaded.
+std::vector<CompilerMemo> read_all_compiler_memos(const std::string& root);
 
 /// Writes the memo (temp file + rename, so readers see the old or the new one whole). Best
 /// effort: returns false, and logs at debug level, when the file cannot be written or

@@ -241,22 +241,27 @@ DiskCache::DiskCache(std::string root, std::string compiler_id)
   }
 
   // A root we may not write (read-only mount, full disk, no permission) is not an error:
-  // run memory-only. Creating the compiler directory is the probe.
+  // nothing new is stored. Creating the compiler directory is the probe.
   const std::string base = fmt::format("{}/v1/{}", root_, compiler_id_);
-  if (const int error = make_dirs(base)) {
-    disable(fmt::format("cannot create '{}': {}", base, error_text(error)), true);
+  int error = make_dirs(base);
+  if (error == 0) error = injected(testing::FsStep::probe_root, base);
+  if (error == 0 && ::access(base.c_str(), W_OK | X_OK) != 0) error = errno;
+  if (error == 0) {
+    readable_.store(true, std::memory_order_release);
+    writable_.store(true, std::memory_order_release);
     return;
   }
-  if (const int error = injected(testing::FsStep::probe_root, base)) {
-    disable(fmt::format("cannot write '{}': {}", base, error_text(error)), true);
+  // A pre-filled cache shipped read-only (an image layer, a read-only mount, a directory the
+  // serving user may not write) still serves its entries: they are verified on every load
+  // like any other. Only a compiler directory that cannot be entered is useless for reads.
+  if (is_directory(base) && ::access(base.c_str(), R_OK | X_OK) == 0) {
+    readable_.store(true, std::memory_order_release);
+    disable(fmt::format("cannot write '{}': {}", base, error_text(error)), false);
     return;
   }
-  if (::access(base.c_str(), W_OK | X_OK) != 0) {
-    disable(fmt::format("cannot write '{}': {}", base, error_text(errno)), true);
-    return;
-  }
-  readable_.store(true, std::memory_order_release);
-  writable_.store(true, std::memory_order_release);
+  disable(fmt::format("cannot {} '{}': {}", is_directory(base) ? "write" : "create", base,
+                      error_text(error)),
+          true);
 }
 
 std::string DiskCache::disabled_reason() const {
@@ -276,9 +281,14 @@ void DiskCache::disable(std::string reason, bool reads_too) {
     }
     writable_.store(false, std::memory_order_release);
   }
-  if (first) {
+  if (first && reads_too) {
     support::log(LogLevel::warn,
                  "disk cache disabled, compiled kernels are kept in memory only: {}",
+                 disabled_reason());
+  } else if (first) {
+    support::log(LogLevel::warn,
+                 "disk cache not written, compiled kernels are kept in memory only (its entries "
+                 "are still read): {}",
                  disabled_reason());
   }
 }

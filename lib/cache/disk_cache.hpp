@@ -43,7 +43,9 @@ class KeyLock {
 class DiskCache {
  public:
   /// Opens (creating with mode 0700, parents too, if needed) `root`. A root that cannot be
-  /// created or written makes the cache disabled (memory-only) with one warning. A root that
+  /// created or written makes the cache disabled (nothing is stored) with one warning; when
+  /// its compiler directory exists and can be read (a pre-filled cache on a read-only mount),
+  /// its entries are still loaded. A root that
   /// other users could write (mode & 022, another owner, or a symlink to such a directory) is
   /// refused with CacheError. `compiler_id` names a subdirectory; characters outside
   /// [A-Za-z0-9._+-] are replaced by '_'.
@@ -51,8 +53,9 @@ class DiskCache {
   DiskCache(const DiskCache&) = delete;
   DiskCache& operator=(const DiskCache&) = delete;
 
-  /// True while entries are written. Turns false at construction (unusable root) or after the
-  /// first failed write; entries already on disk are still read after a failed write.
+  /// True while entries are written. Turns false at construction (unusable or read-only root)
+  /// or after the first failed write; entries already on disk are still read after a failed
+  /// write, and from a read-only root.
   bool enabled() const noexcept { return writable_.load(std::memory_order_acquire); }
   /// Why the cache is disabled, empty when enabled.
   std::string disabled_reason() const;

@@ -210,4 +210,21 @@ std::optional<CompiledKernel> decode_entry(std::string_view bytes,
   return kernel;
 }
 
+std::string reproducible_log(std::string_view log) {
+  std::string out;
+  out.reserve(log.size());
+  while (!log.empty()) {
+    const std::size_t end = log.find('\n');
+    const std::size_t length = end == std::string_view::npos ? log.size() : end + 1;
+    const std::string_view line = log.substr(0, length);
+    // ptxas -v reports its own wall time per function; everything else it prints is a
+    // function of the input.
+    const bool timing =
+        line.starts_with("ptxas") && line.find(": Compile time = ") != std::string_view::npos;
+    if (!timing) out.append(line);
+    log.remove_prefix(length);
+  }
+  return out;
+}
+
 }  // namespace kjit::cache

@@ -52,6 +52,11 @@ std::string encode_entry(const support::Hash128& key, const CompiledKernel& kern
 std::optional<CompiledKernel> decode_entry(std::string_view bytes,
                                            const support::Hash128& expected_key, std::string* why);
 
+/// `log` without the lines that differ between two compiles of the same kernel (ptxas's
+/// "Compile time = ... ms"), so that entries and bundles built twice are the same bytes
+/// (cache/BUNDLES.md, "Reproducibility"). Every other line is kept as it was.
+std::string reproducible_log(std::string_view log);
+
 /// The key in an entry's header when the magic and version are right (for tools that inspect
 /// a file whose key they do not know); nothing else is verified.
 std::optional<support::Hash128> peek_entry_key(std::string_view bytes);

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <future>
@@ -22,6 +21,7 @@
 #include "cache/bundle.hpp"
 #include "cache/compiler_memo.hpp"
 #include "cache/disk_cache.hpp"
+#include "cache/entry.hpp"
 #include "cache/key.hpp"
 #include "codegen/embedded_templates.hpp"
 #include "codegen/families.hpp"
@@ -35,8 +35,6 @@
 namespace kjit {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // Devices whose primary context is tracked lock-free; a process with more devices still works,
 // but device_of() then names such a device only through the slower lookup.
@@ -56,10 +54,6 @@ struct SignatureHash {
     return std::hash<std::string_view>{}(bytes);
   }
 };
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
 
 }  // namespace
 
@@ -222,55 +216,92 @@ struct Runtime::Impl {
 
   std::shared_ptr<const CompiledKernel> disk_hit(cache::DiskCache* cache,
                                                  const support::Hash128& key,
-                                                 const std::string& arch, KernelSource* source) {
+                                                 const KernelSpec& spec, KernelSource* source) {
     if (cache == nullptr) return nullptr;
+    const std::string arch = spec.arch.str();
     auto hit = cache->load(key, arch);
     if (!hit) return nullptr;
     disk_hits.fetch_add(1, std::memory_order_relaxed);
     if (source) *source = KernelSource::disk;
+    support::log(LogLevel::debug, "{}: from the disk cache, {}", spec.str(),
+                 cache->entry_path(key, arch));
     return std::make_shared<const CompiledKernel>(std::move(*hit));
   }
 
   std::shared_ptr<const CompiledKernel> produce(const KernelSpec& spec, KernelSource* source) {
     // Bundles first: a deployment that ships them never loads NVRTC.
-    if (auto hit = bundles.find(spec)) {
+    std::string bundle_path;
+    if (auto hit = bundles.find(spec, &bundle_path)) {
       bundle_hits.fetch_add(1, std::memory_order_relaxed);
       if (source) *source = KernelSource::bundle;
+      support::log(LogLevel::debug, "{}: from bundle {}", spec.str(), bundle_path);
       return hit;
     }
-    if (settings.disable_jit) throw KernelNotInBundle(bundles.miss_message(spec));
-    const std::string arch = spec.arch.str();
     // A warm start: the remembered compiler identity gives the key, and a hit needs no NVRTC.
+    const cache::CompilerMemo* known = nullptr;
     if (!nvrtc_loaded.load(std::memory_order_acquire)) {
-      if (const cache::CompilerMemo* known = remembered_identity()) {
+      if ((known = remembered_identity())) {
         const support::Hash128 key = key_material(spec, known->material).key();
-        if (auto hit = disk_hit(get_disk(known->id), key, arch, source)) return hit;
+        if (auto hit = disk_hit(get_disk(known->id), key, spec, source)) return hit;
       }
     }
+    if (settings.disable_jit) return cached_without_jit(spec, known, source);
     compile::Compiler& nvrtc = get_compiler();
     const cache::KeyMaterial material = key_material(spec, nvrtc.identity().material);
     const support::Hash128 key = material.key();
     cache::DiskCache* cache = get_disk(nvrtc.identity().id);
     remember_identity(nvrtc, cache);
-    if (auto hit = disk_hit(cache, key, arch, source)) return hit;
+    if (auto hit = disk_hit(cache, key, spec, source)) return hit;
     // Another process may be compiling the same key: wait for it, then look again.
+    const std::string arch = spec.arch.str();
     cache::KeyLock lock;
     if (cache != nullptr) {
       lock = cache->lock(key, arch);
-      if (auto hit = disk_hit(cache, key, arch, source)) return hit;
+      if (auto hit = disk_hit(cache, key, spec, source)) return hit;
     }
-    support::log(LogLevel::info, "compiling {} (not in any cache)", spec.str());
-    const auto start = Clock::now();
+    // The one line of this resolution (DESIGN: one log line before any compile).
+    support::log(LogLevel::info, "{}: compiling with NVRTC (in no bundle or disk cache)",
+                 spec.str());
     CompiledKernel kernel = nvrtc.compile(spec);
+    // ptxas's timings would make two builds of one kernel different bytes.
+    kernel.log = cache::reproducible_log(kernel.log);
     kernel.key = key.hex();
     kernel.key_material = material.text();
     compiles.fetch_add(1, std::memory_order_relaxed);
-    support::log(LogLevel::debug, "compiled {} in {:.1f} ms: {} registers, {} bytes spilled",
-                 spec.str(), ms_since(start), kernel.resources.registers,
-                 kernel.resources.spill_store_bytes);
     if (cache != nullptr) cache->store(key, arch, kernel);
     if (source) *source = KernelSource::compiled;
     return std::make_shared<const CompiledKernel>(std::move(kernel));
+  }
+
+  // JIT disabled and no bundle holds `spec`: the disk cache is searched under every compiler
+  // identity remembered in it (`known`, already searched, first), without loading NVRTC.
+  // Nothing will be compiled, so a cache filled by another compiler (or copied from another
+  // machine, where the memo's selector differs) serves its kernels all the same.
+  std::shared_ptr<const CompiledKernel> cached_without_jit(const KernelSpec& spec,
+                                                           const cache::CompilerMemo* known,
+                                                           KernelSource* source) {
+    if (settings.disable_disk_cache) {
+      throw KernelNotInBundle(
+          bundles.miss_message(spec, "the disk cache is turned off (KJIT_DISABLE_DISK_CACHE=1)"));
+    }
+    const std::string root = settings.resolved_cache_dir();
+    const std::vector<cache::CompilerMemo> memos = cache::read_all_compiler_memos(root);
+    for (const cache::CompilerMemo& remembered : memos) {
+      if (known != nullptr && remembered.id == known->id &&
+          remembered.material == known->material) {
+        continue;
+      }
+      const support::Hash128 key = key_material(spec, remembered.material).key();
+      if (auto hit = disk_hit(get_disk(remembered.id), key, spec, source)) return hit;
+    }
+    throw KernelNotInBundle(bundles.miss_message(
+        spec, memos.empty()
+                  ? fmt::format("not in the disk cache {} (it remembers no compiler, so it "
+                                "holds no kernel kjit compiled)",
+                                root)
+                  : fmt::format("not in the disk cache {} (searched the kernels of {} "
+                                "compiler identit{})",
+                                root, memos.size(), memos.size() == 1 ? "y" : "ies")));
   }
 
   void throw_if_faulted(int device) {

@@ -2,6 +2,7 @@
 // The only place kjit reads the environment.
 #include <fmt/format.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -27,14 +28,17 @@ bool env_flag(const char* name) {
       fmt::format("{}={}: expected 0/1, true/false, on/off or yes/no", name, value));
 }
 
-LogLevel parse_log_level(const std::string& value) {
+LogLevel parse_log_level(const std::string& text) {
+  // Case-insensitive: KJIT_LOG=DEBUG is what people type after reading "debug" in a table.
+  std::string value = text;
+  for (char& c : value) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (value.empty() || value == "warn" || value == "warning") return LogLevel::warn;
   if (value == "off" || value == "0" || value == "none") return LogLevel::off;
   if (value == "error") return LogLevel::error;
   if (value == "info" || value == "1") return LogLevel::info;
   if (value == "debug" || value == "2") return LogLevel::debug;
   throw InvalidArgument(
-      fmt::format("KJIT_LOG={}: expected one of off, error, warn, info, debug", value));
+      fmt::format("KJIT_LOG={}: expected one of off, error, warn, info, debug (any case)", text));
 }
 
 }  // namespace
