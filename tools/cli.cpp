@@ -33,6 +33,25 @@ std::int64_t parse_int(std::string_view text, std::string_view what) {
   return value;
 }
 
+namespace {
+
+/// An argument that is an option rather than a value: "--x", "-o", "-h", but not "-5".
+bool looks_like_option(std::string_view arg) {
+  return arg.size() > 1 && arg[0] == '-' && !std::isdigit(static_cast<unsigned char>(arg[1]));
+}
+
+void add_value(Args& args, const ArgSpec& spec, std::string_view cmd, const std::string& name,
+               std::string_view spelled, std::string value) {
+  std::vector<std::string>& values = args.options[name];
+  if (!values.empty() && !spec.repeatable.count(name)) {
+    throw UsageError(fmt::format("{}: {} given twice ('{}', then '{}'); give it once", cmd, spelled,
+                                 values.back(), value));
+  }
+  values.push_back(std::move(value));
+}
+
+}  // namespace
+
 Args parse_args(const std::vector<std::string>& argv, const ArgSpec& spec, std::string_view cmd) {
   Args args;
   for (std::size_t i = 0; i < argv.size(); ++i) {
@@ -60,19 +79,22 @@ Args parse_args(const std::vector<std::string>& argv, const ArgSpec& spec, std::
             fmt::format("{}: unknown option --{} (see kjit {} --help)", cmd, name, cmd));
       }
       if (!inline_value) {
-        if (i + 1 >= argv.size())
+        if (i + 1 >= argv.size() || looks_like_option(argv[i + 1])) {
           throw UsageError(fmt::format("{}: --{} needs a value", cmd, name));
+        }
         value = argv[++i];
       }
-      args.options[name].push_back(std::move(value));
+      add_value(args, spec, cmd, name, "--" + name, std::move(value));
       continue;
     }
     if (arg == "-o" || arg == "-j") {
-      if (i + 1 >= argv.size()) throw UsageError(fmt::format("{}: {} needs a value", cmd, arg));
+      if (i + 1 >= argv.size() || looks_like_option(argv[i + 1])) {
+        throw UsageError(fmt::format("{}: {} needs a value", cmd, arg));
+      }
       const std::string name = arg == "-o" ? "output" : "jobs";
       if (!spec.values.count(name))
         throw UsageError(fmt::format("{}: unknown option {}", cmd, arg));
-      args.options[name].push_back(argv[++i]);
+      add_value(args, spec, cmd, name, arg, argv[++i]);
       continue;
     }
     if (arg.size() > 1 && arg[0] == '-' && !std::isdigit(static_cast<unsigned char>(arg[1]))) {

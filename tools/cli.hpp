@@ -34,7 +34,7 @@ struct Args {
   std::map<std::string, std::vector<std::string>> options;
 
   bool has(std::string_view name) const { return options.count(std::string(name)) > 0; }
-  /// The last value of an option, or `fallback` when absent.
+  /// The value of an option, or `fallback` when absent.
   std::string get(std::string_view name, std::string_view fallback = {}) const;
   /// Every value of a repeatable option.
   std::vector<std::string> all(std::string_view name) const;
@@ -50,6 +50,10 @@ struct ArgSpec {
   bool any_value_option = false;
   /// Most positional arguments accepted (-1: any).
   int max_positional = -1;
+  /// Value options that may be given more than once (every value is used, through all()).
+  /// Any other option given twice is a UsageError: silently taking the last value hides a
+  /// typo in a long command line.
+  std::set<std::string, std::less<>> repeatable;
 };
 
 /// Parses argv of a subcommand (without the subcommand itself). "--help"/"-h" is always a flag.

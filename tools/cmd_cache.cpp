@@ -36,6 +36,8 @@ Works on the disk cache root (KJIT_CACHE_DIR, else $XDG_CACHE_HOME/kjit, else ~/
                         (bytes, or with a K/M/G/T suffix: 100M, 2G)
   clear                 delete every entry (lock files stay: a process may hold one)
   explain <key>         the key material, spec, options and resources stored in an entry
+prune and clear name every file they cannot delete (or directory they cannot list) on stderr
+and then exit 1.
 )";
 
 /// One .kjc file under the root.
@@ -50,14 +52,17 @@ struct EntryFile {
 
 std::string cache_root() { return Settings::from_env().resolved_cache_dir(); }
 
-std::vector<EntryFile> list_entries(const std::string& root) {
+/// Every entry under `root`. A directory that cannot be listed is skipped; `unlisted`, when
+/// given, counts them (a prune must not claim a total that ignores them).
+std::vector<EntryFile> list_entries(const std::string& root, std::size_t* unlisted = nullptr) {
   std::vector<EntryFile> entries;
   const fs::path tree = fs::path(root) / "v1";
   std::error_code error;
   if (!fs::is_directory(tree, error)) return entries;
-  for (auto it = fs::recursive_directory_iterator(
-           tree, fs::directory_options::skip_permission_denied, error);
-       !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
+  const auto options = unlisted != nullptr ? fs::directory_options::none
+                                           : fs::directory_options::skip_permission_denied;
+  auto it = fs::recursive_directory_iterator(tree, options, error);
+  for (; !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
     if (!it->is_regular_file(error) || it->path().extension() != ".kjc") continue;
     const fs::path relative = fs::relative(it->path(), tree, error);
     std::vector<std::string> parts;
@@ -67,6 +72,11 @@ std::vector<EntryFile> list_entries(const std::string& root) {
     if (::stat(it->path().c_str(), &info) != 0) continue;
     entries.push_back(EntryFile{it->path(), parts[0], parts[1], it->path().stem().string(),
                                 static_cast<std::uint64_t>(info.st_size), info.st_mtime});
+  }
+  if (error && unlisted != nullptr) {
+    std::fprintf(stderr, "kjit: cannot list every directory under %s: %s\n", tree.c_str(),
+                 error.message().c_str());
+    ++*unlisted;
   }
   std::sort(entries.begin(), entries.end(), [](const EntryFile& a, const EntryFile& b) {
     return a.mtime != b.mtime ? a.mtime < b.mtime : a.path < b.path;
@@ -146,8 +156,15 @@ int cache_verify(const std::string& root) {
   return corrupt == 0 ? kExitOk : kExitFailed;
 }
 
+/// Prints why `path` could not be deleted, on stderr, and counts it.
+void report_failure(const fs::path& path, const std::error_code& error, std::size_t* failures) {
+  std::fprintf(stderr, "kjit: cannot remove %s: %s\n", path.c_str(), error.message().c_str());
+  ++*failures;
+}
+
 int cache_prune(const std::string& root, std::uint64_t max_size) {
-  const auto entries = list_entries(root);  // oldest first
+  std::size_t failures = 0;
+  const auto entries = list_entries(root, &failures);  // oldest first
   std::uint64_t total = 0;
   for (const EntryFile& entry : entries) total += entry.size;
   std::size_t removed = 0;
@@ -160,35 +177,61 @@ int cache_prune(const std::string& root, std::uint64_t max_size) {
       total -= entry.size;
       freed += entry.size;
       ++removed;
+    } else if (error) {
+      report_failure(entry.path, error, &failures);
     }
+    // Else it was gone already (another prune): neither removed here nor a failure.
   }
   std::printf("removed %zu entries (%s); %s left (limit %s)\n", removed, format_size(freed).c_str(),
               format_size(total).c_str(), format_size(max_size).c_str());
-  return kExitOk;
+  if (failures == 0) return kExitOk;
+  std::fprintf(stderr,
+               "kjit: cache prune: %zu entries or directories could not be removed or listed; "
+               "the cache may still be over the %s limit\n",
+               failures, format_size(max_size).c_str());
+  return kExitFailed;
 }
 
 int cache_clear(const std::string& root) {
   const fs::path tree = fs::path(root) / "v1";
   std::error_code error;
   std::size_t removed = 0;
+  std::size_t failures = 0;
   if (fs::is_directory(tree, error)) {
     std::vector<fs::path> directories;
-    for (auto it = fs::recursive_directory_iterator(tree, error);
-         !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
-      if (it->is_directory(error)) {
+    auto it = fs::recursive_directory_iterator(tree, error);
+    for (; !error && it != fs::recursive_directory_iterator(); it.increment(error)) {
+      std::error_code file_error;
+      if (it->is_directory(file_error)) {
         directories.push_back(it->path());
       } else if (it->path().extension() != ".lock") {
         // Lock files are never deleted: a process holding one would otherwise lock an inode
         // another process can no longer find, and both would compile the key.
-        if (fs::remove(it->path(), error)) ++removed;
+        if (fs::remove(it->path(), file_error)) {
+          ++removed;
+        } else if (file_error) {
+          report_failure(it->path(), file_error, &failures);
+        }
       }
     }
-    // Deepest first; directories still holding lock files stay.
+    if (error) {
+      // A directory that cannot be listed hides entries that stay behind.
+      std::fprintf(stderr, "kjit: cannot list every directory under %s: %s\n", tree.c_str(),
+                   error.message().c_str());
+      ++failures;
+    }
+    // Deepest first; directories still holding lock files (or undeletable entries) stay.
     std::sort(directories.rbegin(), directories.rend());
     for (const fs::path& directory : directories) fs::remove(directory, error);
+  } else if (error) {
+    std::fprintf(stderr, "kjit: cannot read %s: %s\n", tree.c_str(), error.message().c_str());
+    ++failures;
   }
   std::printf("removed %zu files under %s\n", removed, tree.c_str());
-  return kExitOk;
+  if (failures == 0) return kExitOk;
+  std::fprintf(stderr, "kjit: cache clear: %zu file(s) or directories could not be removed\n",
+               failures);
+  return kExitFailed;
 }
 
 int cache_explain(const std::string& root, const std::string& key) {

@@ -2,14 +2,17 @@
 // kjit plan / source / inspect: what would run, from which source, with which resources.
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
 #include <sstream>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cache/bundle.hpp"
@@ -110,7 +113,13 @@ int cmd_plan(const Argv& argv) {
     if (name == "arch" || name == "device" || name == "json") continue;
     std::string key = name;
     for (char& c : key) c = c == '-' ? '_' : c;
-    values[key] = given.back();
+    // --head-dim and --head_dim name one value: both given is the same mistake as one twice.
+    if (!values.emplace(key, given.back()).second) {
+      std::string dashed = key;
+      for (char& c : dashed) c = c == '_' ? '-' : c;
+      throw UsageError(
+          fmt::format("plan: --{} and --{} name the same value; give it once", dashed, key));
+    }
   }
   values = complete_values(op, std::move(values), true);
   const DeviceLimits device = target_limits(args, "plan");
@@ -234,6 +243,28 @@ std::string resources_text(const KernelResources& r) {
       r.const_bytes, r.max_threads == 0 ? std::string("none") : std::to_string(r.max_threads));
 }
 
+/// What became of a kernel the Runtime just compiled: stored, or why not.
+std::string storage_outcome(const Settings& settings, const CacheStats& stats) {
+  const std::string root = settings.resolved_cache_dir();
+  if (settings.disable_disk_cache) {
+    return "not stored: the disk cache is turned off (KJIT_DISABLE_DISK_CACHE=1)";
+  }
+  if (stats.disk_enabled && stats.write_failures == 0) {
+    return fmt::format("stored in the disk cache {}", root);
+  }
+  // The cache said why in its one warning; repeat the gist here, where the user looks.
+  struct stat info {};
+  std::string why = "a write to it failed (the warning above says which)";
+  if (::stat(root.c_str(), &info) != 0) {
+    why = fmt::format("it does not exist and cannot be created ({})", std::strerror(errno));
+  } else if (!S_ISDIR(info.st_mode)) {
+    why = "it is not a directory";
+  } else if (::access(root.c_str(), W_OK | X_OK) != 0 || stats.write_failures == 0) {
+    why = "it is read-only";
+  }
+  return fmt::format("kept in memory only, not stored in the disk cache {}: {}", root, why);
+}
+
 }  // namespace
 
 int cmd_inspect(const Argv& argv) {
@@ -259,7 +290,8 @@ int cmd_inspect(const Argv& argv) {
         break;
       }
     }
-    if (!kernel && settings.disable_jit) throw KernelNotInBundle(bundles.miss_message(spec));
+    // With JIT disabled the Runtime still searches the disk cache (a pre-filled one serves
+    // deployments too), and its KernelNotInBundle names both.
   }
   if (!kernel) {
     Runtime runtime(settings);
@@ -276,7 +308,7 @@ int cmd_inspect(const Argv& argv) {
         origin = fmt::format("disk cache {}", settings.resolved_cache_dir());
         break;
       case KernelSource::compiled:
-        origin = "compiled now (NVRTC), stored in the disk cache";
+        origin = "compiled now (NVRTC), " + storage_outcome(settings, runtime.stats());
         break;
     }
   }

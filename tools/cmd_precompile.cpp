@@ -5,7 +5,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 
 #include "cache/bundle.hpp"
 #include "cli.hpp"
@@ -81,12 +84,42 @@ int report_verification(const cache::Bundle& bundle, const Manifest& manifest,
   return kExitUsage;
 }
 
+/// Refuses, before any compile, an output the bundle could not (or must not) be written to.
+void check_output_path(const std::string& output, const std::string& manifest) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (output.empty()) throw UsageError("precompile: -o names no file");
+  if (fs::is_directory(output, error)) {
+    throw UsageError(fmt::format(
+        "precompile: -o {} is a directory; give the bundle's file name, e.g. -o {}/model.kjb",
+        output, output));
+  }
+  if (fs::exists(output, error) && fs::equivalent(output, manifest, error)) {
+    throw UsageError(fmt::format(
+        "precompile: -o {} is the manifest itself; writing the bundle would overwrite it. Give "
+        "another file, e.g. -o model.kjb",
+        output));
+  }
+  const fs::path parent =
+      fs::path(output).has_parent_path() ? fs::path(output).parent_path() : fs::path(".");
+  if (!fs::is_directory(parent, error)) {
+    throw UsageError(fmt::format("precompile: -o {}: directory {} does not exist; create it first",
+                                 output, parent.string()));
+  }
+  if (::access(parent.c_str(), W_OK | X_OK) != 0) {
+    throw UsageError(fmt::format("precompile: -o {}: directory {} is not writable: {}", output,
+                                 parent.string(), std::strerror(errno)));
+  }
+}
+
 }  // namespace
 
 int cmd_precompile(const Argv& argv) {
-  const Args args = parse_args(
-      argv, {.values = {"arch", "output", "jobs", "verify", "verify-device"}, .max_positional = 1},
-      "precompile");
+  const Args args = parse_args(argv,
+                               {.values = {"arch", "output", "jobs", "verify", "verify-device"},
+                                .max_positional = 1,
+                                .repeatable = {"verify", "verify-device"}},
+                               "precompile");
   if (args.has("help")) {
     std::fputs(kPrecompileUsage, stdout);
     return kExitOk;
@@ -99,7 +132,16 @@ int cmd_precompile(const Argv& argv) {
   if (jobs < 1 || jobs > 1024) {
     throw UsageError(fmt::format("precompile: -j must be in 1..1024, got {}", jobs));
   }
+  const std::string output = args.get("output");
+  check_output_path(output, args.positional[0]);
   const Manifest manifest = read_manifest(args.positional[0]);
+  if (manifest.lines.empty()) {
+    throw UsageError(fmt::format(
+        "precompile: manifest {} has no op lines (only blank lines and comments); a bundle of "
+        "0 kernels would serve nothing. Add lines like 'merge_state dtype=bf16 head_dim=128 "
+        "heads=1..64' (see kjit precompile --help)",
+        manifest.name));
+  }
   std::vector<std::string> archs;
   std::vector<DeviceLimits> targets;
   for (const std::string& text : split_list(args.get("arch"))) {
@@ -112,6 +154,12 @@ int cmd_precompile(const Argv& argv) {
 
   const Enumeration enumeration = enumerate_specs(manifest, targets);
   for (const std::string& note : enumeration.notes) std::printf("note: %s\n", note.c_str());
+  if (enumeration.specs.empty()) {
+    throw UsageError(fmt::format(
+        "precompile: manifest {} yields no kernel in this build (every line was skipped); no "
+        "bundle written",
+        manifest.name));
+  }
   std::printf("%s: %zu lines, %zu problems planned, %zu distinct specs for %s\n",
               manifest.name.c_str(), manifest.lines.size(), enumeration.problems,
               enumeration.specs.size(), fmt::format("{}", fmt::join(archs, ",")).c_str());
@@ -152,7 +200,6 @@ int cmd_precompile(const Argv& argv) {
     compiler_id =
         compile::compiler(settings.nvrtc_library, settings.resolved_cuda_home()).identity().id;
   }
-  const std::string output = args.get("output");
   cache::write_bundle(output, cache::BundleInfo::current(compiler_id, archs, manifest.text),
                       result.kernels);
   // Read it back: the file on disk, not the kernels in memory, is what gets deployed.
@@ -167,8 +214,11 @@ int cmd_precompile(const Argv& argv) {
 }
 
 int cmd_bundle(const Argv& argv) {
-  const Args args =
-      parse_args(argv, {.values = {"verify", "verify-device"}, .max_positional = 2}, "bundle");
+  const Args args = parse_args(argv,
+                               {.values = {"verify", "verify-device"},
+                                .max_positional = 2,
+                                .repeatable = {"verify", "verify-device"}},
+                               "bundle");
   if (args.has("help")) {
     std::fputs(kBundleUsage, stdout);
     return kExitOk;

@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <unordered_set>
@@ -26,44 +28,136 @@ std::string trim(std::string_view text) {
   return std::string(text.substr(first, last - first + 1));
 }
 
-void add_range(std::int64_t low, std::int64_t high, std::vector<std::int64_t>* out) {
-  if (high - low < 16) {
-    for (std::int64_t value = low; value <= high; ++value) out->push_back(value);
-    return;
-  }
-  std::set<std::int64_t> picked = {low, high};
+/// Powers of two in [low, high].
+std::vector<std::int64_t> powers_of_two(std::int64_t low, std::int64_t high) {
+  std::vector<std::int64_t> out;
   for (std::int64_t p = 1; p > 0 && p <= high; p *= 2) {
-    for (std::int64_t value : {p - 1, p, p + 1}) {
-      if (value >= low && value <= high) picked.insert(value);
+    if (p >= low) out.push_back(p);
+    if (p > high / 2) break;
+  }
+  return out;
+}
+
+/// The accepted values of [low, high] given as a sorted list: all of them when at most 16, else
+/// the ends and the neighbours of each power of two.
+std::vector<std::int64_t> pick_listed(const std::vector<std::int64_t>& legal) {
+  if (legal.size() <= 16) return legal;
+  std::set<std::int64_t> picked = {legal.front(), legal.back()};
+  for (const std::int64_t p : powers_of_two(legal.front(), legal.back())) {
+    const auto at = std::lower_bound(legal.begin(), legal.end(), p);
+    if (at != legal.begin()) picked.insert(*(at - 1));
+    if (at != legal.end()) {
+      picked.insert(*at);  // p itself when accepted, else the next value above it
+      if (*at == p && at + 1 != legal.end()) picked.insert(*(at + 1));
     }
   }
-  out->insert(out->end(), picked.begin(), picked.end());
+  return {picked.begin(), picked.end()};
+}
+
+/// The divisors of `n` (> 0) in [low, high], ascending.
+std::vector<std::int64_t> divisors_in(std::int64_t n, std::int64_t low, std::int64_t high) {
+  std::vector<std::int64_t> out;
+  for (std::int64_t d = 1; d <= n / d; ++d) {
+    if (n % d != 0) continue;
+    for (const std::int64_t value : {d, n / d}) {
+      if (value >= low && value <= high) out.push_back(value);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+/// The representatives of the range [low, high] under `rule`; empty when it accepts none.
+std::vector<std::int64_t> rule_range(std::int64_t low, std::int64_t high, const SizeRule& rule,
+                                     const std::int64_t* divided) {
+  low = std::max(low, rule.min);
+  high = std::min(high, rule.max);
+  if (low > high) return {};
+  // Divisors are listed by trial division up to sqrt(divided); beyond 2^40 (no real model has
+  // such a size, and the op refuses it) the range is expanded as if unconstrained.
+  const bool listed_divisors = !rule.divides.empty() && divided != nullptr && *divided > 0 &&
+                               *divided <= (std::int64_t{1} << 40);
+  if (!rule.only.empty() || listed_divisors) {
+    std::vector<std::int64_t> candidates =
+        rule.only.empty() ? divisors_in(*divided, low, high) : rule.only;
+    std::vector<std::int64_t> legal;
+    for (const std::int64_t value : candidates) {
+      if (value >= low && value <= high && rule.accepts(value, divided)) legal.push_back(value);
+    }
+    std::sort(legal.begin(), legal.end());
+    return pick_listed(legal);
+  }
+  // Multiples of m in [low, high]: arithmetic, since such a range may hold 2^62 values.
+  const std::int64_t m = rule.multiple;
+  const std::int64_t first = (low + m - 1) / m * m;
+  const std::int64_t last = high / m * m;
+  if (first > last) return {};
+  std::set<std::int64_t> picked = {first, last};
+  if ((last - first) / m < 16) {
+    for (std::int64_t value = first; value <= last; value += m) picked.insert(value);
+  } else {
+    for (const std::int64_t p : powers_of_two(first, last)) {
+      const std::int64_t below = (p - 1) / m * m;
+      const std::int64_t above = p / m * m + m;
+      if (below >= first) picked.insert(below);
+      if (p % m == 0) picked.insert(p);
+      if (above <= last) picked.insert(above);
+    }
+  }
+  return {picked.begin(), picked.end()};
+}
+
+/// Splits "a..b" into its ends; false for a single item.
+bool parse_range(const std::string& item, std::int64_t* low, std::int64_t* high) {
+  const auto dots = item.find("..");
+  if (dots == std::string::npos) return false;
+  *low = parse_int(item.substr(0, dots), "a range's start");
+  *high = parse_int(item.substr(dots + 2), "a range's end");
+  if (*high < *low) throw UsageError(fmt::format("range {} is empty", item));
+  return true;
+}
+
+std::vector<std::string> first_occurrences(std::vector<std::string> values) {
+  // Keep the first occurrence only: "64,1..128" must not plan 64 twice.
+  std::vector<std::string> unique;
+  std::unordered_set<std::string> seen;
+  for (std::string& value : values) {
+    if (seen.insert(value).second) unique.push_back(std::move(value));
+  }
+  return unique;
 }
 
 }  // namespace
 
-std::vector<std::string> expand_values(std::string_view text) {
+std::vector<std::string> expand_values(std::string_view text, std::string_view name,
+                                       const SizeRule& rule, const std::int64_t* divided) {
   std::vector<std::string> out;
   for (const std::string& item : split_list(text)) {
-    const auto dots = item.find("..");
-    if (dots == std::string::npos) {
+    std::int64_t low = 0, high = 0;
+    if (!parse_range(item, &low, &high)) {
       out.push_back(item);
       continue;
     }
-    const std::int64_t low = parse_int(item.substr(0, dots), "a range's start");
-    const std::int64_t high = parse_int(item.substr(dots + 2), "a range's end");
-    if (high < low) throw UsageError(fmt::format("range {} is empty", item));
-    std::vector<std::int64_t> values;
-    add_range(low, high, &values);
-    for (std::int64_t value : values) out.push_back(std::to_string(value));
+    const std::vector<std::int64_t> values = rule_range(low, high, rule, divided);
+    if (values.empty()) {
+      throw UsageError(fmt::format("{}={}: range {} holds no value the op accepts; {} must be {}{}",
+                                   name, text, item, name, rule.text(),
+                                   !rule.divides.empty() && divided != nullptr
+                                       ? fmt::format(" (here {} = {})", rule.divides, *divided)
+                                       : std::string()));
+    }
+    for (const std::int64_t value : values) out.push_back(std::to_string(value));
   }
-  // Keep the first occurrence only: "64,1..128" must not plan 64 twice.
-  std::vector<std::string> unique;
-  std::unordered_set<std::string> seen;
-  for (std::string& value : out) {
-    if (seen.insert(value).second) unique.push_back(std::move(value));
-  }
-  return unique;
+  return first_occurrences(std::move(out));
+}
+
+std::vector<std::string> expand_values(std::string_view text) {
+  // Without a rule every integer is accepted: the same expansion as an unconstrained size.
+  return expand_values(text, "",
+                       SizeRule{.min = std::numeric_limits<std::int64_t>::min(),
+                                .max = std::numeric_limits<std::int64_t>::max()},
+                       nullptr);
 }
 
 Manifest parse_manifest(std::string text, std::string name) {
@@ -90,7 +184,8 @@ Manifest parse_manifest(std::string text, std::string name) {
         }
         const std::string key = word.substr(0, eq);
         if (parsed.values.count(key)) throw UsageError(fmt::format("{} given twice", key));
-        parsed.values[key] = expand_values(word.substr(eq + 1));
+        parsed.texts[key] = word.substr(eq + 1);
+        parsed.values[key] = expand_values(parsed.texts[key]);
         if (parsed.values[key].empty()) throw UsageError(fmt::format("{} has no values", key));
       }
       manifest.lines.push_back(std::move(parsed));
@@ -111,14 +206,32 @@ Manifest read_manifest(const std::string& path) {
 }
 
 std::vector<ShapeValues> line_problems(const ManifestLine& line, const OpInfo& op) {
-  // Unknown keys are refused by complete_values; here every parameter gets its value list.
+  const auto param_of = [&](const std::string& name) -> const OpParam* {
+    for (const OpParam& param : op.params) {
+      if (param.name == name) return &param;
+    }
+    return nullptr;
+  };
+  // Unknown keys are refused by complete_values; here every parameter gets its value list. A
+  // size whose rule divides another size is expanded last, once per value of that other size.
   std::vector<std::pair<std::string, std::vector<std::string>>> axes;
+  std::vector<const OpParam*> dependent;
   ShapeValues fixed;
   for (const auto& [key, values] : line.values) {
-    if (values.size() == 1) {
-      fixed[key] = values.front();
+    const OpParam* param = param_of(key);
+    const auto text = line.texts.find(key);
+    std::vector<std::string> expanded = values;
+    if (param != nullptr && param->size && text != line.texts.end()) {
+      if (!param->rule.divides.empty() && line.values.count(param->rule.divides) != 0) {
+        dependent.push_back(param);
+        continue;
+      }
+      expanded = expand_values(text->second, key, param->rule, nullptr);
+    }
+    if (expanded.size() == 1) {
+      fixed[key] = expanded.front();
     } else {
-      axes.emplace_back(key, values);
+      axes.emplace_back(key, std::move(expanded));
     }
   }
   for (const OpParam& param : op.params) {
@@ -132,17 +245,31 @@ std::vector<ShapeValues> line_problems(const ManifestLine& line, const OpInfo& o
   }
   complete_values(op, fixed, false);  // refuses unknown keys before any planning
   std::vector<ShapeValues> problems = {fixed};
-  for (const auto& [key, values] : axes) {
+  const auto extend = [&](const std::string& key, const auto& values_of) {
     std::vector<ShapeValues> next;
-    next.reserve(problems.size() * values.size());
     for (const ShapeValues& problem : problems) {
-      for (const std::string& value : values) {
+      for (const std::string& value : values_of(problem)) {
         ShapeValues extended = problem;
         extended[key] = value;
         next.push_back(std::move(extended));
       }
     }
     problems = std::move(next);
+  };
+  for (const auto& [key, values] : axes) {
+    extend(key, [&](const ShapeValues&) -> const std::vector<std::string>& { return values; });
+  }
+  for (const OpParam* param : dependent) {
+    const std::string& text = line.texts.at(param->name);
+    extend(param->name, [&](const ShapeValues& problem) {
+      // The divided size as this problem has it; a value that is not an integer is left for
+      // the op to refuse, and constrains nothing here.
+      std::int64_t divided = 0;
+      const std::string& other = problem.at(param->rule.divides);
+      const auto [end, error] = std::from_chars(other.data(), other.data() + other.size(), divided);
+      const bool known = error == std::errc() && end == other.data() + other.size();
+      return expand_values(text, param->name, param->rule, known ? &divided : nullptr);
+    });
   }
   for (ShapeValues& problem : problems) problem = complete_values(op, std::move(problem), true);
   return problems;

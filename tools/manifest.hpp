@@ -22,8 +22,11 @@ struct ManifestLine {
   int number = 0;
   std::string text;
   std::string op;
-  /// Parameter -> the values it takes (ranges already expanded).
+  /// Parameter -> the values it takes (ranges expanded without the op's rules).
   std::map<std::string, std::vector<std::string>> values;
+  /// Parameter -> its value text as written ("64..512,1024"): line_problems() expands ranges
+  /// again with the op's rule for that parameter.
+  std::map<std::string, std::string> texts;
 };
 
 struct Manifest {
@@ -43,9 +46,19 @@ Manifest read_manifest(const std::string& path);
 /// a longer one by representatives: both ends, every power of two inside and its neighbours
 /// (the values where grid shapes and tile counts change).
 std::vector<std::string> expand_values(std::string_view text);
+/// As above, with a range standing only for the values `rule` accepts (`divided`: the value of
+/// the size the rule's `divides` names, or nullptr): at most 16 of them whole, else the first
+/// and last, and around every power of two inside, the nearest accepted values below and above
+/// it and the power itself when accepted. Single items are kept as written (the op judges
+/// them). UsageError "<name>=<text>: range a..b holds no value ... accepts" for a range with
+/// no accepted value.
+std::vector<std::string> expand_values(std::string_view text, std::string_view name,
+                                       const SizeRule& rule, const std::int64_t* divided);
 
-/// Every concrete problem of a line: the cartesian product of its values, with the op's
-/// representative values for sizes the line omits and defaults for the rest.
+/// Every concrete problem of a line: the cartesian product of its values (ranges of sizes
+/// expanded by each size's rule, those of a size that divides another once per value of that
+/// other), with the op's representative values for sizes the line omits and defaults for the
+/// rest.
 std::vector<ShapeValues> line_problems(const ManifestLine& line, const OpInfo& op);
 
 /// Distinct specs of a manifest for some targets, in first-seen order.

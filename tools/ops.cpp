@@ -2,7 +2,9 @@
 #include "ops.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cli.hpp"
@@ -54,20 +56,32 @@ class FakeMemory {
   std::uint64_t next_ = std::uint64_t{1} << 32;
 };
 
-OpParam size(std::string name, std::string representative, std::string doc) {
-  return OpParam{std::move(name), true, "", std::move(representative), std::move(doc)};
+OpParam size(std::string name, std::string representative, std::string doc, SizeRule rule = {}) {
+  return OpParam{std::move(name),           true,           "",
+                 std::move(representative), std::move(doc), std::move(rule)};
 }
 OpParam option(std::string name, std::string fallback, std::string doc) {
   std::string representative = fallback;
-  return OpParam{std::move(name), false, std::move(fallback), std::move(representative),
-                 std::move(doc)};
+  return OpParam{std::move(name),           false,          std::move(fallback),
+                 std::move(representative), std::move(doc), {}};
 }
+
+// Problem sizes that a running engine meets as 0 (an empty batch) plan as "nothing launched";
+// model dimensions (heads, head dims) of 0 are mistakes and are refused by name.
+SizeRule at_least(std::int64_t min) { return SizeRule{.min = min}; }
+SizeRule multiple_in(std::int64_t multiple, std::int64_t min, std::int64_t max) {
+  return SizeRule{.min = min, .max = max, .multiple = multiple};
+}
+SizeRule one_of(std::vector<std::int64_t> values) {
+  return SizeRule{.min = values.front(), .max = values.back(), .only = std::move(values)};
+}
+SizeRule dividing(std::string other) { return SizeRule{.divides = std::move(other)}; }
 
 std::vector<OpParam> merge_state_params(bool states) {
   std::vector<OpParam> params = {
-      size("tokens", "1,7,64,512,4096,32768,262144", "tokens T"),
+      size("tokens", "1,7,64,512,4096,32768,262144", "tokens T", at_least(0)),
       size("heads", "", "heads H"),
-      size("head_dim", "", "head dim D (multiple of 8, 8..1024)"),
+      size("head_dim", "", "head dim D (multiple of 8, 8..1024)", multiple_in(8, 8, 1024)),
       option("dtype", "bf16", "dtype of the partial outputs v"),
       option("out_dtype", "=dtype", "dtype of v_out (v's dtype or f32)"),
       option("lse_base", "e", "base of the LSEs: e or 2"),
@@ -83,11 +97,12 @@ std::vector<OpParam> merge_state_params(bool states) {
 
 std::vector<OpParam> gdn_decode_params() {
   return {
-      size("batch", "1,2,8,64,256,1024,4096,16384", "rows B"),
-      size("heads", "", "q/k heads H"),
+      size("batch", "1,2,8,64,256,1024,4096,16384", "rows B",
+           SizeRule{.min = 1, .max = std::int64_t{1} << 24}),
+      size("heads", "", "q/k heads H", dividing("v_heads")),
       size("v_heads", "", "value heads HV (a multiple of H)"),
-      size("k", "", "key head dim K"),
-      size("v", "", "value head dim V"),
+      size("k", "", "key head dim K (multiple of 16, 16..256)", multiple_in(16, 16, 256)),
+      size("v", "", "value head dim V (multiple of 16, 16..256)", multiple_in(16, 16, 256)),
       option("dtype", "bf16", "dtype of mixed_qkv"),
       option("gate_dtype", "=dtype", "dtype of a and b"),
       option("a_log_dtype", "f32", "dtype of A_log"),
@@ -106,12 +121,12 @@ std::vector<OpParam> gdn_decode_params() {
 
 std::vector<OpParam> gdn_prefill_params() {
   return {
-      size("tokens", "1,64,1000,8192,65536", "tokens T over all sequences"),
-      size("seqs", "1,4,64", "sequences N"),
-      size("heads", "", "q/k heads H"),
+      size("tokens", "1,64,1000,8192,65536", "tokens T over all sequences", at_least(0)),
+      size("seqs", "1,4,64", "sequences N", at_least(0)),
+      size("heads", "", "q/k heads H", dividing("v_heads")),
       size("v_heads", "", "value heads HV (a multiple of H)"),
-      size("k", "", "key head dim K (64, 128, 256)"),
-      size("v", "", "value head dim V (64, 128, 256)"),
+      size("k", "", "key head dim K (64, 128, 256)", one_of({64, 128, 256})),
+      size("v", "", "value head dim V (64, 128, 256)", one_of({64, 128, 256})),
       option("dtype", "bf16", "dtype of q, k, v (bf16, f16)"),
       option("gate_dtype", "=dtype", "dtype of a and b (raw gates)"),
       option("param_dtype", "f32", "dtype of A_log and dt_bias"),
@@ -312,6 +327,29 @@ Plan plan_prefill(const ShapeValues& values, const DeviceLimits& device) {
 
 }  // namespace
 
+bool SizeRule::accepts(std::int64_t value, const std::int64_t* divided) const {
+  if (value < min || value > max || value % multiple != 0) return false;
+  if (!only.empty() && std::find(only.begin(), only.end(), value) == only.end()) return false;
+  if (!divides.empty() && divided != nullptr && (value == 0 || *divided % value != 0)) {
+    return false;
+  }
+  return true;
+}
+
+std::string SizeRule::text() const {
+  if (!only.empty()) return fmt::format("one of {}", fmt::join(only, ", "));
+  std::string out;
+  if (multiple > 1) {
+    out = fmt::format("a multiple of {} in {}..{}", multiple, min, max);
+  } else if (max < (std::int64_t{1} << 62)) {
+    out = fmt::format("in {}..{}", min, max);
+  } else {
+    out = fmt::format(">= {}", min);
+  }
+  if (!divides.empty()) out += fmt::format(", dividing {}", divides);
+  return out;
+}
+
 const std::vector<OpInfo>& known_ops() {
   static const std::vector<OpInfo> ops = {
       {"merge_state", merge_state_params(false), KJIT_TOOL_HAVE_MERGE_STATE != 0,
@@ -385,8 +423,17 @@ ShapeValues complete_values(const OpInfo& op, ShapeValues values, bool require_s
 }
 
 Plan plan_op(const OpInfo& op, const ShapeValues& values, const DeviceLimits& device) {
-  (void)values;
-  (void)device;
+  // Sizes out of their range are named here: the op, seeing tensors built from them, could
+  // only report a consequence (heads = 0 makes zero-stride outputs that "overlap").
+  for (const OpParam& param : op.params) {
+    const auto it = values.find(param.name);
+    if (!param.size || it == values.end()) continue;
+    const std::int64_t value = parse_int(it->second, param.name);
+    if (value < param.rule.min || value > param.rule.max) {
+      throw UsageError(fmt::format("{}: {} = {} is out of range; {} must be {}", op.name,
+                                   param.name, value, param.name, param.rule.text()));
+    }
+  }
 #if KJIT_TOOL_HAVE_MERGE_STATE
   if (op.name.starts_with("merge_state")) return plan_merge(op.name, values, device);
 #endif

@@ -4,6 +4,7 @@
 // with fake, aligned, non-overlapping addresses: planning never dereferences them.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <string_view>
@@ -13,6 +14,27 @@
 #include "kjit/plan.hpp"
 
 namespace kjit::tool {
+
+/// The values a size accepts, as far as the tool can tell without planning: `kjit plan` and
+/// kjit.plan() refuse a size outside [min, max] with this rule's text, and a manifest range
+/// expands only to representatives that satisfy the whole rule. The op stays the authority:
+/// it checks every call again.
+struct SizeRule {
+  std::int64_t min = 1;
+  std::int64_t max = std::int64_t{1} << 62;
+  /// The value must be a multiple of this.
+  std::int64_t multiple = 1;
+  /// Non-empty: only these values.
+  std::vector<std::int64_t> only;
+  /// Non-empty: the value must divide this other size ("v_heads").
+  std::string divides;
+
+  /// Whether `value` satisfies the rule; `divided` is the value of `divides` (ignored when
+  /// the rule has none, or when it is unknown: nullptr).
+  bool accepts(std::int64_t value, const std::int64_t* divided) const;
+  /// "a multiple of 8 in 8..1024", ">= 1, dividing v_heads", ...
+  std::string text() const;
+};
 
 /// One value an op's plan depends on.
 struct OpParam {
@@ -25,6 +47,8 @@ struct OpParam {
   /// Values a manifest line enumerates when it omits the parameter (comma separated).
   std::string representative;
   std::string doc;
+  /// For sizes: the values accepted.
+  SizeRule rule;
 };
 
 /// An op the tool knows, and whether this build has it.

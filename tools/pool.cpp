@@ -149,6 +149,9 @@ PoolResult compile_in_pool(const std::vector<KernelSpec>& specs, int jobs, bool 
     worker.results = UniqueFd(result_pipe[0]);
   }
 
+  // By spec index: workers finish in any order, and a bundle written from completion order
+  // would differ from run to run.
+  std::vector<std::optional<CompiledKernel>> compiled(specs.size());
   std::size_t next = 0;
   std::size_t done = 0;
   auto assign = [&](Worker& worker) {
@@ -215,7 +218,7 @@ PoolResult compile_in_pool(const std::vector<KernelSpec>& specs, int jobs, bool 
           kernel = cache::decode_entry(std::string_view(payload).substr(32), key, &why);
         }
         if (kernel) {
-          result.kernels.push_back(std::move(*kernel));
+          compiled[static_cast<std::size_t>(worker.busy)] = std::move(kernel);
         } else {
           result.failures.push_back(fmt::format("{}: bad result from worker: {}", spec.str(), why));
         }
@@ -238,6 +241,9 @@ PoolResult compile_in_pool(const std::vector<KernelSpec>& specs, int jobs, bool 
     result.failures.push_back(fmt::format("{}: not compiled: no worker left", specs[next].str()));
   }
   ::sigaction(SIGPIPE, &previous, nullptr);
+  for (std::optional<CompiledKernel>& kernel : compiled) {
+    if (kernel) result.kernels.push_back(std::move(*kernel));
+  }
   result.seconds = elapsed();
   return result;
 }

@@ -121,7 +121,8 @@ KernelSpec KernelSpec::parse(std::string_view text) {
   if (colon == std::string_view::npos || at == std::string_view::npos || at < colon) {
     throw InvalidArgument(
         fmt::format("spec '{}' is malformed; expected <family>:<key>=<value>,...@<arch>, e.g. "
-                    "merge_state:dtype=bf16,head_dim=128,...@sm_90",
+                    "probe:heavy=0@sm_90 (an op's specs are listed by `kjit plan <op> ...` and "
+                    "kjit.plan(...).specs)",
                     original));
   }
   const std::string_view family = text.substr(0, colon);

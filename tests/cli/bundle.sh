@@ -35,6 +35,43 @@ contains "$ERR" "only for sm_90"
 run 2 precompile "$WORK/small.txt" --arch sm_90 -o "$WORK/again.kjb" --verify-device name=tiny,regs=1024
 contains "$ERR" "registers per block"
 
+# Reproducible (issue 20): the same manifest compiled twice from empty caches, by two workers
+# finishing in any order, is the same bytes.
+cat >"$WORK/several.txt" <<'MANIFEST'
+merge_state dtype=bf16 heads=8 head_dim=64,128,256 tokens=64 lse_base=e,2
+MANIFEST
+KJIT_CACHE_DIR="$WORK/cache-a" run 0 precompile "$WORK/several.txt" --arch sm_90 -o "$WORK/a.kjb" -j 2
+KJIT_CACHE_DIR="$WORK/cache-b" run 0 precompile "$WORK/several.txt" --arch sm_90 -o "$WORK/b.kjb" -j 2
+cmp "$WORK/a.kjb" "$WORK/b.kjb" || fail "two builds of one manifest differ"
+! grep -aq "Compile time" "$WORK/a.kjb" || fail "the bundle stores ptxas timings"
+
+# Refused up front, with one line and before any compile (issue 20): an empty or comment-only
+# manifest, -o naming the manifest, -o naming a directory or a missing directory.
+: >"$WORK/empty.txt"
+usage_error precompile "$WORK/empty.txt" --arch sm_90 -o "$WORK/empty.kjb"
+contains "$ERR" "has no op lines"
+printf '# only a comment\n\n   # another\n' >"$WORK/comments.txt"
+usage_error precompile "$WORK/comments.txt" --arch sm_90 -o "$WORK/empty.kjb"
+[ ! -e "$WORK/empty.kjb" ] || fail "a bundle of 0 kernels was written"
+cp "$WORK/small.txt" "$WORK/keep.txt"
+usage_error precompile "$WORK/keep.txt" --arch sm_90 -o "$WORK/keep.txt"
+contains "$ERR" "is the manifest itself"
+cmp "$WORK/small.txt" "$WORK/keep.txt" || fail "the manifest was overwritten"
+usage_error precompile "$WORK/keep.txt" --arch sm_90 -o "$WORK/../$(basename "$WORK")/keep.txt"
+contains "$ERR" "is the manifest itself"
+mkdir -p "$WORK/outdir"
+export KJIT_CACHE_DIR="$WORK/cache-refused"
+usage_error precompile "$WORK/small.txt" --arch sm_90 -o "$WORK/outdir"
+contains "$ERR" "is a directory"
+usage_error precompile "$WORK/small.txt" --arch sm_90 -o "$WORK/missing/x.kjb"
+contains "$ERR" "does not exist"
+[ ! -e "$KJIT_CACHE_DIR" ] || fail "a refused precompile compiled first"
+export KJIT_CACHE_DIR="$WORK/cache"
+# A range with no value the op accepts names the line (and compiles nothing).
+printf '# sizes\nmerge_state dtype=bf16 heads=8 head_dim=65..71 tokens=64\n' >"$WORK/norange.txt"
+usage_error precompile "$WORK/norange.txt" --arch sm_90 -o "$WORK/norange.kjb"
+contains "$ERR" "norange.txt:2: head_dim=65..71: range 65..71 holds no value the op accepts"
+
 # No NVRTC, JIT disabled: inspect is served by the bundle.
 export KJIT_BUNDLE_PATH="$WORK/small.kjb" KJIT_DISABLE_JIT=1 KJIT_NVRTC_LIBRARY=/nonexistent/libnvrtc.so
 run 0 inspect "$spec" --key

@@ -70,6 +70,27 @@ usage_error plan merge_state --tokens 64 --heads 8 --head-dim 128 --arch sm_90 -
 usage_error plan merge_state --tokens 64 --heads 8 --head-dim 12 --arch sm_90
 usage_error plan merge_state --tokens 64 --heads 8 --head-dim 128 --lse-base 10 --arch sm_90
 usage_error plan gdn_decode --batch 8 --heads 3 --v-heads 32 --k 128 --v 128 --arch sm_90
+# Issue 20: sizes out of range are named (not reported as their consequence), a missing value
+# is named (not "give one op"), and an option given twice is refused.
+usage_error plan merge_state --tokens 64 --heads 0 --head-dim 128 --arch sm_90
+contains "$ERR" "heads = 0 is out of range; heads must be >= 1"
+usage_error plan merge_state --tokens --heads 8 --head-dim 128 --arch sm_90
+contains "$ERR" "plan: --tokens needs a value"
+usage_error plan merge_state --tokens 64 --heads 8 --heads 16 --head-dim 128 --arch sm_90
+contains "$ERR" "--heads given twice ('8', then '16')"
+usage_error plan merge_state --tokens 64 --heads 8 --head-dim 128 --head_dim 64 --arch sm_90
+contains "$ERR" "--head-dim and --head_dim name the same value"
+usage_error plan merge_state --tokens 64 --heads 8 --head-dim 128 --arch sm_90 --arch sm_80
+usage_error precompile m.txt --arch sm_90 -o a.kjb -o b.kjb
+contains "$ERR" "-o given twice"
+# An empty batch is a call an engine makes: it plans, launching nothing.
+run 0 plan merge_state --tokens 0 --heads 8 --head-dim 128 --arch sm_90
+contains "$OUT" "mode empty"
+# The example of the malformed-spec message is a spec that works.
+usage_error source 'probe:heavy=1'
+example=$(printf '%s\n' "$ERR" | sed -n 's/.*e\.g\. \([^ ]*\).*/\1/p')
+[ -n "$example" ] || fail "no example in: $ERR"
+run 0 source "$example"
 usage_error source
 usage_error source 'nofamily:x=1@sm_90'
 usage_error inspect 'probe:heavy=2@sm_90'

@@ -176,7 +176,17 @@ TEST_CASE("bad specs name what is wrong") {
   CHECK(contains(bad_value, "0, 1"));
 
   CHECK(contains(parse_error("probe heavy=1"), "malformed"));
-  CHECK(contains(parse_error("probe:heavy=1"), "malformed"));
+  const std::string malformed = parse_error("probe:heavy=1");
+  CHECK(contains(malformed, "malformed"));
+  {
+    // The example the message gives is a spec a user can paste (issue 20: it was not).
+    const std::size_t start = malformed.find("e.g. ");
+    REQUIRE(start != std::string::npos);
+    const std::string example =
+        malformed.substr(start + 5, malformed.find(' ', start + 5) - (start + 5));
+    CAPTURE(example);
+    CHECK_NOTHROW(KernelSpec::parse(example));
+  }
   CHECK(contains(parse_error("probe:heavy@sm_90"), "'heavy'"));
   CHECK(contains(parse_error("probe:=1@sm_90"), "key=value"));
 

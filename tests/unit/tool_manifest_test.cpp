@@ -132,6 +132,140 @@ TEST_CASE("verify uses the recorded registers") {
 }
 #endif
 
+#if KJIT_TOOL_HAVE_MERGE_STATE && KJIT_TOOL_HAVE_GDN_DECODE && KJIT_TOOL_HAVE_GDN_PREFILL
+namespace {
+
+const OpInfo& op_named(const std::string& name) {
+  for (const OpInfo& op : known_ops()) {
+    if (op.name == name) return op;
+  }
+  FAIL("no op " << name);
+  throw;
+}
+
+/// The distinct values `key` takes over the problems of a one-line manifest.
+std::vector<std::string> values_of(const std::string& line, const std::string& key) {
+  const Manifest manifest = parse_manifest(line + "\n", "m.txt");
+  std::vector<std::string> values;
+  for (const ShapeValues& problem :
+       line_problems(manifest.lines.at(0), op_named(manifest.lines[0].op))) {
+    if (!has(values, problem.at(key))) values.push_back(problem.at(key));
+  }
+  std::sort(values.begin(), values.end(), [](const std::string& a, const std::string& b) {
+    return std::stoll(a) < std::stoll(b);
+  });
+  return values;
+}
+
+}  // namespace
+
+TEST_CASE("manifest ranges expand to values the op accepts (issue 20)") {
+  // head_dim: multiples of 8 only; the ends and the multiples around each power of two.
+  const auto head_dims = values_of("merge_state tokens=4 heads=8 head_dim=64..512", "head_dim");
+  CHECK(head_dims == std::vector<std::string>{"64", "72", "120", "128", "136", "248", "256", "264",
+                                              "504", "512"});
+  // k: multiples of 16 in 16..256; a range reaching past the limit is clipped to it.
+  const auto ks = values_of("gdn_decode batch=1 heads=16 v_heads=32 k=64..300 v=128", "k");
+  CHECK(ks.front() == "64");
+  CHECK(ks.back() == "256");
+  for (const std::string& k : ks) CHECK(std::stoll(k) % 16 == 0);
+  // gdn_prefill's K is one of 64, 128, 256.
+  CHECK(values_of("gdn_prefill tokens=64 seqs=1 heads=16 v_heads=32 k=64..256 v=128", "k") ==
+        std::vector<std::string>{"64", "128", "256"});
+  // heads: the divisors of v_heads, per value of v_heads.
+  CHECK(values_of("gdn_decode batch=1 heads=1..16 v_heads=32 k=128 v=128", "heads") ==
+        std::vector<std::string>{"1", "2", "4", "8", "16"});
+  const Manifest two =
+      parse_manifest("gdn_decode batch=1 heads=3..6 v_heads=32,48 k=128 v=128\n", "m");
+  std::vector<std::string> pairs;
+  for (const ShapeValues& problem : line_problems(two.lines[0], op_named("gdn_decode"))) {
+    pairs.push_back(problem.at("heads") + "/" + problem.at("v_heads"));
+  }
+  std::sort(pairs.begin(), pairs.end());
+  CHECK(pairs == std::vector<std::string>{"3/48", "4/32", "4/48", "6/48"});
+  // Unconstrained sizes keep the plain expansion; single values are left to the op.
+  CHECK(values_of("merge_state tokens=1..3 heads=8 head_dim=64", "tokens") ==
+        std::vector<std::string>{"1", "2", "3"});
+  CHECK(values_of("merge_state tokens=4 heads=8 head_dim=65", "head_dim") ==
+        std::vector<std::string>{"65"});
+}
+
+TEST_CASE("the issue's manifest ranges plan on sm_90 and sm_100a") {
+  const Manifest manifest = parse_manifest(
+      "merge_state dtype=bf16 head_dim=64..512 heads=1..16 tokens=64 lse_base=e\n"
+      "gdn_decode batch=8 heads=1..16 v_heads=32 k=64..256 v=128\n"
+      "gdn_prefill tokens=1000 seqs=4 heads=1..16 v_heads=32 k=64..256 v=64..256\n",
+      "issue20.txt");
+  Enumeration enumeration;
+  REQUIRE_NOTHROW(enumeration =
+                      enumerate_specs(manifest, {DeviceLimits::for_arch(Arch::parse("sm_90")),
+                                                 DeviceLimits::for_arch(Arch::parse("sm_100a"))}));
+  CHECK(enumeration.problems > 0);
+  CHECK_FALSE(enumeration.specs.empty());
+}
+
+TEST_CASE("a manifest range with no accepted value is an error naming the line") {
+  CHECK_THROWS_WITH_AS(
+      enumerate_specs(
+          parse_manifest("# sizes\nmerge_state tokens=4 heads=8 head_dim=65..71\n", "m.txt"),
+          {DeviceLimits::for_arch(Arch::parse("sm_90"))}),
+      doctest::Contains("m.txt:2: head_dim=65..71: range 65..71 holds no value the op accepts; "
+                        "head_dim must be a multiple of 8 in 8..1024"),
+      UsageError);
+  CHECK_THROWS_WITH_AS(
+      enumerate_specs(
+          parse_manifest("gdn_decode batch=1 heads=5..7 v_heads=32 k=128 v=128\n", "m.txt"),
+          {DeviceLimits::for_arch(Arch::parse("sm_90"))}),
+      doctest::Contains("m.txt:1: heads=5..7: range 5..7 holds no value the op accepts; heads "
+                        "must be >= 1, dividing v_heads (here v_heads = 32)"),
+      UsageError);
+}
+
+TEST_CASE("plan refuses a size out of range by name (issue 20: heads = 0)") {
+  const DeviceLimits sm90 = DeviceLimits::for_arch(Arch::parse("sm_90"));
+  const OpInfo& merge = op_named("merge_state");
+  CHECK_THROWS_WITH_AS(
+      plan_op(merge,
+              complete_values(merge, {{"tokens", "4"}, {"heads", "0"}, {"head_dim", "64"}}, true),
+              sm90),
+      doctest::Contains("heads = 0 is out of range; heads must be >= 1"), UsageError);
+  // An empty batch is a real call: it plans (nothing is launched).
+  CHECK(plan_op(merge,
+                complete_values(merge, {{"tokens", "0"}, {"heads", "8"}, {"head_dim", "64"}}, true),
+                sm90)
+            .mode == "empty");
+  const OpInfo& decode = op_named("gdn_decode");
+  CHECK_THROWS_WITH_AS(
+      plan_op(decode,
+              complete_values(
+                  decode,
+                  {{"batch", "1"}, {"heads", "16"}, {"v_heads", "32"}, {"k", "512"}, {"v", "128"}},
+                  true),
+              sm90),
+      doctest::Contains("k = 512 is out of range; k must be a multiple of 16 in 16..256"),
+      UsageError);
+}
+#endif
+
+TEST_CASE("command lines: a missing value and a repeated option are refused") {
+  const ArgSpec spec{
+      .values = {"arch", "verify"}, .any_value_option = true, .repeatable = {"verify"}};
+  CHECK_THROWS_WITH_AS(parse_args({"merge_state", "--tokens", "--heads", "8"}, spec, "plan"),
+                       doctest::Contains("plan: --tokens needs a value"), UsageError);
+  CHECK_THROWS_WITH_AS(
+      parse_args({"merge_state", "--heads", "8", "--heads=16"}, spec, "plan"),
+      doctest::Contains("plan: --heads given twice ('8', then '16'); give it once"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_args({"-o", "a", "-o", "b"}, {.values = {"output"}}, "precompile"),
+                       doctest::Contains("-o given twice"), UsageError);
+  CHECK_THROWS_WITH_AS(parse_args({"-o", "--arch"}, {.values = {"output", "arch"}}, "precompile"),
+                       doctest::Contains("-o needs a value"), UsageError);
+  // Negative numbers are values; repeatable options keep every value.
+  const Args args =
+      parse_args({"--tokens", "-5", "--verify", "h100", "--verify", "h200"}, spec, "plan");
+  CHECK(args.get("tokens") == "-5");
+  CHECK(args.all("verify") == std::vector<std::string>{"h100", "h200"});
+}
+
 TEST_CASE("fabricated devices") {
   const DeviceLimits device = parse_device("name=tiny,base=h100,threads=256,grid_y=7,regs=4096");
   CHECK(device.name == "tiny");
