@@ -613,13 +613,13 @@ CpDecision decide_cp(const Problem& pr, const DeviceLimits& device, std::int64_t
                     segments, pr.value_heads);
     return d;
   }
-  // A third input stage where the shared memory holds it: the passes run one block per SM on
-  // every SM, and two stages leave the loads' latency exposed (H200: docs/architecture.md).
+  // Two input stages unless forced: a third (where the shared memory holds it) was no faster on
+  // the H200 (1 x 32768 tokens, 16 heads: 935.0 us with 3, 936.0 with 2, same run).
   const auto stage_fits = [&](int stages) {
     return gdn_prefill_state_smem(static_cast<int>(pr.k), d.bv, stages).total <=
            device.max_smem_per_block_optin;
   };
-  d.stages = forced_stages > 0 ? forced_stages : stage_fits(3) ? 3 : 2;
+  d.stages = forced_stages > 0 ? forced_stages : 2;
   if (!stage_fits(d.stages)) {
     d.why_not = fmt::format(
         "context-parallel path out: {} input stages of the {}-row tile need {} bytes of shared "
