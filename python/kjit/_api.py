@@ -11,6 +11,7 @@ steady-state path is then one vectorcall plus the C++ op (a memoized plan and cu
 
 from __future__ import annotations
 
+import math
 import sys
 
 from . import _kjit
@@ -65,8 +66,16 @@ _kjit._register_allocator(_empty)
 
 
 def _base(lse_base):
-    # The extension takes the base as text; 2 is the natural way to write base 2.
-    return lse_base if lse_base is None or lse_base.__class__ is str else str(lse_base)
+    # The extension takes the base as text. 2, 2.0 and math.e are what people type; anything
+    # else goes on as its str() and is refused there, by name.
+    if lse_base is None or lse_base.__class__ is str:
+        return lse_base
+    if isinstance(lse_base, float) and not isinstance(lse_base, bool):
+        if lse_base == 2.0:
+            return "2"
+        if lse_base == math.e:
+            return "e"
+    return str(lse_base)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,13 +115,18 @@ gdn_decode = _kjit.gdn_decode
 
 def gdn_decode_gated(mixed_qkv, g, beta, state, state_indices, out=None, *, scale=None,
                      l2norm_qk=True, invalid_index="negative", mode="", debug_check_indices=False,
-                     stream=None, _plan=False, _arch=None):
-    """gdn_decode with precomputed f32 gates: g [B, HV] (log decay) and beta [B, HV]."""
+                     row_order="auto", stream=None, _plan=False, _arch=None):
+    """gdn_decode with precomputed f32 gates: g [B, HV] (log decay) and beta [B, HV].
+
+    invalid_index defaults to 'negative' (index < 0 is padding, slot 0 is real: SGLang's
+    pools); with vLLM's pools, whose slot 0 is a null block, pass 'nonpositive' (see
+    gdn_decode)."""
+    _check_arch("gdn_decode_gated", _arch)
     if out is None:
         out = _empty(mixed_qkv, (mixed_qkv.shape[0], state.shape[1], state.shape[2]))
     result = _kjit._gdn_decode_gated(mixed_qkv, g, beta, state, state_indices, out, scale,
-                                     l2norm_qk, invalid_index, mode, debug_check_indices, stream,
-                                     _plan, _arch)
+                                     l2norm_qk, invalid_index, mode, debug_check_indices,
+                                     row_order, stream, _plan, _arch)
     return result if _plan else out
 
 
@@ -215,13 +229,47 @@ _OPS = {
 # Plans, prewarm, inspection
 
 
-def _shape_text(value) -> str:
+def _shape_text(op, name, value, size) -> str:
+    """The text of one plan() shape value. A size must be an int: 64.0, True or None would
+    otherwise read as 64, 1 or a bad dtype."""
+    if size:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return value.strip()
+        raise _kjit.InvalidArgument(
+            f"plan: {name} = {value!r} ({type(value).__name__}) is not a size of {op}; "
+            f"accepted: an int")
+    if value is None:
+        raise _kjit.InvalidArgument(
+            f"plan: {name} = None; accepted: leave {name} out for its default, or give a str, "
+            "an int, a bool or a dtype")
     if isinstance(value, bool):
         return "1" if value else "0"
+    if name == "lse_base":
+        return _base(value)
     if isinstance(value, (str, int)):
         return str(value)
+    if isinstance(value, float):
+        raise _kjit.InvalidArgument(
+            f"plan: {name} = {value!r} is a float; accepted: a str, an int, a bool or a dtype")
     # A dtype object: torch.bfloat16, numpy.float16 (a class) or numpy.dtype("float16").
     return _dtype_name(getattr(value, "__name__", None) or value)
+
+
+def _check_arch(fn, arch):
+    if arch is not None and not isinstance(arch, str):
+        raise _kjit.InvalidArgument(
+            f"{fn}: arch = {arch!r} is a {type(arch).__name__}; accepted: a str naming an arch "
+            "or a device, e.g. 'sm_90', 'sm_100a', 'h100', 'h200'")
+
+
+def _spec_text(fn, spec):
+    if not isinstance(spec, str):
+        raise _kjit.InvalidArgument(
+            f"{fn}: spec = {spec!r} is a {type(spec).__name__}; accepted: a spec string "
+            "family:key=value,...@arch, e.g. 'probe:heavy=0@sm_90' (Plan.specs lists an op's)")
+    return spec
 
 
 def plan(op, arch=None, device=None, **shape):
@@ -231,7 +279,17 @@ def plan(op, arch=None, device=None, **shape):
     neither, with a GPU present) plans for a live device. ``kjit.shape_names(op)`` lists the
     names. Raises InvalidArgument for bad values, PlanError when no legal launch exists.
     """
-    values = {name: _shape_text(value) for name, value in shape.items()}
+    if not isinstance(op, str):
+        raise _kjit.InvalidArgument(
+            f"plan: op = {op!r} is a {type(op).__name__}; accepted: an op name, one of "
+            + ", ".join(_kjit._ops()))
+    _check_arch("plan", arch)
+    if device is not None and (not isinstance(device, int) or isinstance(device, bool)):
+        raise _kjit.InvalidArgument(
+            f"plan: device = {device!r} is a {type(device).__name__}; accepted: a CUDA device "
+            "ordinal (int)")
+    sizes = {name for name, size, _, _ in _kjit._op_params(op) if size}
+    values = {name: _shape_text(op, name, value, name in sizes) for name, value in shape.items()}
     return _kjit._plan_shape(op, values, arch, device)
 
 
@@ -243,6 +301,7 @@ def plan_call(op, *args, arch=None, **kwargs):
     if fn is None or fn not in _OPS.values():
         raise _kjit.InvalidArgument(
             f"plan_call: op = {op!r} is not a kjit op; accepted: " + ", ".join(_OPS))
+    _check_arch("plan_call", arch)
     return fn(*args, _plan=True, _arch=arch, **kwargs)
 
 
@@ -280,7 +339,7 @@ def prewarm(what, device=None, **shape):
         if isinstance(item, _kjit.Plan):
             specs.extend(item.specs)
         elif isinstance(item, str):
-            specs.append(item)
+            specs.append(_spec_text("prewarm", item))
         else:
             raise _kjit.InvalidArgument(
                 f"prewarm: {item!r} is not a Plan or a spec string; accepted: an op name with "
@@ -291,14 +350,14 @@ def prewarm(what, device=None, **shape):
 def source(spec, templates=False):
     """The exact stub source NVRTC compiles for a spec (`kjit source`); templates=True appends
     every embedded template it includes."""
-    return _kjit._source(spec, templates)
+    return _kjit._source(_spec_text("source", spec), bool(templates))
 
 
 def compile(spec):  # noqa: A001 - the kjit verb
     """Compiles a spec through the runtime's caches (needs NVRTC, not a GPU) and returns a dict:
     spec, origin (memory/bundle/disk/compiled), key, key_material, source, options, log, ptx,
     lowered_name, cubin (bytes), resources (registers, static_smem, spills, ...)."""
-    return _kjit._compile(spec)
+    return _kjit._compile(_spec_text("compile", spec))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -61,15 +61,16 @@ def register():
     def gdn_decode(mixed_qkv: Tensor, a: Tensor, b: Tensor, a_log: Tensor, dt_bias: Tensor,
                    state: Tensor, state_indices: Tensor, scale: Optional[float] = None,
                    l2norm_qk: bool = True, softplus_threshold: float = 20.0,
-                   invalid_index: str = "negative") -> Tensor:
+                   invalid_index: str = "negative", row_order: str = "auto") -> Tensor:
+        # invalid_index: see kjit.gdn_decode (vLLM's pools need "nonpositive").
         return _api.gdn_decode(mixed_qkv, a, b, a_log, dt_bias, state, state_indices,
                                scale=scale, l2norm_qk=l2norm_qk,
                                softplus_threshold=softplus_threshold,
-                               invalid_index=invalid_index)
+                               invalid_index=invalid_index, row_order=row_order)
 
     @gdn_decode.register_fake
     def _(mixed_qkv, a, b, a_log, dt_bias, state, state_indices, scale=None, l2norm_qk=True,
-          softplus_threshold=20.0, invalid_index="negative"):
+          softplus_threshold=20.0, invalid_index="negative", row_order="auto"):
         return mixed_qkv.new_empty((mixed_qkv.shape[0], state.shape[1], state.shape[2]))
 
     @torch.library.custom_op("kjit::gdn_prefill", mutates_args=("state",))

@@ -14,6 +14,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cctype>
 #include <cstdint>
 #include <optional>
 #include <set>
@@ -101,7 +102,9 @@ void configure(nb::dict overrides) {
     } else if (key == "dump_dir") {
       s.dump_dir = nb::cast<std::string>(value);
     } else if (key == "log") {
-      const std::string level = nb::cast<std::string>(value);
+      std::string level = nb::cast<std::string>(value);
+      // Any case, as KJIT_LOG.
+      for (char& c : level) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
       const LogLevel levels[] = {LogLevel::off, LogLevel::error, LogLevel::warn, LogLevel::info,
                                  LogLevel::debug};
       bool found = false;
@@ -222,6 +225,26 @@ struct Arg {
   throw InvalidArgument(std::string(op) + ": " + name + " " + what);
 }
 
+/// The dtypes an argument of this name takes, for the message about a dtype kjit has no name
+/// for (int16, complex, ...): listing every dtype kjit knows would suggest that floats fit an
+/// index argument. Only reached on that error path.
+const char* accepted_dtypes(std::string_view name) {
+  for (std::string_view index : {"state_indices", "cu_seqlens", "checkpoint_cu_starts"}) {
+    if (name == index) return "int32, int64";
+  }
+  for (std::string_view mask : {"mask", "has_initial_state"}) {
+    if (name == mask) return "bool, uint8";
+  }
+  if (name == "workspace") return "uint8";
+  for (std::string_view lse : {"s_a", "s_b", "s", "s_other", "s_out", "g", "beta"}) {
+    if (name == lse) return "float32";
+  }
+  if (name == "tensor") {  // the debug readers, which take any dtype kjit knows
+    return "float16, bfloat16, float32, float64, int32, int64, uint8, bool, float8_e4m3fn";
+  }
+  return "float16, bfloat16, float32";
+}
+
 /// Owned reference that is released at scope exit.
 struct Ref {
   PyObject* p;
@@ -267,8 +290,7 @@ Arg torch_arg(const char* op, const char* name, PyObject* obj) {
       Ref text(PyObject_Str(dtype.p));
       bad(op, name,
           std::string("has dtype ") + PyUnicode_AsUTF8(text.p) +
-              "; accepted: float16, bfloat16, float32, float64, int32, int64, uint8, bool, "
-              "float8_e4m3fn (which ones depend on the argument)");
+              "; accepted: " + accepted_dtypes(name));
     }
   }
   {
@@ -315,8 +337,7 @@ DType dlpack_dtype(const char* op, const char* name, nb::dlpack::dtype dt) {
   }
   bad(op, name,
       "has DLPack dtype (code " + std::to_string(dt.code) + ", bits " + std::to_string(dt.bits) +
-          ", lanes " + std::to_string(dt.lanes) +
-          "); accepted: float16, bfloat16, float32, float64, int32, int64, uint8, bool");
+          ", lanes " + std::to_string(dt.lanes) + "); accepted: " + accepted_dtypes(name));
 }
 
 Arg dlpack_arg(const char* op, const char* name, nb::handle obj) {
@@ -474,7 +495,8 @@ LseBase parse_base(const char* op, const std::optional<std::string>& text) {
   if (*text == "e") return LseBase::e;
   if (*text == "2" || *text == "two") return LseBase::two;
   throw InvalidArgument(std::string(op) + ": lse_base = '" + *text +
-                        "' is not a base; accepted: '2' or 'e'");
+                        "' is not a base; accepted: 2, '2' or 2.0 (FlashInfer) and 'e' or "
+                        "math.e (FlashAttention, SGLang, vLLM)");
 }
 
 MergeStateOptions merge_options(const char* op, const std::optional<std::string>& base,
@@ -530,16 +552,27 @@ nb::object merge_states(nb::handle v, nb::handle s, nb::handle v_out, nb::handle
   return nb::none();
 }
 
-GdnDecodeOptions decode_options(std::optional<double> scale, bool l2norm, double threshold,
-                                const std::string& invalid, const std::string& mode,
-                                bool debug_check, int device) {
+GdnRowOrder parse_row_order(const char* op, const std::string& text) {
+  if (text == "auto") return GdnRowOrder::automatic;
+  if (text == "by_slot") return GdnRowOrder::by_slot;
+  if (text == "as_given") return GdnRowOrder::as_given;
+  throw InvalidArgument(std::string(op) + ": row_order = '" + text +
+                        "' is not an order; accepted: 'auto' (slot order for steps reading >= "
+                        "512 MiB of state), 'by_slot' or 'as_given'");
+}
+
+GdnDecodeOptions decode_options(const char* op, std::optional<double> scale, bool l2norm,
+                                double threshold, const std::string& invalid,
+                                const std::string& mode, bool debug_check,
+                                const std::string& row_order, int device) {
   GdnDecodeOptions o;
   if (scale) o.scale = static_cast<float>(*scale);
   o.l2norm_qk = l2norm;
   o.softplus_threshold = static_cast<float>(threshold);
-  o.invalid_index = parse_invalid("gdn_decode", invalid);
+  o.invalid_index = parse_invalid(op, invalid);
   o.force_mode = mode;
   o.debug_check_indices = debug_check;
+  o.row_order = parse_row_order(op, row_order);
   o.device = device;
   o.runtime = &runtime();
   return o;
@@ -548,7 +581,8 @@ GdnDecodeOptions decode_options(std::optional<double> scale, bool l2norm, double
 nb::object gdn_decode_gated(nb::handle mixed_qkv, nb::handle g, nb::handle beta, nb::handle state,
                             nb::handle state_indices, nb::handle out, std::optional<double> scale,
                             bool l2norm, const std::string& invalid, const std::string& mode,
-                            bool debug_check, nb::handle stream, bool plan, const OptStr& arch) {
+                            bool debug_check, const std::string& row_order, nb::handle stream,
+                            bool plan, const OptStr& arch) {
   const char* op = "gdn_decode_gated";
   Args args(op, !plan);
   const TensorView qkv = args.get("mixed_qkv", mixed_qkv);
@@ -556,7 +590,7 @@ nb::object gdn_decode_gated(nb::handle mixed_qkv, nb::handle g, nb::handle beta,
   const TensorView st = args.get("state", state), idx = args.get("state_indices", state_indices);
   const TensorView o = args.get("out", out);
   const GdnDecodeOptions opt =
-      decode_options(scale, l2norm, 20.0, invalid, mode, debug_check, args.device());
+      decode_options(op, scale, l2norm, 20.0, invalid, mode, debug_check, row_order, args.device());
   if (plan) {
     return nb::cast(
         plan_gdn_decode_gated(qkv, tg, tb, st, idx, o, opt, plan_limits(arch, args.device())));
@@ -713,9 +747,15 @@ OptStr optional_text_arg(const char* op, const char* name, PyObject* obj) {
   return text_arg(op, name, obj, "");
 }
 
-/// lse_base: '2', 'e', or anything whose str() is one of them (the number 2).
+/// lse_base: '2', 'e', or a number: 2 or 2.0 (base 2) and math.e (base e), what people type.
+/// Anything else is passed on as its str() and refused by parse_base, naming it.
 OptStr base_arg(PyObject* obj) {
   if (absent(obj)) return std::nullopt;
+  if (PyFloat_Check(obj)) {
+    const double value = PyFloat_AS_DOUBLE(obj);
+    if (value == 2.0) return std::string("2");
+    if (value == 2.718281828459045) return std::string("e");  // math.e, exactly
+  }
   nb::str text = nb::steal<nb::str>(PyObject_Str(obj));
   if (!text.is_valid()) throw nb::python_error();
   return std::string(text.c_str());
@@ -873,22 +913,23 @@ PyObject* merge_state_in_place(PyObject*, PyObject* const* call_args, Py_ssize_t
   });
 }
 
-FastSignature g_gdn_decode_sig{"gdn_decode",
-                               {"mixed_qkv", "a", "b", "a_log", "dt_bias", "state", "state_indices",
-                                "out", "scale", "l2norm_qk", "softplus_threshold", "invalid_index",
-                                "mode", "debug_check_indices", "stream", "_plan", "_arch"},
-                               8,
-                               7,
-                               {}};
+FastSignature g_gdn_decode_sig{
+    "gdn_decode",
+    {"mixed_qkv", "a", "b", "a_log", "dt_bias", "state", "state_indices", "out", "scale",
+     "l2norm_qk", "softplus_threshold", "invalid_index", "mode", "debug_check_indices", "row_order",
+     "stream", "_plan", "_arch"},
+    8,
+    7,
+    {}};
 
 PyObject* gdn_decode(PyObject*, PyObject* const* call_args, Py_ssize_t nargsf,
                      PyObject* kwnames) noexcept {
   return guarded([&]() -> nb::object {
     const FastSignature& sig = g_gdn_decode_sig;
     const char* op = sig.op;
-    PyObject* a[17];
+    PyObject* a[18];
     match_arguments(sig, call_args, nargsf, kwnames, a);
-    const bool plan = flag_arg(op, "_plan", a[15], false);
+    const bool plan = flag_arg(op, "_plan", a[16], false);
     std::optional<double> scale;
     if (!absent(a[8])) scale = number_arg(op, "scale", a[8], 0.0);
     const bool l2norm = flag_arg(op, "l2norm_qk", a[9], true);
@@ -896,6 +937,7 @@ PyObject* gdn_decode(PyObject*, PyObject* const* call_args, Py_ssize_t nargsf,
     const std::string invalid = text_arg(op, "invalid_index", a[11], "negative");
     const std::string mode = text_arg(op, "mode", a[12], "");
     const bool debug_check = flag_arg(op, "debug_check_indices", a[13], false);
+    const std::string row_order = text_arg(op, "row_order", a[14], "auto");
     Args args(op, !plan);
     const TensorView qkv = args.get("mixed_qkv", a[0]);
     const TensorView ta = args.get("a", a[1]), tb = args.get("b", a[2]);
@@ -912,14 +954,14 @@ PyObject* gdn_decode(PyObject*, PyObject* const* call_args, Py_ssize_t nargsf,
       out = allocate_like(a[0], shape_view({qkv.shape[0], st.shape[1], st.shape[2]}), Py_None);
     }
     const TensorView o = args.get("out", out);
-    const GdnDecodeOptions opt =
-        decode_options(scale, l2norm, threshold, invalid, mode, debug_check, args.device());
+    const GdnDecodeOptions opt = decode_options(op, scale, l2norm, threshold, invalid, mode,
+                                                debug_check, row_order, args.device());
     if (plan) {
-      const OptStr arch = optional_text_arg(op, "_arch", a[16]);
+      const OptStr arch = optional_text_arg(op, "_arch", a[17]);
       return nb::cast(
           plan_gdn_decode(qkv, ta, tb, al, dt, st, idx, o, opt, plan_limits(arch, args.device())));
     }
-    kjit::gdn_decode(qkv, ta, tb, al, dt, st, idx, o, opt, args.stream(given_or_none(a[14])));
+    kjit::gdn_decode(qkv, ta, tb, al, dt, st, idx, o, opt, args.stream(given_or_none(a[15])));
     return out;
   });
 }
@@ -1243,12 +1285,21 @@ NB_MODULE(_kjit, m) {
        METH_FASTCALL | METH_KEYWORDS,
        "gdn_decode($module, mixed_qkv, a, b, a_log, dt_bias, state, state_indices, out=None, *, "
        "scale=None, l2norm_qk=True, softplus_threshold=20.0, invalid_index='negative', mode='', "
-       "debug_check_indices=False, stream=None, _plan=False, _arch=None)\n--\n\n"
+       "debug_check_indices=False, row_order='auto', stream=None, _plan=False, _arch=None)\n"
+       "--\n\n"
        "One packed GDN decode step (raw gates), state updated in place in its pool slots.\n\n"
+       "Padding rows: invalid_index defaults to 'negative': index < 0 is padding and slot 0\n"
+       "is a real slot (SGLang's pools). vLLM's pools reserve slot 0 as a null block: pass\n"
+       "invalid_index='nonpositive' (index <= 0 is padding) there, or rows padded with 0 read\n"
+       "and update slot 0 as if it were a sequence's state. The default stays because it is\n"
+       "kjit's one pool convention: gdn_prefill (which has no option) and the C++\n"
+       "GdnDecodeOptions treat index 0 as a real slot too, so a vLLM integration maps its\n"
+       "indices (or passes 'nonpositive' here) in any case, and the same call means the same\n"
+       "in C++ and Python.\n\n"
        "mixed_qkv [B, 2*H*K + HV*V]; a, b [B, HV]; a_log, dt_bias [HV]; state [slots, HV, V, K];\n"
-       "state_indices [B] int32/int64 (invalid_index 'negative': < 0 is padding,\n"
-       "'nonpositive': <= 0 is padding). out defaults to [B, HV, V] of mixed_qkv's dtype.\n"
-       "Returns out."},
+       "state_indices [B] int32/int64. out defaults to [B, HV, V] of mixed_qkv's dtype.\n"
+       "row_order: 'auto' (slot order for steps reading >= 512 MiB of state), 'by_slot' or\n"
+       "'as_given' (GdnDecodeOptions::row_order; results are the same). Returns out."},
       {nullptr, nullptr, 0, nullptr}};
   for (FastSignature* sig : {&g_merge_state_sig, &g_merge_state_in_place_sig, &g_gdn_decode_sig}) {
     for (const char* name : sig->names) sig->interned.push_back(PyUnicode_InternFromString(name));
@@ -1261,7 +1312,8 @@ NB_MODULE(_kjit, m) {
   m.def("_gdn_decode_gated", &kjit::python::gdn_decode_gated, "mixed_qkv"_a.none(), "g"_a.none(),
         "beta"_a.none(), "state"_a.none(), "state_indices"_a.none(), "out"_a.none(),
         "scale"_a.none(), "l2norm_qk"_a.none(), "invalid_index"_a.none(), "mode"_a.none(),
-        "debug_check_indices"_a.none(), "stream"_a.none(), "plan"_a.none(), "arch"_a.none());
+        "debug_check_indices"_a.none(), "row_order"_a.none(), "stream"_a.none(), "plan"_a.none(),
+        "arch"_a.none());
   m.def("_gdn_prefill", &kjit::python::gdn_prefill, "q"_a.none(), "k"_a.none(), "v"_a.none(),
         "a"_a.none(), "b"_a.none(), "a_log"_a.none(), "dt_bias"_a.none(), "g"_a.none(),
         "beta"_a.none(), "cu_seqlens"_a.none(), "state"_a.none(), "state_indices"_a.none(),

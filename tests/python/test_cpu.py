@@ -4,6 +4,7 @@ and errors. No GPU and no torch needed; NumPy arrays stand in for tensors (plann
 dereferences them)."""
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -345,6 +346,124 @@ def test_gdn_prefill_workspace_bytes():
 def test_plan_call_unknown_op():
     with pytest.raises(kjit.InvalidArgument, match="plan_call: op = 'merge' is not a kjit op"):
         kjit.plan_call("merge", arch="sm_90")
+
+
+# --- issue 20: messages, number forms, gdn_decode's options ------------------------------------
+
+
+def test_plan_sizes_must_be_ints_and_are_named():
+    for value in (64.0, None, True, "many"):
+        with pytest.raises(kjit.InvalidArgument,
+                           match=rf"plan: tokens = {re.escape(repr(value))} \(\w+\) is not a "
+                                 r"size of merge_state; accepted: an int"):
+            kjit.plan("merge_state", tokens=value, heads=8, head_dim=64, arch="sm_90")
+    with pytest.raises(kjit.InvalidArgument, match=r"batch = True \(bool\)"):
+        kjit.plan("gdn_decode", batch=True, heads=16, v_heads=32, k=128, v=128, arch="sm_90")
+    with pytest.raises(kjit.InvalidArgument, match=r"batch = None \(NoneType\)"):
+        kjit.plan("gdn_decode", batch=None, heads=16, v_heads=32, k=128, v=128, arch="sm_90")
+
+
+def test_plan_zero_heads_is_named():
+    with pytest.raises(kjit.InvalidArgument,
+                       match="heads = 0 is out of range; heads must be >= 1"):
+        kjit.plan("merge_state", tokens=4, heads=0, head_dim=64, arch="sm_90")
+
+
+def test_wrong_argument_types_are_kjit_errors_not_binding_signatures():
+    for call in (lambda: kjit.plan("merge_state", tokens=4, heads=8, head_dim=64, arch=90),
+                 lambda: kjit.plan_call("merge_state", *merge_args(), lse_base="e", arch=90)):
+        with pytest.raises(kjit.InvalidArgument,
+                           match=r"arch = 90 is a int; accepted: a str naming an arch"):
+            call()
+    for fn in (kjit.source, kjit.compile):
+        with pytest.raises(kjit.InvalidArgument,
+                           match=r"spec = None is a NoneType; accepted: a spec string"):
+            fn(None)
+    with pytest.raises(kjit.InvalidArgument, match=r"device = 'cuda' is a str"):
+        kjit.plan("merge_state", tokens=4, heads=8, head_dim=64, device="cuda")
+
+
+def test_lse_base_as_people_type_it():
+    import math
+
+    for base, text in ((2, ",base=2,"), (2.0, ",base=2,"), (math.e, ",base=e,"),
+                       (np.float64(math.e), ",base=e,"), ("e", ",base=e,")):
+        assert text in kjit.plan_call("merge_state", *merge_args(), lse_base=base,
+                                      arch="sm_90").specs[0]
+        assert text in kjit.plan_call("merge_state_in_place", *merge_args(), lse_base=base,
+                                      arch="sm_90").specs[0]
+        v, s = np.zeros((3, 2, 8, 64), np.float16), np.zeros((3, 2, 8), np.float32)
+        assert text in kjit.plan_call("merge_states", v, s, lse_base=base, arch="sm_90").specs[0]
+        assert text in kjit.plan("merge_state", tokens=4, heads=8, head_dim=64, lse_base=base,
+                                 arch="sm_90").specs[0]
+    with pytest.raises(kjit.InvalidArgument, match="lse_base = '2.5' is not a base"):
+        kjit.plan_call("merge_state", *merge_args(), lse_base=2.5, arch="sm_90")
+
+
+def test_an_index_dtype_kjit_has_no_name_for_lists_the_index_dtypes():
+    args = list(decode_args())
+    args[6] = np.zeros(2, np.int16)
+    with pytest.raises(kjit.InvalidArgument) as info:
+        kjit.plan_call("gdn_decode", *args, arch="sm_90")
+    assert "state_indices has DLPack dtype (code 0, bits 16" in str(info.value)
+    assert str(info.value).endswith("accepted: int32, int64")
+
+
+def test_a_torch_int16_index_tensor_lists_the_index_dtypes():
+    torch = pytest.importorskip("torch")
+    args = list(decode_args())
+    args[6] = torch.zeros(2, dtype=torch.int16)
+    with pytest.raises(kjit.InvalidArgument) as info:
+        kjit.plan_call("gdn_decode", *args, arch="sm_90")
+    assert str(info.value).endswith("state_indices has dtype torch.int16; accepted: int32, int64")
+
+
+def test_gdn_decode_row_order():
+    # 256 rows x 32 heads x 128 x 128 f32: 512 MiB of state, where the planner visits the pool
+    # in slot order (a ranking kernel first); row_order overrides it either way.
+    args = decode_args(b=256)
+    assert len(kjit.plan_call("gdn_decode", *args, arch="h200").launches) == 2
+    assert len(kjit.plan_call("gdn_decode", *args, arch="h200", row_order="as_given").launches) == 1
+    small = decode_args(b=3)
+    assert len(kjit.plan_call("gdn_decode", *small, arch="h200").launches) == 1
+    assert len(kjit.plan_call("gdn_decode", *small, arch="h200", row_order="by_slot").launches) == 2
+    gated = (small[0], np.zeros((3, 32), np.float32), np.zeros((3, 32), np.float32), small[5],
+             small[6])
+    assert len(kjit.plan_call("gdn_decode_gated", *gated, arch="h200",
+                              row_order="by_slot").launches) == 2
+    with pytest.raises(kjit.InvalidArgument, match="row_order = 'sorted' is not an order"):
+        kjit.plan_call("gdn_decode", *small, arch="h200", row_order="sorted")
+    import inspect
+
+    assert inspect.signature(kjit.gdn_decode).parameters["row_order"].default == "auto"
+
+
+def test_gdn_decode_documents_its_index_rule_first():
+    # The default rule is SGLang's; a vLLM pool (slot 0 a null block) needs "nonpositive".
+    doc = kjit.gdn_decode.__doc__
+    rule = doc.index("invalid_index defaults to 'negative'")
+    assert rule < doc.index("mixed_qkv [B,")
+    assert "invalid_index='nonpositive'" in doc and "vLLM" in doc and "The default stays" in doc
+    assert "'nonpositive'" in kjit.gdn_decode_gated.__doc__
+
+
+def test_disable_jit_uses_a_prefilled_disk_cache(tmp_path):
+    kjit.configure(cache_dir=str(tmp_path / "cache"))
+    try:
+        try:
+            kjit.compile(SPEC)
+        except kjit.CompileError as error:
+            pytest.skip(f"NVRTC not usable here: {error}")
+        # A deployment: no compiler, JIT off, the cache filled by another process.
+        kjit.configure(cache_dir=str(tmp_path / "cache"), disable_jit=True,
+                       nvrtc_library="/nonexistent/libnvrtc.so", log="ERROR")
+        assert kjit.settings()["log"] == "error"
+        assert kjit.compile(SPEC)["origin"] == "disk"
+        assert not kjit.cache_stats()["nvrtc_loaded"]
+        with pytest.raises(kjit.KernelNotInBundle, match="not in the disk cache"):
+            kjit.compile(SPEC.replace("head_dim=64", "head_dim=128"))
+    finally:
+        kjit.configure()
 
 
 # --- source, compile, settings ------------------------------------------------------------------
