@@ -94,7 +94,9 @@ std::vector<std::int64_t> rule_range(std::int64_t low, std::int64_t high, const 
   const std::int64_t last = high / m * m;
   if (first > last) return {};
   std::set<std::int64_t> picked = {first, last};
-  if ((last - first) / m < 16) {
+  // Unsigned: the span of an unconstrained range may exceed INT64_MAX.
+  const std::uint64_t span = static_cast<std::uint64_t>(last) - static_cast<std::uint64_t>(first);
+  if (span / static_cast<std::uint64_t>(m) < 16) {
     for (std::int64_t value = first; value <= last; value += m) picked.insert(value);
   } else {
     for (const std::int64_t p : powers_of_two(first, last)) {
