@@ -22,8 +22,10 @@ namespace kjit {
 /// latency-bound (one product per segment, each waiting for the last): M streams through a ring
 /// of kGdnPrefillCpScanStages shared-memory tiles of 32 of its rows by cp.async, issued
 /// kGdnPrefillCpScanStages - 1 tiles ahead across segments, and B_(z+1) is loaded during the
-/// product of segment z. (8-row blocks with a tile in flight at a time took ~10 us per segment
-/// on the H200.)
+/// product of segment z. Each lane holds 4 columns of several rows, so every float4 of M read
+/// from shared memory feeds that many rows: with one row per thread the block re-read all of M
+/// per row, and the scan was bound by shared-memory bandwidth (H200, Nsight Compute: L1 88% busy,
+/// 72 us for 7 segments at 16 value heads).
 template <typename Tcu, int kK, int kV>
 __global__ void __launch_bounds__(kGdnPrefillCpScanThreads)
     gdn_prefill_cp_scan_kernel(const GdnPrefillParams p) {
@@ -31,7 +33,10 @@ __global__ void __launch_bounds__(kGdnPrefillCpScanThreads)
   constexpr int kRows = kGdnPrefillCpScanRows, kThreads = kGdnPrefillCpScanThreads;
   constexpr int kStages = kGdnPrefillCpScanStages;
   static_assert(kV % kRows == 0, "row groups divide V");
-  constexpr int kCols = kK / 16;  // columns per thread
+  constexpr int kColGroups = kK / 4;                 // lanes over K, 4 columns each
+  constexpr int kRowGroups = kThreads / kColGroups;  // 4 (K = 128) or 8 (K = 64)
+  constexpr int kRowsPer = kRows / kRowGroups;       // rows per thread
+  static_assert(kRowsPer * kRowGroups == kRows, "row groups tile the block's rows");
   constexpr int kRowTiles = kV / kRows;
   constexpr int kTileRows = 32;                 // rows of M per stage
   constexpr int kTiles = kK / kTileRows;        // stages per segment
@@ -53,11 +58,12 @@ __global__ void __launch_bounds__(kGdnPrefillCpScanThreads)
   const i64 z0 = bos / span + n;
 
   const int tid = static_cast<int>(threadIdx.x);
-  const int r = tid / 16, c0 = (tid % 16) * kCols;
+  const int r0 = (tid / kColGroups) * kRowsPer, c0 = (tid % kColGroups) * 4;
   const i64 hv_count = p.num_value_heads;
-  // Element offset of this thread's columns in its row of a [V, K] state.
-  const i64 row = (i64(hv) * kV + row_tile * kRows + r) * kK + c0;
-  const auto vk = [&](float* base, i64 z) { return base + z * hv_count * kV * kK + row; };
+  // This thread's 4 columns of row r0 + i of the block's rows in a [V, K] state.
+  const auto vk = [&](float* base, i64 z, int i) {
+    return base + z * hv_count * kV * kK + (i64(hv) * kV + row_tile * kRows + r0 + i) * kK + c0;
+  };
   // Products needed: segments 1 .. S - 2 (X_1 = B_0; the last segment's map is never used).
   const i64 tiles_total = (segments - 2) * kTiles;
   const auto issue_tile = [&](i64 q) {
@@ -77,31 +83,25 @@ __global__ void __launch_bounds__(kGdnPrefillCpScanThreads)
 #pragma unroll
   for (int q = 0; q < kStages - 1; ++q) issue_tile(q);
 
-  const auto load = [&](float(&x)[kCols], const float* src) {
+  const auto load_b = [&](float4(&x)[kRowsPer], i64 z) {
 #pragma unroll
-    for (int c = 0; c < kCols; c += 4) {
-      const float4 v4 = *reinterpret_cast<const float4*>(src + c);
-      x[c] = v4.x, x[c + 1] = v4.y, x[c + 2] = v4.z, x[c + 3] = v4.w;
-    }
+    for (int i = 0; i < kRowsPer; ++i) x[i] = *reinterpret_cast<const float4*>(vk(p.cp_b, z, i));
   };
-  float acc[kCols], b_next[kCols];
-  load(acc, vk(p.cp_b, z0));
-  if (segments > 2) load(b_next, vk(p.cp_b, z0 + 1));
+  float4 acc[kRowsPer], b_next[kRowsPer];
+  load_b(acc, z0);
+  if (segments > 2) load_b(b_next, z0 + 1);
   i64 q = 0;
   for (i64 s = 1; s < segments; ++s) {
     const i64 z = z0 + s;
 #pragma unroll
-    for (int c = 0; c < kCols; c += 4) {
-      *reinterpret_cast<float4*>(vk(p.cp_x, z) + c) =
-          make_float4(acc[c], acc[c + 1], acc[c + 2], acc[c + 3]);
-    }
+    for (int i = 0; i < kRowsPer; ++i) *reinterpret_cast<float4*>(vk(p.cp_x, z, i)) = acc[i];
     if (s == segments - 1) break;  // the resume pass computes the last segment's end itself
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) s_rows[r][c0 + c] = acc[c];
+    for (int i = 0; i < kRowsPer; ++i) *reinterpret_cast<float4*>(&s_rows[r0 + i][c0]) = acc[i];
       // acc = B_z + X_z M_z; B_(z+1) is loaded meanwhile.
 #pragma unroll
-    for (int c = 0; c < kCols; ++c) acc[c] = b_next[c];
-    if (s + 1 < segments - 1) load(b_next, vk(p.cp_b, z + 1));
+    for (int i = 0; i < kRowsPer; ++i) acc[i] = b_next[i];
+    if (s + 1 < segments - 1) load_b(b_next, z + 1);
 #pragma unroll 1
     for (int tile = 0; tile < kTiles; ++tile, ++q) {
       issue_tile(q + kStages - 1);
@@ -110,14 +110,14 @@ __global__ void __launch_bounds__(kGdnPrefillCpScanThreads)
       const float* m = s_m + (q % kStages) * kTileRows * kK + c0;
 #pragma unroll 8
       for (int kr = 0; kr < kTileRows; ++kr) {
-        const float xs = s_rows[r][tile * kTileRows + kr];
+        const float4 mv = *reinterpret_cast<const float4*>(m + kr * kK);
 #pragma unroll
-        for (int c = 0; c < kCols; c += 4) {
-          const float4 mv = *reinterpret_cast<const float4*>(m + kr * kK + c);
-          acc[c] = fmaf(xs, mv.x, acc[c]);
-          acc[c + 1] = fmaf(xs, mv.y, acc[c + 1]);
-          acc[c + 2] = fmaf(xs, mv.z, acc[c + 2]);
-          acc[c + 3] = fmaf(xs, mv.w, acc[c + 3]);
+        for (int i = 0; i < kRowsPer; ++i) {
+          const float xs = s_rows[r0 + i][tile * kTileRows + kr];
+          acc[i].x = fmaf(xs, mv.x, acc[i].x);
+          acc[i].y = fmaf(xs, mv.y, acc[i].y);
+          acc[i].z = fmaf(xs, mv.z, acc[i].z);
+          acc[i].w = fmaf(xs, mv.w, acc[i].w);
         }
       }
       __syncthreads();  // stage q's buffer and s_rows are free again

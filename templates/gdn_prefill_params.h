@@ -341,11 +341,12 @@ struct GdnPrefillParams {
 };
 
 /// The context-parallel scan (gdn_prefill_cp.cuh): each block owns kGdnPrefillCpScanRows rows of
-/// the [V, K] state (all K columns: the product sums over them), 16 threads per row; its blocks
-/// are (sequence, value head, V / rows). M streams through a ring of kGdnPrefillCpScanStages
-/// tiles of 32 of its rows (dynamic shared memory, gdn_prefill_cp_scan_smem).
+/// the [V, K] state (all K columns: the product sums over them); a warp takes a group of rows and
+/// each lane 4 columns of them; its blocks are (sequence, value head, V / rows). M streams
+/// through a ring of kGdnPrefillCpScanStages tiles of 32 of its rows (dynamic shared memory,
+/// gdn_prefill_cp_scan_smem).
 inline constexpr int kGdnPrefillCpScanRows = 16;
-inline constexpr int kGdnPrefillCpScanThreads = 16 * kGdnPrefillCpScanRows;
+inline constexpr int kGdnPrefillCpScanThreads = 128;
 inline constexpr int kGdnPrefillCpScanStages = 6;
 
 KJIT_GDN_PREFILL_HD constexpr u32 gdn_prefill_cp_scan_smem(int k) {
