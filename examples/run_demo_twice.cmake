@@ -1,0 +1,35 @@
+# Runs the demo as scripts/demo.sh does, twice on an empty cache: the first run must compile
+# the real op kernels for sm_90 and sm_100a, the second must find every one in the disk cache.
+# cmake -DDEMO=<kjit_demo> -DCACHE_DIR=<scratch cache> -P run_demo_twice.cmake
+file(REMOVE_RECURSE ${CACHE_DIR})
+foreach(run first second)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env KJIT_CACHE_DIR=${CACHE_DIR} KJIT_LOG=warn
+                          ${DEMO}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message(STATUS "${run} run:\n${out}${err}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "the demo's ${run} run failed (${rc})")
+  endif()
+  if(NOT out MATCHES "cache: ([0-9]+) compiled, ([0-9]+) from the disk cache")
+    message(FATAL_ERROR "the demo's ${run} run printed no cache line")
+  endif()
+  set(compiled ${CMAKE_MATCH_1})
+  set(from_disk ${CMAKE_MATCH_2})
+  # The real op kernels, for both targets (not test kernels).
+  foreach(kernel merge_state gdn_decode gdn_prefill_chunk gdn_prefill_state)
+    foreach(arch sm_90 sm_100a)
+      if(NOT out MATCHES "\n +${kernel}:[^\n]*@${arch}\n +from ")
+        message(FATAL_ERROR "the demo's ${run} run shows no ${kernel} kernel for ${arch}")
+      endif()
+    endforeach()
+  endforeach()
+  if(run STREQUAL "first" AND (compiled LESS 6 OR NOT from_disk EQUAL 0))
+    message(FATAL_ERROR "first run on an empty cache: ${compiled} compiled (expected >= 6: "
+                        "3 ops x 2 archs), ${from_disk} from disk (expected 0)")
+  endif()
+  if(run STREQUAL "second" AND (NOT compiled EQUAL 0 OR NOT from_disk EQUAL first_compiled))
+    message(FATAL_ERROR "second run: ${compiled} compiled, ${from_disk} from disk; expected "
+                        "every one of the first run's ${first_compiled} kernels from disk")
+  endif()
+  set(first_compiled ${compiled})
+endforeach()
