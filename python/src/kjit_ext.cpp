@@ -1182,7 +1182,8 @@ NB_MODULE(_kjit, m) {
   g_exc.driver_error = new_exception(m, "DriverError", g_exc.error,
                                      "A CUDA driver call failed; .result (CUresult), .call.");
   g_exc.kernel_not_in_bundle = new_exception(m, "KernelNotInBundle", g_exc.error,
-                                             "JIT is disabled and no bundle has the kernel.");
+                                             "JIT is disabled and neither a bundle nor the disk "
+                                             "cache has the kernel.");
   nb::register_exception_translator(translate);
 
   nb::class_<LimitCheck>(m, "LimitCheck", "One limit a launch was checked against.")
