@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Gated DeltaNet chunked prefill: varlen sequences, states read from and written back to a
-// pool [slots, HV, V, K], tensor-core kernels (chunk 64, WY form). Two paths: the chunked path
-// (a fully parallel kernel over every chunk, then a short sequential state kernel per sequence,
-// with a workspace between them) and the fused single kernel (f16 inputs, misaligned v, or
-// devices whose shared memory cannot hold the chunked path's tiles).
+// pool [slots, HV, V, K], tensor-core kernels (chunk 64, WY form). Paths: the chunked path (a
+// fully parallel kernel over every chunk, then a short sequential state kernel per sequence,
+// with a workspace between them); its exact context-parallel variant for few long sequences
+// (the state kernel over segments of each sequence, a scan of the segments' affine maps, and a
+// rerun of each segment from its exact initial state); and the fused single kernel (f16 inputs,
+// misaligned v, or devices whose shared memory cannot hold the chunked path's tiles).
 #pragma once
 
 #include <cstdint>
@@ -90,7 +92,10 @@ struct GdnPrefillOptions {
   /// tile. A chunked mode with the suffix "_wgmma" (e.g. "chunked_bv128_wgmma") runs the state
   /// kernel's 64- and 128-row tiles on warpgroup wgmma, compiled for sm_90a: compute capability
   /// 9.0 only (a PlanError elsewhere), and slower than the default mma.sync on the H200; it is
-  /// there for A/B runs.
+  /// there for A/B runs. "chunked_cp" forces the context-parallel path (segments of the
+  /// planner's length), "chunked_cp<L>" with segments of L >= 1 chunks of 64 tokens; either may
+  /// end in "_s2" or "_s3" (input stages of its state passes). The planner takes that path by
+  /// itself for few long sequences: see plan.explain().
   std::string force_mode;
   /// Scratch memory of the chunked path: a 1-D u8 tensor on the device, 256-byte aligned, of at
   /// least gdn_prefill_workspace_bytes(T, HV) bytes; it must not be in use by other work on the
@@ -99,7 +104,10 @@ struct GdnPrefillOptions {
   /// next call (the largest workspace used so far stays held until the process exits: pass
   /// your own to avoid that), and frees it on the stream after the call's kernels; under CUDA
   /// graph capture with cuMemAllocAsync / cuMemFreeAsync, which capture records as memory
-  /// nodes. The fused path needs none and ignores it.
+  /// nodes. The fused path needs none and ignores it. The context-parallel path needs more
+  /// (per segment and value head, f32 [V, K] states twice and a [K, K] map: the plan's reasons
+  /// give the bytes); with a given workspace too small for it the planner keeps the sequential
+  /// state kernel (and a forced "chunked_cp" mode is a PlanError).
   TensorView workspace;
 };
 
