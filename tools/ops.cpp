@@ -138,7 +138,8 @@ std::vector<OpParam> gdn_prefill_params() {
       option("l2norm", "1", "1: L2-normalize q and k"),
       option("mode", "",
              "force a path and value tile (bv64, bv32, bv16: fused; chunked, chunked_bv128 .. "
-             "_bv16; a chunked mode + _wgmma: sm_90a warpgroup MMA)"),
+             "_bv16; a chunked mode + _wgmma: sm_90a warpgroup MMA; chunked_cp or chunked_cp<L>: "
+             "context-parallel, segments of L chunks, optionally + _s2/_s3 input stages)"),
       option("checkpoint", "0",
              "state checkpoints every this many tokens (a multiple of 64; 0: none)"),
   };

@@ -45,6 +45,17 @@ contains "$OUT" "ckpt=1@sm_90"
 contains "$OUT" "state checkpoints every 128 tokens"
 run 2 plan gdn_prefill --tokens 1000 --seqs 4 --heads 16 --v-heads 32 --k 128 --v 128 --checkpoint 100 --arch h200
 contains "$ERR" "checkpoint_every_n_tokens = 100"
+# One long sequence: the context-parallel path (4 launches) and why; a forced segment length; a
+# segment length that is no positive number is a usage error.
+run 0 plan gdn_prefill --tokens 32768 --seqs 1 --heads 16 --v-heads 16 --k 128 --v 128 --arch h200
+contains "$OUT" "mode chunked_cp63_bv128"
+contains "$OUT" "launch 4 of 4: gdn_prefill_state_cp:"
+contains "$OUT" "context-parallel state: segments of 63 chunks"
+run 0 plan gdn_prefill --tokens 32768 --seqs 1 --heads 16 --v-heads 16 --k 128 --v 128 --mode chunked_cp8_s3 --arch h200
+contains "$OUT" "mode chunked_cp8_bv128"
+contains "$OUT" "stages=3@sm_90"
+run 2 plan gdn_prefill --tokens 32768 --seqs 1 --heads 16 --v-heads 16 --k 128 --v 128 --mode chunked_cp0 --arch h200
+contains "$ERR" "options.force_mode 'chunked_cp0' is not a mode"
 # Sizes whose fake tensors would overflow int64 are usage errors, not crashes.
 run 2 plan gdn_decode --batch 8 --heads 16 --v-heads 32 --k 4611686018427387905 --v 128 --arch h200
 contains "$ERR" "k = 4611686018427387905 is out of range"
