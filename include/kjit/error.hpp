@@ -69,7 +69,8 @@ class DriverError : public Error {
   std::string call_;
 };
 
-/// JIT is disabled and no bundle holds the requested kernel.
+/// JIT is disabled (KJIT_DISABLE_JIT=1) and neither a bundle nor the disk cache holds the
+/// requested kernel.
 class KernelNotInBundle : public Error {
  public:
   using Error::Error;

@@ -21,7 +21,7 @@ struct Settings {
   bool disable_disk_cache = false;
   /// KJIT_DUMP_DIR: write the stub source, PTX and log of every compile there.
   std::string dump_dir;
-  /// KJIT_LOG: off, error, warn (default), info, debug.
+  /// KJIT_LOG: off, error, warn (default), info, debug, in any case.
   LogLevel log_level = LogLevel::warn;
   /// KJIT_CUDA_HOME, else CUDA_HOME, else /usr/local/cuda: where NVRTC finds toolkit headers.
   std::string cuda_home;

@@ -202,8 +202,8 @@ TEST_CASE("deployment: KJIT_LOG=debug logs each resolution once, with where it c
   Settings settings;
   settings.cache_dir = dir;
   settings.log_level = LogLevel::debug;
-  // The Runtime's lines about a kernel start with its spec. (The compile layer adds its own
-  // "compiled <spec> in N ms" report at debug level: the compile's cost, not its source.)
+  // The Runtime's lines about a kernel start with its spec; the compile layer adds none (it
+  // once logged a second "compiled <spec> in N ms" line).
   const auto lines_naming = [](const std::string& log, const std::string& spec) {
     const std::string prefix = "] " + spec + ": ";
     std::vector<std::string> lines;
@@ -227,6 +227,7 @@ TEST_CASE("deployment: KJIT_LOG=debug logs each resolution once, with where it c
     const std::vector<std::string> lines = lines_naming(capture.text(), kSpec);
     REQUIRE(lines.size() == 1);
     CHECK(lines[0].find("compiling with NVRTC") != std::string::npos);
+    CHECK(capture.text().find("compiled " + std::string(kSpec) + " in ") == std::string::npos);
   }
   {
     test::StderrCapture capture;
