@@ -168,18 +168,13 @@ bool verify(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& options) {
   return eo <= 2e-2 && es <= 2e-2;
 }
 
-/// The chunk kernel (kernel 1 of the chunked path) alone, launched through the runtime from the
-/// plan gdn_prefill would run, to split the call's time between its two kernels. The parameter
-/// block is packed as lib/ops/gdn_prefill.cpp does for this bench's contiguous inputs.
-// GPU us of one of the chunked path's two kernels launched alone (launch 0: the chunk kernel;
-// 1: the state kernel, after one chunk-kernel launch filled the workspace). 0 on the fused path.
-double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOptions& options,
-                 std::size_t launch) {
+// The plan gdn_prefill runs for `in` under `options` (its mode names the path).
+kjit::Plan plan_of(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOptions& options) {
   const std::int64_t t = in.tokens, h = in.heads, hv = in.value_heads, n = in.seqs;
   const auto view = [](void* p, DType d, std::initializer_list<std::int64_t> shape) {
     return TensorView::contiguous(p, d, shape);
   };
-  const kjit::Plan plan = kjit::plan_gdn_prefill(
+  return kjit::plan_gdn_prefill(
       view(in.q.get(), DType::bf16, {t, h, kDim}), view(in.k.get(), DType::bf16, {t, h, kDim}),
       view(in.v.get(), DType::bf16, {t, hv, kDim}),
       kjit::GdnGates::raw(
@@ -189,6 +184,17 @@ double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOption
       view(in.pool.get(), DType::f32, {n, hv, kDim, kDim}), view(in.indices.get(), DType::i32, {n}),
       TensorView{}, view(in.out.get(), DType::bf16, {t, hv, kDim}), options,
       gpu.runtime().device_limits(gpu.device));
+}
+
+/// The chunk kernel (kernel 1 of the chunked path) alone, launched through the runtime from the
+/// plan gdn_prefill would run, to split the call's time between its two kernels. The parameter
+/// block is packed as lib/ops/gdn_prefill.cpp does for this bench's contiguous inputs.
+// GPU us of one of the chunked path's two kernels launched alone (launch 0: the chunk kernel;
+// 1: the state kernel, after one chunk-kernel launch filled the workspace). 0 on the fused path.
+double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOptions& options,
+                 std::size_t launch) {
+  const std::int64_t t = in.tokens, h = in.heads, hv = in.value_heads, n = in.seqs;
+  const kjit::Plan plan = plan_of(gpu, in, options);
   if (plan.launches.size() < 2 || launch >= plan.launches.size()) return 0.0;
   const kjit::Runtime::ResolvedPlan resolved = gpu.runtime().resolve(plan, gpu.device);
   const kjit::GdnPrefillWorkspace layout =
@@ -255,24 +261,6 @@ struct Anchor {
   std::int64_t heads, value_heads, tokens, seqs;
   double fla_us;
 };
-
-// The plan gdn_prefill runs for `in` under `options` (its mode names the path).
-kjit::Plan plan_of(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOptions& options) {
-  const std::int64_t t = in.tokens, h = in.heads, hv = in.value_heads, n = in.seqs;
-  const auto view = [](void* p, DType d, std::initializer_list<std::int64_t> shape) {
-    return TensorView::contiguous(p, d, shape);
-  };
-  return kjit::plan_gdn_prefill(
-      view(in.q.get(), DType::bf16, {t, h, kDim}), view(in.k.get(), DType::bf16, {t, h, kDim}),
-      view(in.v.get(), DType::bf16, {t, hv, kDim}),
-      kjit::GdnGates::raw(
-          view(in.a.get(), DType::bf16, {t, hv}), view(in.b.get(), DType::bf16, {t, hv}),
-          view(in.a_log.get(), DType::f32, {hv}), view(in.dt_bias.get(), DType::f32, {hv})),
-      view(in.cu_dev.get(), DType::i32, {n + 1}),
-      view(in.pool.get(), DType::f32, {n, hv, kDim, kDim}), view(in.indices.get(), DType::i32, {n}),
-      TensorView{}, view(in.out.get(), DType::bf16, {t, hv, kDim}), options,
-      gpu.runtime().device_limits(gpu.device));
-}
 
 // A few long sequences of equal length, with the figures the issue measured on the same H200 in
 // one device call (FlashInfer's SM90 kernel without its context-parallel path, FlashQLA's

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "codegen/family_decls.hpp"
 #include "kjit/spec.hpp"
@@ -63,6 +64,33 @@ ParamDecl head_dim_param(std::string_view name, std::string_view doc) {
 }
 ParamDecl flag_param(std::string_view name, std::string_view doc) {
   return ParamDecl{.name = name, .kind = ParamKind::boolean, .doc = doc};
+}
+
+// A choice whose values are rendered as they are spelled (sizes, counts, phases).
+ParamDecl literal_choice(std::string_view name, std::vector<std::string_view> values,
+                         std::string_view doc) {
+  return ParamDecl{
+      .name = name, .kind = ParamKind::choice, .choices = values, .rendered = values, .doc = doc};
+}
+
+// The element types of the state kernels' arguments, shared by the sequential and the
+// context-parallel families (their first template parameters).
+std::vector<ParamDecl> state_kernel_io_params() {
+  return {
+      ParamDecl{.name = "qkv",
+                .kind = ParamKind::dtype,
+                .choices = {"bf16"},
+                .doc = "element type of q, k and v (raw rows are mma operands)"},
+      state_param(),
+      out_param(),
+      integer_dtype_param("cu", "element type of cu_seqlens"),
+      integer_dtype_param("index", "element type of state_indices"),
+  };
+}
+
+std::vector<ParamDecl> with(std::vector<ParamDecl> head, std::initializer_list<ParamDecl> tail) {
+  head.insert(head.end(), tail.begin(), tail.end());
+  return head;
 }
 
 }  // namespace
@@ -140,16 +168,9 @@ FamilyDecl gdn_prefill_state_family() {
       .name = "gdn_prefill_state",
       .include = "kjit/gdn_prefill_state.cuh",
       .kernel = "kjit::gdn_prefill_state_kernel",
-      .params =
+      .params = with(
+          state_kernel_io_params(),
           {
-              ParamDecl{.name = "qkv",
-                        .kind = ParamKind::dtype,
-                        .choices = {"bf16"},
-                        .doc = "element type of q, k and v (raw rows are mma operands)"},
-              state_param(),
-              out_param(),
-              integer_dtype_param("cu", "element type of cu_seqlens"),
-              integer_dtype_param("index", "element type of state_indices"),
               head_dim_param("k", "key head dim K"),
               head_dim_param("v", "value head dim V"),
               ParamDecl{.name = "bv",
@@ -159,7 +180,7 @@ FamilyDecl gdn_prefill_state_family() {
                         .doc = "state rows (of V) per block; divides V; bv * K <= 8192 (4 warps), "
                                "16384 for bv = 128 (8 warps)"},
               flag_param("ckpt", "1: write state checkpoints every n full chunks"),
-          },
+          }),
       .min_sm = 80,
       .doc =
           "Gated DeltaNet chunked prefill, kernel 2 of the chunked path: the state recurrence "
@@ -190,39 +211,18 @@ FamilyDecl gdn_prefill_state_cp_family() {
       .include = "kjit/gdn_prefill_state.cuh",
       .kernel = "kjit::gdn_prefill_state_cp_kernel",
       .params =
-          {
-              ParamDecl{.name = "qkv",
-                        .kind = ParamKind::dtype,
-                        .choices = {"bf16"},
-                        .doc = "element type of q, k and v (raw rows are mma operands)"},
-              state_param(),
-              out_param(),
-              integer_dtype_param("cu", "element type of cu_seqlens"),
-              integer_dtype_param("index", "element type of state_indices"),
-              ParamDecl{.name = "k",
-                        .kind = ParamKind::choice,
-                        .choices = {"128", "64"},
-                        .rendered = {"128", "64"},
-                        .doc = "key head dim K"},
-              head_dim_param("v", "value head dim V"),
-              ParamDecl{.name = "bv",
-                        .kind = ParamKind::choice,
-                        .choices = {"128", "64"},
-                        .rendered = {"128", "64"},
-                        .doc = "state rows per block; divides V and K"},
-              flag_param("ckpt", "1: write state checkpoints every n full chunks"),
-              ParamDecl{.name = "phase",
-                        .kind = ParamKind::choice,
-                        .choices = {"1", "2"},
-                        .rendered = {"1", "2"},
-                        .doc = "1: segment pass (end states from zero and identity starts), 2: "
-                               "resume pass (outputs from the exact initial states)"},
-              ParamDecl{.name = "stages",
-                        .kind = ParamKind::choice,
-                        .choices = {"2", "3"},
-                        .rendered = {"2", "3"},
-                        .doc = "input stages: chunk c + stages - 1 is fetched during chunk c"},
-          },
+          with(state_kernel_io_params(),
+               {
+                   literal_choice("k", {"128", "64"}, "key head dim K"),
+                   head_dim_param("v", "value head dim V"),
+                   literal_choice("bv", {"128", "64"}, "state rows per block; divides V and K"),
+                   flag_param("ckpt", "1: write state checkpoints every n full chunks"),
+                   literal_choice("phase", {"1", "2"},
+                                  "1: segment pass (end states from zero and identity starts), 2: "
+                                  "resume pass (outputs from the exact initial states)"),
+                   literal_choice("stages", {"2", "3"},
+                                  "input stages: chunk c + stages - 1 is fetched during chunk c"),
+               }),
       .min_sm = 80,
       .doc =
           "Gated DeltaNet chunked prefill, context-parallel path: the state kernel over "
@@ -242,11 +242,7 @@ FamilyDecl gdn_prefill_cp_scan_family() {
       .params =
           {
               integer_dtype_param("cu", "element type of cu_seqlens"),
-              ParamDecl{.name = "k",
-                        .kind = ParamKind::choice,
-                        .choices = {"128", "64"},
-                        .rendered = {"128", "64"},
-                        .doc = "key head dim K"},
+              literal_choice("k", {"128", "64"}, "key head dim K"),
               head_dim_param("v", "value head dim V"),
           },
       .min_sm = 80,
