@@ -556,21 +556,24 @@ std::int64_t cp_workspace_bytes(const Problem& pr, std::int64_t chunks) {
 // passes about 2.2 x (all chunks x HV x V / bv) / SMs x t. With P (sequence, value head) pairs
 // of equal length that is a gain of SMs / (2.2 P): taken when 3 P <= SMs. L spreads the resume
 // pass over about one wave of blocks, at least kCpMinChunks so the scan stays short.
+// `explain`: format the reason texts (plans); a launch's memo key needs only the numbers.
 CpDecision decide_cp(const Problem& pr, const DeviceLimits& device, std::int64_t user_workspace,
-                     std::int64_t forced_chunks, bool forced, int forced_stages = 0) {
+                     std::int64_t forced_chunks, bool forced, int forced_stages, bool explain) {
   constexpr std::int64_t kCpMinChunks = 16;
   CpDecision d;
   if (pr.k > 128) {
-    d.why_not = fmt::format(
-        "context-parallel path out: K = {} > 128 (its passes use the wide state tiles)", pr.k);
+    if (explain)
+      d.why_not = fmt::format(
+          "context-parallel path out: K = {} > 128 (its passes use the wide state tiles)", pr.k);
     return d;
   }
   d.bv = cp_tile(pr, device);
   if (d.bv == 0) {
-    d.why_not = fmt::format(
-        "context-parallel path out: no state tile of 64 or 128 rows fits the {} bytes of shared "
-        "memory a block may use on {}",
-        device.max_smem_per_block_optin, device.name);
+    if (explain)
+      d.why_not = fmt::format(
+          "context-parallel path out: no state tile of 64 or 128 rows fits the {} bytes of shared "
+          "memory a block may use on {}",
+          device.max_smem_per_block_optin, device.name);
     return d;
   }
   const std::int64_t tiles = pr.v / d.bv;
@@ -582,35 +585,39 @@ CpDecision decide_cp(const Problem& pr, const DeviceLimits& device, std::int64_t
   }
   if (!forced) {
     if (3 * pairs > std::int64_t{device.sm_count}) {
-      d.why_not = fmt::format(
-          "no context-parallel path: {} (sequence, value head) pairs, 3 x {} > {} SMs (it does "
-          "~2.2x the state work; it pays when the pairs leave most SMs idle)",
-          pairs, pairs, device.sm_count);
+      if (explain)
+        d.why_not = fmt::format(
+            "no context-parallel path: {} (sequence, value head) pairs, 3 x {} > {} SMs (it does "
+            "~2.2x the state work; it pays when the pairs leave most SMs idle)",
+            pairs, pairs, device.sm_count);
       return d;
     }
     if (pr.tokens < 3 * kGdnPrefillChunk * chunks * pr.seqs) {
-      d.why_not = fmt::format(
-          "no context-parallel path: {} tokens over {} sequences are fewer than 3 segments of {} "
-          "chunks each",
-          pr.tokens, pr.seqs, chunks);
+      if (explain)
+        d.why_not = fmt::format(
+            "no context-parallel path: {} tokens over {} sequences are fewer than 3 segments of {} "
+            "chunks each",
+            pr.tokens, pr.seqs, chunks);
       return d;
     }
   }
   const std::int64_t need = cp_workspace_bytes(pr, chunks);
   if (user_workspace >= 0 && user_workspace < need) {
-    d.why_not = fmt::format(
-        "{}context-parallel path: options.workspace holds {} bytes, it needs {} (segments of {} "
-        "chunks)",
-        forced ? "" : "no ", user_workspace, need, chunks);
+    if (explain)
+      d.why_not = fmt::format(
+          "{}context-parallel path: options.workspace holds {} bytes, it needs {} (segments of {} "
+          "chunks)",
+          forced ? "" : "no ", user_workspace, need, chunks);
     return d;
   }
   const std::int64_t segments = cp_segments(pr, chunks);
   const std::int64_t resume_blocks = segments * pr.value_heads * tiles;
   if (resume_blocks + segments * pr.value_heads * (pr.k / d.bv) >
       std::int64_t{device.max_grid_dim[0]}) {
-    d.why_not =
-        fmt::format("context-parallel path out: {} segment ids x {} value heads exceed grid x",
-                    segments, pr.value_heads);
+    if (explain)
+      d.why_not =
+          fmt::format("context-parallel path out: {} segment ids x {} value heads exceed grid x",
+                      segments, pr.value_heads);
     return d;
   }
   // Two input stages unless forced: a third (where the shared memory holds it) was no faster on
@@ -621,24 +628,75 @@ CpDecision decide_cp(const Problem& pr, const DeviceLimits& device, std::int64_t
   };
   d.stages = forced_stages > 0 ? forced_stages : 2;
   if (!stage_fits(d.stages)) {
-    d.why_not = fmt::format(
-        "context-parallel path out: {} input stages of the {}-row tile need {} bytes of shared "
-        "memory > {} per block on {}",
-        d.stages, d.bv, gdn_prefill_state_smem(static_cast<int>(pr.k), d.bv, d.stages).total,
-        device.max_smem_per_block_optin, device.name);
+    if (explain)
+      d.why_not = fmt::format(
+          "context-parallel path out: {} input stages of the {}-row tile need {} bytes of shared "
+          "memory > {} per block on {}",
+          d.stages, d.bv, gdn_prefill_state_smem(static_cast<int>(pr.k), d.bv, d.stages).total,
+          device.max_smem_per_block_optin, device.name);
     return d;
   }
   d.chunks = chunks;
-  d.reason = fmt::format(
-      "context-parallel state{}: segments of {} chunks ({} tokens), {} segment ids; {} (sequence, "
-      "value head) pairs would leave {} of {} SMs idle. Segment pass: end states from zero and "
-      "the identity (the segment's linear map M) in parallel; scan: X_(s+1) = X_s M_s + B_s in "
-      "f32; resume pass: each segment from its exact initial state, value tile {}, {} input "
-      "stages",
-      forced ? " (forced by options.force_mode)" : "", chunks, chunks * kGdnPrefillChunk, segments,
-      pairs, std::max<std::int64_t>(0, device.sm_count - pairs * tiles), device.sm_count, d.bv,
-      d.stages);
+  if (explain)
+    d.reason = fmt::format(
+        "context-parallel state{}: segments of {} chunks ({} tokens), {} segment ids; {} "
+        "(sequence, "
+        "value head) pairs would leave {} of {} SMs idle. Segment pass: end states from zero and "
+        "the identity (the segment's linear map M) in parallel; scan: X_(s+1) = X_s M_s + B_s in "
+        "f32; resume pass: each segment from its exact initial state, value tile {}, {} input "
+        "stages",
+        forced ? " (forced by options.force_mode)" : "", chunks, chunks * kGdnPrefillChunk,
+        segments, pairs, std::max<std::int64_t>(0, device.sm_count - pairs * tiles),
+        device.sm_count, d.bv, d.stages);
   return d;
+}
+
+// A force_mode of the context-parallel path: "chunked_cp" (the planner's L) or "chunked_cp<L>",
+// optionally + "_s2" / "_s3". `considered`: auto or such a mode (the others never take it).
+struct CpMode {
+  bool considered = false;
+  bool forced = false;
+  std::int64_t chunks = 0;  // 0: the planner's
+  int stages = 0;           // 0: the planner's
+};
+
+CpMode parse_cp_mode(const std::string& force) {
+  CpMode mode;
+  if (force.empty() || force == "auto") {
+    mode.considered = true;
+    return mode;
+  }
+  if (force.rfind(kCpPrefix, 0) != 0) return mode;
+  mode.considered = mode.forced = true;
+  std::string digits = force.substr(kCpPrefix.size());
+  for (int st : {2, 3}) {
+    const std::string suffix = fmt::format("_s{}", st);
+    if (digits.ends_with(suffix)) {
+      mode.stages = st;
+      digits.resize(digits.size() - suffix.size());
+    }
+  }
+  if (!digits.empty()) {
+    const bool numeric =
+        digits.size() <= 6 &&
+        std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+    mode.chunks = numeric ? std::stoll(digits) : 0;
+    if (mode.chunks < 1) {
+      fail(fmt::format("options.force_mode '{}' is not a mode; accepted: {}", force, kModes));
+    }
+  }
+  return mode;
+}
+
+// The context-parallel decision for a call: the one the plan takes (choose) and, without
+// texts, the launch's memo key (it depends on T and the caller's workspace, which the rest of
+// the key does not hold). chunks == 0 when not taken or not considered.
+CpDecision cp_decision(const Problem& pr, const GdnPrefillOptions& options,
+                       const DeviceLimits& device, bool explain) {
+  const CpMode mode = parse_cp_mode(options.force_mode);
+  if (!mode.considered) return {};
+  return decide_cp(pr, device, given(options.workspace) ? options.workspace.shape[0] : -1,
+                   mode.chunks, mode.forced, mode.stages, explain);
 }
 
 // choose_path, after taking a "_wgmma" suffix off a chunked mode. The state kernel's wide tiles
@@ -649,27 +707,10 @@ CpDecision decide_cp(const Problem& pr, const DeviceLimits& device, std::int64_t
 Choice choose(const Problem& pr, const std::string& force, const DeviceLimits& device,
               std::int64_t user_workspace) {
   if (force.rfind(kCpPrefix, 0) == 0) {
-    std::int64_t chunks = 0;
-    std::string digits = force.substr(kCpPrefix.size());
-    int stages = 0;
-    for (int st : {2, 3}) {
-      const std::string suffix = fmt::format("_s{}", st);
-      if (digits.ends_with(suffix)) {
-        stages = st;
-        digits.resize(digits.size() - suffix.size());
-      }
-    }
-    if (!digits.empty()) {
-      const bool numeric =
-          digits.size() <= 6 &&
-          std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
-      chunks = numeric ? std::stoll(digits) : 0;
-      if (chunks < 1) {
-        fail(fmt::format("options.force_mode '{}' is not a mode; accepted: {}", force, kModes));
-      }
-    }
+    const CpMode mode = parse_cp_mode(force);
     Choice choice = choose_path(pr, "chunked", device, force);
-    const CpDecision cp = decide_cp(pr, device, user_workspace, chunks, true, stages);
+    const CpDecision cp =
+        decide_cp(pr, device, user_workspace, mode.chunks, true, mode.stages, true);
     if (!cp.why_not.empty()) {
       throw PlanError(
           fmt::format("{}: options.force_mode '{}': the context-parallel path cannot run: {}", kOp,
@@ -685,7 +726,7 @@ Choice choose(const Problem& pr, const std::string& force, const DeviceLimits& d
     if (force.empty() || force == "auto") {
       Choice choice = choose_path(pr, force, device, force);
       if (choice.chunked) {
-        const CpDecision cp = decide_cp(pr, device, user_workspace, 0, false);
+        const CpDecision cp = decide_cp(pr, device, user_workspace, 0, false, 0, true);
         if (cp.chunks > 0) {
           choice.cp_chunks = cp.chunks;
           choice.cp_stages = cp.stages;
@@ -1009,14 +1050,6 @@ struct Signature {
   char force[32] = {};
 };
 
-// L of a context-parallel plan (mode "chunked_cp<L>_bv<bv>"), else 0.
-std::int64_t plan_cp_chunks(const Plan& plan) {
-  if (plan.launches.size() != 4) return 0;
-  const std::string_view mode = plan.mode;
-  const std::size_t end = mode.find("_bv");
-  return std::stoll(std::string(mode.substr(kCpPrefix.size(), end - kCpPrefix.size())));
-}
-
 }  // namespace
 
 std::vector<std::int64_t> gdn_prefill_checkpoint_starts(std::span<const std::int64_t> cu_seqlens,
@@ -1055,7 +1088,8 @@ Plan plan_gdn_prefill(const TensorView& q, const TensorView& k, const TensorView
       validate(q, k, v, gates, cu_seqlens, state, state_indices, has_initial_state, out, options);
   Plan plan = make_plan(pr, q, gates, cu_seqlens, state, state_indices, out, options, device);
   if (plan.launches.size() >= 2) {
-    const std::int64_t cp_chunks = plan_cp_chunks(plan);
+    const std::int64_t cp_chunks =
+        plan.launches.size() == 4 ? cp_decision(pr, options, device, false).chunks : 0;
     plan.reasons.push_back(
         fmt::format("workspace for T = {}: {} bytes", pr.tokens,
                     cp_chunks > 0 ? cp_workspace_bytes(pr, cp_chunks)
@@ -1119,19 +1153,9 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
   // The plan's text names the interval, so it is part of the key, not just ckpt on/off.
   sig.checkpoint_every = options.checkpoint_every_n_tokens;
   std::memcpy(sig.force, options.force_mode.data(), options.force_mode.size());
-  {
-    // The auto rule's decision (a function of T, N, HV and the SM count) goes into the key; a
-    // forced mode is in the key already, but its L may be the planner's.
-    const std::string& force = options.force_mode;
-    if (force.empty() || force == "auto" || force.rfind(kCpPrefix, 0) == 0) {
-      const bool forced = !(force.empty() || force == "auto");
-      const CpDecision cp =
-          decide_cp(pr, runtime.device_limits(device),
-                    given(options.workspace) ? options.workspace.shape[0] : -1, 0, forced);
-      sig.cp_chunks =
-          cp.chunks > 0 ? cp.chunks : -1 - static_cast<std::int64_t>(!cp.why_not.empty());
-    }
-  }
+  // The context-parallel decision (a function of T, N, HV, the SM count and the caller's
+  // workspace) goes into the key; the plan takes the same one.
+  sig.cp_chunks = cp_decision(pr, options, runtime.device_limits(device), false).chunks;
 
   const Runtime::ResolvedPlan& resolved = runtime.memoized(sig, stream, [&] {
     return std::pair{make_plan(pr, q, gates, cu_seqlens, state, state_indices, out, options,
@@ -1139,7 +1163,7 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
                      device};
   });
   const bool chunked = resolved.plan.launches.size() >= 2;
-  const std::int64_t cp_chunks = plan_cp_chunks(resolved.plan);
+  const std::int64_t cp_chunks = resolved.plan.launches.size() == 4 ? sig.cp_chunks : 0;
   const std::string_view mode = resolved.plan.mode;
   const int bv = mode.ends_with("bv16")    ? 16
                  : mode.ends_with("bv32")  ? 32
@@ -1205,8 +1229,14 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
   // host synchronization; under capture both become graph memory nodes).
   const GdnPrefillWorkspace ws = gdn_prefill_workspace(static_cast<std::uint64_t>(pr.tokens),
                                                        static_cast<std::uint64_t>(pr.value_heads));
-  const std::uint64_t ws_total =
-      cp_chunks > 0 ? static_cast<std::uint64_t>(cp_workspace_bytes(pr, cp_chunks)) : ws.total;
+  // The context-parallel path's regions follow the chunked path's (total: all of them).
+  const GdnPrefillCpWorkspace cw =
+      cp_chunks > 0 ? gdn_prefill_cp_workspace(ws.total, static_cast<std::uint64_t>(p.cp_segments),
+                                               static_cast<std::uint64_t>(pr.value_heads),
+                                               static_cast<std::uint64_t>(pr.k),
+                                               static_cast<std::uint64_t>(pr.v))
+                    : GdnPrefillCpWorkspace{ws.total, ws.total, ws.total, ws.total};
+  const std::uint64_t ws_total = cw.total;
   auto* base = static_cast<unsigned char*>(options.workspace.data);
   CUdeviceptr owned = 0;
   const CUstream cu_stream = reinterpret_cast<CUstream>(stream);
@@ -1215,9 +1245,9 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
     try {
       owned = driver::allocate_workspace(resolved.device, ws_total, cu_stream, kOp);
     } catch (const DriverError& error) {
-      throw DriverError(fmt::format("{}; pass options.workspace (gdn_prefill_workspace_bytes(T = "
-                                    "{}, HV = {}) bytes) instead",
-                                    error.what(), pr.tokens, pr.value_heads),
+      throw DriverError(fmt::format("{}; pass options.workspace ({} bytes for this call, as "
+                                    "plan_gdn_prefill's reasons say) instead",
+                                    error.what(), ws_total),
                         error.result(), error.call());
     }
     base = reinterpret_cast<unsigned char*>(owned);
@@ -1227,10 +1257,6 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
   p.ws_scales = base != nullptr ? base + ws.scales : nullptr;
   p.ws_order = base != nullptr && orders_longest_first(pr) ? base + ws.order : nullptr;
   if (cp_chunks > 0 && base != nullptr) {
-    const GdnPrefillCpWorkspace cw = gdn_prefill_cp_workspace(
-        ws.total, static_cast<std::uint64_t>(p.cp_segments),
-        static_cast<std::uint64_t>(pr.value_heads), static_cast<std::uint64_t>(pr.k),
-        static_cast<std::uint64_t>(pr.v));
     p.cp_b = reinterpret_cast<float*>(base + cw.b);
     p.cp_m = reinterpret_cast<float*>(base + cw.m);
     p.cp_x = reinterpret_cast<float*>(base + cw.x);
