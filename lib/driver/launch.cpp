@@ -3,7 +3,6 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <mutex>
 #include <shared_mutex>
 #include <unordered_map>
@@ -13,14 +12,12 @@
 namespace kjit::driver {
 namespace {
 
-/// Per function: how much dynamic shared memory it may take as it is now. The driver's default
-/// ceiling is 48 KiB minus the function's static shared memory (static and dynamic together
-/// may not pass 48 KiB without opting in); above that MAX_DYNAMIC_SHARED_SIZE_BYTES is raised,
-/// once per function and size. Launches without dynamic shared memory never look here; others
-/// take a shared lock and one hash lookup.
+/// The MAX_DYNAMIC_SHARED_SIZE_BYTES value each function was raised to. Launches whose static
+/// and dynamic shared memory together stay within 48 KiB never look here; larger ones take a
+/// shared lock and one hash lookup.
 struct OptInCache {
   std::shared_mutex mutex;
-  std::unordered_map<CUfunction, std::uint32_t> allowed;
+  std::unordered_map<CUfunction, std::uint32_t> raised;
 };
 
 OptInCache& opt_in_cache() {
@@ -29,30 +26,16 @@ OptInCache& opt_in_cache() {
   return *cache;
 }
 
-void ensure_dynamic_smem(const DriverApi& cu, CUfunction function, std::uint32_t bytes) {
+void opt_in(const DriverApi& cu, CUfunction function, std::uint32_t bytes) {
   OptInCache& cache = opt_in_cache();
   {
     std::shared_lock lock(cache.mutex);
-    auto it = cache.allowed.find(function);
-    if (it != cache.allowed.end() && it->second >= bytes) return;
+    auto it = cache.raised.find(function);
+    if (it != cache.raised.end() && it->second >= bytes) return;
   }
   std::unique_lock lock(cache.mutex);
-  auto [it, inserted] = cache.allowed.try_emplace(function, 0u);
-  std::uint32_t& allowed = it->second;
-  if (inserted) {
-    int static_smem = 0;
-    const CUresult r =
-        cu.cuFuncGetAttribute(&static_smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function);
-    if (r != CUDA_SUCCESS) {
-      cache.allowed.erase(it);
-      throw DriverError(
-          fmt::format("cuFuncGetAttribute(SHARED_SIZE_BYTES) failed: {}", describe(r)),
-          static_cast<int>(r), "cuFuncGetAttribute");
-    }
-    const auto used = static_cast<std::uint32_t>(std::max(static_smem, 0));
-    allowed = used < kDefaultDynamicSmemLimit ? kDefaultDynamicSmemLimit - used : 0u;
-  }
-  if (allowed >= bytes) return;
+  auto& raised = cache.raised[function];
+  if (raised >= bytes) return;
   const CUresult r = cu.cuFuncSetAttribute(
       function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(bytes));
   if (r != CUDA_SUCCESS) {
@@ -62,7 +45,7 @@ void ensure_dynamic_smem(const DriverApi& cu, CUfunction function, std::uint32_t
                                   bytes, describe(r)),
                       static_cast<int>(r), "cuFuncSetAttribute");
   }
-  allowed = bytes;
+  raised = bytes;
 }
 
 }  // namespace
@@ -89,9 +72,13 @@ FunctionLimits function_limits(CUfunction function) {
   return limits;
 }
 
-void launch(CUfunction function, const LaunchShape& shape, CUstream stream, void** args) {
+void launch(CUfunction function, const LaunchShape& shape, std::uint32_t static_smem,
+            CUstream stream, void** args) {
   const DriverApi& cu = loaded_api();
-  if (shape.dynamic_smem > 0) ensure_dynamic_smem(cu, function, shape.dynamic_smem);
+  // The driver's default ceiling is 48 KiB of static and dynamic shared memory together.
+  if (std::uint64_t{shape.dynamic_smem} + static_smem > kDefaultDynamicSmemLimit) {
+    opt_in(cu, function, shape.dynamic_smem);
+  }
   CUlaunchConfig config{};
   config.gridDimX = shape.grid.x;
   config.gridDimY = shape.grid.y;
@@ -156,7 +143,7 @@ void forget_functions(const CUfunction* functions, std::size_t count) noexcept {
   try {
     OptInCache& cache = opt_in_cache();
     std::unique_lock lock(cache.mutex);
-    for (std::size_t i = 0; i < count; ++i) cache.allowed.erase(functions[i]);
+    for (std::size_t i = 0; i < count; ++i) cache.raised.erase(functions[i]);
   } catch (...) {
   }
 }

@@ -20,12 +20,13 @@ inline constexpr std::uint32_t kDefaultDynamicSmemLimit = 48 * 1024;
 FunctionLimits function_limits(CUfunction function);
 
 /// Launches `function` with cuLaunchKernelEx on `stream` with the kernel parameter pointers
-/// `args`. Dynamic shared memory that with the function's static shared memory passes 48 KiB is
-/// opted into first (MAX_DYNAMIC_SHARED_SIZE_BYTES, set once per function and size, then
-/// cached). Does not check the shape: the planner's
-/// require_legal() does that before. Throws DriverError naming the call, the result and the
-/// shape; is_sticky(error.result()) tells whether the context is lost.
-void launch(CUfunction function, const LaunchShape& shape, CUstream stream, void** args);
+/// `args`. `static_smem`: the function's static shared memory (FunctionLimits::static_smem);
+/// when it and the dynamic shared memory together pass 48 KiB, MAX_DYNAMIC_SHARED_SIZE_BYTES is
+/// raised first (once per function and size, then cached). Does not check the shape: the
+/// planner's require_legal() does that before. Throws DriverError naming the call, the result
+/// and the shape; is_sticky(error.result()) tells whether the context is lost.
+void launch(CUfunction function, const LaunchShape& shape, std::uint32_t static_smem,
+            CUstream stream, void** args);
 
 /// Whether `result` is a device fault that leaves the context unusable: every later call in the
 /// process fails with it (illegal address, launch failed, illegal instruction, misaligned

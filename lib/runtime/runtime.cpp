@@ -554,13 +554,16 @@ namespace {
 // a real stream must belong to `context`; the default stream is taken as `context`'s, which is
 // made current for the launch when another context is.
 void launch_in_context(const driver::DriverApi& cu, CUcontext context, int device,
-                       CUfunction function, const LaunchShape& shape, Stream stream, void** args) {
+                       const LoadedKernel& kernel, const LaunchShape& shape, Stream stream,
+                       void** args) {
+  const CUfunction function = kernel.function;
+  const auto static_smem = static_cast<std::uint32_t>(kernel.limits.static_smem);
   if (is_default_stream(stream)) {
     CUcontext current = nullptr;
     (void)cu.cuCtxGetCurrent(&current);
     if (current != context) {
       driver::ScopedContext scoped(context);
-      driver::launch(function, shape, reinterpret_cast<CUstream>(stream), args);
+      driver::launch(function, shape, static_smem, reinterpret_cast<CUstream>(stream), args);
       return;
     }
   } else {
@@ -574,7 +577,7 @@ void launch_in_context(const driver::DriverApi& cu, CUcontext context, int devic
           static_cast<void*>(stream), static_cast<void*>(owner), device, device));
     }
   }
-  driver::launch(function, shape, reinterpret_cast<CUstream>(stream), args);
+  driver::launch(function, shape, static_smem, reinterpret_cast<CUstream>(stream), args);
 }
 
 }  // namespace
@@ -591,8 +594,8 @@ void Runtime::launch(const LoadedKernel& kernel, const LaunchShape& shape, Strea
   (void)params_size;
   void* args[] = {const_cast<void*>(params)};
   try {
-    launch_in_context(driver::loaded_api(), kernel.context, kernel.device, kernel.function, shape,
-                      stream, args);
+    launch_in_context(driver::loaded_api(), kernel.context, kernel.device, kernel, shape, stream,
+                      args);
   } catch (const DriverError& error) {
     impl_->report_launch_error(error, kernel.device);
   }
@@ -629,7 +632,7 @@ void Runtime::launch(const ResolvedPlan& resolved, std::size_t index, Stream str
   void* args[] = {const_cast<void*>(params)};
   try {
     launch_in_context(driver::loaded_api(), static_cast<CUcontext>(resolved.context),
-                      resolved.device, resolved.kernels[index]->function,
+                      resolved.device, *resolved.kernels[index],
                       resolved.plan.launches[index].shape, stream, args);
   } catch (const DriverError& error) {
     impl_->report_launch_error(error, resolved.device);
