@@ -473,3 +473,119 @@ def test_fla_chunk_under_graph_capture():
     scale = ref_o.abs().max().item() + 1e-6
     close(o.flatten(0, 1), ref_o, 2e-2, 2e-2 * scale)
     close_state(ht, ref_ht)
+
+
+# --- every adapter under CUDA graph capture -------------------------------------------------
+
+
+def _capture_cases():
+    """name -> make(); make() returns (call, state) where call() runs the adapter and returns
+    its result tensors, and state lists the tensors a call updates in place (restored before
+    each run so that the eager and the replayed call start from the same values)."""
+    t, h, d = 8, 128, 128  # 128 heads x 128: past FlashInfer's 1024 threads per block
+    bf16 = torch.bfloat16
+
+    def merge_inputs(head_major=False):
+        va, vb = torch.randn(2, t, h, d, device=DEV, dtype=bf16)
+        shape = (h, t) if head_major else (t, h)
+        return va, finite_lse(shape), vb, finite_lse(shape)
+
+    def vllm_merge():
+        va, sa, vb, sb = merge_inputs(head_major=True)
+        out, out_lse = torch.empty_like(va), torch.empty_like(sa)
+
+        def call():
+            vllm.merge_attn_states(out, va, sa, vb, sb, out_lse, 5)
+            return out, out_lse
+        return call, []
+
+    def sglang_merge(fn):
+        def make():
+            va, sa, vb, sb = merge_inputs()
+            vo, so = torch.empty_like(va), torch.empty_like(sa)
+            return (lambda: fn(va, sa, vb, sb, vo, so)), []
+        return make
+
+    def fi_merge():
+        va, sa, vb, sb = merge_inputs()
+        return (lambda: flashinfer.merge_state(va, sa, vb, sb)), []
+
+    def fi_in_place():
+        va, sa, vb, sb = merge_inputs()
+        mask = torch.arange(t, device=DEV) % 3 != 0
+
+        def call():
+            flashinfer.merge_state_in_place(va, sa, vb, sb, mask)
+            return va, sa
+        return call, [va, sa]
+
+    def fi_states():
+        vs = torch.randn(t, 3, h, d, device=DEV, dtype=bf16)
+        ss = finite_lse((t, 3, h))
+        return (lambda: flashinfer.merge_states(vs, ss)), []
+
+    def decode(engine):
+        def make():
+            args = decode_case(6, 2, 4, 128, 128, 10, seed=5)
+            idx = torch.tensor([4, 0, 7, -1, 2, 9], device=DEV, dtype=torch.int32)
+            fn = getattr(kjit.compat, engine).fused_recurrent_gated_delta_rule_packed_decode
+            return (lambda: fn(**args, ssm_state_indices=idx, use_qk_l2norm_in_kernel=True),
+                    [args["initial_state"]])
+        return make
+
+    def fla_call(name):
+        def make():
+            case = fla_case(1, 80, 2, 4, 64, seed=12)
+            h0 = torch.randn(2, 4, 64, 64, device=DEV) * 0.1
+            cu = torch.tensor([0, 17, 80], device=DEV, dtype=torch.int64)
+            fn = getattr(fla, name)
+            return (lambda: fn(**case, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                               use_qk_l2norm_in_kernel=True)), []
+        return make
+
+    return {
+        "vllm.merge_attn_states": vllm_merge,
+        "vllm.packed_decode": decode("vllm"),
+        "sglang.merge_state": sglang_merge(sglang.merge_state),
+        "sglang.merge_state_v2": sglang_merge(sglang.merge_state_v2),
+        "sglang.merge_state_triton": sglang_merge(sglang.merge_state_triton),
+        "sglang.packed_decode": decode("sglang"),
+        "flashinfer.merge_state": fi_merge,
+        "flashinfer.merge_state_in_place": fi_in_place,
+        "flashinfer.merge_states": fi_states,
+        "fla.chunk_gated_delta_rule": fla_call("chunk_gated_delta_rule"),
+        "fla.fused_recurrent_gated_delta_rule": fla_call("fused_recurrent_gated_delta_rule"),
+    }
+
+
+CAPTURE = _capture_cases()
+
+
+@pytest.mark.parametrize("name", sorted(CAPTURE))
+def test_every_adapter_replays_its_eager_result_under_graph_capture(name):
+    # The first (eager) call plans and loads the kernels; the captured call must then neither
+    # compile nor synchronize, and its replay must give the eager call's bytes.
+    torch.manual_seed(len(name))
+    call, state = CAPTURE[name]()
+    saved = [x.clone() for x in state]
+
+    def restore():
+        for x, s in zip(state, saved):
+            x.copy_(s)
+
+    with torch.no_grad():
+        eager = [x.clone() for x in call() if x is not None]
+        restore()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = [x for x in call() if x is not None]
+        restore()
+        for x in captured:
+            if x.is_floating_point() and not any(x is s for s in state):
+                x.fill_(float("nan"))
+        graph.replay()
+    torch.cuda.synchronize()
+    assert len(captured) == len(eager)
+    for got, want in zip(captured, eager):
+        assert torch.equal(got, want), f"{name}: replay differs from the eager call"
