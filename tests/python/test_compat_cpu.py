@@ -238,3 +238,15 @@ def test_fla_autograd_use_is_refused():
     for f in (fla.chunk_gated_delta_rule, fla.fused_recurrent_gated_delta_rule):
         with pytest.raises(UnsupportedFeature, match="autograd"):
             f(q, k, v, g=g, beta=beta)
+
+
+def test_fla_adapter_layouts_against_fla_recurrence_with_a_kernel_stand_in():
+    # A subprocess: the script installs a NumPy stand-in as `torch`, which must not leak into
+    # this process (other tests ask whether torch is importable).
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "compat_fla_glue.py")
+    run = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "fla glue ok: 48 cases" in run.stdout and "raw gates ok" in run.stdout
