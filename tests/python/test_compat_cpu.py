@@ -250,3 +250,40 @@ def test_fla_adapter_layouts_against_fla_recurrence_with_a_kernel_stand_in():
     run = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "fla glue ok: 48 cases" in run.stdout and "raw gates ok" in run.stdout
+
+
+def sigmoid_gating_arrays(n=3, tokens_per_seq=1, h=2, hv=4, kd=16):
+    rng = np.random.default_rng(n + tokens_per_seq)
+    f16 = np.float16
+    t = n * tokens_per_seq
+    return dict(A_log=rng.standard_normal(hv).astype(np.float32),
+                a=rng.standard_normal((t, hv)).astype(f16),
+                dt_bias=rng.standard_normal(hv).astype(np.float32),
+                softplus_beta=1.0, softplus_threshold=20.0,
+                q=rng.standard_normal((1, t, h, kd)).astype(f16),
+                k=rng.standard_normal((1, t, h, kd)).astype(f16),
+                v=rng.standard_normal((1, t, hv, kd)).astype(f16),
+                b=rng.standard_normal((t, hv)).astype(f16),
+                initial_state_source=np.zeros((5, hv, kd, kd), np.float32),
+                initial_state_indices=np.arange(n, dtype=np.int32),
+                cu_seqlens=np.arange(0, t + 1, tokens_per_seq, dtype=np.int32))
+
+
+def test_sglang_sigmoid_gating_decode_names_what_kjit_cannot_do():
+    f = kjit.compat.sglang.fused_sigmoid_gating_delta_rule_update
+    args = sigmoid_gating_arrays()
+    cases = [
+        (dict(is_kda=True), "is_kda=True"),
+        (dict(disable_state_update=True), "speculative target verification"),
+        (dict(intermediate_states_buffer=np.zeros(1)), "speculative target verification"),
+        (dict(retrieve_parent_token=np.zeros(1)), "speculative target verification"),
+        (dict(softplus_beta=2.0), "softplus_beta=2.0"),
+        (dict(initial_state_source=None), "initial_state_source=None"),
+    ]
+    for change, feature in cases:
+        with pytest.raises(UnsupportedFeature, match=feature):
+            f(**dict(args, **change))
+    with pytest.raises(UnsupportedFeature, match="more than one token per sequence"):
+        f(**sigmoid_gating_arrays(n=2, tokens_per_seq=3))
+    with pytest.raises(AssertionError, match="scale must be positive"):
+        f(**args, scale=-1.0)

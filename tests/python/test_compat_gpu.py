@@ -192,6 +192,41 @@ def test_packed_decode_errors_past_the_adapter_are_value_errors(engine):
         fn(**tiny, ssm_state_indices=idx)
 
 
+def sigmoid_gating_args(n, h, hv, kd, slots, packed, seed):
+    args = decode_case(n, h, hv, kd, kd, slots, seed=seed)
+    parts = torch.split(args["mixed_qkv"], [h * kd, h * kd, hv * kd], dim=-1)
+    if not packed:
+        parts = [x.clone() for x in parts]  # three separate buffers: the adapter's copy path
+    q, k, v = (x.view(1, n, -1, kd) for x in parts)
+    call = dict(A_log=args["A_log"], a=args["a"], dt_bias=args["dt_bias"], softplus_beta=1.0,
+                softplus_threshold=20.0, q=q, k=k, v=v, b=args["b"],
+                initial_state_source=args["initial_state"],
+                cu_seqlens=torch.arange(n + 1, device=DEV, dtype=torch.int32),
+                use_qk_l2norm_in_kernel=True)
+    return args, call
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_sglang_sigmoid_gating_decode_against_reference(packed):
+    # SGLang's default decode: q, k, v are torch.split views of one projection row, which
+    # kjit reads in place (packed=True); separate buffers are concatenated first.
+    n, h, hv, kd, slots = 6, 2, 4, 128, 10
+    args, call = sigmoid_gating_args(n, h, hv, kd, slots, packed, seed=17)
+    idx = torch.randperm(slots, device=DEV)[:n].to(torch.int32)
+    idx[2] = -1  # padding: zero output here (SGLang computes a step from zeros), pool untouched
+    pool = args["initial_state"].clone()
+    ref_out, ref_pool = decode_reference(dict(args, initial_state=pool), idx.cpu(), h,
+                                         nonpositive=False)
+    o = sglang.fused_sigmoid_gating_delta_rule_update(**call, initial_state_indices=idx)
+    torch.cuda.synchronize()
+    assert o.shape == (1, n, hv, kd) and o.dtype == torch.bfloat16
+    scale = ref_out.abs().max().item() + 1e-6
+    close(o[0], ref_out, TOL[torch.bfloat16], TOL[torch.bfloat16] * scale)
+    close(args["initial_state"], ref_pool, 1e-4, 1e-4)
+    for slot in set(range(slots)) - set(idx.tolist()):
+        assert torch.equal(args["initial_state"][slot], pool[slot]), f"slot {slot} changed"
+
+
 def test_packed_decode_graph_capture_after_first_call():
     args = decode_case(4, 2, 4, 64, 64, 8, seed=9)
     idx = torch.tensor([3, 0, 5, 1], device=DEV, dtype=torch.int32)
@@ -543,8 +578,16 @@ def _capture_cases():
                                use_qk_l2norm_in_kernel=True)), []
         return make
 
+    def sigmoid_gating():
+        args, call = sigmoid_gating_args(6, 2, 4, 128, 10, True, seed=3)
+        idx = torch.tensor([4, 0, 7, -1, 2, 9], device=DEV, dtype=torch.int32)
+        return ((lambda: (sglang.fused_sigmoid_gating_delta_rule_update(
+            **call, initial_state_indices=idx), args["initial_state"])),
+            [args["initial_state"]])
+
     return {
         "vllm.merge_attn_states": vllm_merge,
+        "sglang.fused_sigmoid_gating_delta_rule_update": sigmoid_gating,
         "vllm.packed_decode": decode("vllm"),
         "sglang.merge_state": sglang_merge(sglang.merge_state),
         "sglang.merge_state_v2": sglang_merge(sglang.merge_state_v2),

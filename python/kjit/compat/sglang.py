@@ -9,6 +9,8 @@
   Triton fallback of sglang.srt.layers.attention.merge_state): natural log, [T, H].
 - fused_recurrent_gated_delta_rule_packed_decode: sglang.srt.layers.attention.fla.
   fused_recurrent: SGLang's index rule, index < 0 is padding (slot 0 is a real slot).
+- fused_sigmoid_gating_delta_rule_update: sglang.srt.layers.attention.fla.
+  fused_sigmoid_gating_recurrent, the one-token decode (same rule); see its docstring.
 
 All return (v_merged, s_merged) / (out, initial_state) like the originals; outputs not given
 are allocated. Differences on purpose: two empty states (both LSE -inf) merge to 0 / -inf
@@ -131,3 +133,100 @@ def fused_recurrent_gated_delta_rule_packed_decode(
                      out.reshape(batch, heads_v, dim_v), scale=scale,
                      l2norm_qk=use_qk_l2norm_in_kernel, invalid_index="negative")
     return out, initial_state
+
+
+def fused_sigmoid_gating_delta_rule_update(
+    A_log,  # noqa: N803 - SGLang's name
+    a,
+    dt_bias,
+    softplus_beta,
+    softplus_threshold,
+    q,
+    k,
+    v,
+    b,
+    initial_state_source,
+    initial_state_indices,
+    scale=None,
+    use_qk_l2norm_in_kernel=False,
+    cu_seqlens=None,
+    is_kda=False,
+    disable_state_update=False,
+    intermediate_states_buffer=None,
+    intermediate_state_indices=None,
+    cache_steps=None,
+    retrieve_parent_token=None,
+):
+    """SGLang's non-packed GDN decode (TritonGDNKernel.decode): one token per sequence, q, k
+    [1, N, H, K] (or [N, 1, H, K]), v [.., HV, V], a, b [N, HV] raw gates, the pool
+    initial_state_source [slots, HV, V, K] updated in place at initial_state_indices (index
+    < 0: padding). Returns o shaped like v.
+
+    q, k and v are normally the three parts of one projection row (torch.split of mixed_qkv):
+    then kjit reads that row in place, as its packed decode does. Otherwise they are
+    concatenated into a packed row first (one copy of q, k, v). Padding rows get a zero output
+    (SGLang's kernel computes the step from a zero state there; both leave the pool alone).
+    cu_seqlens must be [0, 1, ..., N] (SGLang's decode): only its length is checked, since
+    reading it would synchronize. Speculative verification (several tokens per sequence,
+    disable_state_update, intermediate states, tree masks), KDA gates, softplus_beta != 1 and
+    a missing initial_state_source raise UnsupportedFeature."""
+    fn = "kjit.compat.sglang.fused_sigmoid_gating_delta_rule_update"
+    if is_kda:
+        raise UnsupportedFeature(fn, "is_kda=True (per-key KDA gates)",
+                                 "kjit's GDN decode takes one gate per value head")
+    if (disable_state_update or intermediate_states_buffer is not None
+            or intermediate_state_indices is not None or retrieve_parent_token is not None):
+        raise UnsupportedFeature(
+            fn, "speculative target verification (disable_state_update, intermediate state "
+            "caching, retrieve_parent_token)", "kjit runs the one-token decode step only")
+    if float(softplus_beta) != 1.0:
+        raise UnsupportedFeature(fn, f"softplus_beta={softplus_beta}",
+                                 "kjit's gates use softplus with beta 1 (SGLang passes 1.0)")
+    if initial_state_source is None:
+        raise UnsupportedFeature(fn, "initial_state_source=None",
+                                 "kjit's decode updates a state pool in place")
+    if scale is not None:
+        assert scale > 0, "scale must be positive"  # SGLang's own check
+    batch, steps, heads, dim_k = k.shape
+    heads_v, dim_v = v.shape[2], v.shape[3]
+    rows = batch * steps
+    sequences = batch if cu_seqlens is None else len(cu_seqlens) - 1
+    if sequences != rows:
+        raise UnsupportedFeature(
+            fn, f"{rows} tokens for {sequences} sequences (more than one token per sequence)",
+            "kjit's decode step takes one token per sequence; prefill goes through "
+            "kjit.gdn_prefill / kjit.compat.fla")
+    qr = q.reshape(rows, heads * dim_k)
+    kr = k.reshape(rows, heads * dim_k)
+    vr = v.reshape(rows, heads_v * dim_v)
+    width = 2 * heads * dim_k + heads_v * dim_v
+    mixed = _packed_view(qr, kr, vr, width)
+    if mixed is None:
+        import torch
+
+        mixed = torch.cat([qr, kr, vr], dim=-1)  # the documented copy: q, k, v not one row
+    out = _kjit.gdn_decode(mixed, a.reshape(rows, heads_v), b.reshape(rows, heads_v), A_log,
+                           dt_bias, initial_state_source, initial_state_indices, scale=scale,
+                           l2norm_qk=use_qk_l2norm_in_kernel,
+                           softplus_threshold=float(softplus_threshold),
+                           invalid_index="negative")
+    return out.reshape(v.shape)
+
+
+def _packed_view(qr, kr, vr, width):
+    """mixed_qkv [rows, width] over the memory q, k and v already occupy, when they are the
+    consecutive parts of one row buffer (same dtype, same row stride, k right after q and v
+    right after k); else None."""
+    if not (dtype_name(qr) == dtype_name(kr) == dtype_name(vr)):
+        return None
+    sq, sk, sv = qr.stride(), kr.stride(), vr.stride()
+    if sq[1] != 1 or sk[1] != 1 or sv[1] != 1:
+        return None
+    if qr.shape[0] > 1 and not (sq[0] == sk[0] == sv[0] and sq[0] >= width):
+        return None
+    item = qr.element_size()
+    base = qr.data_ptr()
+    if kr.data_ptr() != base + qr.shape[1] * item or \
+            vr.data_ptr() != base + (qr.shape[1] + kr.shape[1]) * item:
+        return None
+    return qr.as_strided((qr.shape[0], width), (max(sq[0], width), 1))
