@@ -170,6 +170,23 @@ def decodes(quick, n):
                     theirs if isinstance(theirs, str) else (lambda: theirs(**args)), n, gpu)
 
 
+def sigmoid_gating_decode(quick, n):
+    log("== SGLang non-packed decode (q/k/v split views of the projection row)")
+    for gpu, b in ((False, 1), (True, 64), (True, 256 if quick else 1024)):
+        args = decode_inputs(b, 16, 32, 128, 128, b + 2)
+        q, k, v = torch.split(args["mixed_qkv"], [16 * 128, 16 * 128, 32 * 128], dim=-1)
+        call = dict(A_log=args["A_log"], a=args["a"], dt_bias=args["dt_bias"], softplus_beta=1.0,
+                    softplus_threshold=20.0, q=q.view(1, b, 16, 128), k=k.view(1, b, 16, 128),
+                    v=v.view(1, b, 32, 128), b=args["b"],
+                    initial_state_source=args["initial_state"],
+                    initial_state_indices=args["ssm_state_indices"],
+                    cu_seqlens=torch.arange(b + 1, device=DEV, dtype=torch.int32),
+                    use_qk_l2norm_in_kernel=True)
+        measure("sglang.fused_sigmoid_gating_delta_rule_update", f"B={b}",
+                lambda: sglang.fused_sigmoid_gating_delta_rule_update(**call),
+                "SGLang's kernel is not among the anchors", n, gpu)
+
+
 def fla_calls(quick, n):
     log("== fla (bf16 q/k/v, H=16, HV=32, K=V=128, varlen, K-major f32 states)")
     for gpu, lens in ((False, [1]), (True, [2048] * 4), (True, [512] * (8 if quick else 64))):
@@ -208,6 +225,7 @@ def main():
     n = 300 if args.quick else 2000
     merges(args.quick, n)
     decodes(args.quick, n)
+    sigmoid_gating_decode(args.quick, n)
     fla_calls(args.quick, n)
     if args.json:
         with open(args.json, "w") as f:

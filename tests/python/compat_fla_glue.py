@@ -8,171 +8,250 @@ b k v^T, o = S^T q) over equal-length and varlen batches, no / f32 / f16 initial
 state layouts, with and without final states, raw gates and beta; the initial state must come
 back unwritten. This checks the layout work (reshapes, the transposing copies, which buffer
 receives the final states) that the GPU tests can only check together with the kernel."""
-import sys, types
+
+import sys
+import types
+
 import numpy as np
+
 import kjit  # before the stand-in is installed: kjit registers the real torch, if any
 
-class D:
-    def __init__(s, name, np_t): s.name, s.np = name, np_t
-    def __str__(s): return "torch." + s.name
+
+class DType:
+    def __init__(self, name, np_type):
+        self.name, self.np = name, np_type
+
+    def __str__(self):
+        return "torch." + self.name  # what kjit's dtype names parse
+
     __repr__ = __str__
 
-f32, f16, i32, i64 = D("float32", np.float32), D("float16", np.float16), D("int32", np.int32), D("int64", np.int64)
-BYNP = {np.dtype(np.float32): f32, np.dtype(np.float16): f16, np.dtype(np.int32): i32,
-        np.dtype(np.int64): i64, np.dtype(np.float64): D("float64", np.float64), np.dtype(bool): D("bool", bool)}
 
-class T:
+F32, F16 = DType("float32", np.float32), DType("float16", np.float16)
+I32, I64 = DType("int32", np.int32), DType("int64", np.int64)
+BY_NUMPY = {np.dtype(d.np): d for d in (F32, F16, I32, I64)}
+BY_NUMPY[np.dtype(np.float64)] = DType("float64", np.float64)
+BY_NUMPY[np.dtype(bool)] = DType("bool", bool)
+
+
+class Tensor:
+    """The tensor methods kjit.compat.fla uses, on a NumPy array."""
+
     requires_grad = False
     device = "cpu"
-    def __init__(s, a): s.a = np.asarray(a)
-    shape = property(lambda s: s.a.shape)
-    ndim = property(lambda s: s.a.ndim)
-    dtype = property(lambda s: BYNP[s.a.dtype])
-    def stride(s): return tuple(x // s.a.itemsize for x in s.a.strides)
-    def reshape(s, *shape): return T(s.a.reshape(shape))
-    def transpose(s, i, j): return T(np.swapaxes(s.a, i, j))
-    def to(s, d): return T(s.a.astype(d.np))
-    def copy_(s, o): s.a[...] = o.a; return s
-    def contiguous(s): return T(np.ascontiguousarray(s.a))
-    def clone(s): return T(s.a.copy())
-    def __len__(s): return len(s.a)
-    def _o(s, o): return o.a if isinstance(o, T) else o
-    def __add__(s, o): return T(s.a + s._o(o))
+
+    def __init__(self, array):
+        self.a = np.asarray(array)
+
+    shape = property(lambda self: self.a.shape)
+    ndim = property(lambda self: self.a.ndim)
+    dtype = property(lambda self: BY_NUMPY[self.a.dtype])
+
+    def stride(self):
+        return tuple(s // self.a.itemsize for s in self.a.strides)
+
+    def reshape(self, *shape):
+        return Tensor(self.a.reshape(shape))
+
+    def transpose(self, i, j):
+        return Tensor(np.swapaxes(self.a, i, j))
+
+    def to(self, dtype):
+        return Tensor(self.a.astype(dtype.np))
+
+    def copy_(self, other):
+        self.a[...] = other.a
+        return self
+
+    def contiguous(self):
+        return Tensor(np.ascontiguousarray(self.a))
+
+    def __len__(self):
+        return len(self.a)
+
+    @staticmethod
+    def _raw(x):
+        return x.a if isinstance(x, Tensor) else x
+
+    def __add__(self, other):
+        return Tensor(self.a + self._raw(other))
+
     __radd__ = __add__
-    def __mul__(s, o): return T(s.a * s._o(o))
+
+    def __mul__(self, other):
+        return Tensor(self.a * self._raw(other))
+
     __rmul__ = __mul__
-    def __neg__(s): return T(-s.a)
-    def __gt__(s, o): return T(s.a > s._o(o))
 
-torch = types.ModuleType("torch")
-torch.Tensor = T
-torch.float32, torch.int32, torch.int64 = f32, i32, i64
-torch.is_grad_enabled = lambda: True
-torch.arange = lambda *a, dtype=None, device=None: T(np.arange(*a).astype(dtype.np))
-torch.zeros = lambda *shape, dtype=None, device=None: T(np.zeros(shape, dtype.np))
-torch.ones = lambda *shape, dtype=None, device=None: T(np.ones(shape, dtype.np))
-torch.empty = lambda shape, dtype=None, device=None: T(np.full(shape, np.nan, dtype.np))
-torch.full = lambda shape, v, dtype=None, device=None: T(np.full(shape, v, dtype.np))
-torch.exp = lambda x: T(np.exp(x.a))
-torch.log1p = lambda x: T(np.log1p(x.a))
-torch.sigmoid = lambda x: T(1 / (1 + np.exp(-x.a)))
-torch.where = lambda c, x, y: T(np.where(c.a, x.a, y.a))
-sys.modules["torch"] = torch
+    def __neg__(self):
+        return Tensor(-self.a)
 
-import kjit
-from kjit import _api
-from kjit.compat import fla
+    def __gt__(self, other):
+        return Tensor(self.a > self._raw(other))
 
-def fake_prefill(q, k, v, cu, pool, idx, g, beta, final_state=None, scale=0.0, l2norm_qk=True):
+
+def install_stand_in():
+    torch = types.ModuleType("torch")
+    torch.Tensor = Tensor
+    torch.float32, torch.int32, torch.int64 = F32, I32, I64
+    torch.is_grad_enabled = lambda: True
+    torch.arange = lambda *a, dtype=None, device=None: Tensor(np.arange(*a).astype(dtype.np))
+    torch.zeros = lambda *shape, dtype=None, device=None: Tensor(np.zeros(shape, dtype.np))
+    torch.ones = lambda *shape, dtype=None, device=None: Tensor(np.ones(shape, dtype.np))
+    # NaN-filled: a buffer the adapter forgets to fill shows up in the comparison.
+    torch.empty = lambda shape, dtype=None, device=None: Tensor(np.full(shape, np.nan, dtype.np))
+    torch.full = lambda shape, value, dtype=None, device=None: Tensor(
+        np.full(shape, value, dtype.np))
+    torch.exp = lambda x: Tensor(np.exp(x.a))
+    torch.log1p = lambda x: Tensor(np.log1p(x.a))
+    torch.sigmoid = lambda x: Tensor(1 / (1 + np.exp(-x.a)))
+    torch.where = lambda c, x, y: Tensor(np.where(c.a, x.a, y.a))
+    sys.modules["torch"] = torch
+
+
+def l2norm(x):
+    return x / np.sqrt(x @ x + 1e-6)
+
+
+def kjit_prefill_stand_in(q, k, v, cu_seqlens, state, state_indices, g, beta, final_state=None,
+                          scale=0.0, l2norm_qk=True):
+    """kjit.gdn_prefill's contract in float64: V-major [HV, V, K] states read from the pool
+    slot of each sequence (zeros for index < 0), written back there or to final_state."""
     qa, ka, va = (x.a.astype(np.float64) for x in (q, k, v))
-    T_, H, K = qa.shape; HV, V = va.shape[1:]
-    out = np.zeros((T_, HV, V))
-    cu_, ix = cu.a.tolist(), idx.a.tolist()
-    for n in range(len(cu_) - 1):
-        s = ix[n]; pad = s < 0 or s >= pool.shape[0]
-        hs = np.zeros((HV, V, K)) if pad else pool.a[s].astype(np.float64).copy()
-        for t in range(cu_[n], cu_[n + 1]):
-            for hv in range(HV):
-                h = hv // (HV // H); qq, kk = qa[t, h], ka[t, h]
-                if l2norm_qk:
-                    qq = qq / np.sqrt(qq @ qq + 1e-6); kk = kk / np.sqrt(kk @ kk + 1e-6)
-                qq = qq * (scale or K ** -0.5)
-                Hs = hs[hv] * np.exp(g.a[t, hv])
-                u = beta.a[t, hv] * (va[t, hv] - Hs @ kk)
-                Hs = Hs + np.outer(u, kk); hs[hv] = Hs; out[t, hv] = Hs @ qq
-        if final_state is not None: final_state.a[n] = hs
-        elif not pad: pool.a[s] = hs
-    return T(out.astype(q.a.dtype))
-
-_api.gdn_prefill = fake_prefill
-
-def kmajor_reference(q, k, v, g, beta, cu, h0, scale, l2norm):
-    # fla's form: S [K, V], S = a (I - b k k^T) S + b k v^T, o = S^T q
-    qa, ka, va = (x.astype(np.float64) for x in (q, k, v))
-    T_, H, K = qa.shape; HV, V = va.shape[1:]
-    out = np.zeros((T_, HV, V)); finals = []
+    tokens, heads, dim_k = qa.shape
+    heads_v, dim_v = va.shape[1:]
+    out = np.zeros((tokens, heads_v, dim_v))
+    cu, idx = cu_seqlens.a.tolist(), state_indices.a.tolist()
     for n in range(len(cu) - 1):
-        S = np.zeros((HV, K, V)) if h0 is None else h0[n].astype(np.float64).copy()
+        slot = idx[n]
+        padding = slot < 0 or slot >= state.shape[0]
+        hs = np.zeros((heads_v, dim_v, dim_k)) if padding else state.a[slot].astype(np.float64)
         for t in range(cu[n], cu[n + 1]):
-            for hv in range(HV):
-                h = hv // (HV // H); qq, kk = qa[t, h], ka[t, h]
-                if l2norm:
-                    qq = qq / np.sqrt(qq @ qq + 1e-6); kk = kk / np.sqrt(kk @ kk + 1e-6)
-                qq = qq * scale
-                a, b = np.exp(g[t, hv]), beta[t, hv]
-                S[hv] = a * (np.eye(K) - b * np.outer(kk, kk)) @ S[hv] + b * np.outer(kk, va[t, hv])
-                out[t, hv] = S[hv].T @ qq
-        finals.append(S)
+            for hv in range(heads_v):
+                qq, kk = qa[t, hv // (heads_v // heads)], ka[t, hv // (heads_v // heads)]
+                if l2norm_qk:
+                    qq, kk = l2norm(qq), l2norm(kk)
+                qq = qq * (scale or dim_k ** -0.5)
+                h = hs[hv] * np.exp(g.a[t, hv])
+                h = h + np.outer(beta.a[t, hv] * (va[t, hv] - h @ kk), kk)
+                hs[hv], out[t, hv] = h, h @ qq
+        if final_state is not None:
+            final_state.a[n] = hs
+        elif not padding:
+            state.a[slot] = hs
+    return Tensor(out.astype(q.a.dtype))
+
+
+def fla_recurrence(q, k, v, g, beta, cu, h0, scale):
+    """fla's form, K-major: S [K, V], S = a (I - b k k^T) S + b k v^T, o = S^T q."""
+    tokens, heads, dim_k = q.shape
+    heads_v, dim_v = v.shape[1:]
+    out, finals = np.zeros((tokens, heads_v, dim_v)), []
+    for n in range(len(cu) - 1):
+        s = np.zeros((heads_v, dim_k, dim_v)) if h0 is None else h0[n].astype(np.float64)
+        for t in range(cu[n], cu[n + 1]):
+            for hv in range(heads_v):
+                qq = l2norm(q[t, hv // (heads_v // heads)].astype(np.float64)) * scale
+                kk = l2norm(k[t, hv // (heads_v // heads)].astype(np.float64))
+                decay, b = np.exp(g[t, hv]), beta[t, hv]
+                s[hv] = (decay * (np.eye(dim_k) - b * np.outer(kk, kk)) @ s[hv]
+                         + b * np.outer(kk, v[t, hv]))
+                out[t, hv] = s[hv].T @ qq
+        finals.append(s)
     return out, np.stack(finals)
 
-rng = np.random.default_rng(0)
-def run(fn, B, Tn, H, HV, K, varlen, h0_kind, v_first, out_final, **extra):
-    q = rng.standard_normal((B, Tn, H, K)).astype(np.float16)
-    k = rng.standard_normal((B, Tn, H, K)).astype(np.float16)
-    v = rng.standard_normal((B, Tn, HV, K)).astype(np.float16)
-    g = (-rng.random((B, Tn, HV)) * 0.3).astype(np.float32)
-    beta = rng.random((B, Tn, HV)).astype(np.float32)
-    N = B
-    cu = None
-    if varlen:
-        assert B == 1; cu_l = [0, 3, Tn]; N = 2; cu = T(np.array(cu_l, np.int64))
-    else:
-        cu_l = [i * Tn for i in range(B + 1)]
-    h0k = None if h0_kind is None else (rng.standard_normal((N, HV, K, K)) * 0.1).astype(np.float32 if h0_kind == "f32" else np.float16)
-    given = None
-    if h0k is not None:
-        given = T(np.ascontiguousarray(np.swapaxes(h0k, -1, -2)) if v_first else h0k.copy())
+
+def check(fn, rng, batch, varlen, h0_kind, v_first, final):
+    seq, heads, heads_v, dim = 7, 1, 2, 4
+    q = rng.standard_normal((batch, seq, heads, dim)).astype(np.float16)
+    k = rng.standard_normal((batch, seq, heads, dim)).astype(np.float16)
+    v = rng.standard_normal((batch, seq, heads_v, dim)).astype(np.float16)
+    g = (-rng.random((batch, seq, heads_v)) * 0.3).astype(np.float32)
+    beta = rng.random((batch, seq, heads_v)).astype(np.float32)
+    cu_list = [0, 3, seq] if varlen else [i * seq for i in range(batch + 1)]
+    count = len(cu_list) - 1
+    h0 = None  # K-major, as fla takes it
+    if h0_kind is not None:
+        h0 = (rng.standard_normal((count, heads_v, dim, dim)) * 0.1).astype(h0_kind)
+    given = None if h0 is None else Tensor(
+        np.ascontiguousarray(np.swapaxes(h0, -1, -2)) if v_first else h0.copy())
     before = None if given is None else given.a.copy()
-    o, st = fn(T(q), T(k), T(v), g=T(g), beta=T(beta), initial_state=given, output_final_state=out_final,
-               cu_seqlens=cu, state_v_first=v_first, use_qk_l2norm_in_kernel=True, scale=0.2, **extra)
-    ro, rf = kmajor_reference(q.reshape(B * Tn, H, K), k.reshape(B * Tn, H, K), v.reshape(B * Tn, HV, K),
-                              g.reshape(B * Tn, HV), beta.reshape(B * Tn, HV), cu_l, h0k, 0.2, True)
-    assert o.shape == (B, Tn, HV, K), o.shape
-    err = np.abs(o.a.astype(np.float64).reshape(B * Tn, HV, K) - ro).max() / (np.abs(ro).max())
+    o, state = fn(Tensor(q), Tensor(k), Tensor(v), g=Tensor(g), beta=Tensor(beta),
+                  initial_state=given, output_final_state=final,
+                  cu_seqlens=Tensor(np.array(cu_list, np.int64)) if varlen else None,
+                  state_v_first=v_first, use_qk_l2norm_in_kernel=True, scale=0.2)
+    flat = batch * seq
+    ref_o, ref_final = fla_recurrence(q.reshape(flat, heads, dim), k.reshape(flat, heads, dim),
+                                      v.reshape(flat, heads_v, dim), g.reshape(flat, heads_v),
+                                      beta.reshape(flat, heads_v), cu_list, h0, 0.2)
+    assert o.shape == (batch, seq, heads_v, dim), o.shape
+    err = np.abs(o.a.astype(np.float64).reshape(ref_o.shape) - ref_o).max() / np.abs(ref_o).max()
     assert err < 2e-3, err
-    if out_final:
-        fs = st.a if not v_first else np.swapaxes(st.a, -1, -2)
-        assert st.a.dtype == np.float32 and st.a.flags["C_CONTIGUOUS"]
-        e2 = np.abs(fs - rf).max() / np.abs(rf).max()
-        assert e2 < 1e-5, e2
+    if final:
+        assert state.a.dtype == np.float32 and state.a.flags["C_CONTIGUOUS"]
+        got = np.swapaxes(state.a, -1, -2) if v_first else state.a
+        err = np.abs(got - ref_final).max() / np.abs(ref_final).max()
+        assert err < 1e-5, err
     else:
-        assert st is None
+        assert state is None
     if given is not None:
-        assert np.array_equal(given.a, before), "initial_state written"
-    return err
+        assert np.array_equal(given.a, before), "initial_state was written"
 
-n = 0
-for fn in (fla.chunk_gated_delta_rule, fla.fused_recurrent_gated_delta_rule):
-    for varlen in (False, True):
-        for h0_kind in (None, "f32", "f16"):
-            for v_first in (False, True):
-                for out_final in (False, True):
-                    B = 1 if varlen else 2
-                    run(fn, B, 7, 1, 2, 4, varlen, h0_kind, v_first, out_final); n += 1
-print("fla glue ok:", n, "cases")
-# autograd refusal path with grad enabled and requires_grad
-q = T(np.zeros((1, 2, 1, 4), np.float16)); q.requires_grad = True
-try:
-    fla.chunk_gated_delta_rule(q, q, q, T(np.zeros((1, 2, 1), np.float32)), T(np.zeros((1, 2, 1), np.float32)))
-    raise SystemExit("no autograd error")
-except kjit.compat.UnsupportedFeature as e:
-    print("autograd refused:", e)
 
-# raw gates: use_gate_in_kernel + use_beta_sigmoid_in_kernel (+ allow_neg_eigval)
-B, Tn, H, HV, K = 1, 6, 1, 2, 4
-q = rng.standard_normal((B, Tn, H, K)).astype(np.float16); k = rng.standard_normal((B, Tn, H, K)).astype(np.float16)
-v = rng.standard_normal((B, Tn, HV, K)).astype(np.float16)
-graw = rng.standard_normal((B, Tn, HV)).astype(np.float32) * 10  # some above the threshold 20 after bias
-braw = rng.standard_normal((B, Tn, HV)).astype(np.float32)
-A_log = rng.standard_normal(HV).astype(np.float32); dt = (rng.standard_normal(HV) * 10).astype(np.float32)
-for neg in (False, True):
-    o, _ = fla.fused_recurrent_gated_delta_rule(T(q), T(k), T(v), g=T(graw), beta=T(braw), use_gate_in_kernel=True,
-        A_log=T(A_log), dt_bias=T(dt), use_beta_sigmoid_in_kernel=True, allow_neg_eigval=neg,
-        use_qk_l2norm_in_kernel=True)
-    x = graw.astype(np.float64) + dt
-    g = -np.exp(A_log.astype(np.float64)) * np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
-    b = (2.0 if neg else 1.0) / (1 + np.exp(-braw.astype(np.float64)))
-    ro, _ = kmajor_reference(q[0], k[0], v[0], g[0], b[0], [0, Tn], None, K ** -0.5, True)
-    err = np.abs(o.a[0].astype(np.float64) - ro).max() / np.abs(ro).max()
-    assert err < 2e-3, err
-print("raw gates ok")
+def check_raw_gates(rng):
+    from kjit.compat import fla
+
+    seq, heads_v, dim = 6, 2, 4
+    q = rng.standard_normal((1, seq, 1, dim)).astype(np.float16)
+    k = rng.standard_normal((1, seq, 1, dim)).astype(np.float16)
+    v = rng.standard_normal((1, seq, heads_v, dim)).astype(np.float16)
+    g_raw = rng.standard_normal((1, seq, heads_v)).astype(np.float32) * 10
+    b_raw = rng.standard_normal((1, seq, heads_v)).astype(np.float32)
+    a_log = rng.standard_normal(heads_v).astype(np.float32)
+    dt_bias = (rng.standard_normal(heads_v) * 10).astype(np.float32)  # some x past 20
+    for neg in (False, True):
+        o, _ = fla.fused_recurrent_gated_delta_rule(
+            Tensor(q), Tensor(k), Tensor(v), g=Tensor(g_raw), beta=Tensor(b_raw),
+            use_gate_in_kernel=True, A_log=Tensor(a_log), dt_bias=Tensor(dt_bias),
+            use_beta_sigmoid_in_kernel=True, allow_neg_eigval=neg, use_qk_l2norm_in_kernel=True)
+        x = g_raw.astype(np.float64) + dt_bias
+        g = -np.exp(a_log.astype(np.float64)) * np.where(x > 20, x,
+                                                          np.log1p(np.exp(np.minimum(x, 20))))
+        beta = (2.0 if neg else 1.0) / (1 + np.exp(-b_raw.astype(np.float64)))
+        ref_o, _ = fla_recurrence(q[0], k[0], v[0], g[0], beta[0], [0, seq], None, dim ** -0.5)
+        err = np.abs(o.a[0].astype(np.float64) - ref_o).max() / np.abs(ref_o).max()
+        assert err < 2e-3, err
+
+
+def main():
+    install_stand_in()
+    from kjit import _api
+    from kjit.compat import fla
+
+    _api.gdn_prefill = kjit_prefill_stand_in
+    rng = np.random.default_rng(0)
+    cases = 0
+    for fn in (fla.chunk_gated_delta_rule, fla.fused_recurrent_gated_delta_rule):
+        for varlen in (False, True):
+            for h0_kind in (None, np.float32, np.float16):
+                for v_first in (False, True):
+                    for final in (False, True):
+                        check(fn, rng, 1 if varlen else 2, varlen, h0_kind, v_first, final)
+                        cases += 1
+    print(f"fla glue ok: {cases} cases")
+    check_raw_gates(rng)
+    print("raw gates ok")
+    q = Tensor(np.zeros((1, 2, 1, 4), np.float16))
+    q.requires_grad = True
+    zeros = Tensor(np.zeros((1, 2, 1), np.float32))
+    try:
+        fla.chunk_gated_delta_rule(q, q, q, zeros, zeros)
+    except kjit.compat.UnsupportedFeature as error:
+        assert "autograd" in str(error)
+        print("autograd refused")
+    else:
+        raise SystemExit("an input requiring grad was accepted")
+
+
+if __name__ == "__main__":
+    main()

@@ -250,6 +250,7 @@ def test_fla_adapter_layouts_against_fla_recurrence_with_a_kernel_stand_in():
     run = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "fla glue ok: 48 cases" in run.stdout and "raw gates ok" in run.stdout
+    assert "autograd refused" in run.stdout
 
 
 def sigmoid_gating_arrays(n=3, tokens_per_seq=1, h=2, hv=4, kd=16):
