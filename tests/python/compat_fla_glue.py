@@ -51,6 +51,8 @@ class Tensor:
         return tuple(s // self.a.itemsize for s in self.a.strides)
 
     def reshape(self, *shape):
+        if len(shape) == 1 and isinstance(shape[0], tuple):  # torch takes both spellings
+            shape = shape[0]
         return Tensor(self.a.reshape(shape))
 
     def transpose(self, i, j):

@@ -288,3 +288,16 @@ def test_sglang_sigmoid_gating_decode_names_what_kjit_cannot_do():
         f(**sigmoid_gating_arrays(n=2, tokens_per_seq=3))
     with pytest.raises(AssertionError, match="scale must be positive"):
         f(**args, scale=-1.0)
+
+
+def test_sglang_sigmoid_gating_reads_split_views_in_place_with_a_kernel_stand_in():
+    # A subprocess, like the fla check above: q, k, v split from one row buffer must reach
+    # kjit as that buffer (no copy), separate buffers as their concatenation, with the output
+    # and the pool of a step computed from the caller's own q, k, v.
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "compat_decode_glue.py")
+    run = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "sigmoid gating glue ok" in run.stdout
