@@ -5,7 +5,9 @@ run by test_compat_cpu.py in a subprocess (it installs compat_fla_glue's NumPy s
 [q | k | v], [slots, HV, V, K] pool, index < 0 = padding); the adapter's output and pool are
 compared with a step computed from the separate q, k, v the caller passed. With q, k, v the
 split views of one row buffer the packed row handed to kjit must share that buffer's memory
-(no copy); with separate buffers it is a concatenation."""
+(no copy); with separate buffers it is a concatenation. Also kjit.compat.vllm.merge_attn_states'
+prefill_tokens_with_context split (merged views, copied suffix) with kjit.merge_state replaced
+by a float64 merge."""
 
 import numpy as np
 
@@ -117,6 +119,43 @@ def main():
         shares = np.shares_memory(SEEN["mixed"].a, buffer)
         assert shares == packed, f"packed={packed}: the row handed to kjit shares={shares}"
     print("sigmoid gating glue ok")
+    check_vllm_merge_split(rng)
+    print("vllm merge glue ok")
+
+
+def merge_stand_in(v_a, s_a, v_b, s_b, v_out=None, s_out=None, *, lse_base=None,
+                   lse_layout="token_major", return_lse=True, **_):
+    """kjit.merge_state's contract in float64 for natural-log [H, T] LSEs, written through
+    the given views (so a wrong slice shows up in the caller's buffers)."""
+    assert lse_base == "e" and lse_layout == "head_major"
+    a, b = s_a.a.astype(np.float64).T, s_b.a.astype(np.float64).T  # [T, H]
+    m = np.maximum(a, b)
+    wa, wb = np.exp(a - m), np.exp(b - m)
+    v = (wa[..., None] * v_a.a + wb[..., None] * v_b.a) / (wa + wb)[..., None]
+    v_out.a[...] = v
+    if return_lse:
+        s_out.a[...] = (m + np.log(wa + wb)).T
+    return v_out, s_out
+
+
+def check_vllm_merge_split(rng):
+    """vLLM's prefill_tokens_with_context: tokens before it are merged (on views of the
+    caller's buffers, head-major LSE slices [:, :n]), the rest copy the suffix."""
+    from kjit.compat import vllm
+
+    _kjit.merge_state = merge_stand_in
+    T = glue.Tensor
+    tokens, heads, dim, n = 7, 3, 8, 4
+    pv, sv = (rng.standard_normal((tokens, heads, dim)).astype(np.float32) for _ in range(2))
+    pl, sl = (rng.standard_normal((heads, tokens)).astype(np.float32) for _ in range(2))
+    out = np.full((tokens, heads, dim), np.nan, np.float32)
+    out_lse = np.full((heads, tokens), np.nan, np.float32)
+    vllm.merge_attn_states(T(out), T(pv), T(pl), T(sv), T(sl), T(out_lse), n)
+    want_v, want_s = merge_stand_in(T(pv[:n]), T(pl[:, :n]), T(sv[:n]), T(sl[:, :n]),
+                                    T(np.zeros((n, heads, dim))), T(np.zeros((heads, n))),
+                                    lse_base="e", lse_layout="head_major")
+    assert np.allclose(out[:n], want_v.a, atol=1e-6) and np.allclose(out_lse[:, :n], want_s.a)
+    assert np.array_equal(out[n:], sv[n:]) and np.array_equal(out_lse[:, n:], sl[:, n:])
 
 
 if __name__ == "__main__":

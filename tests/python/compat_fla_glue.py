@@ -68,6 +68,9 @@ class Tensor:
     def contiguous(self):
         return Tensor(np.ascontiguousarray(self.a))
 
+    def __getitem__(self, index):
+        return Tensor(self.a[index])
+
     def __len__(self):
         return len(self.a)
 

@@ -300,4 +300,4 @@ def test_sglang_sigmoid_gating_reads_split_views_in_place_with_a_kernel_stand_in
     script = os.path.join(os.path.dirname(__file__), "compat_decode_glue.py")
     run = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "sigmoid gating glue ok" in run.stdout
+    assert "sigmoid gating glue ok" in run.stdout and "vllm merge glue ok" in run.stdout
