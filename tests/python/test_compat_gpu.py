@@ -227,6 +227,24 @@ def test_sglang_sigmoid_gating_decode_against_reference(packed):
         assert torch.equal(args["initial_state"][slot], pool[slot]), f"slot {slot} changed"
 
 
+def test_sglang_sigmoid_gating_decode_against_the_original():
+    theirs_fn = original("sglang_anchor.fused_sigmoid_gating_recurrent:"
+                         "fused_sigmoid_gating_delta_rule_update")
+    n, h, hv, kd, slots = 12, 4, 8, 128, 16
+    args, call = sigmoid_gating_args(n, h, hv, kd, slots, True, seed=23)
+    idx = torch.randperm(slots, device=DEV)[:n].to(torch.int32)
+    idx[4] = -1
+    theirs_pool = args["initial_state"].clone()
+    mine = sglang.fused_sigmoid_gating_delta_rule_update(**call, initial_state_indices=idx)
+    theirs = theirs_fn(**dict(call, initial_state_source=theirs_pool),
+                       initial_state_indices=idx)
+    torch.cuda.synchronize()
+    valid = idx.cpu() >= 0  # padding rows differ on purpose: zeros here, a zero-state step there
+    scale = theirs.abs().max().item() + 1e-6
+    close(mine[0][valid], theirs[0][valid], 1e-2, 2e-2 * scale)
+    close(args["initial_state"], theirs_pool, 1e-3, 1e-3)
+
+
 def test_packed_decode_graph_capture_after_first_call():
     args = decode_case(4, 2, 4, 64, 64, 8, seed=9)
     idx = torch.tensor([3, 0, 5, 1], device=DEV, dtype=torch.int32)
