@@ -11,7 +11,8 @@
 // planner's), V tile, bulk stages, resident blocks per SM, state cache hints and row order. A
 // summary table of every shape x variant is printed last. KJIT_GDN_BENCH_SLOTS=sorted gives each
 // call its slots in ascending order instead of a random permutation. KJIT_GDN_BENCH_SERVING=1
-// adds the serving protocol's table (serving_table), "only" runs it alone.
+// adds the serving protocol's table (serving_table), "only" runs it alone. KJIT_BENCH_CUPTI=1:
+// B = 1 also by kernel duration beside an empty kernel and a copy (bench/activity_timer.hpp).
 //
 //   bench_gdn_decode [results.jsonl]
 #include <fmt/format.h>
@@ -27,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "activity_timer.hpp"
 #include "harness.hpp"
 #include "kjit/error.hpp"
 #include "kjit/ops/gdn_decode.hpp"
@@ -299,6 +301,14 @@ int main(int argc, char** argv) {
   const std::vector<Variant> variants = parse_variants(std::getenv("KJIT_GDN_BENCH_VARIANTS"));
   const char* slot_order = std::getenv("KJIT_GDN_BENCH_SLOTS");
   const bool sorted_slots = slot_order != nullptr && std::string(slot_order) == "sorted";
+  // KJIT_BENCH_CUPTI=1: B = 1 also by kernel duration (bench/activity_timer.hpp).
+  kjit::bench::ActivityTimer* durations = nullptr;
+  if (const char* env = std::getenv("KJIT_BENCH_CUPTI");
+      env != nullptr && std::string(env) == "1") {
+    std::string cupti_why;
+    durations = kjit::bench::ActivityTimer::get(&cupti_why);
+    if (durations == nullptr) std::printf("kernel durations unavailable: %s\n", cupti_why.c_str());
+  }
   const char* serving = std::getenv("KJIT_GDN_BENCH_SERVING");
   if (serving != nullptr && std::string(serving) == "only") {
     const bool ok = serving_table(*gpu, base, json);
@@ -406,6 +416,33 @@ int main(int argc, char** argv) {
         gpu->synchronize();
         const double host_us =
             std::chrono::duration<double, std::micro>(host_stop - host_start).count() / kHostCalls;
+        if (batch == 1 && durations != nullptr) {
+          // Kernel durations (CUPTI): the step, an empty kernel, and a copy moving the same
+          // bytes (read + written), each warm.
+          DeviceBuffer src(moved / 2 + 256), dst(moved / 2 + 256);
+          const auto step = durations->median_us(
+              *gpu,
+              [&](kjit::Stream stream) {
+                kjit::gdn_decode(v_qkv, v_a, v_b, v_alog, v_dtb, pool_view,
+                                 views_for(call++ % rotations), v_out, options, stream);
+              },
+              50, "gdn_decode_kernel");
+          const auto empty = durations->median_us(
+              *gpu, [&](kjit::Stream) { gpu->launch_empty(); }, 50, "bench_kernel");
+          const auto copy_us = durations->median_us(
+              *gpu,
+              [&](kjit::Stream) {
+                kjit::bench::check(kjit::bench::cu().cuMemcpyDtoDAsync(dst.ptr(), src.ptr(),
+                                                                       moved / 2, gpu->cu_stream()),
+                                   "cuMemcpyDtoDAsync");
+              },
+              50, "", true);
+          std::printf(
+              "HV=%2lld B=1 kernel durations (CUPTI, %zu launch(es)): step %.2f us, empty kernel "
+              "%.2f us, copy of the same bytes %.2f us\n",
+              static_cast<long long>(value_heads), plan.launches.size(), step.value_or(-1),
+              empty.value_or(-1), copy_us.value_or(-1));
+        }
         const double gbs = static_cast<double>(moved) / (us * 1e3);
         const kjit::Dim3 grid = plan.launches.back().shape.grid;
         const std::string line = fmt::format(

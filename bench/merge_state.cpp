@@ -6,7 +6,8 @@
 // cold data.
 //
 // KJIT_MERGE_BENCH_DIRTY=1: each shape also timed with 64 MiB of unrelated writes before every
-// call, leaving L2 dirty as a serving engine's previous kernels do.
+// call, leaving L2 dirty as a serving engine's previous kernels do. KJIT_BENCH_CUPTI=1: T = 1
+// shapes also by kernel duration beside an empty kernel and a copy (bench/activity_timer.hpp).
 //
 //   bench_merge_state [out.jsonl] [--modes]   (--modes: also time every forced grid mode)
 #include <fmt/format.h>
@@ -24,6 +25,7 @@
 // enumerators as shadowing kjit::i32 / kjit::i64 of kjit/common/types.h.
 #include "kjit/types.hpp"
 // (keep this order)
+#include "activity_timer.hpp"
 #include "harness.hpp"
 #include "kjit/error.hpp"
 #include "kjit/ops/merge_state.hpp"
@@ -154,6 +156,14 @@ int main(int argc, char** argv) {
   std::FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
   const char* dirty_env = std::getenv("KJIT_MERGE_BENCH_DIRTY");
   const bool dirty_protocol = dirty_env != nullptr && std::string(dirty_env) == "1";
+  // KJIT_BENCH_CUPTI=1: T = 1 shapes also by kernel duration (bench/activity_timer.hpp).
+  kjit::bench::ActivityTimer* durations = nullptr;
+  if (const char* env = std::getenv("KJIT_BENCH_CUPTI");
+      env != nullptr && std::string(env) == "1") {
+    std::string cupti_why;
+    durations = kjit::bench::ActivityTimer::get(&cupti_why);
+    if (durations == nullptr) std::printf("kernel durations unavailable: %s\n", cupti_why.c_str());
+  }
   const double empty_us = kjit::bench::empty_kernel_us(gpu);
   std::printf("device %s, %d SMs; empty kernel %.2f us (event pair)\n", gpu.limits.name.c_str(),
               gpu.limits.sm_count, empty_us);
@@ -227,6 +237,33 @@ int main(int argc, char** argv) {
                         bytes / (dirty_us * 1e3) / copy);
           }
           if (t == 1) std::printf("      T=1: %.2f us over the empty kernel\n", us - empty_us);
+          if (t == 1 && durations != nullptr) {
+            // Kernel durations (CUPTI): the merge, an empty kernel, and a copy moving the same
+            // bytes (read + written), all warm: a T = 1 call's data fits in L2 anyway.
+            kjit::bench::DeviceBuffer src(static_cast<std::size_t>(bytes / 2) + 256),
+                dst(static_cast<std::size_t>(bytes / 2) + 256);
+            const auto merge = durations->median_us(
+                gpu,
+                [&](kjit::Stream stream) {
+                  run_merge(pools, (call++ * 7919) % pools.slots, options, stream);
+                },
+                50, "merge_state_kernel");
+            const auto empty = durations->median_us(
+                gpu, [&](kjit::Stream) { gpu.launch_empty(); }, 50, "bench_kernel");
+            const auto copy_us = durations->median_us(
+                gpu,
+                [&](kjit::Stream) {
+                  kjit::bench::check(kjit::bench::cu().cuMemcpyDtoDAsync(
+                                         dst.ptr(), src.ptr(), static_cast<std::size_t>(bytes / 2),
+                                         gpu.cu_stream()),
+                                     "cuMemcpyDtoDAsync");
+                },
+                50, "", true);
+            std::printf(
+                "      T=1 kernel durations (CUPTI): merge %.2f us, empty kernel %.2f us, copy "
+                "of the same bytes %.2f us\n",
+                merge.value_or(-1), empty.value_or(-1), copy_us.value_or(-1));
+          }
           std::fflush(stdout);
           if (json != nullptr) {
             std::fprintf(json,
