@@ -113,4 +113,14 @@ usage_error bundle info
 usage_error precompile
 usage_error precompile /nonexistent.txt --arch sm_90 -o x.kjb
 usage_error precompile /nonexistent.txt --arch sm_90 -o x.kjb -j 0
+
+# tests/golden/manifest_plans.txt (compared by the unit suite with what the planners return now)
+# is what `kjit plan --json` prints: its records of one merge_state and one gdn_decode problem,
+# byte for byte, found by their headers.
+golden="$SRC/tests/golden/manifest_plans.txt"
+record() { grep -A1 -F -x "# $1" "$golden" | sed -n 2p; }
+run 0 plan merge_state --dtype bf16 --head-dim 128 --heads 128 --layout token_major --lse-base e --out-dtype bf16 --pos-inf-empty 1 --tokens 1 --arch sm_80 --json
+[ "$OUT" = "$(record 'deepseek_v3_mla_dp.txt:7 merge_state dtype=bf16 head_dim=128 heads=128 layout=token_major lse_base=e out_dtype=bf16 pos_inf_empty=1 tokens=1 @sm_80')" ] || fail "merge_state plan differs from its golden record"
+run 0 plan gdn_decode --a-log-dtype f32 --batch 64 --dt-bias-dtype bf16 --dtype bf16 --gate-dtype bf16 --gated 0 --heads 16 --index-dtype i32 --invalid negative --k 128 --l2norm 1 --out-dtype bf16 --row-order auto --state-dtype f32 --v 128 --v-heads 32 --arch sm_86 --json
+[ "$OUT" = "$(record 'qwen3_next_gdn_tp1.txt:4 gdn_decode a_log_dtype=f32 batch=64 dt_bias_dtype=bf16 dtype=bf16 gate_dtype=bf16 gated=0 heads=16 index_dtype=i32 invalid=negative k=128 l2norm=1 out_dtype=bf16 row_order=auto state_dtype=f32 v=128 v_heads=32 @sm_86')" ] || fail "gdn_decode plan differs from its golden record"
 echo "plan: ok"
