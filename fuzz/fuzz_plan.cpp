@@ -126,9 +126,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   using namespace kjit::tool;
   Bytes in(data, size);
   std::vector<const OpInfo*> ops;
-  for (const OpInfo& op : known_ops()) {
-    if (op.available) ops.push_back(&op);
-  }
+  for (const OpInfo& op : known_ops()) ops.push_back(&op);
   if (ops.empty()) return 0;
   const OpInfo& op = *ops[in.u8() % ops.size()];
   ShapeValues values;

@@ -43,8 +43,7 @@ ops and their shape options (sizes are required, the rest have defaults):
 std::string op_usage() {
   std::string out;
   for (const OpInfo& op : known_ops()) {
-    out += fmt::format("  {}{}: {}\n", op.name,
-                       op.available ? "" : " (not available in this build)", op.doc);
+    out += fmt::format("  {}: {}\n", op.name, op.doc);
     for (const OpParam& param : op.params) {
       std::string flag = param.name;
       for (char& c : flag) c = c == '_' ? '-' : c;

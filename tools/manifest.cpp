@@ -302,11 +302,6 @@ Enumeration enumerate_specs(const Manifest& manifest, const std::vector<DeviceLi
         throw UsageError(fmt::format("{}: {}", where, error.what()));
       }
     }
-    if (!op->available) {
-      result.notes.push_back(
-          fmt::format("{}: skipped: op {} is not available in this build", where, line.op));
-      continue;
-    }
     std::vector<ShapeValues> problems;
     try {
       problems = line_problems(line, *op);

@@ -11,26 +11,9 @@
 #include "kjit/error.hpp"
 #include "kjit/types.hpp"
 
-// CMake defines KJIT_TOOL_HAVE_<OP>=1 for the ops whose header and implementation exist in
-// this build, so that the tool builds while ops are still being written.
-#ifndef KJIT_TOOL_HAVE_MERGE_STATE
-#define KJIT_TOOL_HAVE_MERGE_STATE 0
-#endif
-#ifndef KJIT_TOOL_HAVE_GDN_DECODE
-#define KJIT_TOOL_HAVE_GDN_DECODE 0
-#endif
-#ifndef KJIT_TOOL_HAVE_GDN_PREFILL
-#define KJIT_TOOL_HAVE_GDN_PREFILL 0
-#endif
-#if KJIT_TOOL_HAVE_MERGE_STATE
-#include "kjit/ops/merge_state.hpp"
-#endif
-#if KJIT_TOOL_HAVE_GDN_DECODE
 #include "kjit/ops/gdn_decode.hpp"
-#endif
-#if KJIT_TOOL_HAVE_GDN_PREFILL
 #include "kjit/ops/gdn_prefill.hpp"
-#endif
+#include "kjit/ops/merge_state.hpp"
 
 namespace kjit::tool {
 namespace {
@@ -181,7 +164,6 @@ bool get_bool(const ShapeValues& values, const std::string& name) {
   throw UsageError(fmt::format("{} must be 0 or 1, got '{}'", name, text));
 }
 
-#if KJIT_TOOL_HAVE_MERGE_STATE
 MergeStateOptions merge_options(const ShapeValues& values) {
   MergeStateOptions options;
   const std::string& base = values.at("lse_base");
@@ -236,9 +218,7 @@ Plan plan_merge(const std::string& op, const ShapeValues& values, const DeviceLi
   return plan_merge_state(v_a, s_a, v_b, s_b, memory.tensor(out, {t, h, d}), lse(t, h), options,
                           device);
 }
-#endif
 
-#if KJIT_TOOL_HAVE_GDN_DECODE
 Plan plan_decode(const ShapeValues& values, const DeviceLimits& device) {
   const std::int64_t b = get_int(values, "batch");
   const std::int64_t h = get_int(values, "heads");
@@ -282,9 +262,7 @@ Plan plan_decode(const ShapeValues& values, const DeviceLimits& device) {
   const TensorView dt_bias = memory.tensor(get_dtype(values, "dt_bias_dtype"), {hv});
   return plan_gdn_decode(qkv, a, bt, a_log, dt_bias, state, indices, out, options, device);
 }
-#endif
 
-#if KJIT_TOOL_HAVE_GDN_PREFILL
 Plan plan_prefill(const ShapeValues& values, const DeviceLimits& device) {
   const std::int64_t t = get_int(values, "tokens");
   const std::int64_t n = get_int(values, "seqs");
@@ -324,7 +302,6 @@ Plan plan_prefill(const ShapeValues& values, const DeviceLimits& device) {
   }
   return plan_gdn_prefill(q, kk, vv, gates, cu, state, indices, has_initial, out, options, device);
 }
-#endif
 
 }  // namespace
 
@@ -353,16 +330,13 @@ std::string SizeRule::text() const {
 
 const std::vector<OpInfo>& known_ops() {
   static const std::vector<OpInfo> ops = {
-      {"merge_state", merge_state_params(false), KJIT_TOOL_HAVE_MERGE_STATE != 0,
+      {"merge_state", merge_state_params(false),
        "merge two partial attention states (v_a, s_a) + (v_b, s_b) -> (v_out, s_out)"},
-      {"merge_state_in_place", merge_state_params(false), KJIT_TOOL_HAVE_MERGE_STATE != 0,
+      {"merge_state_in_place", merge_state_params(false),
        "merge (v_other, s_other) into (v, s) in place"},
-      {"merge_states", merge_state_params(true), KJIT_TOOL_HAVE_MERGE_STATE != 0,
-       "merge S partial states per (token, head)"},
-      {"gdn_decode", gdn_decode_params(), KJIT_TOOL_HAVE_GDN_DECODE != 0,
-       "Gated DeltaNet decode step over a state pool"},
-      {"gdn_prefill", gdn_prefill_params(), KJIT_TOOL_HAVE_GDN_PREFILL != 0,
-       "Gated DeltaNet chunked varlen prefill"},
+      {"merge_states", merge_state_params(true), "merge S partial states per (token, head)"},
+      {"gdn_decode", gdn_decode_params(), "Gated DeltaNet decode step over a state pool"},
+      {"gdn_prefill", gdn_prefill_params(), "Gated DeltaNet chunked varlen prefill"},
   };
   return ops;
 }
@@ -370,12 +344,7 @@ const std::vector<OpInfo>& known_ops() {
 const OpInfo& find_op(std::string_view name) {
   std::string names;
   for (const OpInfo& op : known_ops()) {
-    if (op.name == name) {
-      if (!op.available) {
-        throw UsageError(fmt::format("op '{}' is not available in this build", name));
-      }
-      return op;
-    }
+    if (op.name == name) return op;
     names += names.empty() ? op.name : ", " + op.name;
   }
   throw UsageError(fmt::format("unknown op '{}'; known: {}", name, names));
@@ -435,16 +404,10 @@ Plan plan_op(const OpInfo& op, const ShapeValues& values, const DeviceLimits& de
                                    param.name, value, param.name, param.rule.text()));
     }
   }
-#if KJIT_TOOL_HAVE_MERGE_STATE
   if (op.name.starts_with("merge_state")) return plan_merge(op.name, values, device);
-#endif
-#if KJIT_TOOL_HAVE_GDN_DECODE
   if (op.name == "gdn_decode") return plan_decode(values, device);
-#endif
-#if KJIT_TOOL_HAVE_GDN_PREFILL
   if (op.name == "gdn_prefill") return plan_prefill(values, device);
-#endif
-  throw UsageError(fmt::format("op '{}' is not available in this build", op.name));
+  throw UsageError(fmt::format("op '{}' has no planner in the tool", op.name));
 }
 
 }  // namespace kjit::tool

@@ -51,18 +51,17 @@ struct OpParam {
   SizeRule rule;
 };
 
-/// An op the tool knows, and whether this build has it.
+/// An op the tool knows.
 struct OpInfo {
   std::string name;
   std::vector<OpParam> params;
-  bool available = false;
   std::string doc;
 };
 
 /// Named values of one concrete problem, e.g. {"tokens": "64", "dtype": "bf16"}.
 using ShapeValues = std::map<std::string, std::string>;
 
-/// Every op the tool knows (available in this build or not).
+/// Every op the tool knows.
 const std::vector<OpInfo>& known_ops();
 /// The op of that name; UsageError listing the known ops, or saying that it is not available
 /// in this build.

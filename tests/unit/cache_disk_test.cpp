@@ -16,7 +16,6 @@
 
 #include "cache/disk_cache.hpp"
 #include "cache/key.hpp"
-#include "cache/memory_cache.hpp"
 #include "kjit/error.hpp"
 #include "stress/cache_test_support.hpp"
 #include "support/log.hpp"
@@ -360,19 +359,6 @@ TEST_CASE("cache disk: concurrent threads storing and loading one key see only w
   CHECK(hits.load() == 8 * 30);
   CHECK(cache.corrupt_entries() == 0);
   CHECK(stray_files(tmp / "cache").empty());
-}
-
-TEST_CASE("cache memory: insert keeps the first kernel for a key") {
-  MemoryCache memory;
-  CHECK(memory.find("k") == nullptr);
-  auto a = std::make_shared<const CompiledKernel>();
-  auto b = std::make_shared<const CompiledKernel>();
-  CHECK(memory.insert("k", a) == a);
-  CHECK(memory.insert("k", b) == a);
-  CHECK(memory.find("k") == a);
-  CHECK(memory.size() == 1);
-  memory.clear();
-  CHECK(memory.find("k") == nullptr);
 }
 
 }  // namespace kjit::cache

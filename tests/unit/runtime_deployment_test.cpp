@@ -96,6 +96,26 @@ TEST_CASE("deployment: with JIT disabled a pre-filled disk cache serves its kern
   CHECK(runtime.stats().compiles == 0);
 }
 
+// The runtime's memory tier (what lib/cache/memory_cache used to be tested for, before that
+// unused class was removed): a second lookup hands back the first kernel, not a new copy.
+TEST_CASE("runtime memory tier: a second lookup of a spec returns the first kernel") {
+  const LogLevelScope restore;
+  TempDir tmp;
+  const std::string dir = tmp / "cache";
+  fill_cache(dir);
+  Runtime runtime(deployment(dir));
+  KernelSource first_source = KernelSource::compiled;
+  const auto first = runtime.compiled(KernelSpec::parse(kSpec), &first_source);
+  REQUIRE(first != nullptr);
+  CHECK(first_source == KernelSource::disk);
+  KernelSource second_source = KernelSource::compiled;
+  const auto second = runtime.compiled(KernelSpec::parse(kSpec), &second_source);
+  CHECK(second_source == KernelSource::memory);
+  CHECK(second == first);
+  CHECK(runtime.stats().memory_hits == 1);
+  CHECK(runtime.stats().disk_hits == 1);
+}
+
 TEST_CASE("deployment: with JIT disabled an empty or disabled disk cache is named in the miss") {
   const LogLevelScope restore;
   TempDir tmp;

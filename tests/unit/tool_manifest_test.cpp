@@ -70,7 +70,6 @@ TEST_CASE("complete_values fills defaults and refuses unknown keys") {
                        doctest::Contains("needs --tokens"), UsageError);
 }
 
-#if KJIT_TOOL_HAVE_MERGE_STATE
 namespace {
 
 // A bundle holding every spec the manifest needs on sm_90, with fabricated resources: the
@@ -130,9 +129,7 @@ TEST_CASE("verify uses the recorded registers") {
   CHECK(
       verify_bundle(fabricated_bundle(manifest, 16), manifest, {parse_device("regs=32768")}).ok());
 }
-#endif
 
-#if KJIT_TOOL_HAVE_MERGE_STATE && KJIT_TOOL_HAVE_GDN_DECODE && KJIT_TOOL_HAVE_GDN_PREFILL
 namespace {
 
 const OpInfo& op_named(const std::string& name) {
@@ -245,7 +242,6 @@ TEST_CASE("plan refuses a size out of range by name (issue 20: heads = 0)") {
       doctest::Contains("k = 512 is out of range; k must be a multiple of 16 in 16..256"),
       UsageError);
 }
-#endif
 
 TEST_CASE("command lines: a missing value and a repeated option are refused") {
   const ArgSpec spec{
