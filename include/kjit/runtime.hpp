@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kjit/device.hpp"
+#include "kjit/kernel.hpp"
 #include "kjit/plan.hpp"
 #include "kjit/settings.hpp"
 #include "kjit/spec.hpp"
@@ -17,49 +18,40 @@
 
 namespace kjit {
 
-/// The product of compiling one KernelSpec: everything needed to load it, and everything
-/// needed to explain it.
-struct CompiledKernel {
-  KernelSpec spec;
-  std::string cubin;
-  std::string ptx;
-  /// Mangled name of the entry point (from nvrtcGetLoweredName).
-  std::string lowered_name;
-  /// The exact source handed to NVRTC.
-  std::string source;
-  std::string options;
-  /// NVRTC + ptxas log.
-  std::string log;
-  KernelResources resources;
-  /// Cache key, 32 lowercase hex digits.
-  std::string key;
-  /// The tagged fields the key was computed from, one "tag: value" per line.
-  std::string key_material;
-};
-
-/// Where a kernel came from the last time it was looked up.
-enum class KernelSource { memory, bundle, disk, compiled };
-
-/// Counters of the kernel cache, for tests, `kjit cache stats` and logs.
-struct CacheStats {
-  std::uint64_t memory_hits = 0;
-  std::uint64_t bundle_hits = 0;
-  std::uint64_t disk_hits = 0;
-  std::uint64_t compiles = 0;
-  /// Kernels loaded onto a device (once per spec and device).
-  std::uint64_t loads = 0;
-  /// Entries found corrupt, truncated or foreign: treated as misses and replaced.
-  std::uint64_t corrupt_entries = 0;
-  /// Entries that could not be written (the cache then runs memory-only).
-  std::uint64_t write_failures = 0;
-  bool disk_enabled = true;
-  /// Whether this runtime loaded NVRTC. A fresh process whose kernels are all in a bundle, or
-  /// in the disk cache with the compiler identity remembered there, never does.
-  bool nvrtc_loaded = false;
-};
-
 /// A kernel loaded on one device. Owned by the Runtime; pointers stay valid for its lifetime.
 class LoadedKernel;
+
+/// Scratch device memory of one call, from Runtime::workspace(): allocated on a stream and freed
+/// on the same stream, so it is ordered with the launches between (no host synchronization;
+/// under graph capture the allocation and the free become the graph's memory nodes). Move-only.
+class Workspace {
+ public:
+  Workspace() = default;
+  /// Frees on the stream if release() was not called; errors are not reported (a destructor
+  /// never throws: this is the exception path of a failed launch).
+  ~Workspace();
+  Workspace(Workspace&& other) noexcept;
+  Workspace& operator=(Workspace&& other) noexcept;
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+
+  /// Device address; nullptr for an empty workspace.
+  void* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  /// Frees the memory on its stream after the work enqueued so far; DriverError on failure.
+  /// An empty workspace does nothing.
+  void release();
+
+ private:
+  friend class Runtime;
+  void free_on_stream(bool report);
+
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+  /// The context the memory was allocated in (made current around the free).
+  void* context_ = nullptr;
+  Stream stream_ = nullptr;
+};
 
 /// Ties plan -> cache/compile -> load -> launch together. Thread-safe. One process normally
 /// uses Runtime::global(); tests make their own with explicit Settings.
@@ -118,6 +110,17 @@ class Runtime {
     /// it, so one device's function handles never reach another device's stream.
     void* context = nullptr;
     std::vector<const LoadedKernel*> kernels;
+    /// The op's typed decisions (ops::Planned::choice) that its launch needs; null for plans
+    /// memoized without one.
+    std::shared_ptr<const void> choice;
+  };
+
+  /// What a memo miss makes (see memoized()): a plan, the device it is for, and the op's typed
+  /// choice, kept with the resolved plan.
+  struct PlannedOn {
+    Plan plan;
+    int device = 0;
+    std::shared_ptr<const void> choice;
   };
 
   /// Loads every kernel of `plan` on `device` and checks each launch against the device and
@@ -131,9 +134,20 @@ class Runtime {
 
   /// Memo of resolved plans by an op's problem signature (the bytes of a trivially copyable
   /// struct): a steady-state call is one hash lookup. `make` runs on a miss, outside any lock
-  /// that other signatures need.
+  /// that other signatures need, and returns a PlannedOn (or a pair {Plan, device}).
   template <typename Signature, typename MakePlan>
   const ResolvedPlan& memoized(const Signature& signature, Stream stream, MakePlan&& make);
+
+  /// `bytes` of scratch memory on `stream` for a call of `resolved` (its device's context),
+  /// freed by the Workspace on the same stream. Outside graph capture from kjit's pool of the
+  /// device, which keeps its memory between calls; under capture with cuMemAllocAsync, which
+  /// capture records as a graph memory node. DriverError naming `what` on failure.
+  Workspace workspace(const ResolvedPlan& resolved, std::size_t bytes, Stream stream,
+                      const char* what);
+  /// Whether `stream` is capturing a graph.
+  bool capturing(Stream stream);
+  /// Waits for `stream`, then copies `bytes` from device address `device_ptr` to `host`.
+  void copy_to_host(void* host, const void* device_ptr, std::size_t bytes, Stream stream);
 
   CacheStats stats() const;
 
@@ -153,9 +167,15 @@ const Runtime::ResolvedPlan& Runtime::memoized(const Signature& signature, Strea
                 "no padding left uninitialized (value-initialize it)");
   const std::string_view bytes(reinterpret_cast<const char*>(&signature), sizeof(Signature));
   if (const ResolvedPlan* hit = find_memo(bytes)) return *hit;
-  // make() returns {Plan, device}.
-  auto [plan, device] = make();
-  return insert_memo(bytes, resolve(std::move(plan), device, stream));
+  auto made = make();
+  if constexpr (std::is_same_v<decltype(made), PlannedOn>) {
+    ResolvedPlan resolved = resolve(std::move(made.plan), made.device, stream);
+    resolved.choice = std::move(made.choice);
+    return insert_memo(bytes, std::move(resolved));
+  } else {
+    auto& [plan, device] = made;
+    return insert_memo(bytes, resolve(std::move(plan), device, stream));
+  }
 }
 
 }  // namespace kjit

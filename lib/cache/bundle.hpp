@@ -28,7 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kjit/runtime.hpp"
+#include "kjit/kernel.hpp"
 #include "kjit/spec.hpp"
 
 namespace kjit::cache {

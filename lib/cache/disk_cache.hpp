@@ -12,7 +12,7 @@
 #include <string>
 
 #include "cache/entry.hpp"
-#include "kjit/runtime.hpp"
+#include "kjit/kernel.hpp"
 #include "support/hash.hpp"
 
 namespace kjit::cache {

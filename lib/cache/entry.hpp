@@ -21,7 +21,7 @@
 #include <string>
 #include <string_view>
 
-#include "kjit/runtime.hpp"
+#include "kjit/kernel.hpp"
 #include "support/hash.hpp"
 
 namespace kjit::cache {

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kjit/runtime.hpp"
+#include "kjit/kernel.hpp"
 #include "kjit/spec.hpp"
 
 namespace kjit::compile {

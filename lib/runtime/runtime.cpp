@@ -17,6 +17,7 @@
 #include <optional>
 #include <shared_mutex>
 #include <unordered_map>
+#include <utility>
 
 #include "cache/bundle.hpp"
 #include "cache/compiler_memo.hpp"
@@ -26,8 +27,10 @@
 #include "codegen/embedded_templates.hpp"
 #include "codegen/families.hpp"
 #include "compile/compiler.hpp"
+#include "driver/context.hpp"
 #include "driver/driver_api.hpp"
 #include "driver/launch.hpp"
+#include "driver/memory.hpp"
 #include "kjit/error.hpp"
 #include "runtime/loaded_kernel.hpp"
 #include "support/log.hpp"
@@ -651,6 +654,74 @@ const Runtime::ResolvedPlan& Runtime::insert_memo(std::string_view signature,
   auto [it, inserted] = impl_->memo.emplace(std::string(signature),
                                             std::make_unique<ResolvedPlan>(std::move(resolved)));
   return *it->second;
+}
+
+Workspace Runtime::workspace(const ResolvedPlan& resolved, std::size_t bytes, Stream stream,
+                             const char* what) {
+  Workspace workspace;
+  if (bytes == 0) return workspace;
+  const CUstream cu_stream = reinterpret_cast<CUstream>(stream);
+  driver::ScopedContext scoped(static_cast<CUcontext>(resolved.context));
+  const CUdeviceptr ptr = driver::allocate_workspace(resolved.device, bytes, cu_stream, what);
+  workspace.data_ = reinterpret_cast<void*>(ptr);
+  workspace.size_ = bytes;
+  workspace.context_ = resolved.context;
+  workspace.stream_ = stream;
+  return workspace;
+}
+
+bool Runtime::capturing(Stream stream) {
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  driver::check(
+      driver::driver_api().cuStreamIsCapturing(reinterpret_cast<CUstream>(stream), &capture),
+      "cuStreamIsCapturing");
+  return capture != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+void Runtime::copy_to_host(void* host, const void* device_ptr, std::size_t bytes, Stream stream) {
+  const driver::DriverApi& cu = driver::driver_api();
+  driver::check(cu.cuStreamSynchronize(reinterpret_cast<CUstream>(stream)), "cuStreamSynchronize");
+  driver::check(cu.cuMemcpyDtoH(host, reinterpret_cast<CUdeviceptr>(device_ptr), bytes),
+                "cuMemcpyDtoH");
+}
+
+Workspace::~Workspace() { free_on_stream(false); }
+
+Workspace::Workspace(Workspace&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      context_(other.context_),
+      stream_(other.stream_) {}
+
+Workspace& Workspace::operator=(Workspace&& other) noexcept {
+  if (this != &other) {
+    free_on_stream(false);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    context_ = other.context_;
+    stream_ = other.stream_;
+  }
+  return *this;
+}
+
+void Workspace::release() { free_on_stream(true); }
+
+void Workspace::free_on_stream(bool report) {
+  if (data_ == nullptr) return;
+  const CUdeviceptr ptr = reinterpret_cast<CUdeviceptr>(std::exchange(data_, nullptr));
+  size_ = 0;
+  const CUstream cu_stream = reinterpret_cast<CUstream>(stream_);
+  if (!report) {
+    // The exception path: the launch's error is the one the caller needs to see.
+    try {
+      driver::ScopedContext scoped(static_cast<CUcontext>(context_));
+      (void)driver::loaded_api().cuMemFreeAsync(ptr, cu_stream);
+    } catch (...) {
+    }
+    return;
+  }
+  driver::ScopedContext scoped(static_cast<CUcontext>(context_));
+  driver::check(driver::loaded_api().cuMemFreeAsync(ptr, cu_stream), "cuMemFreeAsync");
 }
 
 CacheStats Runtime::stats() const {
