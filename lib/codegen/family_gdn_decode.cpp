@@ -91,7 +91,7 @@ ParamDecl invalid_rule_param() {
 }  // namespace
 
 // The order is the template parameter order of kjit::gdn_decode_kernel (templates/
-// gdn_decode.cuh); the ops layer (lib/ops/gdn_decode.cpp) builds specs by these names.
+// gdn_decode.cuh); the ops layer (lib/ops/gdn_decode/plan.cpp) builds specs by these names.
 FamilyDecl gdn_decode_family() {
   const std::vector<std::string_view> floats = {"f16", "bf16", "f32"};
   return FamilyDecl{

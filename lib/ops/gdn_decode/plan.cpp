@@ -1,32 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
-// Gated DeltaNet packed decode: validation, grid mode and tile choice, plan, launch.
-#include "kjit/ops/gdn_decode.hpp"
-
+// gdn_decode: the planner. Grid mode, V tile, staging, residency and row order for a Problem on
+// a device; pure (no device, no runtime).
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <optional>
 #include <string>
-#include <type_traits>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
-#include "driver/context.hpp"
-#include "driver/driver_api.hpp"
-#include "driver/memory.hpp"
 #include "kjit/error.hpp"
-#include "kjit/gdn_decode_params.h"
-#include "kjit/runtime.hpp"
 #include "kjit/spec.hpp"
+#include "ops/gdn_decode/family.hpp"
 
-namespace kjit {
+namespace kjit::ops::decode {
 namespace {
 
-constexpr std::int64_t kMaxBatch = std::int64_t{1} << 24;
 constexpr int kMaxWarps = 8;
 /// Below this many blocks per SM the planner prefers smaller V tiles (more blocks).
 constexpr std::int64_t kMinBlocksPerSm = 2;
@@ -62,223 +52,6 @@ constexpr std::int64_t kOrderMaxBatch = 16384;
 constexpr std::int64_t kOrderMaxSlots = std::int64_t{1} << (63 - kGdnOrderRowBits);
 
 constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-
-enum class Form { raw, gated };
-
-std::string_view op_name(Form form) {
-  return form == Form::raw ? "gdn_decode" : "gdn_decode_gated";
-}
-
-bool is_float_type(DType d) { return d == DType::f16 || d == DType::bf16 || d == DType::f32; }
-
-/// Everything validated about one call; the plan is a function of it and the device.
-struct Problem {
-  Form form = Form::raw;
-  std::int64_t batch = 0, heads = 0, value_heads = 0, k = 0, v = 0, slots = 0;
-  DType qkv = DType::f32, gate = DType::f32, a_log = DType::f32, dt_bias = DType::f32;
-  DType state = DType::f32, out = DType::f32, index = DType::i32;
-  std::int64_t qkv_row_stride = 0, a_row_stride = 0, b_row_stride = 0, slot_stride = 0,
-               index_stride = 0, out_row_stride = 0;
-  int vec_bytes = 16;
-  float scale = 1.0f;
-};
-
-[[noreturn]] void fail(Form form, std::string_view argument, const TensorView& view,
-                       std::string_view accepted) {
-  throw InvalidArgument(
-      fmt::format("{}: {} is {}; {}", op_name(form), argument, view.str(), accepted));
-}
-
-void require_float(Form form, std::string_view name, const TensorView& view) {
-  if (!is_float_type(view.dtype)) fail(form, name, view, "its dtype must be f16, bf16 or f32");
-}
-
-void require_rank(Form form, std::string_view name, const TensorView& view, int rank,
-                  std::string_view shape) {
-  if (view.rank != rank) fail(form, name, view, fmt::format("expected rank {} {}", rank, shape));
-}
-
-void require_data(Form form, std::string_view name, const TensorView& view) {
-  if (view.data == nullptr) fail(form, name, view, "its data pointer is null");
-  const auto address = reinterpret_cast<std::uintptr_t>(view.data);
-  if (address % size_of(view.dtype) != 0) {
-    fail(form, name, view,
-         fmt::format("its data pointer {:#x} must be aligned to its element size {}", address,
-                     size_of(view.dtype)));
-  }
-}
-
-/// [rows, width] with the last dim contiguous and rows not overlapping (any larger row
-/// stride: a view into a wider tensor).
-void require_rows(Form form, std::string_view name, const TensorView& view, std::int64_t rows,
-                  std::int64_t width, std::string_view shape) {
-  require_rank(form, name, view, 2, shape);
-  if (view.shape[0] != rows || view.shape[1] != width) {
-    fail(form, name, view, fmt::format("expected shape {} = [{}, {}]", shape, rows, width));
-  }
-  if (width > 1 && view.strides[1] != 1) fail(form, name, view, "its last dim must be contiguous");
-  if (rows > 1 && view.strides[0] < width) {
-    fail(form, name, view,
-         fmt::format("its row stride must be >= the row width {} (rows may not overlap)", width));
-  }
-}
-
-int largest_vector(const TensorView& state, std::int64_t slot_stride, std::int64_t slots) {
-  const auto address = reinterpret_cast<std::uintptr_t>(state.data);
-  const std::size_t esize = size_of(state.dtype);
-  for (int bytes : {16, 8, 4, 2}) {
-    if (static_cast<std::size_t>(bytes) < esize) break;
-    if (address % static_cast<std::uintptr_t>(bytes) != 0) continue;
-    if (slots > 1 && (static_cast<std::size_t>(slot_stride) * esize) % bytes != 0) continue;
-    return bytes;
-  }
-  return static_cast<int>(esize);
-}
-
-Problem validate(Form form, const TensorView& qkv, const TensorView& a, const TensorView& b,
-                 const TensorView* a_log, const TensorView* dt_bias, const TensorView& state,
-                 const TensorView& indices, const TensorView& out,
-                 const GdnDecodeOptions& options) {
-  Problem p;
-  p.form = form;
-  const bool raw = form == Form::raw;
-  const std::string_view a_name = raw ? "a" : "g";
-  const std::string_view b_name = raw ? "b" : "beta";
-
-  // The pool fixes HV, V, K.
-  require_rank(form, "state", state, 4, "[slots, HV, V, K]");
-  require_float(form, "state", state);
-  require_data(form, "state", state);
-  p.slots = state.shape[0];
-  p.value_heads = state.shape[1];
-  p.v = state.shape[2];
-  p.k = state.shape[3];
-  if (p.slots < 1 || p.value_heads < 1) {
-    fail(form, "state", state, "slots and HV must be >= 1");
-  }
-  for (auto [dim, name] : {std::pair{p.k, "K"}, std::pair{p.v, "V"}}) {
-    if (dim < 16 || dim > 256 || dim % 16 != 0) {
-      fail(
-          form, "state", state,
-          fmt::format("{} = {} is not supported; accepted: multiples of 16 in 16..256", name, dim));
-    }
-  }
-  if (state.strides[3] != 1 || (p.v > 1 && state.strides[2] != p.k) ||
-      (p.value_heads > 1 && state.strides[1] != p.v * p.k)) {
-    fail(form, "state", state,
-         fmt::format("its inner [HV, V, K] dims must be contiguous (strides [*, {}, {}, 1]); only "
-                     "the slot stride may be padded",
-                     p.v * p.k, p.k));
-  }
-  p.slot_stride = state.strides[0];
-  if (p.slots > 1 && p.slot_stride < p.value_heads * p.v * p.k) {
-    fail(form, "state", state,
-         fmt::format("its slot stride must be >= HV*V*K = {} (slots may not overlap)",
-                     p.value_heads * p.v * p.k));
-  }
-  p.state = state.dtype;
-  p.vec_bytes = largest_vector(state, p.slot_stride, p.slots);
-
-  // Indices fix B.
-  require_rank(form, "state_indices", indices, 1, "[B]");
-  if (indices.dtype != DType::i32 && indices.dtype != DType::i64) {
-    fail(form, "state_indices", indices, "its dtype must be i32 or i64");
-  }
-  p.batch = indices.shape[0];
-  if (p.batch < 1 || p.batch > kMaxBatch) {
-    fail(form, "state_indices", indices,
-         fmt::format("B = {} is out of range; accepted: 1..{}", p.batch, kMaxBatch));
-  }
-  require_data(form, "state_indices", indices);
-  p.index = indices.dtype;
-  p.index_stride = p.batch > 1 ? indices.strides[0] : 1;
-  if (p.index_stride < 1) fail(form, "state_indices", indices, "its stride must be >= 1");
-
-  // mixed_qkv fixes H.
-  require_rank(form, "mixed_qkv", qkv, 2, "[B, 2*H*K + HV*V]");
-  require_float(form, "mixed_qkv", qkv);
-  const std::int64_t width = qkv.shape[1];
-  const std::int64_t qk_width = width - p.value_heads * p.v;
-  if (qk_width <= 0 || qk_width % (2 * p.k) != 0) {
-    fail(form, "mixed_qkv", qkv,
-         fmt::format("its width must be 2*H*K + HV*V with K = {}, HV*V = {}: 2*H*K = {} is not a "
-                     "positive multiple of 2*K",
-                     p.k, p.value_heads * p.v, qk_width));
-  }
-  p.heads = qk_width / (2 * p.k);
-  if (p.value_heads % p.heads != 0) {
-    fail(form, "mixed_qkv", qkv,
-         fmt::format("it implies H = {} q/k heads, which must divide HV = {}", p.heads,
-                     p.value_heads));
-  }
-  require_rows(form, "mixed_qkv", qkv, p.batch, width, "[B, 2*H*K + HV*V]");
-  require_data(form, "mixed_qkv", qkv);
-  p.qkv = qkv.dtype;
-  p.qkv_row_stride = p.batch > 1 ? qkv.strides[0] : width;
-
-  // Gates.
-  require_rows(form, a_name, a, p.batch, p.value_heads, "[B, HV]");
-  require_rows(form, b_name, b, p.batch, p.value_heads, "[B, HV]");
-  require_data(form, a_name, a);
-  require_data(form, b_name, b);
-  if (raw) {
-    require_float(form, "a", a);
-    if (b.dtype != a.dtype) {
-      fail(form, "b", b, fmt::format("its dtype must equal a's ({})", to_string(a.dtype)));
-    }
-    for (auto [view, name] : {std::pair{a_log, "a_log"}, std::pair{dt_bias, "dt_bias"}}) {
-      require_rank(form, name, *view, 1, "[HV]");
-      require_float(form, name, *view);
-      if (view->shape[0] != p.value_heads) {
-        fail(form, name, *view, fmt::format("expected shape [HV] = [{}]", p.value_heads));
-      }
-      if (p.value_heads > 1 && view->strides[0] != 1) {
-        fail(form, name, *view, "it must be contiguous");
-      }
-      require_data(form, name, *view);
-    }
-    p.gate = a.dtype;
-    p.a_log = a_log->dtype;
-    p.dt_bias = dt_bias->dtype;
-  } else {
-    if (a.dtype != DType::f32) fail(form, "g", a, "its dtype must be f32 (log decay)");
-    if (b.dtype != DType::f32) fail(form, "beta", b, "its dtype must be f32");
-  }
-  p.a_row_stride = p.batch > 1 ? a.strides[0] : p.value_heads;
-  p.b_row_stride = p.batch > 1 ? b.strides[0] : p.value_heads;
-
-  // Output.
-  require_rank(form, "out", out, 3, "[B, HV, V]");
-  require_float(form, "out", out);
-  if (out.shape[0] != p.batch || out.shape[1] != p.value_heads || out.shape[2] != p.v) {
-    fail(form, "out", out,
-         fmt::format("expected shape [B, HV, V] = [{}, {}, {}]", p.batch, p.value_heads, p.v));
-  }
-  if (out.strides[2] != 1 || (p.value_heads > 1 && out.strides[1] != p.v)) {
-    fail(form, "out", out,
-         "its inner [HV, V] dims must be contiguous; only the row stride may vary");
-  }
-  if (p.batch > 1 && out.strides[0] < p.value_heads * p.v) {
-    fail(form, "out", out,
-         fmt::format("its row stride must be >= HV*V = {} (rows may not overlap)",
-                     p.value_heads * p.v));
-  }
-  require_data(form, "out", out);
-  p.out = out.dtype;
-  p.out_row_stride = p.batch > 1 ? out.strides[0] : p.value_heads * p.v;
-
-  // Options.
-  p.scale = options.scale.value_or(static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.k))));
-  if (!std::isfinite(p.scale)) {
-    throw InvalidArgument(
-        fmt::format("{}: options.scale = {} must be finite", op_name(form), p.scale));
-  }
-  if (raw && std::isnan(options.softplus_threshold)) {
-    throw InvalidArgument(
-        fmt::format("{}: options.softplus_threshold is NaN; accepted: any number", op_name(form)));
-  }
-  return p;
-}
 
 /// How a V tile of `bv` rows maps onto threads.
 struct Tile {
@@ -396,23 +169,41 @@ struct CacheHints {
   std::string store = "stream";
 };
 
-/// The planner's hints, or options.force_cache_hints ("<load>/<store>").
-CacheHints cache_hints(const Problem& p, const GdnDecodeOptions& options) {
-  CacheHints hints;
-  const std::string& forced = options.force_cache_hints;
-  if (forced.empty()) return hints;
-  const std::size_t slash = forced.find('/');
-  hints.load = forced.substr(0, slash);
-  hints.store = slash == std::string::npos ? "" : forced.substr(slash + 1);
-  const bool load_ok = hints.load == "stream" || hints.load == "plain" || hints.load == "l2_256" ||
-                       hints.load == "staged";
-  const bool store_ok = hints.store == "stream" || hints.store == "plain";
-  if (!load_ok || !store_ok) {
-    throw InvalidArgument(fmt::format(
-        "{}: options.force_cache_hints = '{}' is not accepted; expected '<load>/<store>' with "
-        "load in stream, plain, l2_256, staged and store in stream, plain",
-        op_name(p.form), forced));
+/// What the planner reads of the options, rebuilt from the Problem's values: check() parsed
+/// the strings; here they are spelled again for messages, reasons and the spec.
+struct Forced {
+  std::string force_mode;
+  std::string force_cache_hints;
+  int force_bv = 0;
+  int force_stages = 0;
+  int force_blocks_per_sm = 0;
+  GdnRowOrder row_order = GdnRowOrder::automatic;
+  bool l2norm_qk = true;
+  GdnInvalidIndex invalid_index = GdnInvalidIndex::negative;
+};
+
+Forced forced_of(const Problem& p) {
+  Forced f;
+  f.force_mode = kModeNames[static_cast<int>(p.forced_mode)];
+  if (p.hints_forced) {
+    f.force_cache_hints = std::string(kLoadHintNames[static_cast<int>(p.load_hint)]) + "/" +
+                          kStoreHintNames[static_cast<int>(p.store_hint)];
   }
+  f.force_bv = p.force_bv;
+  f.force_stages = p.force_stages;
+  f.force_blocks_per_sm = p.force_blocks_per_sm;
+  f.row_order = p.row_order;
+  f.l2norm_qk = p.l2norm;
+  f.invalid_index = p.invalid_index;
+  return f;
+}
+
+/// The planner's hints, or the forced ones.
+CacheHints cache_hints(const Problem& p) {
+  CacheHints hints;
+  if (!p.hints_forced) return hints;
+  hints.load = kLoadHintNames[static_cast<int>(p.load_hint)];
+  hints.store = kStoreHintNames[static_cast<int>(p.store_hint)];
   return hints;
 }
 
@@ -424,7 +215,7 @@ struct Resident {
 };
 
 Resident plan_resident(const Problem& p, const Tile& tile, const std::string& mode,
-                       const GdnDecodeOptions& options, const DeviceLimits& device,
+                       const Forced& options, const DeviceLimits& device,
                        std::vector<std::string>& reasons, std::vector<LimitCheck>& checks) {
   const std::string op(op_name(p.form));
   Resident r;
@@ -511,7 +302,7 @@ Resident plan_resident(const Problem& p, const Tile& tile, const std::string& mo
 }
 
 /// Whether the step visits its rows in slot order (a ranking kernel first), with the reason.
-bool choose_row_order(const Problem& p, const GdnDecodeOptions& options, const std::string& mode,
+bool choose_row_order(const Problem& p, const Forced& options, const std::string& mode,
                       std::vector<std::string>& reasons) {
   const bool one_tile_mode = mode == "flat" || mode == "split" || mode == "folded";
   const bool fits = p.batch <= kOrderMaxBatch && p.slots < kOrderMaxSlots;
@@ -547,11 +338,13 @@ bool choose_row_order(const Problem& p, const GdnDecodeOptions& options, const s
   return ordered;
 }
 
-Plan make_plan(const Problem& p, const GdnDecodeOptions& options, const DeviceLimits& device) {
-  Plan plan;
+Planned<Choice> make_plan(const Problem& p, const DeviceLimits& device) {
+  const Forced options = forced_of(p);
+  Planned<Choice> planned;
+  Plan& plan = planned.plan;
   plan.op = std::string(op_name(p.form));
   plan.device = device;
-  CacheHints hints = cache_hints(p, options);
+  CacheHints hints = cache_hints(p);
   // Staged loads: one tile per block (not the persistent and bulk modes, which keep tiles in
   // flight their own way), 16-byte vectors (cp.async copies 16 bytes), cp.async (sm_80 on).
   const bool resident_forced = options.force_mode == "persistent" || options.force_mode == "bulk";
@@ -600,14 +393,9 @@ Plan make_plan(const Problem& p, const GdnDecodeOptions& options, const DeviceLi
       plan.reasons.push_back(flat_why);
       plan.reasons.push_back(split_why);
     }
-  } else if (mode == "flat" || mode == "split" || mode == "folded" || mode == "persistent" ||
-             mode == "bulk") {
-    plan.reasons.push_back(fmt::format("mode {} forced by options.force_mode", mode));
   } else {
-    throw InvalidArgument(fmt::format(
-        "{}: options.force_mode = '{}' is not a grid mode; accepted: '' (planner), flat, split, "
-        "folded, persistent, bulk",
-        plan.op, mode));
+    // check() accepted only grid modes.
+    plan.reasons.push_back(fmt::format("mode {} forced by options.force_mode", mode));
   }
   const bool ordered = choose_row_order(p, options, mode, plan.reasons);
   if (options.force_stages != 0 && mode != "bulk") {
@@ -709,210 +497,14 @@ Plan make_plan(const Problem& p, const GdnDecodeOptions& options, const DeviceLi
   launch.checks.insert(launch.checks.end(), resident_checks.begin(), resident_checks.end());
   require_legal(launch.checks, fmt::format("{} ({} mode)", plan.op, mode));
   plan.launches.push_back(std::move(launch));
-  return plan;
-}
-
-/// The memo key: everything the plan and its resolution depend on, no pointer values (the
-/// pool's alignment class stands in for its address).
-struct Signature {
-  char op[16];
-  std::int32_t device;
-  std::int32_t force_bv;
-  std::uint8_t form, l2norm, invalid, vec_bytes;
-  std::uint8_t dtypes[7];
-  std::uint8_t row_order;
-  char force_mode[12];
-  std::int64_t batch, heads, value_heads, k, v, slots;
-  std::int64_t strides[6];
-  float scale, softplus_threshold;
-  std::int32_t force_stages, force_blocks_per_sm;
-  char force_cache_hints[16];
-};
-
-// No padding anywhere: the bytes are the key.
-static_assert(sizeof(Signature) == 176 && std::is_trivially_copyable_v<Signature>);
-
-Signature signature(const Problem& p, const GdnDecodeOptions& options, int device) {
-  Signature sig{};
-  std::memcpy(sig.op, "gdn_decode", 10);
-  sig.device = device;
-  sig.force_bv = options.force_bv;
-  sig.form = static_cast<std::uint8_t>(p.form);
-  sig.l2norm = options.l2norm_qk;
-  sig.invalid = static_cast<std::uint8_t>(options.invalid_index);
-  sig.vec_bytes = static_cast<std::uint8_t>(p.vec_bytes);
-  const DType dtypes[7] = {p.qkv, p.gate, p.a_log, p.dt_bias, p.state, p.out, p.index};
-  for (int i = 0; i < 7; ++i) sig.dtypes[i] = static_cast<std::uint8_t>(dtypes[i]);
-  sig.row_order = static_cast<std::uint8_t>(options.row_order);
-  // Longer strings are not modes; validation in make_plan rejects them before any memo entry.
-  std::memcpy(sig.force_mode, options.force_mode.data(),
-              std::min<std::size_t>(options.force_mode.size(), sizeof sig.force_mode));
-  sig.batch = p.batch;
-  sig.heads = p.heads;
-  sig.value_heads = p.value_heads;
-  sig.k = p.k;
-  sig.v = p.v;
-  sig.slots = p.slots;
-  const std::int64_t strides[6] = {p.qkv_row_stride, p.a_row_stride, p.b_row_stride,
-                                   p.slot_stride,    p.index_stride, p.out_row_stride};
-  std::copy(std::begin(strides), std::end(strides), sig.strides);
-  sig.scale = p.scale;
-  sig.softplus_threshold = options.softplus_threshold;
-  sig.force_stages = options.force_stages;
-  sig.force_blocks_per_sm = options.force_blocks_per_sm;
-  // "l2_256/stream" (13) is the longest valid value; longer ones are rejected by make_plan.
-  std::memcpy(
-      sig.force_cache_hints, options.force_cache_hints.data(),
-      std::min<std::size_t>(options.force_cache_hints.size(), sizeof sig.force_cache_hints));
-  return sig;
-}
-
-/// Debug check: reads the indices back and rejects repeated valid indices and out-of-range
-/// ones. Synchronizes `stream`; skipped while it captures (a copy there would break the graph).
-void check_indices(const Problem& p, const TensorView& indices, GdnInvalidIndex rule,
-                   Stream stream) {
-  const driver::DriverApi& cu = driver::driver_api();
-  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-  driver::check(cu.cuStreamIsCapturing(reinterpret_cast<CUstream>(stream), &capture),
-                "cuStreamIsCapturing");
-  if (capture != CU_STREAM_CAPTURE_STATUS_NONE) return;
-  driver::check(cu.cuStreamSynchronize(reinterpret_cast<CUstream>(stream)), "cuStreamSynchronize");
-  const std::size_t esize = size_of(p.index);
-  const std::size_t count = static_cast<std::size_t>((p.batch - 1) * p.index_stride + 1);
-  std::vector<unsigned char> host(count * esize);
-  driver::check(
-      cu.cuMemcpyDtoH(host.data(), reinterpret_cast<CUdeviceptr>(indices.data), host.size()),
-      "cuMemcpyDtoH");
-  std::unordered_set<std::int64_t> seen;
-  for (std::int64_t n = 0; n < p.batch; ++n) {
-    const std::size_t at = static_cast<std::size_t>(n * p.index_stride) * esize;
-    std::int64_t slot = 0;
-    if (p.index == DType::i32) {
-      std::int32_t v = 0;
-      std::memcpy(&v, host.data() + at, 4);
-      slot = v;
-    } else {
-      std::memcpy(&slot, host.data() + at, 8);
-    }
-    if (rule == GdnInvalidIndex::nonpositive ? slot <= 0 : slot < 0) continue;
-    if (slot >= p.slots) {
-      throw InvalidArgument(fmt::format(
-          "{}: state_indices[{}] = {} is out of range; the pool has {} slots (debug check)",
-          op_name(p.form), n, slot, p.slots));
-    }
-    if (!seen.insert(slot).second) {
-      throw InvalidArgument(fmt::format(
-          "{}: state_indices[{}] = {} repeats an earlier valid index; rows of one call must use "
-          "distinct slots (debug check)",
-          op_name(p.form), n, slot));
-    }
-  }
-}
-
-void run(const Problem& p, const TensorView& qkv, const TensorView& a, const TensorView& b,
-         const TensorView* a_log, const TensorView* dt_bias, const TensorView& state,
-         const TensorView& indices, const TensorView& out, const GdnDecodeOptions& options,
-         Stream stream) {
-  Runtime& runtime = options.runtime != nullptr ? *options.runtime : Runtime::global();
-  const int device = runtime.device_of(stream, options.device);
-  const Signature sig = signature(p, options, device);
-  const Runtime::ResolvedPlan& resolved = runtime.memoized(sig, stream, [&] {
-    return std::pair{make_plan(p, options, runtime.device_limits(device)), device};
-  });
-  if (options.debug_check_indices || runtime.settings().debug_checks) {
-    check_indices(p, indices, options.invalid_index, stream);
-  }
-  const std::vector<PlannedLaunch>& launches = resolved.plan.launches;
-  const std::int64_t bv = launches.back().spec.get_int("bv");
-
-  GdnDecodeParams params{};
-  params.qkv = qkv.data;
-  params.a = a.data;
-  params.b = b.data;
-  params.a_log = a_log != nullptr ? a_log->data : nullptr;
-  params.dt_bias = dt_bias != nullptr ? dt_bias->data : nullptr;
-  params.state = state.data;
-  params.indices = indices.data;
-  params.out = out.data;
-  params.qkv_row_stride = p.qkv_row_stride;
-  params.a_row_stride = p.a_row_stride;
-  params.b_row_stride = p.b_row_stride;
-  params.state_slot_stride = p.slot_stride;
-  params.index_stride = p.index_stride;
-  params.out_row_stride = p.out_row_stride;
-  params.num_slots = p.slots;
-  params.total_tiles = static_cast<u64>(p.batch * p.value_heads * (p.v / bv));
-  params.batch = static_cast<u32>(p.batch);
-  params.num_heads = static_cast<u32>(p.heads);
-  params.num_value_heads = static_cast<u32>(p.value_heads);
-  params.heads_per_group = static_cast<u32>(p.value_heads / p.heads);
-  params.scale = p.scale;
-  params.softplus_threshold = options.softplus_threshold;
-  if (launches.size() == 1) {
-    runtime.launch(resolved, 0, stream, &params, sizeof params);
-    return;
-  }
-
-  // Rows in slot order: the ranking kernel writes B keys into scratch memory from kjit's
-  // workspace pool (driver/memory.hpp), allocated and freed on the stream around the two
-  // launches (no host synchronization; graph memory nodes under capture).
-  const CUstream cu_stream = reinterpret_cast<CUstream>(stream);
-  driver::ScopedContext scoped(static_cast<CUcontext>(resolved.context));
-  CUdeviceptr keys = 0;
-  try {
-    keys = driver::allocate_workspace(resolved.device, static_cast<std::size_t>(p.batch) * 8,
-                                      cu_stream, "gdn_decode");
-  } catch (const DriverError& error) {
-    throw DriverError(
-        fmt::format("{}; options.row_order = as_given needs no scratch memory", error.what()),
-        error.result(), error.call());
-  }
-  params.order = reinterpret_cast<i64*>(keys);
-  try {
-    runtime.launch(resolved, 0, stream, &params, sizeof params);
-    runtime.launch(resolved, 1, stream, &params, sizeof params);
-  } catch (...) {
-    (void)driver::loaded_api().cuMemFreeAsync(keys, cu_stream);
-    throw;
-  }
-  driver::check(driver::loaded_api().cuMemFreeAsync(keys, cu_stream), "cuMemFreeAsync");
+  planned.choice = Choice{tile.bv, ordered};
+  return planned;
 }
 
 }  // namespace
 
-void gdn_decode(const TensorView& mixed_qkv, const TensorView& a, const TensorView& b,
-                const TensorView& a_log, const TensorView& dt_bias, const TensorView& state,
-                const TensorView& state_indices, const TensorView& out,
-                const GdnDecodeOptions& options, Stream stream) {
-  const Problem p =
-      validate(Form::raw, mixed_qkv, a, b, &a_log, &dt_bias, state, state_indices, out, options);
-  run(p, mixed_qkv, a, b, &a_log, &dt_bias, state, state_indices, out, options, stream);
+Planned<Choice> Family::plan(const Problem& problem, const DeviceLimits& device) {
+  return make_plan(problem, device);
 }
 
-Plan plan_gdn_decode(const TensorView& mixed_qkv, const TensorView& a, const TensorView& b,
-                     const TensorView& a_log, const TensorView& dt_bias, const TensorView& state,
-                     const TensorView& state_indices, const TensorView& out,
-                     const GdnDecodeOptions& options, const DeviceLimits& device) {
-  const Problem p =
-      validate(Form::raw, mixed_qkv, a, b, &a_log, &dt_bias, state, state_indices, out, options);
-  return make_plan(p, options, device);
-}
-
-void gdn_decode_gated(const TensorView& mixed_qkv, const TensorView& g, const TensorView& beta,
-                      const TensorView& state, const TensorView& state_indices,
-                      const TensorView& out, const GdnDecodeOptions& options, Stream stream) {
-  const Problem p = validate(Form::gated, mixed_qkv, g, beta, nullptr, nullptr, state,
-                             state_indices, out, options);
-  run(p, mixed_qkv, g, beta, nullptr, nullptr, state, state_indices, out, options, stream);
-}
-
-Plan plan_gdn_decode_gated(const TensorView& mixed_qkv, const TensorView& g, const TensorView& beta,
-                           const TensorView& state, const TensorView& state_indices,
-                           const TensorView& out, const GdnDecodeOptions& options,
-                           const DeviceLimits& device) {
-  const Problem p = validate(Form::gated, mixed_qkv, g, beta, nullptr, nullptr, state,
-                             state_indices, out, options);
-  return make_plan(p, options, device);
-}
-
-}  // namespace kjit
+}  // namespace kjit::ops::decode

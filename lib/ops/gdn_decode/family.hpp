@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: Apache-2.0
+// gdn_decode on the op skeleton (ops/op.hpp): both gate forms share one Problem, one planner
+// and one kernel family.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "kjit/device.hpp"
+#include "kjit/gdn_decode_params.h"
+#include "kjit/ops/gdn_decode.hpp"
+#include "kjit/types.hpp"
+#include "ops/op.hpp"
+
+namespace kjit::ops::decode {
+
+enum class Form : std::uint8_t { raw, gated };
+
+inline std::string_view op_name(Form form) {
+  return form == Form::raw ? "gdn_decode" : "gdn_decode_gated";
+}
+
+/// Grid modes; `planner` when options.force_mode is empty. kModeNames spells them.
+enum class Mode : std::uint8_t { planner, flat, split, folded, persistent, bulk };
+inline constexpr const char* kModeNames[] = {"", "flat", "split", "folded", "persistent", "bulk"};
+
+/// Cache hints of the state pool's accesses (options.force_cache_hints "<load>/<store>").
+enum class LoadHint : std::uint8_t { stream, plain, l2_256, staged };
+enum class StoreHint : std::uint8_t { stream, plain };
+inline constexpr const char* kLoadHintNames[] = {"stream", "plain", "l2_256", "staged"};
+inline constexpr const char* kStoreHintNames[] = {"stream", "plain"};
+
+/// The arguments of one call. a_log and dt_bias are null in the gated form.
+struct Args {
+  Form form = Form::raw;
+  const TensorView* qkv = nullptr;
+  const TensorView* a = nullptr;
+  const TensorView* b = nullptr;
+  const TensorView* a_log = nullptr;
+  const TensorView* dt_bias = nullptr;
+  const TensorView* state = nullptr;
+  const TensorView* indices = nullptr;
+  const TensorView* out = nullptr;
+  const GdnDecodeOptions* options = nullptr;
+};
+
+/// Everything validated about one call, options included; the plan is a function of it and the
+/// device, and it is the plan memo's key (no pointer values: the pool's alignment class stands
+/// in for its address).
+struct Problem {
+  std::int64_t batch = 0, heads = 0, value_heads = 0, k = 0, v = 0, slots = 0;
+  std::int64_t qkv_row_stride = 0, a_row_stride = 0, b_row_stride = 0, slot_stride = 0,
+               index_stride = 0, out_row_stride = 0;
+  std::int32_t vec_bytes = 16;
+  /// options.scale or K^-0.5, as its bits (a float's bytes are not its value: 0.0 and -0.0).
+  std::uint32_t scale_bits = 0;
+  std::int32_t force_bv = 0;
+  std::int32_t force_stages = 0;
+  std::int32_t force_blocks_per_sm = 0;
+  GdnRowOrder row_order = GdnRowOrder::automatic;
+  GdnInvalidIndex invalid_index = GdnInvalidIndex::negative;
+  DType qkv = DType::f32, gate = DType::f32, a_log = DType::f32, dt_bias = DType::f32;
+  DType state = DType::f32, out = DType::f32, index = DType::i32;
+  Form form = Form::raw;
+  Mode forced_mode = Mode::planner;
+  bool l2norm = true;
+  /// options.force_cache_hints was given (then load_hint/store_hint are what it says).
+  bool hints_forced = false;
+  LoadHint load_hint = LoadHint::stream;
+  StoreHint store_hint = StoreHint::stream;
+  /// Keeps the size a multiple of 8 with every byte a member (the memo hashes the bytes).
+  std::uint8_t unused[7] = {};
+
+  float scale() const { return std::bit_cast<float>(scale_bits); }
+};
+static_assert(std::has_unique_object_representations_v<Problem> && sizeof(Problem) % 8 == 0);
+
+/// The planner's decisions the launch needs.
+struct Choice {
+  /// State rows per block.
+  std::int32_t bv = 0;
+  /// Rows in slot order: a ranking kernel first, B x 8 bytes of workspace.
+  bool ordered = false;
+};
+
+struct Family {
+  static constexpr const char* kName = "gdn_decode";
+  using Problem = decode::Problem;
+  using Choice = decode::Choice;
+
+  static Problem check(const Args& args);
+  static Planned<Choice> plan(const Problem& problem, const DeviceLimits& device);
+  /// The ranking kernel's keys: one 8-byte key per row.
+  static std::size_t workspace_bytes(const Problem& problem, const Choice& choice) {
+    return choice.ordered ? static_cast<std::size_t>(problem.batch) * 8 : 0;
+  }
+  static bool launches_nothing(const Problem&) { return false; }
+  static GdnDecodeParams params(const Args& args, const Problem& problem, const Choice& choice,
+                                void* workspace);
+};
+
+}  // namespace kjit::ops::decode

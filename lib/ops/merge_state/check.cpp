@@ -1,0 +1,283 @@
+// SPDX-License-Identifier: Apache-2.0
+// merge_state: argument checks of the three entry points -> Problem (the plan memo's key).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <string>
+
+#include "kjit/error.hpp"
+#include "ops/merge_state/family.hpp"
+
+namespace kjit::ops::merge {
+namespace {
+
+constexpr std::int64_t kMinHeadDim = 8;
+constexpr std::int64_t kMaxHeadDim = 1024;
+
+/// A v-like tensor after layout normalization: strides in elements.
+struct VDesc {
+  std::int64_t token_stride = 0;
+  std::int64_t head_stride = 0;
+  std::int64_t state_stride = 0;
+  /// Largest power of two <= 16 dividing the address and every stride (in bytes) that matters.
+  std::int64_t align = 16;
+};
+
+std::string shape_text(const TensorView& view) {
+  std::string out = "[";
+  for (int i = 0; i < view.rank; ++i) out += fmt::format("{}{}", i ? ", " : "", view.shape[i]);
+  return out + "]";
+}
+
+std::int64_t align_of_bytes(std::uint64_t value) {
+  if (value == 0) return 16;
+  return std::min<std::int64_t>(16, std::int64_t{1} << std::countr_zero(value));
+}
+
+std::uint64_t magnitude(std::int64_t value) {
+  return value < 0 ? static_cast<std::uint64_t>(-(value + 1)) + 1
+                   : static_cast<std::uint64_t>(value);
+}
+
+[[noreturn]] void fail(Entry op, const std::string& message) {
+  throw InvalidArgument(fmt::format("{}: {}", op_name(op), message));
+}
+
+void require_dtype(Entry op, const char* name, const TensorView& view, DType dtype) {
+  if (view.dtype != dtype) {
+    fail(op, fmt::format("{} has dtype {}; accepted: {}", name, to_string(view.dtype),
+                         to_string(dtype)));
+  }
+}
+
+void require_element_aligned(Entry op, const char* name, const TensorView& view) {
+  const auto address = reinterpret_cast<std::uintptr_t>(view.data);
+  const std::size_t esize = size_of(view.dtype);
+  if (address % esize != 0) {
+    fail(op, fmt::format("{} data pointer {:#x} is not aligned to its element size ({} bytes "
+                         "for {}); accepted: a multiple of {}",
+                         name, address, esize, to_string(view.dtype), esize));
+  }
+}
+
+void require_shape(Entry op, const char* name, const TensorView& view,
+                   std::initializer_list<std::int64_t> expected, const char* what) {
+  bool same = view.rank == static_cast<int>(expected.size());
+  if (same) {
+    int i = 0;
+    for (std::int64_t e : expected) same = same && view.shape[i++] == e;
+  }
+  if (!same) {
+    std::string want = "[";
+    int i = 0;
+    for (std::int64_t e : expected) want += fmt::format("{}{}", i++ ? ", " : "", e);
+    fail(op, fmt::format("{} has shape {}; expected {} = {}", name, shape_text(view), what,
+                         want + "]"));
+  }
+}
+
+/// Checks a v tensor whose last dimension is the head dim; `dims` maps (token, head, state) to
+/// view dimensions (-1: absent). Returns its strides and alignment.
+VDesc describe_v(Entry op, const char* name, const TensorView& view, int token_dim,
+                 int head_dim_dim, int state_dim, bool output) {
+  // An empty tensor is never dereferenced, so it may come without memory.
+  if (view.data == nullptr && view.numel() > 0) {
+    fail(op, fmt::format("{} has a null data pointer", name));
+  }
+  const int last = view.rank - 1;
+  if (view.strides[last] != 1) {
+    fail(op, fmt::format("{} {} has last-dimension stride {}; accepted: 1 (the head dim must be "
+                         "contiguous)",
+                         name, view.str(), view.strides[last]));
+  }
+  require_element_aligned(op, name, view);
+  const std::int64_t esize = static_cast<std::int64_t>(size_of(view.dtype));
+  VDesc desc;
+  desc.align = align_of_bytes(reinterpret_cast<std::uintptr_t>(view.data));
+  auto use = [&](int dim, std::int64_t* stride) {
+    if (dim < 0) return;
+    *stride = view.strides[dim];
+    // A dimension of extent 1 is never stepped over: its stride cannot misalign anything.
+    if (view.shape[dim] > 1) {
+      desc.align = std::min(desc.align, align_of_bytes(magnitude(view.strides[dim]) *
+                                                       static_cast<std::uint64_t>(esize)));
+      if (output && view.strides[dim] == 0) {
+        fail(op, fmt::format("{} {} has stride 0 in dimension {} of extent {}; outputs must not "
+                             "overlap",
+                             name, view.str(), dim, view.shape[dim]));
+      }
+    }
+  };
+  use(token_dim, &desc.token_stride);
+  use(head_dim_dim, &desc.head_stride);
+  use(state_dim, &desc.state_stride);
+  return desc;
+}
+
+/// Checks an LSE tensor: f32, element-aligned, the shape of `layout`.
+void check_lse(Entry op, const char* name, const TensorView& view, LseLayout layout,
+               std::int64_t tokens, std::int64_t heads, std::int64_t states, bool many) {
+  require_dtype(op, name, view, DType::f32);
+  if (view.data == nullptr && view.numel() > 0) {
+    fail(op, fmt::format("{} has a null data pointer", name));
+  }
+  require_element_aligned(op, name, view);
+  if (!many) {
+    if (layout == LseLayout::token_major) {
+      require_shape(op, name, view, {tokens, heads}, "[T, H] (lse_layout token_major)");
+    } else {
+      require_shape(op, name, view, {heads, tokens}, "[H, T] (lse_layout head_major)");
+    }
+  } else if (layout == LseLayout::token_major) {
+    require_shape(op, name, view, {tokens, states, heads}, "[T, S, H] (lse_layout token_major)");
+  } else {
+    require_shape(op, name, view, {heads, tokens, states}, "[H, T, S] (lse_layout head_major)");
+  }
+}
+
+void check_common_options(Entry op, const MergeStateOptions& options, Problem* problem) {
+  if (!options.lse_base) {
+    fail(op,
+         "options.lse_base is unset; accepted: LseBase::two (FlashInfer) or LseBase::e "
+         "(FlashAttention, SGLang, vLLM). There is no default because both are in wide use and "
+         "merging with the wrong base is silently wrong: it must be the base of the kernel "
+         "that produced the LSE");
+  }
+  problem->base = *options.lse_base;
+  problem->pos_inf_as_empty = options.pos_inf_as_empty;
+  problem->forced_mode = ForcedMode::planner;
+  if (!options.force_mode.empty()) {
+    for (int i = 0; i < static_cast<int>(std::size(kMergeStateModes)); ++i) {
+      if (options.force_mode == kMergeStateModes[i]) {
+        problem->forced_mode = static_cast<ForcedMode>(i + 1);
+      }
+    }
+    if (problem->forced_mode == ForcedMode::planner) {
+      fail(op, fmt::format("options.force_mode = '{}' is not a mode; accepted: '' (planner "
+                           "picks), 'token_major', 'flat'",
+                           options.force_mode));
+    }
+  }
+}
+
+void check_v_dims(Entry op, const char* name, const TensorView& view, int rank,
+                  const char* layout) {
+  if (view.rank != rank) {
+    fail(op, fmt::format("{} has rank {} ({}); expected rank {}: {}", name, view.rank, view.str(),
+                         rank, layout));
+  }
+}
+
+void check_dtypes_and_dims(Entry op, const char* name_in, const TensorView& v_in,
+                           const char* name_out, const TensorView& v_out, std::int64_t head_dim,
+                           Problem* problem) {
+  if (v_in.dtype != DType::f16 && v_in.dtype != DType::bf16 && v_in.dtype != DType::f32) {
+    fail(op,
+         fmt::format("{} has dtype {}; accepted: f16, bf16, f32", name_in, to_string(v_in.dtype)));
+  }
+  if (v_out.dtype != v_in.dtype && v_out.dtype != DType::f32) {
+    fail(op, fmt::format("{} has dtype {}; accepted: {} (the input dtype) or f32", name_out,
+                         to_string(v_out.dtype), to_string(v_in.dtype)));
+  }
+  if (head_dim < kMinHeadDim || head_dim > kMaxHeadDim || head_dim % 8 != 0) {
+    fail(op, fmt::format("head_dim (last dimension of {}) is {}; accepted: a multiple of 8 in "
+                         "{}..{}",
+                         name_in, head_dim, kMinHeadDim, kMaxHeadDim));
+  }
+  problem->in = v_in.dtype;
+  problem->out = v_out.dtype;
+  problem->head_dim = head_dim;
+}
+
+Problem check_pair(Entry op, const TensorView& v_a, const TensorView& s_a, const TensorView& v_b,
+                   const TensorView& s_b, const TensorView& v_out, const TensorView& s_out,
+                   const TensorView* mask, const MergeStateOptions& options) {
+  Problem problem;
+  problem.entry = op;
+  check_common_options(op, options, &problem);
+  const char* a_name = op == Entry::in_place ? "v" : "v_a";
+  const char* b_name = op == Entry::in_place ? "v_other" : "v_b";
+  const char* sa_name = op == Entry::in_place ? "s" : "s_a";
+  const char* sb_name = op == Entry::in_place ? "s_other" : "s_b";
+  check_v_dims(op, a_name, v_a, 3, "[T, H, D]");
+  const std::int64_t tokens = v_a.shape[0];
+  const std::int64_t heads = v_a.shape[1];
+  const std::int64_t head_dim = v_a.shape[2];
+  if (tokens < 0 || heads < 0) fail(op, fmt::format("{} has a negative extent", a_name));
+  check_dtypes_and_dims(op, a_name, v_a, op == Entry::in_place ? a_name : "v_out", v_out, head_dim,
+                        &problem);
+  require_dtype(op, b_name, v_b, v_a.dtype);
+  // A literal, not a formatted string: this runs on every call.
+  require_shape(op, b_name, v_b, {tokens, heads, head_dim},
+                op == Entry::in_place ? "the shape of v" : "the shape of v_a");
+  if (op == Entry::pair) {
+    require_shape(op, "v_out", v_out, {tokens, heads, head_dim}, "the shape of v_a");
+  }
+  problem.tokens = tokens;
+  problem.heads = heads;
+  problem.states = 2;
+
+  const VDesc a = describe_v(op, a_name, v_a, 0, 1, -1, op == Entry::in_place);
+  const VDesc b = describe_v(op, b_name, v_b, 0, 1, -1, false);
+  const VDesc o = op == Entry::in_place ? a : describe_v(op, "v_out", v_out, 0, 1, -1, true);
+  problem.in_align = std::min(a.align, b.align);
+  problem.out_align = o.align;
+
+  check_lse(op, sa_name, s_a, options.lse_layout, tokens, heads, 0, false);
+  check_lse(op, sb_name, s_b, options.lse_layout, tokens, heads, 0, false);
+  if (op == Entry::pair && s_out.data != nullptr) {
+    check_lse(op, "s_out", s_out, options.lse_layout, tokens, heads, 0, false);
+  }
+
+  if (mask != nullptr && mask->data != nullptr) {
+    require_dtype(op, "mask", *mask, DType::u8);
+    if (mask->rank != 1 || mask->shape[0] != tokens) {
+      fail(op, fmt::format("mask has shape {}; expected [T] = [{}] (u8, one flag per token)",
+                           shape_text(*mask), tokens));
+    }
+  }
+  return problem;
+}
+
+Problem check_many(const TensorView& v, const TensorView& s, const TensorView& v_out,
+                   const TensorView& s_out, const MergeStateOptions& options) {
+  const Entry op = Entry::many;
+  Problem problem;
+  problem.entry = op;
+  check_common_options(op, options, &problem);
+  check_v_dims(op, "v", v, 4, "[T, S, H, D]");
+  const std::int64_t tokens = v.shape[0];
+  const std::int64_t states = v.shape[1];
+  const std::int64_t heads = v.shape[2];
+  const std::int64_t head_dim = v.shape[3];
+  if (tokens < 0 || heads < 0 || states < 0) fail(op, "v has a negative extent");
+  check_dtypes_and_dims(op, "v", v, "v_out", v_out, head_dim, &problem);
+  require_shape(op, "v_out", v_out, {tokens, heads, head_dim}, "[T, H, D] of v");
+  if (states > 0xFFFFFFFFll) fail(op, fmt::format("v has {} states; at most 2^32-1", states));
+  problem.tokens = tokens;
+  problem.heads = heads;
+  problem.states = states;
+  const VDesc a = describe_v(op, "v", v, 0, 2, 1, false);
+  const VDesc o = describe_v(op, "v_out", v_out, 0, 1, -1, true);
+  problem.in_align = a.align;
+  problem.out_align = o.align;
+  check_lse(op, "s", s, options.lse_layout, tokens, heads, states, true);
+  if (s_out.data != nullptr) {
+    check_lse(op, "s_out", s_out, options.lse_layout, tokens, heads, 0, false);
+  }
+  return problem;
+}
+
+}  // namespace
+
+Problem Family::check(const Args& args) {
+  if (args.entry == Entry::many) {
+    return check_many(*args.v_a, *args.s_a, *args.v_out, *args.s_out, *args.options);
+  }
+  return check_pair(args.entry, *args.v_a, *args.s_a, *args.v_b, *args.s_b, *args.v_out,
+                    *args.s_out, args.mask, *args.options);
+}
+
+}  // namespace kjit::ops::merge
