@@ -10,15 +10,35 @@ function(kjit_target_defaults target)
   endif()
 endfunction()
 
+# The internal headers a layer may include, as a folder of links: <build>/layer_include/<view>/
+# holds one link lib/<layer> per layer named, and nothing else, so that "driver/launch.hpp"
+# from a layer that did not declare driver fails to compile.
+function(kjit_layer_view view out_var)
+  set(_dir ${PROJECT_BINARY_DIR}/layer_include/${view})
+  file(REMOVE_RECURSE ${_dir})
+  file(MAKE_DIRECTORY ${_dir})
+  foreach(layer IN LISTS ARGN)
+    file(CREATE_LINK ${PROJECT_SOURCE_DIR}/lib/${layer} ${_dir}/${layer} SYMBOLIC)
+  endforeach()
+  set(${out_var} ${_dir} PARENT_SCOPE)
+endfunction()
+
 # A layer of the library: an object library whose objects end up in libkjit. `DEPENDS` names
-# the lower layers it may include (dependencies point one way).
+# the lower layers it may include (dependencies point one way); the build enforces it: the
+# layer's include path holds only itself and those layers (kjit_layer_view), and the layers
+# below the runtime are compiled with KJIT_BELOW_RUNTIME, which the runtime's facade header
+# refuses (they share kjit/kernel.hpp with it instead).
 function(kjit_add_layer name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;DEPENDS" ${ARGN})
+  cmake_parse_arguments(ARG "BELOW_RUNTIME" "" "SOURCES;DEPENDS" ${ARGN})
   add_library(kjit_${name} OBJECT ${ARG_SOURCES})
   set_target_properties(kjit_${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  kjit_layer_view(${name} _view ${name} ${ARG_DEPENDS})
   target_include_directories(kjit_${name}
     PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
-    PRIVATE ${PROJECT_SOURCE_DIR}/lib ${KJIT_TEMPLATE_INCLUDE_DIR} ${KJIT_XXHASH_INCLUDE_DIR})
+    PRIVATE ${_view} ${KJIT_TEMPLATE_INCLUDE_DIR} ${KJIT_XXHASH_INCLUDE_DIR})
+  if(ARG_BELOW_RUNTIME)
+    target_compile_definitions(kjit_${name} PRIVATE KJIT_BELOW_RUNTIME=1)
+  endif()
   target_link_libraries(kjit_${name} PRIVATE fmt::fmt-header-only)
   foreach(dep IN LISTS ARG_DEPENDS)
     target_link_libraries(kjit_${name} PRIVATE kjit_${dep})

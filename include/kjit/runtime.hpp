@@ -1,6 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+// The runtime's facade sits above compile, cache and driver (docs/architecture.md); those layers
+// share CompiledKernel, KernelSource and CacheStats through kjit/kernel.hpp.
+#if defined(KJIT_BELOW_RUNTIME)
+#error "kjit/runtime.hpp is the runtime layer's header; layers below it include kjit/kernel.hpp"
+#endif
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
