@@ -259,16 +259,139 @@ __device__ __forceinline__ TState* state_at(const CausalConv1dParams& p, i64 slo
          col * p.state_col_stride;
 }
 
+/// kElems contiguous elements of T (a multiple of 16 bytes, 16-byte aligned: the planner's
+/// block access) held as raw words.
+template <typename T, int kElems>
+struct Block {
+  static constexpr int kBytes = kElems * static_cast<int>(sizeof(T));
+  static_assert(kBytes % 16 == 0, "a block is whole 16-byte vectors");
+  static constexpr int kWords = kBytes / 4;
+  unsigned int w[kWords];
+
+  __device__ __forceinline__ void load(const T* p) {
+#pragma unroll
+    for (int i = 0; i < kWords / 4; ++i) {
+      const uint4 r = reinterpret_cast<const uint4*>(p)[i];
+      w[4 * i] = r.x;
+      w[4 * i + 1] = r.y;
+      w[4 * i + 2] = r.z;
+      w[4 * i + 3] = r.w;
+    }
+  }
+  __device__ __forceinline__ void store(T* p) const {
+#pragma unroll
+    for (int i = 0; i < kWords / 4; ++i) {
+      reinterpret_cast<uint4*>(p)[i] =
+          make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+    }
+  }
+  __device__ __forceinline__ float get(int e) const {
+    if constexpr (sizeof(T) == 4) {
+      return Elem<T>::from_bits(w[e]);
+    } else {
+      return Elem<T>::from_bits((w[e / 2] >> (16 * (e % 2))) & 0xffffu);
+    }
+  }
+  /// Every element of a word is set before the block is stored (the caller sets all of them).
+  __device__ __forceinline__ void set(int e, float v) {
+    if constexpr (sizeof(T) == 4) {
+      w[e] = __float_as_uint(v);
+    } else {
+      const unsigned int bits = Elem<T>::to_bits(v);
+      w[e / 2] = e % 2 == 0 ? (w[e / 2] & 0xffff0000u) | bits : (w[e / 2] & 0xffffu) | (bits << 16);
+    }
+  }
+};
+
+/// The pool columns of one slot and kVec channels, by the planner's access mode.
+template <typename TState, int kVec, int kWidth, ConvStateAccess kAccess>
+struct PoolIo {
+  /// h[j][k] = column first + j of channel c0 + k (block access: first is 0).
+  static __device__ __forceinline__ void read(const CausalConv1dParams& p, i64 slot, i64 c0,
+                                              i64 first, float (&h)[kWidth - 1][kVec]) {
+    if constexpr (kAccess == ConvStateAccess::block) {
+      Block<TState, kVec*(kWidth - 1)> b;
+      b.load(state_at<TState>(p, slot, c0, 0));
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+#pragma unroll
+        for (int j = 0; j < kWidth - 1; ++j) h[j][k] = b.get(k * (kWidth - 1) + j);
+      }
+    } else if constexpr (kAccess == ConvStateAccess::channels) {
+#pragma unroll
+      for (int j = 0; j < kWidth - 1; ++j) {
+        load_vec<TState, kVec>(state_at<TState>(p, slot, c0, first + j), h[j]);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+#pragma unroll
+        for (int j = 0; j < kWidth - 1; ++j) {
+          h[j][k] = load1(state_at<TState>(p, slot, c0 + k, first + j));
+        }
+      }
+    }
+  }
+  /// Columns 0..W-2 of channels c0..c0+kVec-1 = v.
+  static __device__ __forceinline__ void write(const CausalConv1dParams& p, i64 slot, i64 c0,
+                                               const float (&v)[kWidth - 1][kVec]) {
+    if constexpr (kAccess == ConvStateAccess::block) {
+      Block<TState, kVec*(kWidth - 1)> b;
+#pragma unroll
+      for (int i = 0; i < Block<TState, kVec*(kWidth - 1)>::kWords; ++i) b.w[i] = 0;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+#pragma unroll
+        for (int j = 0; j < kWidth - 1; ++j) b.set(k * (kWidth - 1) + j, v[j][k]);
+      }
+      b.store(state_at<TState>(p, slot, c0, 0));
+    } else {
+#pragma unroll
+      for (int j = 0; j < kWidth - 1; ++j) write_column(p, slot, c0, j, v[j]);
+    }
+  }
+  /// One column (not the block access: it moves whole blocks only).
+  static __device__ __forceinline__ void write_column(const CausalConv1dParams& p, i64 slot, i64 c0,
+                                                      i64 col, const float (&v)[kVec]) {
+    if constexpr (kAccess == ConvStateAccess::channels) {
+      store_vec<TState, kVec>(state_at<TState>(p, slot, c0, col), v);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) store1(state_at<TState>(p, slot, c0 + k, col), v[k]);
+    }
+  }
+};
+
+/// Entry e of (history ++ the row's tokens) for kVec channels: from registers or from x.
+template <typename TIn, int kVec, int kWidth>
+__device__ __forceinline__ void column_entry(const CausalConv1dParams& p,
+                                             const float (&h)[kWidth - 1][kVec], i64 e, i64 x_off,
+                                             i64 c0, float (&v)[kVec]) {
+  if (e < kWidth - 1) {
+#pragma unroll
+    for (int j = 0; j < kWidth - 1; ++j) {
+      if (j == e) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) v[k] = h[j][k];
+      }
+    }
+  } else {
+    load_x<TIn, kVec>(p, x_off + (e - (kWidth - 1)) * p.x_token_stride, c0, v);
+  }
+}
+
 }  // namespace conv_detail
 
 /// The kernel of every mode. TIn / TOut: x / out; TW: weight and bias; TState: the pool.
 template <typename TIn, typename TOut, typename TW, typename TState, int kWidth, int kVec,
-          int kChunk, ConvMode kMode, bool kSilu>
+          int kChunk, ConvMode kMode, ConvStateAccess kAccess, bool kSilu>
 __global__ void __launch_bounds__(kConvBlockThreads)
     causal_conv1d_kernel(const CausalConv1dParams p) {
   using namespace conv_detail;
   static_assert(kWidth >= 2 && kWidth <= 8, "W in 2..8");
-  static_assert(kChunk >= kWidth - 1, "a chunk covers the W-1 token halo of the next one");
+  static_assert(kMode != ConvMode::chunked || kChunk >= kWidth - 1,
+                "a chunk covers the W-1 token halo of the next one");
+  using Pool = PoolIo<TState, kVec, kWidth, kAccess>;
   const u64 stride = static_cast<u64>(gridDim.x) * blockDim.x;
   const u64 groups = p.channel_groups;
   for (u64 item = static_cast<u64>(blockIdx.x) * blockDim.x + threadIdx.x; item < p.num_items;
@@ -295,13 +418,7 @@ __global__ void __launch_bounds__(kConvBlockThreads)
         const i64 most = p.state_len - (kWidth - 1) + 1;
         first = (a < 1 ? 1 : (a > most ? most : a)) - 1;
       }
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-#pragma unroll
-        for (int j = 0; j < kWidth - 1; ++j) {
-          conv.h[j][k] = load1(state_at<TState>(p, slot, c0 + k, first + j));
-        }
-      }
+      Pool::read(p, slot, c0, first, conv.h);
       // The new columns before any output: x may be out (in place), and every column read is
       // in registers already. Column k takes entry e of (history ++ x): e = k + 1 when
       // speculative (the next step picks its history by its acceptance count), else S + k (the
@@ -309,22 +426,20 @@ __global__ void __launch_bounds__(kConvBlockThreads)
       const bool spec = p.num_accepted != nullptr;
       const i64 cols = spec ? ((kWidth - 2 + S) < p.state_len ? (kWidth - 2 + S) : p.state_len)
                             : static_cast<i64>(kWidth - 1);
-      for (i64 col = 0; col < cols; ++col) {
-        const i64 e = spec ? col + 1 : S + col;
-        float v[kVec];
-        if (e < kWidth - 1) {
+      // Columns 0..W-2 always (cols >= W - 1 since L >= W - 1 and S >= 1), the speculative
+      // extra ones (L > W - 1, never the block access) after them.
+      float nv[kWidth - 1][kVec];
 #pragma unroll
-          for (int j = 0; j < kWidth - 1; ++j) {
-            if (j == e) {
-#pragma unroll
-              for (int k = 0; k < kVec; ++k) v[k] = conv.h[j][k];
-            }
-          }
-        } else {
-          load_x<TIn, kVec>(p, x_off + (e - (kWidth - 1)) * p.x_token_stride, c0, v);
+      for (int col = 0; col < kWidth - 1; ++col) {
+        column_entry<TIn, kVec, kWidth>(p, conv.h, spec ? col + 1 : S + col, x_off, c0, nv[col]);
+      }
+      Pool::write(p, slot, c0, nv);
+      if constexpr (kAccess != ConvStateAccess::block) {
+        for (i64 col = kWidth - 1; col < cols; ++col) {
+          float v[kVec];
+          column_entry<TIn, kVec, kWidth>(p, conv.h, spec ? col + 1 : S + col, x_off, c0, v);
+          Pool::write_column(p, slot, c0, col, v);
         }
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) store1(state_at<TState>(p, slot, c0 + k, col), v[k]);
       }
       conv.template load_weights<TW>(p, c0);
       run_tokens<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, x_off, p.x_token_stride, o_off,
@@ -366,33 +481,27 @@ __global__ void __launch_bounds__(kConvBlockThreads)
       if (first_token == 0) {
         const bool has =
             p.has_initial_state == nullptr || p.has_initial_state[n * p.has_initial_stride] != 0;
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
+        if (has) {
+          Pool::read(p, slot, c0, 0, conv.h);
+        } else {
 #pragma unroll
           for (int j = 0; j < kWidth - 1; ++j) {
-            conv.h[j][k] = has ? load1(state_at<TState>(p, slot, c0 + k, j)) : 0.0f;
+#pragma unroll
+            for (int k = 0; k < kVec; ++k) conv.h[j][k] = 0.0f;
           }
         }
         if constexpr (kMode == ConvMode::chunked) {
           // This thread alone reads the slot, so it writes the final columns too, from the
           // history it holds and the sequence's last inputs (x is not written: out of place).
+          // Entry q of the sequence's inputs is x row start + q for q >= 0, history entry
+          // W - 1 + q before it.
+          float nv[kWidth - 1][kVec];
+#pragma unroll
           for (int j = 0; j < kWidth - 1; ++j) {
-            const i64 q = len - (kWidth - 1) + j;
-            float v[kVec];
-            if (q >= 0) {
-              load_x<TIn, kVec>(p, (start + q) * p.x_token_stride, c0, v);
-            } else {
-#pragma unroll
-              for (int i = 0; i < kWidth - 1; ++i) {
-                if (i == kWidth - 1 + q) {
-#pragma unroll
-                  for (int k = 0; k < kVec; ++k) v[k] = conv.h[i][k];
-                }
-              }
-            }
-#pragma unroll
-            for (int k = 0; k < kVec; ++k) store1(state_at<TState>(p, slot, c0 + k, j), v[k]);
+            column_entry<TIn, kVec, kWidth>(p, conv.h, len + j, start * p.x_token_stride, c0,
+                                            nv[j]);
           }
+          Pool::write(p, slot, c0, nv);
         }
       } else {
         // The halo: the W - 1 inputs before the chunk, all inside the sequence (chunks are
@@ -408,13 +517,7 @@ __global__ void __launch_bounds__(kConvBlockThreads)
       if constexpr (kMode == ConvMode::sequential) {
         // The history after the last token is the sequence's last W - 1 inputs (the slot's old
         // columns shifted when it is shorter); read from registers, since x may be out.
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-#pragma unroll
-          for (int j = 0; j < kWidth - 1; ++j) {
-            store1(state_at<TState>(p, slot, c0 + k, j), conv.h[j][k]);
-          }
-        }
+        Pool::write(p, slot, c0, conv.h);
       }
     }
   }

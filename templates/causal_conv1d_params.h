@@ -20,6 +20,17 @@ enum class ConvMode : int {
   rows = 2,
 };
 
+/// How a thread reads and writes the pool columns of its kVec channels.
+enum class ConvStateAccess : int {
+  /// One element at a time through any strides.
+  scalar = 0,
+  /// Channel-contiguous pool ([slots, L, D] buffers): one vector of kVec channels per column.
+  channels = 1,
+  /// [slots, D, W-1] contiguous (vLLM's layout, L = W - 1): the thread's kVec x (W - 1) elements
+  /// are one contiguous block, moved as 16-byte vectors.
+  block = 2,
+};
+
 /// Everything one launch reads. Strides in elements; offsets formed in 64 bits.
 struct CausalConv1dParams {
   const void* x;

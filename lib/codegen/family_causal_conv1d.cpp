@@ -11,7 +11,7 @@ namespace {
 std::string check_causal_conv1d(const KernelSpec& spec) {
   const std::int64_t width = spec.get_int("width");
   const std::int64_t chunk = spec.get_int("chunk");
-  if (chunk < width - 1) {
+  if (spec.get("mode") == "chunked" && chunk < width - 1) {
     return fmt::format("chunk = {} is shorter than width - 1 = {}", chunk, width - 1);
   }
   const std::int64_t vec = spec.get_int("vec");
@@ -21,6 +21,15 @@ std::string check_causal_conv1d(const KernelSpec& spec) {
       return fmt::format("vec = {} moves {} bytes of {} ({}) per access; at most 16", vec,
                          vec * bytes, name, spec.get(name));
     }
+  }
+  const std::int64_t state_bytes = spec.get("state") == "f32" ? 4 : 2;
+  if (spec.get("pool") == "channels" && vec * state_bytes > 16) {
+    return fmt::format("pool = channels moves vec x {} bytes = {} per access; at most 16",
+                       state_bytes, vec * state_bytes);
+  }
+  if (spec.get("pool") == "block" && vec * (width - 1) * state_bytes % 16 != 0) {
+    return fmt::format("pool = block needs vec x (W - 1) x {} bytes = {} to be a multiple of 16",
+                       state_bytes, vec * (width - 1) * state_bytes);
   }
   return "";
 }
@@ -64,8 +73,8 @@ FamilyDecl causal_conv1d_family() {
                         .doc = "channels per thread (one vector access of x and out when > 1)"},
               ParamDecl{.name = "chunk",
                         .kind = ParamKind::choice,
-                        .choices = {"8", "16"},
-                        .rendered = {"8", "16"},
+                        .choices = {"1", "2", "4", "8", "16"},
+                        .rendered = {"1", "2", "4", "8", "16"},
                         .doc = "tokens whose loads a thread issues before their arithmetic"},
               ParamDecl{.name = "mode",
                         .kind = ParamKind::choice,
@@ -73,6 +82,14 @@ FamilyDecl causal_conv1d_family() {
                         .rendered = {"kjit::ConvMode::chunked", "kjit::ConvMode::sequential",
                                      "kjit::ConvMode::rows"},
                         .doc = "chunked / sequential prefill, or the decode update's rows"},
+              ParamDecl{
+                  .name = "pool",
+                  .kind = ParamKind::choice,
+                  .choices = {"scalar", "channels", "block"},
+                  .rendered = {"kjit::ConvStateAccess::scalar", "kjit::ConvStateAccess::channels",
+                               "kjit::ConvStateAccess::block"},
+                  .doc = "pool access: any strides, channel vectors per column, or the "
+                         "thread's contiguous [vec, W-1] block"},
               ParamDecl{.name = "silu", .kind = ParamKind::boolean, .doc = "1: SiLU on the output"},
           },
       .min_sm = 80,

@@ -64,6 +64,11 @@ struct Problem {
   /// Widest channel vector the layouts allow (1 when x or out is not channel-contiguous).
   std::int64_t max_vec = 1;
   std::string why_vec;
+  /// 2: each slot is a contiguous [D, W-1] (vLLM's layout, L = W - 1); 1: channel-contiguous
+  /// (the transposed [slots, L, D] buffer); 0: other strides.
+  int state_layout = 0;
+  /// Alignment in bytes of the pool's address and of the strides its vector accesses step by.
+  std::int64_t state_align = 1;
   /// -1: the planner picks; else an index into kCausalConv1dModes.
   int forced_mode = -1;
   int force_vec = 0;
@@ -257,6 +262,22 @@ void check_weights_and_pool(Op op, const TensorView& x, const TensorView& weight
   require_no_broadcast(op, "conv_state", state);
   p.state = state.dtype;
   p.state_len = state.shape[2];
+  {
+    const auto ss = static_cast<std::uint64_t>(size_of(state.dtype));
+    const auto stride_bytes = [&](int dim) {
+      const std::int64_t st = state.strides[dim];
+      return state.shape[dim] > 1 ? static_cast<std::uint64_t>(st < 0 ? -st : st) * ss : 0;
+    };
+    std::int64_t align = align_of(reinterpret_cast<std::uintptr_t>(state.data));
+    align = std::min(align, align_of(stride_bytes(0)));
+    if (state.strides[2] == 1 && state.strides[1] == p.width - 1 && p.state_len == p.width - 1) {
+      p.state_layout = 2;
+    } else if (state.strides[1] == 1 || state.shape[1] == 1) {
+      p.state_layout = 1;
+      align = std::min(align, align_of(stride_bytes(2)));
+    }
+    p.state_align = align;
+  }
   prep->slots = state.shape[0];
   k.state = state.data;
   k.state_slot_stride = state.strides[0];
@@ -517,6 +538,42 @@ Plan make_plan(const Problem& p, const DeviceLimits& limits) {
   }
   plan.mode = kCausalConv1dModes[mode];
 
+  // The pool: its columns are a small part of a prefill's bytes but half of a decode step's.
+  const auto state_size = static_cast<std::int64_t>(size_of(p.state));
+  const std::int64_t block_bytes = vec * (p.width - 1) * state_size;
+  std::string pool = "scalar";
+  if (p.state_layout == 2 && block_bytes % 16 == 0 && p.state_align >= 16) {
+    pool = "block";
+    plan.reasons.push_back(fmt::format(
+        "pool access block: each slot is a contiguous [D, W-1], so a thread's {} x {} columns are "
+        "{} contiguous bytes, moved as 16-byte vectors",
+        vec, p.width - 1, block_bytes));
+  } else if (p.state_layout == 1 && vec > 1 && vec * state_size <= 16 &&
+             p.state_align >= vec * state_size) {
+    pool = "channels";
+    plan.reasons.push_back(fmt::format(
+        "pool access channels: the pool is channel-contiguous, one {}-byte vector per column",
+        vec * state_size));
+  } else {
+    plan.reasons.push_back(fmt::format(
+        "pool access scalar: {}",
+        p.state_layout == 2 ? fmt::format("the [vec, W-1] block is {} bytes or the pool is "
+                                          "aligned to {} bytes (needs whole 16-byte vectors)",
+                                          block_bytes, p.state_align)
+        : p.state_layout == 1
+            ? fmt::format("channel vectors of {} x {} bytes with the pool aligned to {} bytes "
+                          "(needs 2..16 bytes, aligned)",
+                          vec, state_size, p.state_align)
+            : std::string("the pool is neither [slots, D, W-1] contiguous per slot nor "
+                          "channel-contiguous")));
+  }
+
+  // Tokens whose loads are in flight at once: a chunk of the prefill; an update row's S tokens
+  // up to 8 (fewer registers held for loads that never happen at S = 1).
+  const std::int64_t chunk =
+      mode == 2 ? std::min<std::int64_t>(kChunk, static_cast<std::int64_t>(std::bit_ceil(
+                                                     static_cast<std::uint64_t>(p.tokens))))
+                : kChunk;
   const std::uint64_t items = items_of(p, mode, vec);
   const std::uint64_t wanted = (items + kThreads - 1) / kThreads;
   const std::uint64_t blocks =
@@ -537,8 +594,9 @@ Plan make_plan(const Problem& p, const DeviceLimits& limits) {
                                   {"state", std::string(to_string(p.state))},
                                   {"width", std::to_string(p.width)},
                                   {"vec", std::to_string(vec)},
-                                  {"chunk", std::to_string(kChunk)},
+                                  {"chunk", std::to_string(chunk)},
                                   {"mode", plan.mode},
+                                  {"pool", pool},
                                   {"silu", p.silu ? "1" : "0"}},
                                  limits.arch);
   launch.shape.grid = Dim3{static_cast<std::uint32_t>(blocks), 1, 1};
@@ -563,6 +621,8 @@ struct Signature {
   std::int64_t in_place = 0;
   std::int64_t silu = 0;
   std::int64_t max_vec = 0;
+  std::int64_t state_layout = 0;
+  std::int64_t state_align = 0;
   std::int64_t forced_mode = 0;
   std::int64_t force_vec = 0;
   std::int64_t device = 0;
@@ -668,6 +728,8 @@ void run(Prepared prep, const CausalConv1dOptions& options, Stream stream) {
   sig.in_place = p.in_place ? 1 : 0;
   sig.silu = p.silu ? 1 : 0;
   sig.max_vec = p.max_vec;
+  sig.state_layout = p.state_layout;
+  sig.state_align = p.state_align;
   sig.forced_mode = p.forced_mode;
   sig.force_vec = p.force_vec;
   sig.device = device;

@@ -174,6 +174,8 @@ struct PrefillCase {
   std::string force_mode;
   int force_vec = 0;
   std::string expect_mode;
+  /// The pool access the plan must choose (block, channels, scalar), when not empty.
+  std::string expect_pool;
 
   std::string str() const {
     return fmt::format(
@@ -243,6 +245,7 @@ void run_prefill(const PrefillCase& c) {
                                        cu_t.view(true), idx.view(true), has_dev, out.view(true), o,
                                        test::runtime().device_limits(test::device()));
   if (!c.expect_mode.empty()) CHECK(plan.mode == c.expect_mode);
+  if (!c.expect_pool.empty()) CHECK(plan.launches.at(0).spec.get("pool") == c.expect_pool);
   causal_conv1d(x.view(true), weight.view(true), bias_dev, pool.view(true), cu_t.view(true),
                 idx.view(true), has_dev, out.view(true), o, test::stream());
   test::sync();
@@ -303,6 +306,23 @@ TEST_CASE("causal_conv1d gpu: strided and transposed layouts, in place, forced m
   c.weight_transposed = true;
   c.extra_cols = 2;  // columns past W - 1 must stay untouched
   run_prefill(c);
+  // The three pool accesses: blocks of [vec, W-1] (contiguous pool), channel vectors
+  // (transposed bf16 pool), one element at a time (transposed f32 pool with 8 channels per
+  // thread: 32 bytes, more than one vector).
+  for (const int w : {2, 4, 8}) {
+    c = PrefillCase{};
+    c.width = w;
+    c.lengths = {1, w - 1, w, 300};
+    c.state = DType::bf16;
+    c.expect_pool = "block";
+    run_prefill(c);
+    c.pool_transposed = true;
+    c.expect_pool = "channels";
+    run_prefill(c);
+    c.state = DType::f32;
+    c.expect_pool = "scalar";
+    run_prefill(c);
+  }
   c = PrefillCase{};
   c.in_place = true;
   c.expect_mode = "sequential";
@@ -350,6 +370,7 @@ struct UpdateCase {
   bool x_transposed = false, pool_transposed = false;
   std::int64_t pad_every = 5;
   int rounds = 3;
+  std::string expect_pool;
 
   std::string str() const {
     return fmt::format(
@@ -408,6 +429,12 @@ void run_update(const UpdateCase& c) {
     const std::vector<double> want = reference::causal_conv1d_update(
         x.view(false), weight.view(false), bias_h, pool.view(false), idx.view(false), acc_h, o);
     if (!c.in_place) out.poison();
+    if (!c.expect_pool.empty()) {
+      const Plan plan = plan_causal_conv1d_update(
+          x.view(true), weight.view(true), bias_d, pool.view(true), idx.view(true), acc_d,
+          out.view(true), o, test::runtime().device_limits(test::device()));
+      CHECK(plan.launches.at(0).spec.get("pool") == c.expect_pool);
+    }
     causal_conv1d_update(x.view(true), weight.view(true), bias_d, pool.view(true), idx.view(true),
                          acc_d, out.view(true), o, test::stream());
     test::sync();
@@ -458,6 +485,16 @@ TEST_CASE("causal_conv1d_update gpu: dtypes, layouts, in place, [B, D] input") {
   c.x_transposed = true;
   c.pool_transposed = true;
   run_update(c);
+  for (const bool spec : {false, true}) {
+    c = UpdateCase{};
+    c.spec = spec;
+    c.expect_pool = "block";  // S = 1: L = W - 1 either way
+    run_update(c);
+    c.pool_transposed = true;
+    c.steps = 3;
+    c.expect_pool = "channels";
+    run_update(c);
+  }
   c = UpdateCase{};
   c.in_place = true;
   c.steps = 3;

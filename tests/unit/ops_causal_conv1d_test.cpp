@@ -360,7 +360,7 @@ TEST_CASE("causal_conv1d planner: vector width, in place, forced modes, empty ca
   Prefill v = prefill_views(1000, 4, 4096);
   CHECK(plan(v, h200).launches[0].spec.str() ==
         "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=8,mode=chunked,"
-        "silu=0@sm_90");
+        "pool=block,silu=0@sm_90");
   // f32 x: 16-byte accesses are 4 channels.
   CHECK(plan(prefill_views(1000, 4, 4096, 4, DType::f32), h200).launches[0].spec.get("vec") == "4");
   // Token-contiguous x ([D, T] buffer): one channel per thread, and the plan says why.
@@ -389,7 +389,23 @@ TEST_CASE("causal_conv1d planner: vector width, in place, forced modes, empty ca
   CHECK(plan(v, h200, vec4).launches[0].spec.get("vec") == "4");
   vec4.force_vec = 8;
   CHECK_THROWS_AS(plan(t, h200, vec4), PlanError);
-  // Nothing to do: no launch.
+  // The pool's access: vLLM's contiguous [D, W-1] per slot is moved as blocks, a transposed
+  // pool ([slots, W-1, D] buffer) as channel vectors, anything else one element at a time.
+  Prefill transposed = v;
+  transposed.state = TensorView::strided(fake(3), DType::bf16, {5, 4096, 3}, {3 * 4096, 1, 4096});
+  CHECK(plan(transposed, h200).launches[0].spec.get("pool") == "channels");
+  Prefill wide = v;
+  wide.state = TensorView::contiguous(fake(3), DType::bf16, {5, 4096, 5});
+  const Plan scalar_pool = plan(wide, h200);
+  CHECK(scalar_pool.launches[0].spec.get("pool") == "scalar");
+  CHECK(scalar_pool.explain().find("neither") != std::string::npos);
+  Prefill f32_pool = transposed;
+  f32_pool.state.dtype = DType::f32;  // 8 channels x 4 bytes: more than one 16-byte vector
+  CHECK(plan(f32_pool, h200).launches[0].spec.get("pool") == "scalar");
+  Prefill odd_slots = v;
+  odd_slots.state = TensorView::strided(fake(3), DType::bf16, {5, 4096, 3}, {3 * 4096 + 4, 3, 1});
+  CHECK(plan(odd_slots, h200).launches[0].spec.get("pool") == "scalar");
+  // Nothing to do: no launch.  // Nothing to do: no launch.
   CHECK(plan(prefill_views(0, 4, 64), h200).launches.empty());
   CHECK(plan(prefill_views(0, 0, 64), h200).mode == "empty");
   CHECK(plan(update_views(0, 1, 64), h200).launches.empty());
@@ -523,6 +539,9 @@ TEST_CASE("causal_conv1d: the kernels of representative plans compile for sm_90"
   add(plan(f32, h200));                                          // f32 scalar, W = 2
   add(plan(update_views(256, 1, 8192, 4), h200, silu));          // decode
   add(plan(update_views(4, 8, 64, 3, true, DType::f32), h200));  // speculative, f32
+  Prefill channels = prefill_views(100, 3, 64);
+  channels.state = TensorView::strided(fake(3), DType::bf16, {4, 64, 3}, {3 * 64, 1, 64});
+  add(plan(channels, h200));  // channel-vector pool
   std::vector<std::string> errors(specs.size());
   std::vector<std::thread> threads;
   for (std::size_t w = 0; w < 2; ++w) {
@@ -540,6 +559,11 @@ TEST_CASE("causal_conv1d: the kernels of representative plans compile for sm_90"
     });
   }
   for (std::thread& t : threads) t.join();
+  // Every pool access is among them.
+  for (const char* access : {"block", "channels", "scalar"}) {
+    CHECK(std::any_of(specs.begin(), specs.end(),
+                      [&](const KernelSpec& spec) { return spec.get("pool") == access; }));
+  }
   for (std::size_t i = 0; i < specs.size(); ++i) {
     CAPTURE(specs[i].str());
     CHECK_MESSAGE(errors[i].empty(), errors[i]);
