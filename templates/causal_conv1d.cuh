@@ -112,6 +112,50 @@ __device__ __forceinline__ void load_vec(const T* p, float (&v)[kVec]) {
   for (int k = 0; k < kVec; ++k) v[k] = raw.get(k);
 }
 
+/// kElems contiguous elements of T (a multiple of 16 bytes, 16-byte aligned: the planner's
+/// block access) held as raw words.
+template <typename T, int kElems>
+struct Block {
+  static constexpr int kBytes = kElems * static_cast<int>(sizeof(T));
+  static_assert(kBytes % 16 == 0, "a block is whole 16-byte vectors");
+  static constexpr int kWords = kBytes / 4;
+  unsigned int w[kWords];
+
+  __device__ __forceinline__ void load(const T* p) {
+#pragma unroll
+    for (int i = 0; i < kWords / 4; ++i) {
+      const uint4 r = reinterpret_cast<const uint4*>(p)[i];
+      w[4 * i] = r.x;
+      w[4 * i + 1] = r.y;
+      w[4 * i + 2] = r.z;
+      w[4 * i + 3] = r.w;
+    }
+  }
+  __device__ __forceinline__ void store(T* p) const {
+#pragma unroll
+    for (int i = 0; i < kWords / 4; ++i) {
+      reinterpret_cast<uint4*>(p)[i] =
+          make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+    }
+  }
+  __device__ __forceinline__ float get(int e) const {
+    if constexpr (sizeof(T) == 4) {
+      return Elem<T>::from_bits(w[e]);
+    } else {
+      return Elem<T>::from_bits((w[e / 2] >> (16 * (e % 2))) & 0xffffu);
+    }
+  }
+  /// Every element of a word is set before the block is stored (the caller sets all of them).
+  __device__ __forceinline__ void set(int e, float v) {
+    if constexpr (sizeof(T) == 4) {
+      w[e] = __float_as_uint(v);
+    } else {
+      const unsigned int bits = Elem<T>::to_bits(v);
+      w[e / 2] = e % 2 == 0 ? (w[e / 2] & 0xffff0000u) | bits : (w[e / 2] & 0xffffu) | (bits << 16);
+    }
+  }
+};
+
 template <typename T, int kVec>
 __device__ __forceinline__ void store_vec(T* p, const float (&v)[kVec]) {
   constexpr int kBytes = kVec * static_cast<int>(sizeof(T));
@@ -156,17 +200,45 @@ struct Conv {
   float b[kVec];
   float h[kWidth - 1][kVec];
 
+  /// Weights and bias of channels c0..c0+kVec-1: one contiguous [kVec, W] block of 16-byte
+  /// vectors and one bias vector where the launch's flags say the layout allows (a scalar load
+  /// per element, each lane 2 W bytes from the next, costs a wavefront per lane), else element
+  /// by element through the strides.
   template <typename TW>
   __device__ __forceinline__ void load_weights(const CausalConv1dParams& p, i64 c0) {
     const TW* weight = static_cast<const TW*>(p.weight);
+    bool done = false;
+    if constexpr ((kVec * kWidth * sizeof(TW)) % 16 == 0) {
+      if ((p.vector_flags & kConvWeightBlock) != 0) {
+        Block<TW, kVec * kWidth> blk;
+        blk.load(weight + c0 * kWidth);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+#pragma unroll
+          for (int j = 0; j < kWidth; ++j) w[j][k] = blk.get(k * kWidth + j);
+        }
+        done = true;
+      }
+    }
+    if (!done) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+#pragma unroll
+        for (int j = 0; j < kWidth; ++j) {
+          w[j][k] = load1(weight + (c0 + k) * p.weight_channel_stride + j * p.weight_tap_stride);
+        }
+      }
+    }
+    const TW* bias = static_cast<const TW*>(p.bias);
+    if constexpr (kVec > 1 && kVec * sizeof(TW) <= 16) {
+      if ((p.vector_flags & kConvBiasVector) != 0) {
+        load_vec<TW, kVec>(bias + c0, b);
+        return;
+      }
+    }
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-#pragma unroll
-      for (int j = 0; j < kWidth; ++j) {
-        w[j][k] = load1(weight + (c0 + k) * p.weight_channel_stride + j * p.weight_tap_stride);
-      }
-      b[k] = p.bias != nullptr ? load1(static_cast<const TW*>(p.bias) + (c0 + k) * p.bias_stride)
-                               : 0.0f;
+      b[k] = bias != nullptr ? load1(bias + (c0 + k) * p.bias_stride) : 0.0f;
     }
   }
 
@@ -258,50 +330,6 @@ __device__ __forceinline__ TState* state_at(const CausalConv1dParams& p, i64 slo
   return static_cast<TState*>(p.state) + slot * p.state_slot_stride + c * p.state_channel_stride +
          col * p.state_col_stride;
 }
-
-/// kElems contiguous elements of T (a multiple of 16 bytes, 16-byte aligned: the planner's
-/// block access) held as raw words.
-template <typename T, int kElems>
-struct Block {
-  static constexpr int kBytes = kElems * static_cast<int>(sizeof(T));
-  static_assert(kBytes % 16 == 0, "a block is whole 16-byte vectors");
-  static constexpr int kWords = kBytes / 4;
-  unsigned int w[kWords];
-
-  __device__ __forceinline__ void load(const T* p) {
-#pragma unroll
-    for (int i = 0; i < kWords / 4; ++i) {
-      const uint4 r = reinterpret_cast<const uint4*>(p)[i];
-      w[4 * i] = r.x;
-      w[4 * i + 1] = r.y;
-      w[4 * i + 2] = r.z;
-      w[4 * i + 3] = r.w;
-    }
-  }
-  __device__ __forceinline__ void store(T* p) const {
-#pragma unroll
-    for (int i = 0; i < kWords / 4; ++i) {
-      reinterpret_cast<uint4*>(p)[i] =
-          make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
-    }
-  }
-  __device__ __forceinline__ float get(int e) const {
-    if constexpr (sizeof(T) == 4) {
-      return Elem<T>::from_bits(w[e]);
-    } else {
-      return Elem<T>::from_bits((w[e / 2] >> (16 * (e % 2))) & 0xffffu);
-    }
-  }
-  /// Every element of a word is set before the block is stored (the caller sets all of them).
-  __device__ __forceinline__ void set(int e, float v) {
-    if constexpr (sizeof(T) == 4) {
-      w[e] = __float_as_uint(v);
-    } else {
-      const unsigned int bits = Elem<T>::to_bits(v);
-      w[e / 2] = e % 2 == 0 ? (w[e / 2] & 0xffff0000u) | bits : (w[e / 2] & 0xffffu) | (bits << 16);
-    }
-  }
-};
 
 /// The pool columns of one slot and kVec channels, by the planner's access mode.
 template <typename TState, int kVec, int kWidth, ConvStateAccess kAccess>

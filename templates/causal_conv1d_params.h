@@ -84,7 +84,14 @@ struct CausalConv1dParams {
   u32 cu_bytes;
   u32 index_bytes;
   u32 accepted_bytes;
-  u32 pad_;
+  /// kConvWeightBlock | kConvBiasVector, set per call from the weight and bias layouts.
+  u32 vector_flags;
 };
+
+/// vector_flags: weight is a contiguous [D, W] whose vec x W blocks are whole, aligned 16-byte
+/// vectors.
+inline constexpr u32 kConvWeightBlock = 1;
+/// vector_flags: bias is contiguous (stride 1) and aligned to vec elements (vec > 1).
+inline constexpr u32 kConvBiasVector = 2;
 
 }  // namespace kjit

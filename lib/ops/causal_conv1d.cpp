@@ -80,6 +80,10 @@ struct Prepared {
   /// For the debug checks.
   TensorView cu_seqlens, indices, accepted;
   std::int64_t slots = 0;
+  /// For the vector loads of weight and bias (CausalConv1dParams::vector_flags): whether they
+  /// are contiguous and how their addresses are aligned.
+  bool weight_contiguous = false, bias_contiguous = false;
+  std::int64_t weight_align = 1, bias_align = 1;
 };
 
 void require_rank(Op op, const char* name, const TensorView& v, int rank, const char* what) {
@@ -235,6 +239,8 @@ void check_weights_and_pool(Op op, const TensorView& x, const TensorView& weight
   }
   require_memory(op, "weight", weight);
   p.weight = weight.dtype;
+  prep->weight_contiguous = weight.strides[0] == p.width && weight.strides[1] == 1;
+  prep->weight_align = align_of(reinterpret_cast<std::uintptr_t>(weight.data));
   k.weight = weight.data;
   k.weight_channel_stride = weight.strides[0];
   k.weight_tap_stride = weight.strides[1];
@@ -250,6 +256,8 @@ void check_weights_and_pool(Op op, const TensorView& x, const TensorView& weight
     require_memory(op, "bias", bias);
     k.bias = bias.data;
     k.bias_stride = bias.strides[0];
+    prep->bias_contiguous = bias.strides[0] == 1;
+    prep->bias_align = align_of(reinterpret_cast<std::uintptr_t>(bias.data));
   }
   require_rank(op, "conv_state", state, 3, "[slots, D, L] with L >= W - 1");
   require_float(op, "conv_state", state);
@@ -744,6 +752,16 @@ void run(Prepared prep, const CausalConv1dOptions& options, Stream stream) {
   const std::int64_t vec = spec.get_int("vec");
   const int mode = spec.get("mode") == "chunked" ? 0 : spec.get("mode") == "sequential" ? 1 : 2;
   prep.params.channel_groups = static_cast<u32>(p.dim / vec);
+  const auto weight_size = static_cast<std::int64_t>(size_of(p.weight));
+  u32 flags = 0;
+  if (prep.weight_contiguous && prep.weight_align >= 16 && vec * p.width * weight_size % 16 == 0) {
+    flags |= kConvWeightBlock;
+  }
+  if (prep.params.bias != nullptr && prep.bias_contiguous && vec > 1 && vec * weight_size <= 16 &&
+      prep.bias_align >= vec * weight_size) {
+    flags |= kConvBiasVector;
+  }
+  prep.params.vector_flags = flags;
   prep.params.num_items = items_of(p, mode, vec);
   runtime.launch(resolved, 0, stream, &prep.params, sizeof prep.params);
 }
