@@ -281,35 +281,53 @@ __device__ __forceinline__ void zero_rows(const CausalConv1dParams& p, i64 t_off
   }
 }
 
-/// Runs tokens [0, count) of x / out (token offsets x_off + i * x_ts, o_off + i * o_ts) through
-/// `conv`, kChunk tokens' loads at a time before their arithmetic.
+/// Loads tokens [t0, min(t0 + kChunk, count)) of x (token offsets x_off + i * x_ts).
+template <typename TIn, int kVec, int kChunk>
+__device__ __forceinline__ void load_batch(const CausalConv1dParams& p,
+                                           Raw<TIn, kVec> (&xs)[kChunk], i64 x_off, i64 x_ts,
+                                           i64 t0, i64 count, i64 c0) {
+#pragma unroll
+  for (int u = 0; u < kChunk; ++u) {
+    if (t0 + u < count) {
+      xs[u].load(at<TIn, kVec>(p.x, x_off + (t0 + u) * x_ts, c0, p.x_channel_stride));
+    }
+  }
+}
+
+/// Runs the loaded tokens [t0, min(t0 + kChunk, count)) through `conv` and stores their outputs
+/// (token offsets o_off + i * o_ts).
+template <typename TIn, typename TOut, int kWidth, int kVec, int kChunk, bool kSilu>
+__device__ __forceinline__ void compute_batch(const CausalConv1dParams& p,
+                                              Conv<kWidth, kVec, kSilu>& conv,
+                                              const Raw<TIn, kVec> (&xs)[kChunk], i64 o_off,
+                                              i64 o_ts, i64 t0, i64 count, i64 c0) {
+#pragma unroll
+  for (int u = 0; u < kChunk; ++u) {
+    if (t0 + u < count) {
+      float in[kVec], y[kVec];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) in[k] = xs[u].get(k);
+      conv.step(in, y);
+      TOut* dst = at<TOut, kVec>(p.out, o_off + (t0 + u) * o_ts, c0, p.out_channel_stride);
+      if constexpr (kVec == 1) {
+        store1(dst, y[0]);
+      } else {
+        store_vec<TOut, kVec>(dst, y);
+      }
+    }
+  }
+}
+
+/// Runs tokens [begin, count) through `conv`, kChunk tokens' loads at a time before their
+/// arithmetic.
 template <typename TIn, typename TOut, int kWidth, int kVec, int kChunk, bool kSilu>
 __device__ __forceinline__ void run_tokens(const CausalConv1dParams& p,
                                            Conv<kWidth, kVec, kSilu>& conv, i64 x_off, i64 x_ts,
-                                           i64 o_off, i64 o_ts, i64 count, i64 c0) {
-  for (i64 t0 = 0; t0 < count; t0 += kChunk) {
+                                           i64 o_off, i64 o_ts, i64 begin, i64 count, i64 c0) {
+  for (i64 t0 = begin; t0 < count; t0 += kChunk) {
     Raw<TIn, kVec> xs[kChunk];
-#pragma unroll
-    for (int u = 0; u < kChunk; ++u) {
-      if (t0 + u < count) {
-        xs[u].load(at<TIn, kVec>(p.x, x_off + (t0 + u) * x_ts, c0, p.x_channel_stride));
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kChunk; ++u) {
-      if (t0 + u < count) {
-        float in[kVec], y[kVec];
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) in[k] = xs[u].get(k);
-        conv.step(in, y);
-        TOut* dst = at<TOut, kVec>(p.out, o_off + (t0 + u) * o_ts, c0, p.out_channel_stride);
-        if constexpr (kVec == 1) {
-          store1(dst, y[0]);
-        } else {
-          store_vec<TOut, kVec>(dst, y);
-        }
-      }
-    }
+    load_batch<TIn, kVec, kChunk>(p, xs, x_off, x_ts, t0, count, c0);
+    compute_batch<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, xs, o_off, o_ts, t0, count, c0);
   }
 }
 
@@ -433,6 +451,11 @@ __global__ void __launch_bounds__(kConvBlockThreads)
       const i64 S = p.num_tokens;
       const i64 x_off = row * p.x_row_stride;
       const i64 o_off = row * p.out_row_stride;
+      // Weights and the first tokens do not depend on the slot: loaded before the index, their
+      // latency overlaps the index -> pool chain (a decode step is that chain at small B).
+      conv.template load_weights<TW>(p, c0);
+      Raw<TIn, kVec> first_batch[kChunk];
+      load_batch<TIn, kVec, kChunk>(p, first_batch, x_off, p.x_token_stride, 0, S, c0);
       const i64 slot = load_int(p.state_indices, row, p.index_stride, p.index_bytes);
       if (!slot_valid(slot, p)) {
         zero_rows<TOut, kVec>(p, o_off, p.out_token_stride, S, c0);
@@ -469,11 +492,15 @@ __global__ void __launch_bounds__(kConvBlockThreads)
           Pool::write_column(p, slot, c0, col, v);
         }
       }
-      conv.template load_weights<TW>(p, c0);
+      // Outputs only now: out may be x (in place), and the columns above read x.
+      compute_batch<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, first_batch, o_off,
+                                                            p.out_token_stride, 0, S, c0);
       run_tokens<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, x_off, p.x_token_stride, o_off,
-                                                         p.out_token_stride, S, c0);
+                                                         p.out_token_stride, kChunk, S, c0);
     } else {
-      // Prefill: which sequence and which tokens of it.
+      // Prefill: which sequence and which tokens of it. The weights first: they do not depend on
+      // the answer, so their loads overlap the search's.
+      conv.template load_weights<TW>(p, c0);
       i64 n = 0, first_token = 0;
       if constexpr (kMode == ConvMode::chunked) {
         // The largest n with floor(cu[n] / kChunk) + n <= unit (non-decreasing in n).
@@ -539,9 +566,8 @@ __global__ void __launch_bounds__(kConvBlockThreads)
           load_x<TIn, kVec>(p, x_off - (kWidth - 1 - j) * p.x_token_stride, c0, conv.h[j]);
         }
       }
-      conv.template load_weights<TW>(p, c0);
       run_tokens<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, x_off, p.x_token_stride, o_off,
-                                                         p.out_token_stride, count, c0);
+                                                         p.out_token_stride, 0, count, c0);
       if constexpr (kMode == ConvMode::sequential) {
         // The history after the last token is the sequence's last W - 1 inputs (the slot's old
         // columns shifted when it is shorter); read from registers, since x may be out.
