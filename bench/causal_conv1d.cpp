@@ -12,12 +12,14 @@
 // buffers where the call is smaller than that, so timed calls read cold data.
 //
 //   bench_causal_conv1d [results.jsonl]
+//   KJIT_CONV_BENCH_CHUNK=16   force the tokens per thread (CausalConv1dOptions::force_chunk)
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <string>
@@ -120,6 +122,11 @@ struct Common {
   }
 };
 
+int forced_chunk() {
+  const char* text = std::getenv("KJIT_CONV_BENCH_CHUNK");
+  return text != nullptr ? std::atoi(text) : 0;
+}
+
 void print_json(std::FILE* json, const std::string& line) {
   std::printf("%s\n", line.c_str());
   if (json != nullptr) std::fprintf(json, "%s\n", line.c_str());
@@ -145,6 +152,7 @@ bool prefill(kjit::bench::Gpu& gpu, Common& common, std::int64_t tokens, std::FI
   o.activation = kjit::ConvActivation::silu;
   o.runtime = &gpu.runtime();
   o.device = gpu.device;
+  o.force_chunk = forced_chunk();
   auto views = [&](std::size_t set) {
     return std::pair{TensorView::contiguous(reinterpret_cast<void*>(x.ptr() + set * x_bytes),
                                             DType::bf16, {tokens, kDim}),

@@ -72,6 +72,7 @@ struct Problem {
   /// -1: the planner picks; else an index into kCausalConv1dModes.
   int forced_mode = -1;
   int force_vec = 0;
+  int force_chunk = 0;
 };
 
 struct Prepared {
@@ -216,6 +217,12 @@ void check_options(Op op, const CausalConv1dOptions& options, Problem* p) {
                          options.force_vec));
   }
   p->force_vec = options.force_vec;
+  if (options.force_chunk != 0 && options.force_chunk != 1 && options.force_chunk != 2 &&
+      options.force_chunk != 4 && options.force_chunk != 8 && options.force_chunk != 16) {
+    fail(op, fmt::format("options.force_chunk = {}; accepted: 0 (planner picks), 1, 2, 4, 8, 16",
+                         options.force_chunk));
+  }
+  p->force_chunk = options.force_chunk;
 }
 
 /// weight [D, W], bias [D] or none, conv_state [slots, D, L]; fills the common parameters.
@@ -483,10 +490,10 @@ Prepared prepare_update(const TensorView& x_in, const TensorView& weight, const 
 }
 
 /// Work items of a mode: (chunk ids, sequences or rows) x channel groups.
-std::uint64_t items_of(const Problem& p, int mode, std::int64_t vec) {
+std::uint64_t items_of(const Problem& p, int mode, std::int64_t vec, std::int64_t chunk) {
   const auto groups = static_cast<std::uint64_t>(p.dim / vec);
   std::uint64_t units = static_cast<std::uint64_t>(p.seqs);
-  if (mode == 0) units = static_cast<std::uint64_t>(p.tokens / kChunk + p.seqs);
+  if (mode == 0) units = static_cast<std::uint64_t>(p.tokens / chunk + p.seqs);
   return units * groups;
 }
 
@@ -512,6 +519,7 @@ Plan make_plan(const Problem& p, const DeviceLimits& limits) {
     plan.reasons.push_back(fmt::format("vec = {} channels per thread: {}", vec, p.why_vec));
   }
 
+  const std::int64_t prefill_chunk = p.force_chunk != 0 ? p.force_chunk : kChunk;
   int mode = 2;
   if (p.op == Op::prefill) {
     if (p.forced_mode >= 0) {
@@ -536,7 +544,7 @@ Plan make_plan(const Problem& p, const DeviceLimits& limits) {
           "chunked: every chunk of {} tokens of every sequence in parallel (chunk ids "
           "floor(cu[n] / {}) + n + c, {} ids for T = {}, N = {}); the thread of a sequence's "
           "first chunk reads and writes its pool slot",
-          kChunk, kChunk, p.tokens / kChunk + p.seqs, p.tokens, p.seqs));
+          prefill_chunk, prefill_chunk, p.tokens / prefill_chunk + p.seqs, p.tokens, p.seqs));
     }
   } else {
     plan.reasons.push_back(fmt::format(
@@ -578,11 +586,21 @@ Plan make_plan(const Problem& p, const DeviceLimits& limits) {
 
   // Tokens whose loads are in flight at once: a chunk of the prefill; an update row's S tokens
   // up to 8 (fewer registers held for loads that never happen at S = 1).
-  const std::int64_t chunk =
+  std::int64_t chunk =
       mode == 2 ? std::min<std::int64_t>(kChunk, static_cast<std::int64_t>(std::bit_ceil(
                                                      static_cast<std::uint64_t>(p.tokens))))
                 : kChunk;
-  const std::uint64_t items = items_of(p, mode, vec);
+  if (p.force_chunk != 0) {
+    if (mode == 0 && p.force_chunk < p.width - 1) {
+      throw PlanError(
+          fmt::format("{}: options.force_chunk = {} is shorter than the W - 1 = {} "
+                      "token halo a chunk covers for the next one",
+                      plan.op, p.force_chunk, p.width - 1));
+    }
+    chunk = p.force_chunk;
+    plan.reasons.push_back(fmt::format("chunk = {} forced by options.force_chunk", chunk));
+  }
+  const std::uint64_t items = items_of(p, mode, vec, chunk);
   const std::uint64_t wanted = (items + kThreads - 1) / kThreads;
   const std::uint64_t blocks =
       std::min<std::uint64_t>(wanted, static_cast<std::uint64_t>(limits.max_grid_dim[0]));
@@ -633,6 +651,7 @@ struct Signature {
   std::int64_t state_align = 0;
   std::int64_t forced_mode = 0;
   std::int64_t force_vec = 0;
+  std::int64_t force_chunk = 0;
   std::int64_t device = 0;
 };
 static_assert(std::has_unique_object_representations_v<Signature>);
@@ -740,6 +759,7 @@ void run(Prepared prep, const CausalConv1dOptions& options, Stream stream) {
   sig.state_align = p.state_align;
   sig.forced_mode = p.forced_mode;
   sig.force_vec = p.force_vec;
+  sig.force_chunk = p.force_chunk;
   sig.device = device;
   const Runtime::ResolvedPlan& resolved = runtime.memoized(sig, stream, [&] {
     return std::pair{make_plan(p, runtime.device_limits(device)), device};
@@ -762,7 +782,7 @@ void run(Prepared prep, const CausalConv1dOptions& options, Stream stream) {
     flags |= kConvBiasVector;
   }
   prep.params.vector_flags = flags;
-  prep.params.num_items = items_of(p, mode, vec);
+  prep.params.num_items = items_of(p, mode, vec, spec.get_int("chunk"));
   runtime.launch(resolved, 0, stream, &prep.params, sizeof prep.params);
 }
 

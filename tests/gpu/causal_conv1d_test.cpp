@@ -172,7 +172,7 @@ struct PrefillCase {
   bool x_transposed = false, out_padded = false, pool_transposed = false, weight_transposed = false;
   std::int64_t pad_every = 4, extra_cols = 0;
   std::string force_mode;
-  int force_vec = 0;
+  int force_vec = 0, force_chunk = 0;
   std::string expect_mode;
   /// The pool access the plan must choose (block, channels, scalar), when not empty.
   std::string expect_pool;
@@ -228,6 +228,7 @@ void run_prefill(const PrefillCase& c) {
   o.invalid_index = c.rule;
   o.force_mode = c.force_mode;
   o.force_vec = c.force_vec;
+  o.force_chunk = c.force_chunk;
   o.runtime = &test::runtime();
   TensorView bias_view = bias.view(false);
   if (!c.bias) bias_view.data = nullptr;
@@ -339,6 +340,11 @@ TEST_CASE("causal_conv1d gpu: strided and transposed layouts, in place, forced m
     c.force_vec = vec;
     run_prefill(c);
   }
+  for (const int chunk : {16, 4}) {
+    c = PrefillCase{};
+    c.force_chunk = chunk;
+    run_prefill(c);
+  }
   // Thousands of short sequences: most chunk ids idle, sequence lookup over many entries.
   c = PrefillCase{};
   c.lengths.assign(3000, 0);
@@ -370,6 +376,7 @@ struct UpdateCase {
   bool x_transposed = false, pool_transposed = false;
   std::int64_t pad_every = 5;
   int rounds = 3;
+  int force_chunk = 0;
   std::string expect_pool;
 
   std::string str() const {
@@ -404,6 +411,7 @@ void run_update(const UpdateCase& c) {
   CausalConv1dOptions o;
   o.activation = c.silu ? ConvActivation::silu : ConvActivation::none;
   o.invalid_index = c.rule;
+  o.force_chunk = c.force_chunk;
   o.runtime = &test::runtime();
   // Several steps feed the pool back: the second step reads what the first wrote.
   for (int round = 0; round < c.rounds; ++round) {
@@ -503,6 +511,14 @@ TEST_CASE("causal_conv1d_update gpu: dtypes, layouts, in place, [B, D] input") {
   c = UpdateCase{};
   c.two_dim = true;
   run_update(c);
+  // Rows longer than one batch of loads (the tokens after the first batch come in a loop).
+  for (const int chunk : {1, 2}) {
+    c = UpdateCase{};
+    c.steps = 5;
+    c.spec = true;
+    c.force_chunk = chunk;
+    run_update(c);
+  }
 }
 
 TEST_CASE("causal_conv1d_update gpu: B past 65535 and D = 2^16, 2^20") {

@@ -405,7 +405,19 @@ TEST_CASE("causal_conv1d planner: vector width, in place, forced modes, empty ca
   Prefill odd_slots = v;
   odd_slots.state = TensorView::strided(fake(3), DType::bf16, {5, 4096, 3}, {3 * 4096 + 4, 3, 1});
   CHECK(plan(odd_slots, h200).launches[0].spec.get("pool") == "scalar");
-  // Nothing to do: no launch.  // Nothing to do: no launch.
+  // Forced chunks: 16 tokens per chunk halves the chunk ids; shorter than the halo is refused.
+  CausalConv1dOptions chunk16;
+  chunk16.force_chunk = 16;
+  const Plan longer = plan(v, h200, chunk16);
+  CHECK(longer.launches[0].spec.get("chunk") == "16");
+  CHECK(longer.explain().find("66 ids for T = 1000, N = 4") != std::string::npos);
+  CausalConv1dOptions chunk2;
+  chunk2.force_chunk = 2;
+  CHECK_THROWS_WITH_AS(plan(v, h200, chunk2), doctest::Contains("shorter than the W - 1 = 3"),
+                       PlanError);
+  CHECK(plan(update_views(8, 1, 64), h200, chunk2).launches[0].spec.get("chunk") == "2");
+  CHECK(plan(update_views(8, 3, 64), h200).launches[0].spec.get("chunk") == "4");
+  // Nothing to do: no launch.
   CHECK(plan(prefill_views(0, 4, 64), h200).launches.empty());
   CHECK(plan(prefill_views(0, 0, 64), h200).mode == "empty");
   CHECK(plan(update_views(0, 1, 64), h200).launches.empty());
@@ -490,6 +502,9 @@ TEST_CASE("causal_conv1d argument errors name the argument, its value and what i
     o.force_mode = "";
     o.force_vec = 3;
     expect(prefill_views(100, 2, 64), o, {"force_vec = 3", "1, 2, 4, 8"});
+    o.force_vec = 0;
+    o.force_chunk = 32;
+    expect(prefill_views(100, 2, 64), o, {"force_chunk = 32", "1, 2, 4, 8, 16"});
   }
   // The update's own arguments.
   auto expect_update = [&](const Update& v, std::initializer_list<const char*> parts) {

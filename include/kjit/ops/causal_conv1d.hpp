@@ -63,6 +63,10 @@ struct CausalConv1dOptions {
   /// 0 lets the planner choose; else the channels per thread (1, 2, 4 or 8; the channel stride
   /// of x and out must then be 1 and every address aligned to vec elements). For tests.
   int force_vec = 0;
+  /// 0 lets the planner choose; else the tokens whose loads a thread issues before their
+  /// arithmetic (1, 2, 4, 8 or 16; in the chunked mode also the chunk length, so at least
+  /// W - 1). For tests and tuning.
+  int force_chunk = 0;
   /// Before launching, copy the indices (and cu_seqlens, num_accepted_tokens) to the host and
   /// check them: indices < slots, no valid index repeated, cu_seqlens starting at 0,
   /// non-decreasing and ending at T, num_accepted_tokens in 1..L-W+2 (InvalidArgument
