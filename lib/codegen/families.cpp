@@ -20,6 +20,7 @@ const std::vector<FamilyDecl>& families() {
       gdn_prefill_state_family(),
       gdn_prefill_state_cp_family(),
       gdn_prefill_cp_scan_family(),
+      causal_conv1d_family(),
   };
   return table;
 }

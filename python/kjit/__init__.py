@@ -14,6 +14,8 @@ import os
 from . import _kjit
 from ._api import (
     cache_stats,
+    causal_conv1d,
+    causal_conv1d_update,
     compile,
     configure,
     driver_available,

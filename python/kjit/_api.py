@@ -179,6 +179,50 @@ def gdn_prefill(q, k, v, cu_seqlens, state, state_indices, *, a=None, b=None, a_
     return (out, state_checkpoints) if checkpoint_every_n_tokens else out
 
 
+# ---------------------------------------------------------------------------------------------
+# causal_conv1d
+
+
+def causal_conv1d(x, weight, conv_state, cu_seqlens, state_indices, *, bias=None,
+                  has_initial_state=None, out=None, activation=None, invalid_index="negative",
+                  mode="", debug_check_indices=False, stream=None, _plan=False, _arch=None):
+    """Varlen causal depthwise conv1d over a conv-state pool (kjit/ops/causal_conv1d.hpp).
+
+    x [T, D] (any strides: a [D, T] buffer is x.T); weight [D, W] (W 2..8); bias [D];
+    conv_state [slots, D, L >= W-1] (any strides: a [slots, L, D] buffer is .transpose(1, 2));
+    cu_seqlens [N+1] and state_indices [N] int32/int64; has_initial_state [N] bool/uint8.
+    Columns 0..W-2 of each sequence's slot are its history before and its last W-1 inputs
+    after the call. activation None or 'silu'. out defaults to a new [T, D] tensor of x's dtype;
+    out=x runs in place. invalid_index: 'negative' (index < 0 is padding) or 'nonpositive'
+    (vLLM: slot 0 is a null block). Returns out."""
+    _check_arch("causal_conv1d", _arch)
+    if out is None:
+        out = _empty(x, tuple(x.shape))
+    result = _kjit._causal_conv1d(x, weight, bias, conv_state, cu_seqlens, state_indices,
+                                  has_initial_state, out, activation, invalid_index, mode,
+                                  debug_check_indices, stream, _plan, _arch)
+    return result if _plan else out
+
+
+def causal_conv1d_update(x, weight, conv_state, state_indices, *, bias=None,
+                         num_accepted_tokens=None, out=None, activation=None,
+                         invalid_index="negative", mode="", debug_check_indices=False,
+                         stream=None, _plan=False, _arch=None):
+    """Decode (S = 1) or speculative (S > 1) causal conv1d step: x [B, S, D] or [B, D].
+
+    Without num_accepted_tokens the history is columns 0..W-2 and afterwards holds the last
+    W-1 inputs. With it (vLLM's speculative convention, pool L = W-2+S): the history of a row is
+    columns a-1..a+W-3 for a = num_accepted_tokens[b] of the previous verification step, and
+    column k then holds entry k+1 of history ++ x. Returns out (default: new, x's shape)."""
+    _check_arch("causal_conv1d_update", _arch)
+    if out is None:
+        out = _empty(x, tuple(x.shape))
+    result = _kjit._causal_conv1d_update(x, weight, bias, conv_state, state_indices,
+                                         num_accepted_tokens, out, activation, invalid_index,
+                                         mode, debug_check_indices, stream, _plan, _arch)
+    return result if _plan else out
+
+
 def gdn_prefill_workspace_bytes(tokens, value_heads):
     """Bytes of the workspace a gdn_prefill call over `tokens` tokens and `value_heads` value
     heads needs on its chunked path (what its workspace argument must hold at least)."""
@@ -222,6 +266,8 @@ _OPS = {
     "gdn_decode": gdn_decode,
     "gdn_decode_gated": gdn_decode_gated,
     "gdn_prefill": gdn_prefill,
+    "causal_conv1d": causal_conv1d,
+    "causal_conv1d_update": causal_conv1d_update,
 }
 
 

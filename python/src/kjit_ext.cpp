@@ -26,6 +26,7 @@
 #include "codegen/embedded_templates.hpp"
 #include "codegen/families.hpp"
 #include "kjit/kjit.hpp"
+#include "kjit/ops/causal_conv1d.hpp"
 #include "kjit/ops/gdn_decode.hpp"
 #include "kjit/ops/gdn_prefill.hpp"
 #include "kjit/ops/merge_state.hpp"
@@ -646,6 +647,74 @@ nb::object gdn_prefill(nb::handle q, nb::handle k, nb::handle v, nb::handle a, n
                                      plan_limits(arch, args.device())));
   }
   kjit::gdn_prefill(tq, tk, tv, gates, cu, st, idx, has, o, opt, args.stream(stream));
+  return nb::none();
+}
+
+CausalConv1dOptions conv_options(const char* op, const OptStr& activation,
+                                 const std::string& invalid, const std::string& mode,
+                                 bool debug_check, int device) {
+  CausalConv1dOptions o;
+  if (!activation || *activation == "none") {
+    o.activation = ConvActivation::none;
+  } else if (*activation == "silu" || *activation == "swish") {
+    o.activation = ConvActivation::silu;
+  } else {
+    throw InvalidArgument(std::string(op) + ": activation = '" + *activation +
+                          "' is not an activation; accepted: None, 'none', 'silu' (or 'swish')");
+  }
+  o.invalid_index = parse_invalid(op, invalid) == GdnInvalidIndex::nonpositive
+                        ? ConvInvalidIndex::nonpositive
+                        : ConvInvalidIndex::negative;
+  o.force_mode = mode;
+  o.debug_check_indices = debug_check;
+  o.device = device;
+  o.runtime = &runtime();
+  return o;
+}
+
+nb::object causal_conv1d(nb::handle x, nb::handle weight, nb::handle bias, nb::handle conv_state,
+                         nb::handle cu_seqlens, nb::handle state_indices,
+                         nb::handle has_initial_state, nb::handle out, const OptStr& activation,
+                         const std::string& invalid, const std::string& mode, bool debug_check,
+                         nb::handle stream, bool plan, const OptStr& arch) {
+  const char* op = "causal_conv1d";
+  Args args(op, !plan);
+  const TensorView tx = args.get("x", x), tw = args.get("weight", weight);
+  const TensorView tb = args.optional("bias", bias), st = args.get("conv_state", conv_state);
+  const TensorView cu = args.get("cu_seqlens", cu_seqlens);
+  const TensorView idx = args.get("state_indices", state_indices);
+  const TensorView has = args.optional("has_initial_state", has_initial_state);
+  const TensorView o = args.get("out", out);
+  const CausalConv1dOptions opt =
+      conv_options(op, activation, invalid, mode, debug_check, args.device());
+  if (plan) {
+    return nb::cast(
+        plan_causal_conv1d(tx, tw, tb, st, cu, idx, has, o, opt, plan_limits(arch, args.device())));
+  }
+  kjit::causal_conv1d(tx, tw, tb, st, cu, idx, has, o, opt, args.stream(stream));
+  return nb::none();
+}
+
+nb::object causal_conv1d_update(nb::handle x, nb::handle weight, nb::handle bias,
+                                nb::handle conv_state, nb::handle state_indices,
+                                nb::handle num_accepted_tokens, nb::handle out,
+                                const OptStr& activation, const std::string& invalid,
+                                const std::string& mode, bool debug_check, nb::handle stream,
+                                bool plan, const OptStr& arch) {
+  const char* op = "causal_conv1d_update";
+  Args args(op, !plan);
+  const TensorView tx = args.get("x", x), tw = args.get("weight", weight);
+  const TensorView tb = args.optional("bias", bias), st = args.get("conv_state", conv_state);
+  const TensorView idx = args.get("state_indices", state_indices);
+  const TensorView acc = args.optional("num_accepted_tokens", num_accepted_tokens);
+  const TensorView o = args.get("out", out);
+  const CausalConv1dOptions opt =
+      conv_options(op, activation, invalid, mode, debug_check, args.device());
+  if (plan) {
+    return nb::cast(plan_causal_conv1d_update(tx, tw, tb, st, idx, acc, o, opt,
+                                              plan_limits(arch, args.device())));
+  }
+  kjit::causal_conv1d_update(tx, tw, tb, st, idx, acc, o, opt, args.stream(stream));
   return nb::none();
 }
 
@@ -1322,6 +1391,16 @@ NB_MODULE(_kjit, m) {
         "l2norm_qk"_a.none(), "softplus_threshold"_a.none(), "checkpoint_every_n_tokens"_a,
         "state_checkpoints"_a.none(), "checkpoint_cu_starts"_a.none(), "workspace"_a.none(),
         "mode"_a.none(), "stream"_a.none(), "plan"_a.none(), "arch"_a.none());
+  m.def("_causal_conv1d", &kjit::python::causal_conv1d, "x"_a.none(), "weight"_a.none(),
+        "bias"_a.none(), "conv_state"_a.none(), "cu_seqlens"_a.none(), "state_indices"_a.none(),
+        "has_initial_state"_a.none(), "out"_a.none(), "activation"_a.none(),
+        "invalid_index"_a.none(), "mode"_a.none(), "debug_check_indices"_a.none(),
+        "stream"_a.none(), "plan"_a.none(), "arch"_a.none());
+  m.def("_causal_conv1d_update", &kjit::python::causal_conv1d_update, "x"_a.none(),
+        "weight"_a.none(), "bias"_a.none(), "conv_state"_a.none(), "state_indices"_a.none(),
+        "num_accepted_tokens"_a.none(), "out"_a.none(), "activation"_a.none(),
+        "invalid_index"_a.none(), "mode"_a.none(), "debug_check_indices"_a.none(),
+        "stream"_a.none(), "plan"_a.none(), "arch"_a.none());
   m.def("_gdn_prefill_workspace_bytes", &gdn_prefill_workspace_bytes);
   m.def("_gdn_prefill_checkpoint_starts",
         [](const std::vector<std::int64_t>& cu_seqlens, std::int64_t every) {

@@ -36,6 +36,16 @@ run 0 plan gdn_decode --batch 3 --heads 16 --v-heads 32 --k 128 --v 128 --row-or
 contains "$OUT" "forced by options.row_order"
 usage_error plan gdn_decode --batch 3 --heads 16 --v-heads 32 --k 128 --v 128 --row-order sorted --arch h200
 contains "$ERR" "row_order must be auto, by_slot or as_given, got 'sorted'"
+# causal_conv1d: one 1-D launch at Qwen3-Next's width, in place the sequential mode, and the
+# update past grid-y sizes of B and D.
+run 0 plan causal_conv1d --tokens 131072 --seqs 16 --dim 8192 --arch h200
+contains "$OUT" "width=4,vec=8,chunk=8,mode=chunked,pool=block,silu=1@sm_90"
+run 0 plan causal_conv1d --tokens 1000 --seqs 4 --dim 64 --in-place 1 --width 8 --arch sm_80
+contains "$OUT" "mode=sequential"
+run 0 plan causal_conv1d_update --batch 70000 --steps 4 --dim 65536 --spec 1 --arch h200
+contains "$OUT" "mode=rows"
+usage_error plan causal_conv1d --tokens 64 --seqs 1 --dim 100 --arch h200
+contains "$ERR" "a multiple of 8"
 run 0 plan gdn_prefill --tokens 1000 --seqs 4 --heads 16 --v-heads 32 --k 128 --v 128 --arch h200
 contains "$OUT" "gdn_prefill:"
 contains "$OUT" "ckpt=0@sm_90"

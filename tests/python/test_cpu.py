@@ -221,6 +221,41 @@ def test_plan_call_gdn_prefill_gates_must_be_one_form():
         kjit.plan_call("gdn_prefill", q, q, vv, cu, state, idx, arch="sm_90")
 
 
+def test_plan_causal_conv1d_legal_at_the_issue_limits():
+    plan = kjit.plan("causal_conv1d", tokens=131072, seqs=16, dim=8192, arch="h200")
+    assert plan.op == "causal_conv1d" and plan.mode == "chunked"
+    assert "width=4" in plan.explain()
+    plan = kjit.plan("causal_conv1d_update", batch=70000, steps=1, dim=1 << 20, arch="h200")
+    assert plan.mode == "rows"
+    plan = kjit.plan("causal_conv1d", tokens=1000, seqs=4, dim=64, in_place=1, arch="sm_80")
+    assert plan.mode == "sequential"
+
+
+def test_plan_call_causal_conv1d_transposed_views_and_errors():
+    t, d, w, n = 50, 64, 4, 3
+    x = np.zeros((d, t), np.float16).T  # token-contiguous
+    weight = np.zeros((d, w), np.float32)
+    pool = np.zeros((n + 1, w - 1, d), np.float16).transpose(0, 2, 1)
+    cu = np.array([0, 10, 11, t], np.int64)
+    idx = np.arange(n, dtype=np.int32)
+    out = np.zeros((t, d), np.float16)
+    plan = kjit.plan_call("causal_conv1d", x, weight, pool, cu, idx, out=out, activation="silu",
+                          arch="sm_90")
+    assert plan.op == "causal_conv1d" and "vec=1" in plan.explain()
+    with pytest.raises(kjit.InvalidArgument, match="activation = 'gelu'"):
+        kjit.plan_call("causal_conv1d", x, weight, pool, cu, idx, out=out, activation="gelu",
+                       arch="sm_90")
+    xd = np.zeros((5, 2, d), np.float32)
+    spool = np.zeros((6, d, w), np.float32)
+    acc = np.ones(5, np.int32)
+    plan = kjit.plan_call("causal_conv1d_update", xd, weight, spool, np.arange(5, dtype=np.int32),
+                          num_accepted_tokens=acc, out=np.zeros_like(xd), arch="sm_90")
+    assert plan.mode == "rows"
+    with pytest.raises(kjit.InvalidArgument, match="conv_state has shape"):
+        kjit.plan_call("causal_conv1d_update", xd, weight, np.zeros((6, d, 2), np.float32),
+                       np.arange(5, dtype=np.int32), out=np.zeros_like(xd), arch="sm_90")
+
+
 # --- argument errors (same messages as the C++ library) -----------------------------------------
 
 

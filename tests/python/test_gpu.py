@@ -498,3 +498,80 @@ def test_jax_arrays_as_inputs():
     ref_v, ref_s = reference.merge(tv, ts, math.e)
     close(v_out, ref_v, 2e-5, 2e-5)
     close(s_out, ref_s, 1e-5, 1e-5)
+
+
+# --- causal_conv1d ------------------------------------------------------------------------------
+
+
+def conv_reference(x, weight, bias, history, silu):
+    """float64 y of one sequence: F.conv1d over history ++ x (channels first), per channel."""
+    seq = torch.cat([history.double(), x.double().T], dim=1)  # [D, W-1+T]
+    y = torch.nn.functional.conv1d(seq.unsqueeze(0), weight.double().unsqueeze(1),
+                                   None if bias is None else bias.double(),
+                                   groups=weight.shape[0])[0].T  # [T, D]
+    return y * torch.sigmoid(y) if silu else y
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("transposed_pool", [False, True])
+def test_causal_conv1d_varlen_against_conv1d(dtype, transposed_pool):
+    d, w = 256, 4
+    lengths = [1, 2, w - 1, w, 1000, 37]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device=DEV)
+    t, n = int(cu[-1]), len(lengths)
+    x = torch.randn(t, d, device=DEV, dtype=dtype)
+    weight = torch.randn(d, w, device=DEV, dtype=dtype) * 0.5
+    bias = torch.randn(d, device=DEV, dtype=dtype)
+    slots = n + 2
+    if transposed_pool:
+        pool = torch.randn(slots, w - 1, d, device=DEV, dtype=dtype).transpose(1, 2)
+    else:
+        pool = torch.randn(slots, d, w - 1, device=DEV, dtype=dtype)
+    idx = torch.randperm(slots, device=DEV)[:n].to(torch.int32)
+    idx[2] = -1  # padding: zero rows, slot untouched
+    has = (torch.arange(n, device=DEV) % 2 == 0)
+    before = pool.clone()
+    out = kjit.causal_conv1d(x, weight, pool, cu, idx, bias=bias, has_initial_state=has,
+                             activation="silu")
+    torch.cuda.synchronize()
+    expected_pool = before.clone()
+    for i in range(n):
+        a, b = int(cu[i]), int(cu[i + 1])
+        if int(idx[i]) < 0:
+            assert torch.all(out[a:b] == 0)
+            continue
+        hist = before[int(idx[i])] if bool(has[i]) else torch.zeros_like(before[0])
+        want = conv_reference(x[a:b], weight, bias, hist, True)
+        close(out[a:b], want, TOL[dtype], TOL[dtype])
+        both = torch.cat([hist, x[a:b].T], dim=1)
+        expected_pool[int(idx[i])] = both[:, -(w - 1):]
+    assert torch.equal(pool, expected_pool)
+    # In place (the sequential mode) gives the same rows and pool.
+    y = x.clone()
+    pool.copy_(before)
+    kjit.causal_conv1d(y, weight, pool, cu, idx, bias=bias, has_initial_state=has, out=y,
+                       activation="silu")
+    close(y, out, TOL[dtype], TOL[dtype])
+    assert torch.equal(pool, expected_pool)
+
+
+def test_causal_conv1d_update_speculative_chain():
+    b, s, d, w = 6, 3, 128, 4
+    cols = w - 2 + s
+    weight = torch.randn(d, w, device=DEV, dtype=torch.float32) * 0.5
+    pool = torch.randn(b + 1, d, cols, device=DEV, dtype=torch.float32)
+    idx = torch.arange(1, b + 1, dtype=torch.int32, device=DEV)
+    accepted = torch.ones(b, dtype=torch.int32, device=DEV)
+    for step in range(3):
+        x = torch.randn(b, s, d, device=DEV, dtype=torch.float32)
+        before = pool.clone()
+        out = kjit.causal_conv1d_update(x, weight, pool, idx, num_accepted_tokens=accepted,
+                                        invalid_index="nonpositive")
+        torch.cuda.synchronize()
+        for r in range(b):
+            a = int(accepted[r])
+            hist = before[r + 1][:, a - 1:a + w - 2]
+            close(out[r], conv_reference(x[r], weight, None, hist, False), 2e-5, 2e-5)
+            both = torch.cat([hist, x[r].T], dim=1)
+            assert torch.equal(pool[r + 1][:, :w - 2 + s], both[:, 1:w - 1 + s])
+        accepted = torch.randint(1, s + 1, (b,), dtype=torch.int32, device=DEV)

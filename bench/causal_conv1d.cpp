@@ -1,0 +1,346 @@
+// SPDX-License-Identifier: Apache-2.0
+// causal_conv1d benchmark (method: shared/BENCHMARKING.md), Qwen3-Next sizes at TP1: D = 8192
+// channels (mixed_qkv), W = 4, bf16 x / out / weight / bias / pool, SiLU.
+// - Prefill: 8k, 32k and 128k tokens in 16 uneven sequences; median GPU us and the ratio to a
+//   same-run device copy of the bytes that must move (x read, out written, the pool columns read
+//   and written; weights are negligible). Target >= 0.90.
+// - Decode update (S = 1): B = 1, 32, 256, 2048 rows at random slots of a pool twice the batch;
+//   against the same-run copy rate and an empty kernel. Targets: within 1 us of the empty kernel
+//   at B = 1, >= 0.85 of the copy rate from B = 256.
+// Every shape is first checked against the float64 reference on a slice of 64 channels (outputs
+// and pool columns). L2 is flushed before each shape and the inputs rotate through >= 512 MB of
+// buffers where the call is smaller than that, so timed calls read cold data.
+//
+//   bench_causal_conv1d [results.jsonl]
+//   KJIT_CONV_BENCH_CHUNK=16   force the tokens per thread (CausalConv1dOptions::force_chunk)
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+// kjit/types.hpp before harness.hpp: GCC's -Wshadow otherwise reports DType's i32 / i64
+// enumerators as shadowing kjit::i32 / kjit::i64 of kjit/common/types.h.
+#include "kjit/types.hpp"
+// (keep this order)
+#include "harness.hpp"
+#include "kjit/error.hpp"
+#include "kjit/ops/causal_conv1d.hpp"
+#include "ops/causal_conv1d_reference.hpp"
+#include "support/numeric.hpp"
+
+namespace {
+
+using kjit::DType;
+using kjit::TensorView;
+using kjit::bench::DeviceBuffer;
+
+constexpr std::int64_t kDim = 8192;
+constexpr std::int64_t kWidth = 4;
+constexpr std::int64_t kCols = kWidth - 1;
+constexpr std::size_t kColdBytes = std::size_t{512} << 20;
+/// Channels of the reference check.
+constexpr std::int64_t kCheckDim = 64;
+
+// Uneven lengths summing to `tokens`: weights 1..seqs shuffled.
+std::vector<std::int32_t> uneven_offsets(std::int64_t tokens, std::int64_t seqs,
+                                         std::uint64_t seed) {
+  std::vector<std::int64_t> weights(static_cast<std::size_t>(seqs));
+  std::iota(weights.begin(), weights.end(), 1);
+  std::shuffle(weights.begin(), weights.end(), std::mt19937_64(seed));
+  const std::int64_t total = seqs * (seqs + 1) / 2;
+  std::vector<std::int32_t> cu{0};
+  std::int64_t used = 0;
+  for (std::int64_t i = 0; i < seqs; ++i) {
+    const std::int64_t len =
+        i + 1 == seqs ? tokens - used : tokens * weights[static_cast<std::size_t>(i)] / total;
+    used += len;
+    cu.push_back(static_cast<std::int32_t>(used));
+  }
+  return cu;
+}
+
+std::vector<unsigned char> download(const DeviceBuffer& buffer, std::size_t offset,
+                                    std::size_t bytes) {
+  std::vector<unsigned char> host(bytes);
+  kjit::bench::check(kjit::bench::cu().cuCtxSynchronize(), "cuCtxSynchronize");
+  kjit::bench::check(kjit::bench::cu().cuMemcpyDtoH(host.data(), buffer.ptr() + offset, bytes),
+                     "cuMemcpyDtoH");
+  return host;
+}
+
+void upload(DeviceBuffer& buffer, const void* host, std::size_t bytes) {
+  kjit::bench::check(kjit::bench::cu().cuCtxSynchronize(), "cuCtxSynchronize");
+  kjit::bench::check(kjit::bench::cu().cuMemcpyHtoD(buffer.ptr(), host, bytes), "cuMemcpyHtoD");
+}
+
+/// A [rows, cols] slice of the first kCheckDim channels of a row-major [rows, kDim] bf16 tensor
+/// on the host: download the whole rows (strided slice of the channels).
+TensorView slice(std::vector<unsigned char>& host, std::int64_t rows) {
+  return TensorView::strided(host.data(), DType::bf16, {rows, kCheckDim}, {kDim, 1});
+}
+
+/// Worst |got - want| / (1e-5 + |want| / 128) over the checked slice (bf16 out).
+double worst(const std::vector<unsigned char>& out, std::int64_t rows,
+             const std::vector<double>& want) {
+  double w = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < kCheckDim; ++c) {
+      const double g = kjit::support::load_as_double(out.data(), DType::bf16, r * kDim + c);
+      const double e = want[static_cast<std::size_t>(r * kCheckDim + c)];
+      w = std::max(w, std::isfinite(g) ? std::abs(g - e) / (1e-5 + std::abs(e) / 128) : 1e30);
+    }
+  }
+  return w;
+}
+
+struct Common {
+  DeviceBuffer weight{kDim * kWidth * 2}, bias{kDim * 2};
+  std::vector<unsigned char> weight_host, bias_host;
+  explicit Common(std::uint64_t seed) {
+    kjit::bench::fill_random(weight, DType::bf16, kDim * kWidth, seed, 0.5);
+    kjit::bench::fill_random(bias, DType::bf16, kDim, seed + 1);
+    weight_host = download(weight, 0, weight.bytes());
+    bias_host = download(bias, 0, bias.bytes());
+  }
+  TensorView weight_view() const {
+    return TensorView::contiguous(weight.get(), DType::bf16, {kDim, kWidth});
+  }
+  TensorView bias_view() const { return TensorView::contiguous(bias.get(), DType::bf16, {kDim}); }
+  // Host views of the checked channels.
+  TensorView weight_slice() {
+    return TensorView::contiguous(weight_host.data(), DType::bf16, {kCheckDim, kWidth});
+  }
+  TensorView bias_slice() {
+    return TensorView::contiguous(bias_host.data(), DType::bf16, {kCheckDim});
+  }
+};
+
+int forced_chunk() {
+  const char* text = std::getenv("KJIT_CONV_BENCH_CHUNK");
+  return text != nullptr ? std::atoi(text) : 0;
+}
+
+void print_json(std::FILE* json, const std::string& line) {
+  std::printf("%s\n", line.c_str());
+  if (json != nullptr) std::fprintf(json, "%s\n", line.c_str());
+}
+
+bool prefill(kjit::bench::Gpu& gpu, Common& common, std::int64_t tokens, std::FILE* json) {
+  constexpr std::int64_t kSeqs = 16;
+  const std::vector<std::int32_t> cu = uneven_offsets(tokens, kSeqs, 7);
+  const std::size_t x_bytes = static_cast<std::size_t>(tokens * kDim * 2);
+  const std::size_t sets = std::max<std::size_t>(1, kColdBytes / (2 * x_bytes));
+  DeviceBuffer x(x_bytes * sets), out(x_bytes * sets);
+  const std::int64_t slots = 2 * kSeqs;
+  DeviceBuffer pool(static_cast<std::size_t>(slots * kDim * kCols * 2));
+  DeviceBuffer cu_dev(cu.size() * 4), idx_dev(kSeqs * 4);
+  kjit::bench::fill_random(x, DType::bf16, x_bytes * sets / 2, 11);
+  kjit::bench::fill_random(pool, DType::bf16, pool.bytes() / 2, 12);
+  std::vector<std::int32_t> idx(kSeqs);
+  for (std::int64_t n = 0; n < kSeqs; ++n)
+    idx[static_cast<std::size_t>(n)] = static_cast<std::int32_t>(2 * n + 1);
+  upload(cu_dev, cu.data(), cu.size() * 4);
+  upload(idx_dev, idx.data(), idx.size() * 4);
+  kjit::CausalConv1dOptions o;
+  o.activation = kjit::ConvActivation::silu;
+  o.runtime = &gpu.runtime();
+  o.device = gpu.device;
+  o.force_chunk = forced_chunk();
+  auto views = [&](std::size_t set) {
+    return std::pair{TensorView::contiguous(reinterpret_cast<void*>(x.ptr() + set * x_bytes),
+                                            DType::bf16, {tokens, kDim}),
+                     TensorView::contiguous(reinterpret_cast<void*>(out.ptr() + set * x_bytes),
+                                            DType::bf16, {tokens, kDim})};
+  };
+  const TensorView pool_view =
+      TensorView::contiguous(pool.get(), DType::bf16, {slots, kDim, kCols});
+  const TensorView cu_view = TensorView::contiguous(cu_dev.get(), DType::i32, {kSeqs + 1});
+  const TensorView idx_view = TensorView::contiguous(idx_dev.get(), DType::i32, {kSeqs});
+  auto call = [&](std::size_t set, kjit::Stream stream) {
+    const auto [xv, ov] = views(set);
+    kjit::causal_conv1d(xv, common.weight_view(), common.bias_view(), pool_view, cu_view, idx_view,
+                        TensorView{}, ov, o, stream);
+  };
+
+  // Check: one call against the reference on the first kCheckDim channels.
+  std::vector<unsigned char> pool_ref = download(pool, 0, pool.bytes());
+  std::vector<unsigned char> x_host = download(x, 0, x_bytes);
+  call(0, gpu.stream);
+  gpu.synchronize();
+  std::vector<unsigned char> out_host = download(out, 0, x_bytes);
+  std::vector<unsigned char> pool_after = download(pool, 0, pool.bytes());
+  std::vector<std::int32_t> cu_host = cu;
+  const std::vector<double> want = kjit::reference::causal_conv1d(
+      slice(x_host, tokens), common.weight_slice(), common.bias_slice(),
+      TensorView::strided(pool_ref.data(), DType::bf16, {slots, kCheckDim, kCols},
+                          {kDim * kCols, kCols, 1}),
+      TensorView::contiguous(cu_host.data(), DType::i32, {kSeqs + 1}),
+      TensorView::contiguous(idx.data(), DType::i32, {kSeqs}), TensorView{}, o);
+  const double err = worst(out_host, tokens, want);
+  bool pool_ok = true;
+  for (std::int64_t s = 0; s < slots; ++s) {
+    for (std::int64_t c = 0; c < kCheckDim; ++c) {
+      for (std::int64_t j = 0; j < kCols; ++j) {
+        const std::size_t at = static_cast<std::size_t>(((s * kDim + c) * kCols + j) * 2);
+        // The reference updated pool_ref's checked channels in place.
+        pool_ok =
+            pool_ok && pool_ref[at] == pool_after[at] && pool_ref[at + 1] == pool_after[at + 1];
+      }
+    }
+  }
+  const bool ok = err <= 1.0 && pool_ok;
+
+  const std::size_t bytes = 2 * x_bytes + static_cast<std::size_t>(2 * kSeqs * kDim * kCols * 2);
+  kjit::bench::flush_l2(gpu);
+  std::size_t n = 0;
+  const double us = kjit::bench::median_gpu_us(
+      gpu, [&](kjit::Stream s) { call(n++ % sets, s); },
+      x_bytes > (std::size_t{1} << 30) ? 50 : 100);
+  const double copy = kjit::bench::copy_gbs(gpu, bytes);
+  const double gbs = static_cast<double>(bytes) / (us * 1e3);
+  const kjit::Plan plan =
+      kjit::plan_causal_conv1d(views(0).first, common.weight_view(), common.bias_view(), pool_view,
+                               cu_view, idx_view, TensorView{}, views(0).second, o, gpu.limits);
+  print_json(
+      json,
+      fmt::format("{{\"op\":\"causal_conv1d\",\"tokens\":{},\"seqs\":{},\"dim\":{},\"width\":{},"
+                  "\"us\":{:.2f},\"gbs\":{:.1f},\"copy_gbs\":{:.1f},\"ratio_to_copy\":{:.3f},"
+                  "\"mode\":\"{}\",\"spec\":\"{}\",\"check_worst\":{:.3f},\"pool_ok\":{}}}",
+                  tokens, kSeqs, kDim, kWidth, us, gbs, copy, gbs / copy, plan.mode,
+                  plan.launches[0].spec.str(), err, pool_ok));
+  return ok;
+}
+
+bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double empty_us,
+            std::FILE* json) {
+  const std::int64_t slot_elems = kDim * kCols;
+  const std::size_t row_bytes = static_cast<std::size_t>(kDim * 2);
+  const std::size_t step_bytes = static_cast<std::size_t>(batch) *
+                                 (2 * row_bytes + 2 * static_cast<std::size_t>(slot_elems) * 2);
+  // Pool: twice the batch, and >= 512 MB so that rotating slot sets reads cold rows.
+  const std::int64_t slots = std::max<std::int64_t>(
+      2 * batch, static_cast<std::int64_t>(kColdBytes / static_cast<std::size_t>(slot_elems * 2)));
+  DeviceBuffer pool(static_cast<std::size_t>(slots * slot_elems * 2));
+  kjit::bench::fill_random(pool, DType::bf16, static_cast<std::size_t>(slots * slot_elems), 21);
+  const std::size_t io_bytes = static_cast<std::size_t>(batch) * row_bytes;
+  const std::size_t windows =
+      std::max<std::size_t>(1, std::min<std::size_t>(64, kColdBytes / io_bytes));
+  DeviceBuffer x(io_bytes * windows), out(io_bytes * windows);
+  kjit::bench::fill_random(x, DType::bf16, io_bytes * windows / 2, 22);
+  // 32 index sets of `batch` distinct random slots each (distinct within a set).
+  constexpr int kSets = 32;
+  std::mt19937_64 rng(23);
+  std::vector<std::int32_t> idx(static_cast<std::size_t>(kSets * batch));
+  std::vector<std::int32_t> all(static_cast<std::size_t>(slots));
+  std::iota(all.begin(), all.end(), 0);
+  for (int s = 0; s < kSets; ++s) {
+    std::shuffle(all.begin(), all.end(), rng);
+    std::copy(all.begin(), all.begin() + batch, idx.begin() + s * batch);
+  }
+  DeviceBuffer idx_dev(idx.size() * 4);
+  upload(idx_dev, idx.data(), idx.size() * 4);
+  kjit::CausalConv1dOptions o;
+  o.activation = kjit::ConvActivation::silu;
+  o.runtime = &gpu.runtime();
+  o.device = gpu.device;
+  auto view_x = [&](std::size_t w) {
+    return TensorView::contiguous(reinterpret_cast<void*>(x.ptr() + w * io_bytes), DType::bf16,
+                                  {batch, 1, kDim});
+  };
+  auto view_out = [&](std::size_t w) {
+    return TensorView::contiguous(reinterpret_cast<void*>(out.ptr() + w * io_bytes), DType::bf16,
+                                  {batch, 1, kDim});
+  };
+  const TensorView pool_view =
+      TensorView::contiguous(pool.get(), DType::bf16, {slots, kDim, kCols});
+  auto idx_view = [&](int s) {
+    return TensorView::contiguous(
+        reinterpret_cast<void*>(idx_dev.ptr() + static_cast<std::size_t>(s * batch) * 4),
+        DType::i32, {batch});
+  };
+  auto call = [&](std::size_t i, kjit::Stream stream) {
+    kjit::causal_conv1d_update(view_x(i % windows), common.weight_view(), common.bias_view(),
+                               pool_view, idx_view(static_cast<int>(i % kSets)), TensorView{},
+                               view_out(i % windows), o, stream);
+  };
+
+  // Check set 0 on the first kCheckDim channels.
+  const std::vector<unsigned char> pool_before = download(pool, 0, pool.bytes());
+  std::vector<unsigned char> x_host = download(x, 0, io_bytes);
+  call(0, gpu.stream);
+  gpu.synchronize();
+  const std::vector<unsigned char> out_host = download(out, 0, io_bytes);
+  const std::vector<unsigned char> pool_after = download(pool, 0, pool.bytes());
+  std::vector<unsigned char> pool_ref = pool_before;
+  const std::vector<double> want = kjit::reference::causal_conv1d_update(
+      TensorView::strided(x_host.data(), DType::bf16, {batch, 1, kCheckDim}, {kDim, kDim, 1}),
+      common.weight_slice(), common.bias_slice(),
+      TensorView::strided(pool_ref.data(), DType::bf16, {slots, kCheckDim, kCols},
+                          {slot_elems, kCols, 1}),
+      TensorView::contiguous(idx.data(), DType::i32, {batch}), TensorView{}, o);
+  const double err = worst(out_host, batch, want);
+  bool pool_ok = true;
+  for (std::int64_t s = 0; s < slots && pool_ok; ++s) {
+    const std::size_t at = static_cast<std::size_t>(s * slot_elems * 2);
+    const std::size_t n = static_cast<std::size_t>(kCheckDim * kCols * 2);
+    pool_ok = std::equal(pool_after.begin() + static_cast<std::ptrdiff_t>(at),
+                         pool_after.begin() + static_cast<std::ptrdiff_t>(at + n),
+                         pool_ref.begin() + static_cast<std::ptrdiff_t>(at));
+  }
+  const bool ok = err <= 1.0 && pool_ok;
+
+  kjit::bench::flush_l2(gpu);
+  std::size_t n = 1;
+  const double us = kjit::bench::median_gpu_us(gpu, [&](kjit::Stream s) { call(n++, s); });
+  const double copy = kjit::bench::copy_gbs(gpu, step_bytes);
+  const double gbs = static_cast<double>(step_bytes) / (us * 1e3);
+  print_json(json,
+             fmt::format("{{\"op\":\"causal_conv1d_update\",\"batch\":{},\"steps\":1,\"dim\":{},"
+                         "\"width\":{},\"us\":{:.2f},\"empty_kernel_us\":{:.2f},\"over_empty_us\":"
+                         "{:.2f},\"gbs\":{:.1f},\"copy_gbs\":{:.1f},\"ratio_to_copy\":{:.3f},"
+                         "\"check_worst\":{:.3f},\"pool_ok\":{}}}",
+                         batch, kDim, kWidth, us, empty_us, us - empty_us, gbs, copy, gbs / copy,
+                         err, pool_ok));
+  return ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string why;
+  auto gpu = kjit::bench::Gpu::open(&why);
+  if (!gpu) {
+    std::printf("SKIPPED: %s\n", why.c_str());
+    return 0;
+  }
+  std::FILE* json = argc > 1 ? std::fopen(argv[1], "w") : nullptr;
+  Common common(5);
+  bool ok = true;
+  try {
+    std::printf(
+        "causal_conv1d D=%lld W=%lld bf16, SiLU, 16 uneven sequences; median GPU us of "
+        "cold calls\n",
+        static_cast<long long>(kDim), static_cast<long long>(kWidth));
+    for (const std::int64_t tokens : {8192, 32768, 131072})
+      ok &= prefill(*gpu, common, tokens, json);
+    const double empty_us = kjit::bench::empty_kernel_us(*gpu);
+    std::printf(
+        "causal_conv1d_update S=1, random slots of a >= 512 MB pool; empty kernel %.2f us\n",
+        empty_us);
+    for (const std::int64_t batch : {1, 32, 256, 2048})
+      ok &= decode(*gpu, common, batch, empty_us, json);
+  } catch (const kjit::Error& e) {
+    std::printf("FAILED: %s\n", e.what());
+    ok = false;
+  }
+  if (json != nullptr) std::fclose(json);
+  std::printf("%s\n", ok ? "all shapes match the reference" : "SOME SHAPES FAILED THE CHECK");
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: Apache-2.0
+// causal_conv1d: the short causal depthwise convolution a Gated DeltaNet / Mamba layer runs over
+// its projected inputs (mixed_qkv) before the recurrence, with the last inputs of every sequence
+// kept in a conv-state pool (like the recurrent state).
+//
+// Per channel c, with weight w[c, 0..W-1] (tap W-1 multiplies the current input) and the inputs
+// of one sequence preceded by its history h (the W-1 inputs before it):
+//   y[t, c] = act(bias[c] + sum_{j=0}^{W-1} w[c, W-1-j] * in[t-j, c]),  act = identity or SiLU,
+// where in[t-j] for t-j < 0 is the history entry h[W-1+(t-j)] (oldest first). Arithmetic in f32.
+//
+// The pool: conv_state [slots, D, L] with L >= W-1 columns (any strides: vLLM's [slots, D, W-1]
+// layout and the transposed [slots, W-1, D] buffer are both views of this shape). Columns
+// 0..W-2 hold a sequence's last W-1 inputs, oldest first. Speculative decoding keeps more
+// columns (L = W-2+S in vLLM) so that the next step can pick its history by the number of
+// tokens the previous verification accepted (causal_conv1d_update's num_accepted_tokens).
+//
+// Example (Qwen3-Next, one layer, TP1: D = 8192, W = 4, bf16):
+//
+//   kjit::CausalConv1dOptions opt;
+//   opt.activation = kjit::ConvActivation::silu;
+//   // prefill: x, out [T, D]; cu_seqlens [N+1] i32; pool [slots, D, 3]; indices [N] i32
+//   kjit::causal_conv1d(x, weight, bias, pool, cu_seqlens, indices, has_initial, out, opt, stream);
+//   // decode: x, out [B, 1, D]; the same pool and weights; indices [B]
+//   kjit::causal_conv1d_update(xd, weight, bias, pool, indices_b, kjit::TensorView{}, outd, opt,
+//                              stream);
+//   std::puts(kjit::plan_causal_conv1d(x, weight, bias, pool, cu_seqlens, indices, has_initial,
+//                                      out, opt, kjit::DeviceLimits::for_name("h200"))
+//                 .explain().c_str());
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kjit/device.hpp"
+#include "kjit/plan.hpp"
+#include "kjit/types.hpp"
+
+namespace kjit {
+
+class Runtime;
+
+/// Which state indices mean "this sequence / row has no state" (padding). Such a sequence gets
+/// zero output rows and its pool slot (none) is left untouched.
+enum class ConvInvalidIndex : std::uint8_t {
+  /// index < 0 is padding; slot 0 is a real slot (SGLang's convention, kjit's default).
+  negative,
+  /// index <= 0 is padding; slot 0 is a null block (vLLM's convention).
+  nonpositive,
+};
+
+/// Activation applied to the convolution's output.
+enum class ConvActivation : std::uint8_t { none, silu };
+
+/// Options of causal_conv1d / causal_conv1d_update and their plan twins.
+struct CausalConv1dOptions {
+  ConvActivation activation = ConvActivation::none;
+  ConvInvalidIndex invalid_index = ConvInvalidIndex::negative;
+  /// "" lets the planner choose. causal_conv1d: "chunked" (every chunk of every sequence in
+  /// parallel; not for in place) or "sequential" (one thread per sequence and channel group
+  /// walks the whole sequence; the in-place mode). causal_conv1d_update: "rows". PlanError if
+  /// the mode cannot run the call.
+  std::string force_mode;
+  /// 0 lets the planner choose; else the channels per thread (1, 2, 4 or 8; the channel stride
+  /// of x and out must then be 1 and every address aligned to vec elements). For tests.
+  int force_vec = 0;
+  /// 0 lets the planner choose; else the tokens whose loads a thread issues before their
+  /// arithmetic (1, 2, 4, 8 or 16; in the chunked mode also the chunk length, so at least
+  /// W - 1). For tests and tuning.
+  int force_chunk = 0;
+  /// Before launching, copy the indices (and cu_seqlens, num_accepted_tokens) to the host and
+  /// check them: indices < slots, no valid index repeated, cu_seqlens starting at 0,
+  /// non-decreasing and ending at T, num_accepted_tokens in 1..L-W+2 (InvalidArgument
+  /// otherwise). Synchronizes the stream; skipped while it captures. Also on with
+  /// KJIT_DEBUG_CHECKS=1. Without it, an index >= slots is treated as padding by the kernel and
+  /// a num_accepted_tokens outside 1..L-W+2 is clamped into it (never an access out of the
+  /// pool).
+  bool debug_check_indices = false;
+  /// CUDA device ordinal; -1: the stream's device (for the default stream, the calling
+  /// thread's current device). A device other than the stream's is an InvalidArgument.
+  int device = -1;
+  /// nullptr: Runtime::global().
+  Runtime* runtime = nullptr;
+};
+
+/// The modes force_mode accepts.
+inline constexpr const char* kCausalConv1dModes[] = {"chunked", "sequential", "rows"};
+
+/// Varlen prefill over a conv-state pool.
+///
+/// - x [T, D] (bf16, f16, f32), any token and channel strides (channel-contiguous [T, D] and
+///   token-contiguous [D, T] buffers alike). D a multiple of 8 in 8..2^20.
+/// - weight [D, W] (x's dtype or f32), any strides, W in 2..8; bias [D] (weight's dtype) or a
+///   view with data == nullptr (no bias).
+/// - conv_state [slots, D, L] (bf16, f16, f32), L >= W-1, any strides.
+/// - cu_seqlens [N+1] (i32, i64): sequence n is tokens cu_seqlens[n]..cu_seqlens[n+1]-1;
+///   cu_seqlens[0] = 0, non-decreasing, cu_seqlens[N] = T (checked in debug-check mode).
+/// - state_indices [N] (i32, i64): each sequence's slot; padding per options.invalid_index.
+///   Valid indices must not repeat (caller error, caught by debug_check_indices).
+/// - has_initial_state [N] (u8) or data == nullptr (every sequence has one): 0 -> the history
+///   is zeros instead of the slot's columns.
+/// - out [T, D] (bf16, f16, f32), any strides; may be x itself (in place: same pointer and
+///   strides; other overlaps are refused).
+///
+/// After the call, columns 0..W-2 of a sequence's slot hold its last W-1 inputs (with fewer
+/// than W-1 tokens, the history shifted by the tokens); other columns are untouched. A
+/// sequence of 0 tokens leaves its slot untouched. T and N from 0; T < 2^31, N <= 2^24.
+void causal_conv1d(const TensorView& x, const TensorView& weight, const TensorView& bias,
+                   const TensorView& conv_state, const TensorView& cu_seqlens,
+                   const TensorView& state_indices, const TensorView& has_initial_state,
+                   const TensorView& out, const CausalConv1dOptions& options = {},
+                   Stream stream = nullptr);
+
+/// The plan causal_conv1d would launch on a device with these limits; launches nothing, needs
+/// no GPU (pointers are only inspected for alignment and overlap).
+Plan plan_causal_conv1d(const TensorView& x, const TensorView& weight, const TensorView& bias,
+                        const TensorView& conv_state, const TensorView& cu_seqlens,
+                        const TensorView& state_indices, const TensorView& has_initial_state,
+                        const TensorView& out, const CausalConv1dOptions& options,
+                        const DeviceLimits& device);
+
+/// Decode step (S = 1) or speculative verification (S > 1) of B rows, each one sequence.
+///
+/// - x [B, S, D] or [B, D] (S = 1), any strides; out the same shape (may be x: in place).
+/// - weight, bias, conv_state as causal_conv1d; state_indices [B] (i32, i64).
+/// - num_accepted_tokens [B] (i32, i64) or data == nullptr. Without it, the history is columns
+///   0..W-2 and afterwards columns 0..W-2 hold the last W-1 inputs (history followed by the S
+///   tokens). With it (speculative decoding, vLLM's convention): a = num_accepted_tokens[b] is
+///   how many tokens the previous verification step accepted; the history is columns
+///   a-1..a+W-3, and afterwards column k (k < min(L, W-2+S)) holds entry k+1 of (history
+///   followed by the S tokens), so that the next step finds the history of each possible
+///   acceptance count a' at columns a'-1..a'+W-3. Needs 1 <= a <= L-W+2.
+///
+/// B from 0 to 2^31-1 rows, S >= 1 with B*S < 2^31.
+void causal_conv1d_update(const TensorView& x, const TensorView& weight, const TensorView& bias,
+                          const TensorView& conv_state, const TensorView& state_indices,
+                          const TensorView& num_accepted_tokens, const TensorView& out,
+                          const CausalConv1dOptions& options = {}, Stream stream = nullptr);
+
+/// The plan causal_conv1d_update would launch on a device with these limits.
+Plan plan_causal_conv1d_update(const TensorView& x, const TensorView& weight,
+                               const TensorView& bias, const TensorView& conv_state,
+                               const TensorView& state_indices,
+                               const TensorView& num_accepted_tokens, const TensorView& out,
+                               const CausalConv1dOptions& options, const DeviceLimits& device);
+
+}  // namespace kjit

@@ -1,0 +1,580 @@
+// SPDX-License-Identifier: Apache-2.0
+// causal_conv1d: short causal depthwise convolution over varlen sequences (prefill) or decode
+// rows (update), with each sequence's last inputs kept in a conv-state pool.
+//   y[t, c] = act(bias[c] + sum_{j=0}^{W-1} w[c, W-1-j] * in[t-j, c])
+// in[t-j] for t-j < 0 comes from the sequence's history (pool columns, or zeros). Every thread
+// owns kVec consecutive channels of a run of tokens and keeps the W-1 previous inputs of each
+// channel in registers, so every input is read once (plus a W-1 token halo per chunk).
+//
+// Memory bound: the inputs of a batch of kChunk tokens are all loaded before any arithmetic,
+// so each thread has kChunk vector loads in flight. The grid is 1-D with a grid-stride loop
+// over 64-bit work items: legal for every T, N, B and D (no grid y/z at all).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kjit/causal_conv1d_params.h"
+
+namespace kjit {
+
+/// Threads per block (the planner launches exactly this many).
+inline constexpr int kConvBlockThreads = 128;
+
+namespace conv_detail {
+
+template <typename T>
+struct Elem;
+template <>
+struct Elem<float> {
+  static __device__ __forceinline__ float to_f32(float v) { return v; }
+  static __device__ __forceinline__ float from_bits(unsigned int w) { return __uint_as_float(w); }
+  static __device__ __forceinline__ float from_f32(float v) { return v; }
+};
+template <>
+struct Elem<__half> {
+  static __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ float from_bits(unsigned int w) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(w)));
+  }
+  static __device__ __forceinline__ __half from_f32(float v) { return __float2half_rn(v); }
+  static __device__ __forceinline__ unsigned int to_bits(float v) {
+    return __half_as_ushort(__float2half_rn(v));
+  }
+};
+template <>
+struct Elem<__nv_bfloat16> {
+  static __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+  // bf16 is the high half of an f32: widening is a shift.
+  static __device__ __forceinline__ float from_bits(unsigned int w) {
+    return __uint_as_float(w << 16);
+  }
+  static __device__ __forceinline__ __nv_bfloat16 from_f32(float v) {
+    return __float2bfloat16_rn(v);
+  }
+  static __device__ __forceinline__ unsigned int to_bits(float v) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ float load1(const T* p) {
+  return Elem<T>::to_f32(*p);
+}
+template <typename T>
+__device__ __forceinline__ void store1(T* p, float v) {
+  *p = Elem<T>::from_f32(v);
+}
+
+/// kVec elements of T held as raw 32-bit words until used: a batch of loads in flight then costs
+/// half the registers of the same values as floats (16-bit types). The planner guarantees that
+/// a vector (kVec > 1) is contiguous and aligned to kVec * sizeof(T) <= 16 bytes. Loaded as
+/// integer words: the compiler turns those into single vector instructions, arrays of 16-bit
+/// floating types it does not.
+template <typename T, int kVec>
+struct Raw {
+  static constexpr int kBytes = kVec * static_cast<int>(sizeof(T));
+  static_assert(kBytes <= 16, "at most 16 bytes per access");
+  static constexpr int kWords = kBytes >= 4 ? kBytes / 4 : 1;
+  unsigned int w[kWords];
+
+  __device__ __forceinline__ void load(const T* p) {
+    if constexpr (kBytes == 16) {
+      const uint4 r = *reinterpret_cast<const uint4*>(p);
+      w[0] = r.x;
+      w[1] = r.y;
+      w[2] = r.z;
+      w[3] = r.w;
+    } else if constexpr (kBytes == 8) {
+      const uint2 r = *reinterpret_cast<const uint2*>(p);
+      w[0] = r.x;
+      w[1] = r.y;
+    } else if constexpr (kBytes == 4) {
+      w[0] = *reinterpret_cast<const unsigned int*>(p);
+    } else {
+      w[0] = *reinterpret_cast<const unsigned short*>(p);
+    }
+  }
+  __device__ __forceinline__ float get(int k) const {
+    if constexpr (sizeof(T) == 4) {
+      return Elem<T>::from_bits(w[k]);
+    } else {
+      return Elem<T>::from_bits((w[k / 2] >> (16 * (k % 2))) & 0xffffu);
+    }
+  }
+};
+
+template <typename T, int kVec>
+__device__ __forceinline__ void load_vec(const T* p, float (&v)[kVec]) {
+  Raw<T, kVec> raw;
+  raw.load(p);
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) v[k] = raw.get(k);
+}
+
+/// kElems contiguous elements of T (a multiple of 16 bytes, 16-byte aligned: the planner's
+/// block access) held as raw words.
+template <typename T, int kElems>
+struct Block {
+  static constexpr int kBytes = kElems * static_cast<int>(sizeof(T));
+  static_assert(kBytes % 16 == 0, "a block is whole 16-byte vectors");
+  static constexpr int kWords = kBytes / 4;
+  unsigned int w[kWords];
+
+  __device__ __forceinline__ void load(const T* p) {
+#pragma unroll
+    for (int i = 0; i < kWords / 4; ++i) {
+      const uint4 r = reinterpret_cast<const uint4*>(p)[i];
+      w[4 * i] = r.x;
+      w[4 * i + 1] = r.y;
+      w[4 * i + 2] = r.z;
+      w[4 * i + 3] = r.w;
+    }
+  }
+  __device__ __forceinline__ void store(T* p) const {
+#pragma unroll
+    for (int i = 0; i < kWords / 4; ++i) {
+      reinterpret_cast<uint4*>(p)[i] =
+          make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+    }
+  }
+  __device__ __forceinline__ float get(int e) const {
+    if constexpr (sizeof(T) == 4) {
+      return Elem<T>::from_bits(w[e]);
+    } else {
+      return Elem<T>::from_bits((w[e / 2] >> (16 * (e % 2))) & 0xffffu);
+    }
+  }
+  /// Every element of a word is set before the block is stored (the caller sets all of them).
+  __device__ __forceinline__ void set(int e, float v) {
+    if constexpr (sizeof(T) == 4) {
+      w[e] = __float_as_uint(v);
+    } else {
+      const unsigned int bits = Elem<T>::to_bits(v);
+      w[e / 2] = e % 2 == 0 ? (w[e / 2] & 0xffff0000u) | bits : (w[e / 2] & 0xffffu) | (bits << 16);
+    }
+  }
+};
+
+template <typename T, int kVec>
+__device__ __forceinline__ void store_vec(T* p, const float (&v)[kVec]) {
+  constexpr int kBytes = kVec * static_cast<int>(sizeof(T));
+  if constexpr (kVec == 1) {
+    store1(p, v[0]);
+  } else {
+    constexpr int kWords = kBytes / 4;
+    unsigned int w[kWords];
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) {
+      if constexpr (sizeof(T) == 4) {
+        w[i] = __float_as_uint(v[i]);
+      } else {
+        w[i] = Elem<T>::to_bits(v[2 * i]) | (Elem<T>::to_bits(v[2 * i + 1]) << 16);
+      }
+    }
+    if constexpr (kWords == 4) {
+      *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else if constexpr (kWords == 2) {
+      *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+    } else {
+      *reinterpret_cast<unsigned int*>(p) = w[0];
+    }
+  }
+}
+
+/// Element i of an i32 / i64 array (bytes 4 or 8) with a stride.
+__device__ __forceinline__ i64 load_int(const void* base, i64 i, i64 stride, u32 bytes) {
+  if (bytes == 8) return static_cast<const i64*>(base)[i * stride];
+  return static_cast<i64>(static_cast<const int*>(base)[i * stride]);
+}
+
+__device__ __forceinline__ bool slot_valid(i64 slot, const CausalConv1dParams& p) {
+  return !(slot < 0 || (p.nonpositive_invalid != 0 && slot == 0) || slot >= p.num_slots);
+}
+
+/// Per-thread state of one (run of tokens, channel group): weights, bias and the W-1 previous
+/// inputs of each of its kVec channels, oldest first.
+template <int kWidth, int kVec, bool kSilu>
+struct Conv {
+  float w[kWidth][kVec];
+  float b[kVec];
+  float h[kWidth - 1][kVec];
+
+  /// Weights and bias of channels c0..c0+kVec-1: one contiguous [kVec, W] block of 16-byte
+  /// vectors and one bias vector where the launch's flags say the layout allows (a scalar load
+  /// per element, each lane 2 W bytes from the next, costs a wavefront per lane), else element
+  /// by element through the strides.
+  template <typename TW>
+  __device__ __forceinline__ void load_weights(const CausalConv1dParams& p, i64 c0) {
+    const TW* weight = static_cast<const TW*>(p.weight);
+    bool done = false;
+    if constexpr ((kVec * kWidth * sizeof(TW)) % 16 == 0) {
+      if ((p.vector_flags & kConvWeightBlock) != 0) {
+        Block<TW, kVec * kWidth> blk;
+        blk.load(weight + c0 * kWidth);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+#pragma unroll
+          for (int j = 0; j < kWidth; ++j) w[j][k] = blk.get(k * kWidth + j);
+        }
+        done = true;
+      }
+    }
+    if (!done) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+#pragma unroll
+        for (int j = 0; j < kWidth; ++j) {
+          w[j][k] = load1(weight + (c0 + k) * p.weight_channel_stride + j * p.weight_tap_stride);
+        }
+      }
+    }
+    const TW* bias = static_cast<const TW*>(p.bias);
+    if constexpr (kVec > 1 && kVec * sizeof(TW) <= 16) {
+      if ((p.vector_flags & kConvBiasVector) != 0) {
+        load_vec<TW, kVec>(bias + c0, b);
+        return;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      b[k] = bias != nullptr ? load1(bias + (c0 + k) * p.bias_stride) : 0.0f;
+    }
+  }
+
+  /// One token: y from the input and the history, then the input joins the history.
+  __device__ __forceinline__ void step(const float (&in)[kVec], float (&y)[kVec]) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      float acc = b[k] + w[kWidth - 1][k] * in[k];
+#pragma unroll
+      for (int j = 0; j < kWidth - 1; ++j) acc += w[j][k] * h[j][k];
+      if constexpr (kSilu) acc = acc / (1.0f + __expf(-acc));
+      y[k] = acc;
+#pragma unroll
+      for (int j = 0; j + 1 < kWidth - 1; ++j) h[j][k] = h[j + 1][k];
+      h[kWidth - 2][k] = in[k];
+    }
+  }
+};
+
+/// Pointer to element (token offset `t_off`, channel c0) of x / out.
+template <typename T, int kVec>
+__device__ __forceinline__ T* at(const void* base, i64 t_off, i64 c0, i64 channel_stride) {
+  return const_cast<T*>(static_cast<const T*>(base)) + t_off + c0 * channel_stride;
+}
+
+/// Writes zeros to the output rows of tokens [0, count) starting at token offset `t_off`.
+template <typename TOut, int kVec>
+__device__ __forceinline__ void zero_rows(const CausalConv1dParams& p, i64 t_off, i64 t_stride,
+                                          i64 count, i64 c0) {
+  float z[kVec];
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) z[k] = 0.0f;
+  for (i64 t = 0; t < count; ++t) {
+    TOut* dst = at<TOut, kVec>(p.out, t_off + t * t_stride, c0, p.out_channel_stride);
+    if constexpr (kVec == 1) {
+      store1(dst, 0.0f);
+    } else {
+      store_vec<TOut, kVec>(dst, z);
+    }
+  }
+}
+
+/// Loads tokens [t0, min(t0 + kChunk, count)) of x (token offsets x_off + i * x_ts).
+template <typename TIn, int kVec, int kChunk>
+__device__ __forceinline__ void load_batch(const CausalConv1dParams& p,
+                                           Raw<TIn, kVec> (&xs)[kChunk], i64 x_off, i64 x_ts,
+                                           i64 t0, i64 count, i64 c0) {
+#pragma unroll
+  for (int u = 0; u < kChunk; ++u) {
+    if (t0 + u < count) {
+      xs[u].load(at<TIn, kVec>(p.x, x_off + (t0 + u) * x_ts, c0, p.x_channel_stride));
+    }
+  }
+}
+
+/// Runs the loaded tokens [t0, min(t0 + kChunk, count)) through `conv` and stores their outputs
+/// (token offsets o_off + i * o_ts).
+template <typename TIn, typename TOut, int kWidth, int kVec, int kChunk, bool kSilu>
+__device__ __forceinline__ void compute_batch(const CausalConv1dParams& p,
+                                              Conv<kWidth, kVec, kSilu>& conv,
+                                              const Raw<TIn, kVec> (&xs)[kChunk], i64 o_off,
+                                              i64 o_ts, i64 t0, i64 count, i64 c0) {
+#pragma unroll
+  for (int u = 0; u < kChunk; ++u) {
+    if (t0 + u < count) {
+      float in[kVec], y[kVec];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) in[k] = xs[u].get(k);
+      conv.step(in, y);
+      TOut* dst = at<TOut, kVec>(p.out, o_off + (t0 + u) * o_ts, c0, p.out_channel_stride);
+      if constexpr (kVec == 1) {
+        store1(dst, y[0]);
+      } else {
+        store_vec<TOut, kVec>(dst, y);
+      }
+    }
+  }
+}
+
+/// Runs tokens [begin, count) through `conv`, kChunk tokens' loads at a time before their
+/// arithmetic.
+template <typename TIn, typename TOut, int kWidth, int kVec, int kChunk, bool kSilu>
+__device__ __forceinline__ void run_tokens(const CausalConv1dParams& p,
+                                           Conv<kWidth, kVec, kSilu>& conv, i64 x_off, i64 x_ts,
+                                           i64 o_off, i64 o_ts, i64 begin, i64 count, i64 c0) {
+  for (i64 t0 = begin; t0 < count; t0 += kChunk) {
+    Raw<TIn, kVec> xs[kChunk];
+    load_batch<TIn, kVec, kChunk>(p, xs, x_off, x_ts, t0, count, c0);
+    compute_batch<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, xs, o_off, o_ts, t0, count, c0);
+  }
+}
+
+/// Reads x[t_off, c0 + k] for every k as floats (any channel stride).
+template <typename TIn, int kVec>
+__device__ __forceinline__ void load_x(const CausalConv1dParams& p, i64 t_off, i64 c0,
+                                       float (&v)[kVec]) {
+  const TIn* src = at<TIn, kVec>(p.x, t_off, c0, p.x_channel_stride);
+  if constexpr (kVec == 1) {
+    v[0] = load1(src);
+  } else {
+    load_vec<TIn, kVec>(src, v);
+  }
+}
+
+template <typename TState>
+__device__ __forceinline__ TState* state_at(const CausalConv1dParams& p, i64 slot, i64 c, i64 col) {
+  return static_cast<TState*>(p.state) + slot * p.state_slot_stride + c * p.state_channel_stride +
+         col * p.state_col_stride;
+}
+
+/// The pool columns of one slot and kVec channels, by the planner's access mode.
+template <typename TState, int kVec, int kWidth, ConvStateAccess kAccess>
+struct PoolIo {
+  /// h[j][k] = column first + j of channel c0 + k (block access: first is 0).
+  static __device__ __forceinline__ void read(const CausalConv1dParams& p, i64 slot, i64 c0,
+                                              i64 first, float (&h)[kWidth - 1][kVec]) {
+    if constexpr (kAccess == ConvStateAccess::block) {
+      Block<TState, kVec*(kWidth - 1)> b;
+      b.load(state_at<TState>(p, slot, c0, 0));
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+#pragma unroll
+        for (int j = 0; j < kWidth - 1; ++j) h[j][k] = b.get(k * (kWidth - 1) + j);
+      }
+    } else if constexpr (kAccess == ConvStateAccess::channels) {
+#pragma unroll
+      for (int j = 0; j < kWidth - 1; ++j) {
+        load_vec<TState, kVec>(state_at<TState>(p, slot, c0, first + j), h[j]);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+#pragma unroll
+        for (int j = 0; j < kWidth - 1; ++j) {
+          h[j][k] = load1(state_at<TState>(p, slot, c0 + k, first + j));
+        }
+      }
+    }
+  }
+  /// Columns 0..W-2 of channels c0..c0+kVec-1 = v.
+  static __device__ __forceinline__ void write(const CausalConv1dParams& p, i64 slot, i64 c0,
+                                               const float (&v)[kWidth - 1][kVec]) {
+    if constexpr (kAccess == ConvStateAccess::block) {
+      Block<TState, kVec*(kWidth - 1)> b;
+#pragma unroll
+      for (int i = 0; i < Block<TState, kVec*(kWidth - 1)>::kWords; ++i) b.w[i] = 0;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+#pragma unroll
+        for (int j = 0; j < kWidth - 1; ++j) b.set(k * (kWidth - 1) + j, v[j][k]);
+      }
+      b.store(state_at<TState>(p, slot, c0, 0));
+    } else {
+#pragma unroll
+      for (int j = 0; j < kWidth - 1; ++j) write_column(p, slot, c0, j, v[j]);
+    }
+  }
+  /// One column (not the block access: it moves whole blocks only).
+  static __device__ __forceinline__ void write_column(const CausalConv1dParams& p, i64 slot, i64 c0,
+                                                      i64 col, const float (&v)[kVec]) {
+    if constexpr (kAccess == ConvStateAccess::channels) {
+      store_vec<TState, kVec>(state_at<TState>(p, slot, c0, col), v);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) store1(state_at<TState>(p, slot, c0 + k, col), v[k]);
+    }
+  }
+};
+
+/// Entry e of (history ++ the row's tokens) for kVec channels: from registers or from x.
+template <typename TIn, int kVec, int kWidth>
+__device__ __forceinline__ void column_entry(const CausalConv1dParams& p,
+                                             const float (&h)[kWidth - 1][kVec], i64 e, i64 x_off,
+                                             i64 c0, float (&v)[kVec]) {
+  if (e < kWidth - 1) {
+#pragma unroll
+    for (int j = 0; j < kWidth - 1; ++j) {
+      if (j == e) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) v[k] = h[j][k];
+      }
+    }
+  } else {
+    load_x<TIn, kVec>(p, x_off + (e - (kWidth - 1)) * p.x_token_stride, c0, v);
+  }
+}
+
+}  // namespace conv_detail
+
+/// The kernel of every mode. TIn / TOut: x / out; TW: weight and bias; TState: the pool.
+template <typename TIn, typename TOut, typename TW, typename TState, int kWidth, int kVec,
+          int kChunk, ConvMode kMode, ConvStateAccess kAccess, bool kSilu>
+__global__ void __launch_bounds__(kConvBlockThreads)
+    causal_conv1d_kernel(const CausalConv1dParams p) {
+  using namespace conv_detail;
+  static_assert(kWidth >= 2 && kWidth <= 8, "W in 2..8");
+  static_assert(kMode != ConvMode::chunked || kChunk >= kWidth - 1,
+                "a chunk covers the W-1 token halo of the next one");
+  using Pool = PoolIo<TState, kVec, kWidth, kAccess>;
+  const u64 stride = static_cast<u64>(gridDim.x) * blockDim.x;
+  const u64 groups = p.channel_groups;
+  for (u64 item = static_cast<u64>(blockIdx.x) * blockDim.x + threadIdx.x; item < p.num_items;
+       item += stride) {
+    const u64 unit = item / groups;
+    const i64 c0 = static_cast<i64>(item - unit * groups) * kVec;
+    Conv<kWidth, kVec, kSilu> conv;
+
+    if constexpr (kMode == ConvMode::rows) {
+      const i64 row = static_cast<i64>(unit);
+      const i64 S = p.num_tokens;
+      const i64 x_off = row * p.x_row_stride;
+      const i64 o_off = row * p.out_row_stride;
+      // Weights and the first tokens do not depend on the slot: loaded before the index, their
+      // latency overlaps the index -> pool chain (a decode step is that chain at small B).
+      conv.template load_weights<TW>(p, c0);
+      Raw<TIn, kVec> first_batch[kChunk];
+      load_batch<TIn, kVec, kChunk>(p, first_batch, x_off, p.x_token_stride, 0, S, c0);
+      const i64 slot = load_int(p.state_indices, row, p.index_stride, p.index_bytes);
+      if (!slot_valid(slot, p)) {
+        zero_rows<TOut, kVec>(p, o_off, p.out_token_stride, S, c0);
+        continue;
+      }
+      // Speculative: the history of `a` accepted tokens starts at column a - 1; clamped so that
+      // a bad count can never address outside the slot.
+      i64 first = 0;
+      if (p.num_accepted != nullptr) {
+        const i64 a = load_int(p.num_accepted, row, p.accepted_stride, p.accepted_bytes);
+        const i64 most = p.state_len - (kWidth - 1) + 1;
+        first = (a < 1 ? 1 : (a > most ? most : a)) - 1;
+      }
+      Pool::read(p, slot, c0, first, conv.h);
+      // The new columns before any output: x may be out (in place), and every column read is
+      // in registers already. Column k takes entry e of (history ++ x): e = k + 1 when
+      // speculative (the next step picks its history by its acceptance count), else S + k (the
+      // last W - 1 inputs).
+      const bool spec = p.num_accepted != nullptr;
+      const i64 cols = spec ? ((kWidth - 2 + S) < p.state_len ? (kWidth - 2 + S) : p.state_len)
+                            : static_cast<i64>(kWidth - 1);
+      // Columns 0..W-2 always (cols >= W - 1 since L >= W - 1 and S >= 1), the speculative
+      // extra ones (L > W - 1, never the block access) after them.
+      float nv[kWidth - 1][kVec];
+#pragma unroll
+      for (int col = 0; col < kWidth - 1; ++col) {
+        column_entry<TIn, kVec, kWidth>(p, conv.h, spec ? col + 1 : S + col, x_off, c0, nv[col]);
+      }
+      Pool::write(p, slot, c0, nv);
+      if constexpr (kAccess != ConvStateAccess::block) {
+        for (i64 col = kWidth - 1; col < cols; ++col) {
+          float v[kVec];
+          column_entry<TIn, kVec, kWidth>(p, conv.h, spec ? col + 1 : S + col, x_off, c0, v);
+          Pool::write_column(p, slot, c0, col, v);
+        }
+      }
+      // Outputs only now: out may be x (in place), and the columns above read x.
+      compute_batch<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, first_batch, o_off,
+                                                            p.out_token_stride, 0, S, c0);
+      run_tokens<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, x_off, p.x_token_stride, o_off,
+                                                         p.out_token_stride, kChunk, S, c0);
+    } else {
+      // Prefill: which sequence and which tokens of it. The weights first: they do not depend on
+      // the answer, so their loads overlap the search's.
+      conv.template load_weights<TW>(p, c0);
+      i64 n = 0, first_token = 0;
+      if constexpr (kMode == ConvMode::chunked) {
+        // The largest n with floor(cu[n] / kChunk) + n <= unit (non-decreasing in n).
+        i64 lo = 0, hi = p.num_seqs - 1;
+        while (lo < hi) {
+          const i64 mid = (lo + hi + 1) / 2;
+          const i64 base = load_int(p.cu_seqlens, mid, p.cu_stride, p.cu_bytes) / kChunk + mid;
+          if (base <= static_cast<i64>(unit)) {
+            lo = mid;
+          } else {
+            hi = mid - 1;
+          }
+        }
+        n = lo;
+        const i64 start = load_int(p.cu_seqlens, n, p.cu_stride, p.cu_bytes);
+        first_token = (static_cast<i64>(unit) - (start / kChunk + n)) * kChunk;
+      } else {
+        n = static_cast<i64>(unit);
+      }
+      const i64 start = load_int(p.cu_seqlens, n, p.cu_stride, p.cu_bytes);
+      const i64 len = load_int(p.cu_seqlens, n + 1, p.cu_stride, p.cu_bytes) - start;
+      if (first_token >= len) continue;  // an id past the sequence's chunks, or no tokens
+      const i64 count = kMode == ConvMode::chunked
+                            ? (len - first_token < kChunk ? len - first_token : kChunk)
+                            : len;
+      const i64 x_off = (start + first_token) * p.x_token_stride;
+      const i64 o_off = (start + first_token) * p.out_token_stride;
+      const i64 slot = load_int(p.state_indices, n, p.index_stride, p.index_bytes);
+      if (!slot_valid(slot, p)) {
+        zero_rows<TOut, kVec>(p, o_off, p.out_token_stride, count, c0);
+        continue;
+      }
+      if (first_token == 0) {
+        const bool has =
+            p.has_initial_state == nullptr || p.has_initial_state[n * p.has_initial_stride] != 0;
+        if (has) {
+          Pool::read(p, slot, c0, 0, conv.h);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kWidth - 1; ++j) {
+#pragma unroll
+            for (int k = 0; k < kVec; ++k) conv.h[j][k] = 0.0f;
+          }
+        }
+        if constexpr (kMode == ConvMode::chunked) {
+          // This thread alone reads the slot, so it writes the final columns too, from the
+          // history it holds and the sequence's last inputs (x is not written: out of place).
+          // Entry q of the sequence's inputs is x row start + q for q >= 0, history entry
+          // W - 1 + q before it.
+          float nv[kWidth - 1][kVec];
+#pragma unroll
+          for (int j = 0; j < kWidth - 1; ++j) {
+            column_entry<TIn, kVec, kWidth>(p, conv.h, len + j, start * p.x_token_stride, c0,
+                                            nv[j]);
+          }
+          Pool::write(p, slot, c0, nv);
+        }
+      } else {
+        // The halo: the W - 1 inputs before the chunk, all inside the sequence (chunks are
+        // at least W - 1 tokens long).
+#pragma unroll
+        for (int j = 0; j < kWidth - 1; ++j) {
+          load_x<TIn, kVec>(p, x_off - (kWidth - 1 - j) * p.x_token_stride, c0, conv.h[j]);
+        }
+      }
+      run_tokens<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, x_off, p.x_token_stride, o_off,
+                                                         p.out_token_stride, 0, count, c0);
+      if constexpr (kMode == ConvMode::sequential) {
+        // The history after the last token is the sequence's last W - 1 inputs (the slot's old
+        // columns shifted when it is shorter); read from registers, since x may be out.
+        Pool::write(p, slot, c0, conv.h);
+      }
+    }
+  }
+}
+
+}  // namespace kjit

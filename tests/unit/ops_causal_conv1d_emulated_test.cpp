@@ -1,0 +1,318 @@
+// SPDX-License-Identifier: Apache-2.0
+// The causal_conv1d kernel template compiled as host C++ and run on the CPU (threads one after
+// another, tests/common/cuda_host_emulation.hpp) against the float64 reference: every mode
+// (chunked, sequential in place, rows), every pool access (block, channels, scalar), the weight
+// block and strided paths, speculative updates over several steps, padding under both rules;
+// outputs within the dtype's rounding, the pool byte for byte. Parameters are built as
+// lib/ops/causal_conv1d.cpp builds them, from the op's own plan (whose spec must match the
+// instantiated kernel). This checks indexing and arithmetic where no GPU exists; races and the
+// memory model are the GPU suite's (tests/gpu/causal_conv1d_test.cpp).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kjit/device.hpp"
+#include "kjit/ops/causal_conv1d.hpp"
+#include "kjit/types.hpp"
+#include "ops/causal_conv1d_reference.hpp"
+// (keep this order: the emulation header defines __device__ & co. for the template)
+#include "common/cuda_host_emulation.hpp"
+// (the host compiler does not know #pragma unroll: tests/CMakeLists.txt silences that here)
+#include "kjit/causal_conv1d.cuh"
+
+namespace kjit {
+namespace {
+
+using support::load_as_double;
+using support::store_from_double;
+/// A host tensor (any strides) of random values; data is malloc-aligned (16 bytes), enough for
+/// the template's 16-byte vector accesses on the host.
+struct Host {
+  DType dtype;
+  std::vector<std::int64_t> shape, strides;
+  std::vector<unsigned char> bytes;
+  Host(DType d, std::vector<std::int64_t> s, std::vector<std::int64_t> st = {})
+      : dtype(d), shape(s), strides(st) {
+    if (strides.empty()) {
+      strides.assign(shape.size(), 1);
+      for (int i = (int)shape.size() - 2; i >= 0; --i) strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    std::int64_t span = 1;
+    for (size_t i = 0; i < shape.size(); ++i) span += (shape[i] - 1) * strides[i];
+    // 64 bytes of slack past the last element, never read or written (n() excludes them).
+    bytes.assign(span * size_of(dtype) + 64, 0);
+  }
+  void* data() { return bytes.data(); }
+  TensorView view() {
+    TensorView t;
+    t.data = data();
+    t.dtype = dtype;
+    t.rank = (int)shape.size();
+    for (int i = 0; i < t.rank; ++i) {
+      t.shape[i] = shape[i];
+      t.strides[i] = strides[i];
+    }
+    return t;
+  }
+  std::int64_t n() const { return (bytes.size() - 64) / size_of(dtype); }
+  void fill(std::mt19937_64& r) {
+    std::normal_distribution<double> g;
+    for (std::int64_t i = 0; i < n(); ++i) store_from_double(data(), dtype, i, g(r));
+  }
+  void seti(std::int64_t i, std::int64_t v) {
+    store_from_double(data(), dtype, i * strides[0], (double)v);
+  }
+};
+
+using Kernel = void (*)(const CausalConv1dParams);
+void launch(Kernel k, const Plan& plan, const CausalConv1dParams& p) {
+  const LaunchShape& s = plan.launches.at(0).shape;
+  emulated_launch(k, s.grid.x, s.block.x, p);
+}
+
+void compare(const char* what, const TensorView& out, const std::vector<double>& want,
+             double rtol) {
+  double worst = 0;
+  std::int64_t inner = out.shape[out.rank - 1], rows = want.size() / inner;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::int64_t rest = r, base = 0;
+    for (int d = out.rank - 2; d >= 0; --d) {
+      base += (rest % out.shape[d]) * out.strides[d];
+      rest /= out.shape[d];
+    }
+    for (std::int64_t c = 0; c < inner; ++c) {
+      double g = load_as_double(out.data, out.dtype, base + c * out.strides[out.rank - 1]),
+             w = want[r * inner + c];
+      double e = std::isfinite(g) ? std::abs(g - w) / (1e-5 + rtol * std::abs(w)) : 1e30;
+      worst = std::max(worst, e);
+    }
+  }
+  CAPTURE(what);
+  CHECK(worst <= 1.0);
+}
+void compare_bytes(const char* what, Host& a, Host& b) {
+  CAPTURE(what);
+  CHECK(std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.n()) * size_of(a.dtype)) == 0);
+}
+
+// Params as lib/ops/causal_conv1d.cpp's prepare_* and run() build them.
+CausalConv1dParams common(const TensorView& w, const TensorView& b, const TensorView& st,
+                          const Plan& plan, std::int64_t dim, bool nonpos) {
+  CausalConv1dParams k{};
+  k.weight = w.data;
+  k.weight_channel_stride = w.strides[0];
+  k.weight_tap_stride = w.strides[1];
+  if (b.data) {
+    k.bias = b.data;
+    k.bias_stride = b.strides[0];
+  }
+  k.state = st.data;
+  k.state_slot_stride = st.strides[0];
+  k.state_channel_stride = st.strides[1];
+  k.state_col_stride = st.strides[2];
+  k.num_slots = st.shape[0];
+  k.state_len = st.shape[2];
+  k.nonpositive_invalid = nonpos;
+  const KernelSpec& spec = plan.launches[0].spec;
+  const std::int64_t vec = spec.get_int("vec"), W = w.shape[1];
+  const auto sw = static_cast<std::int64_t>(size_of(w.dtype));
+  k.channel_groups = static_cast<u32>(dim / vec);
+  u32 flags = 0;
+  auto al = [](const void* p) {
+    auto a = reinterpret_cast<std::uintptr_t>(p);
+    return a % 16 == 0 ? 16 : a % 8 == 0 ? 8 : a % 4 == 0 ? 4 : 2;
+  };
+  if (w.strides[0] == W && w.strides[1] == 1 && al(w.data) >= 16 && vec * W * sw % 16 == 0)
+    flags |= kConvWeightBlock;
+  if (b.data && b.strides[0] == 1 && vec > 1 && vec * sw <= 16 && al(b.data) >= vec * sw)
+    flags |= kConvBiasVector;
+  k.vector_flags = flags;
+  return k;
+}
+
+template <Kernel K>
+void prefill_case(const char* name, const char* expect_spec_prefix, DType xd, DType wd, DType sd,
+                  std::int64_t W, bool x_tokmajor, bool pool_transposed, bool in_place,
+                  std::vector<std::int64_t> lengths, ConvInvalidIndex rule) {
+  std::mt19937_64 rng(std::random_device{}());
+  const std::int64_t D = 64, N = lengths.size(), slots = N + 3;
+  std::vector<std::int64_t> cu{0};
+  for (auto l : lengths) cu.push_back(cu.back() + l);
+  const std::int64_t T = cu.back();
+  Host x(xd, {T, D}, x_tokmajor ? std::vector<std::int64_t>{1, T} : std::vector<std::int64_t>{});
+  Host w(wd, {D, W}), b(wd, {D}),
+      pool(sd, {slots, D, W - 1},
+           pool_transposed ? std::vector<std::int64_t>{(W - 1) * D, 1, D}
+                           : std::vector<std::int64_t>{});
+  Host cuh(DType::i32, {N + 1}), idx(DType::i64, {N}), has(DType::u8, {N}), out(xd, {T, D});
+  x.fill(rng);
+  w.fill(rng);
+  b.fill(rng);
+  pool.fill(rng);
+  for (std::int64_t i = 0; i <= N; ++i) cuh.seti(i, cu[i]);
+  for (std::int64_t i = 0; i < N; ++i) {
+    idx.seti(i, i % 4 == 3 ? (rule == ConvInvalidIndex::nonpositive ? 0 : -1) : i + 1);
+    has.seti(i, i % 2);
+  }
+  Host pool_ref = pool;
+  Host x_ref = x;
+  CausalConv1dOptions o;
+  o.activation = ConvActivation::silu;
+  o.invalid_index = rule;
+  TensorView outv = in_place ? x.view() : out.view();
+  Plan plan = plan_causal_conv1d(x.view(), w.view(), b.view(), pool.view(), cuh.view(), idx.view(),
+                                 has.view(), outv, o, DeviceLimits::for_name("h200"));
+  std::string spec = plan.launches[0].spec.str();
+  REQUIRE_MESSAGE(spec.rfind(expect_spec_prefix, 0) == 0, name << ": the plan's spec " << spec);
+  std::vector<double> want = reference::causal_conv1d(
+      x_ref.view(), w.view(), b.view(), pool_ref.view(), cuh.view(), idx.view(), has.view(), o);
+  CausalConv1dParams k =
+      common(w.view(), b.view(), pool.view(), plan, D, rule == ConvInvalidIndex::nonpositive);
+  k.x = x.data();
+  k.out = outv.data;
+  k.cu_seqlens = cuh.data();
+  k.state_indices = idx.data();
+  k.has_initial_state = (const unsigned char*)has.data();
+  k.has_initial_stride = 1;
+  k.x_token_stride = x.strides[0];
+  k.x_channel_stride = x.strides[1];
+  k.out_token_stride = outv.strides[0];
+  k.out_channel_stride = outv.strides[1];
+  k.cu_stride = 1;
+  k.index_stride = 1;
+  k.cu_bytes = 4;
+  k.index_bytes = 8;
+  k.num_tokens = T;
+  k.num_seqs = N;
+  std::int64_t chunk = plan.launches[0].spec.get_int("chunk");
+  k.num_items = (plan.mode == "chunked" ? T / chunk + N : N) * (std::uint64_t)k.channel_groups;
+  launch(K, plan, k);
+  compare(name, outv, want, xd == DType::f32 ? 1e-5 : xd == DType::f16 ? 1.0 / 512 : 1.0 / 128);
+  compare_bytes(name, pool, pool_ref);
+}
+
+template <Kernel K>
+void update_case(const char* name, const char* expect_spec_prefix, DType xd, DType wd, DType sd,
+                 std::int64_t W, std::int64_t S, bool spec_mode, bool pool_transposed,
+                 bool in_place, ConvInvalidIndex rule, int rounds) {
+  std::mt19937_64 rng(std::random_device{}());
+  const std::int64_t D = 64, B = 9, slots = B + 2,
+                     L = spec_mode ? std::max(W - 1, W - 2 + S) : W - 1;
+  Host w(wd, {D, W}), b(wd, {D}),
+      pool(sd, {slots, D, L},
+           pool_transposed ? std::vector<std::int64_t>{L * D, 1, D} : std::vector<std::int64_t>{});
+  Host idx(DType::i32, {B}), acc(DType::i32, {B});
+  w.fill(rng);
+  b.fill(rng);
+  pool.fill(rng);
+  for (std::int64_t i = 0; i < B; ++i)
+    idx.seti(i, i % 4 == 3 ? (rule == ConvInvalidIndex::nonpositive ? 0 : -1) : i + 1);
+  Host pool_ref = pool;
+  CausalConv1dOptions o;
+  o.activation = ConvActivation::silu;
+  o.invalid_index = rule;
+  for (int r = 0; r < rounds; ++r) {
+    Host x(xd, {B, S, D}), out(xd, {B, S, D});
+    x.fill(rng);
+    for (std::int64_t i = 0; i < B; ++i) acc.seti(i, 1 + (std::int64_t)(rng() % (L - W + 2)));
+    Host x_ref = x;
+    TensorView outv = in_place ? x.view() : out.view();
+    TensorView accv = acc.view();
+    if (!spec_mode) accv.data = nullptr;
+    Plan plan = plan_causal_conv1d_update(x.view(), w.view(), b.view(), pool.view(), idx.view(),
+                                          accv, outv, o, DeviceLimits::for_name("h200"));
+    std::string spec = plan.launches[0].spec.str();
+    REQUIRE_MESSAGE(spec.rfind(expect_spec_prefix, 0) == 0, name << ": the plan's spec " << spec);
+    std::vector<double> want = reference::causal_conv1d_update(
+        x_ref.view(), w.view(), b.view(), pool_ref.view(), idx.view(), accv, o);
+    CausalConv1dParams k =
+        common(w.view(), b.view(), pool.view(), plan, D, rule == ConvInvalidIndex::nonpositive);
+    k.x = x.data();
+    k.out = outv.data;
+    k.state_indices = idx.data();
+    k.index_stride = 1;
+    k.index_bytes = 4;
+    if (spec_mode) {
+      k.num_accepted = acc.data();
+      k.accepted_stride = 1;
+      k.accepted_bytes = 4;
+    }
+    k.x_row_stride = x.strides[0];
+    k.x_token_stride = x.strides[1];
+    k.x_channel_stride = x.strides[2];
+    k.out_row_stride = outv.strides[0];
+    k.out_token_stride = outv.strides[1];
+    k.out_channel_stride = outv.strides[2];
+    k.num_tokens = S;
+    k.num_seqs = B;
+    k.num_items = B * (std::uint64_t)k.channel_groups;
+    launch(K, plan, k);
+    compare(name, outv, want, xd == DType::f32 ? 1e-5 : xd == DType::f16 ? 1.0 / 512 : 1.0 / 128);
+    compare_bytes(name, pool, pool_ref);
+  }
+}
+
+using bf = __nv_bfloat16;
+using hf = __half;
+
+TEST_CASE("causal_conv1d kernel on the CPU: prefill modes, pool accesses, layouts") {
+  prefill_case<&causal_conv1d_kernel<bf, bf, bf, bf, 4, 8, 8, ConvMode::chunked,
+                                     ConvStateAccess::block, true>>(
+      "chunked, bf16, block pool, weight block",
+      "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=8,mode=chunked,"
+      "pool=block,silu=1",
+      DType::bf16, DType::bf16, DType::bf16, 4, false, false, false,
+      {1, 2, 3, 4, 40, 17, 0, 9, 100}, ConvInvalidIndex::negative);
+  prefill_case<&causal_conv1d_kernel<hf, hf, float, float, 3, 8, 8, ConvMode::sequential,
+                                     ConvStateAccess::scalar, true>>(
+      "in place (sequential), f16 x, f32 weights and transposed pool",
+      "causal_conv1d:in=f16,out=f16,weight=f32,state=f32,width=3,vec=8,chunk=8,mode=sequential,"
+      "pool=scalar,silu=1",
+      DType::f16, DType::f32, DType::f32, 3, false, true, true, {1, 2, 3, 4, 40, 17, 0, 9, 100},
+      ConvInvalidIndex::nonpositive);
+  prefill_case<&causal_conv1d_kernel<bf, bf, bf, bf, 8, 8, 8, ConvMode::chunked,
+                                     ConvStateAccess::channels, true>>(
+      "chunked, W = 8, transposed pool (channel vectors)",
+      "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=8,vec=8,chunk=8,mode=chunked,"
+      "pool=channels,silu=1",
+      DType::bf16, DType::bf16, DType::bf16, 8, false, true, false, {1, 6, 7, 8, 40, 17, 0, 9, 100},
+      ConvInvalidIndex::negative);
+  prefill_case<&causal_conv1d_kernel<float, float, float, float, 2, 1, 8, ConvMode::chunked,
+                                     ConvStateAccess::scalar, true>>(
+      "chunked, token-contiguous f32 x, W = 2",
+      "causal_conv1d:in=f32,out=f32,weight=f32,state=f32,width=2,vec=1,chunk=8,mode=chunked",
+      DType::f32, DType::f32, DType::f32, 2, true, false, false, {1, 2, 3, 40, 0, 9},
+      ConvInvalidIndex::negative);
+}
+
+TEST_CASE("causal_conv1d kernel on the CPU: decode and speculative updates, chained") {
+  update_case<&causal_conv1d_kernel<bf, bf, float, bf, 4, 8, 1, ConvMode::rows,
+                                    ConvStateAccess::block, true>>(
+      "decode, block pool",
+      "causal_conv1d:in=bf16,out=bf16,weight=f32,state=bf16,width=4,vec=8,chunk=1,mode=rows,"
+      "pool=block",
+      DType::bf16, DType::f32, DType::bf16, 4, 1, false, false, false,
+      ConvInvalidIndex::nonpositive, 3);
+  update_case<&causal_conv1d_kernel<bf, bf, float, bf, 4, 8, 4, ConvMode::rows,
+                                    ConvStateAccess::channels, true>>(
+      "speculative S = 3, transposed pool",
+      "causal_conv1d:in=bf16,out=bf16,weight=f32,state=bf16,width=4,vec=8,chunk=4,mode=rows,"
+      "pool=channels",
+      DType::bf16, DType::f32, DType::bf16, 4, 3, true, true, false, ConvInvalidIndex::nonpositive,
+      4);
+  update_case<&causal_conv1d_kernel<float, float, float, float, 3, 4, 8, ConvMode::rows,
+                                    ConvStateAccess::scalar, true>>(
+      "speculative S = 7 in place, f32",
+      "causal_conv1d:in=f32,out=f32,weight=f32,state=f32,width=3,vec=4,chunk=8,mode=rows,"
+      "pool=scalar",
+      DType::f32, DType::f32, DType::f32, 3, 7, true, false, true, ConvInvalidIndex::negative, 4);
+}
+
+}  // namespace
+}  // namespace kjit
