@@ -10,7 +10,8 @@
 // "<mode>[:bv=N,stages=N,bps=N,hints=L/S,order=slot|given]" forces a grid mode ("planner": the
 // planner's), V tile, bulk stages, resident blocks per SM, state cache hints and row order. A
 // summary table of every shape x variant is printed last. KJIT_GDN_BENCH_SLOTS=sorted gives each
-// call its slots in ascending order instead of a random permutation.
+// call its slots in ascending order instead of a random permutation. KJIT_GDN_BENCH_SERVING=1
+// adds the serving protocol's table (serving_table), "only" runs it alone.
 //
 //   bench_gdn_decode [results.jsonl]
 #include <fmt/format.h>
@@ -187,6 +188,101 @@ Result verify(std::int64_t batch, std::int64_t value_heads, const DeviceBuffer& 
   return result;
 }
 
+// KJIT_GDN_BENCH_SERVING=1 ("only": this table alone): a serving engine's pool holds more slots
+// than the batch and the previous layer's kernels leave L2 full of their (dirty) data. HV = 32,
+// pools 2x and 8x the batch with random distinct slots per call (16 draws, taken in turn), and
+// 2x with each call's slots sorted; every call timed after an L2 flush ("flushed") and after
+// 64 MiB of unrelated writes ("dirty"). GPU us and the ratio to a same-run cold copy of the
+// bytes the call moves.
+bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options, std::FILE* json) {
+  constexpr std::int64_t value_heads = 32, draws = 16;
+  const std::int64_t width = 2 * kHeads * kDim + value_heads * kDim;
+  const std::size_t slot_bytes = static_cast<std::size_t>(value_heads * kDim * kDim * 4);
+  std::printf(
+      "\nserving protocol: gdn_decode HV=32, median GPU us (ratio to a cold copy of the same "
+      "bytes)\n%6s | %-26s | %-26s | %-26s\n%6s | %12s %13s | %12s %13s | %12s %13s\n",
+      "B", "pool 2x, random slots", "pool 8x, random slots", "pool 2x, sorted slots", "", "flushed",
+      "dirty", "flushed", "dirty", "flushed", "dirty");
+  bool all_ok = true;
+  for (std::int64_t batch : {1, 32, 256, 1024, 2048}) {
+    DeviceBuffer qkv(static_cast<std::size_t>(batch * width * 2));
+    DeviceBuffer ab(static_cast<std::size_t>(2 * batch * value_heads * 2));
+    DeviceBuffer params(static_cast<std::size_t>(2 * value_heads * 4));
+    DeviceBuffer out(static_cast<std::size_t>(batch * value_heads * kDim * 2));
+    DeviceBuffer indices(static_cast<std::size_t>(draws * batch * 4));
+    const std::uint64_t seed = 0x51a7u + static_cast<std::uint64_t>(batch);
+    kjit::bench::fill_random(qkv, DType::bf16, qkv.bytes() / 2, seed);
+    kjit::bench::fill_random(ab, DType::bf16, ab.bytes() / 2, seed + 1);
+    kjit::bench::fill_random(params, DType::f32, params.bytes() / 4, seed + 2, 0.5);
+    const TensorView v_qkv = view(qkv, DType::bf16, {batch, width});
+    const TensorView v_a = view(ab, DType::bf16, {batch, value_heads});
+    const TensorView v_b = view(ab, DType::bf16, {batch, value_heads},
+                                static_cast<std::size_t>(batch * value_heads * 2));
+    const TensorView v_alog = view(params, DType::f32, {value_heads});
+    const TensorView v_dtb =
+        view(params, DType::f32, {value_heads}, static_cast<std::size_t>(value_heads * 4));
+    const TensorView v_out = view(out, DType::bf16, {batch, value_heads, kDim});
+    const std::size_t moved =
+        2 * slot_bytes * static_cast<std::size_t>(batch) +
+        static_cast<std::size_t>(batch * width * 2 + 2 * batch * value_heads * 2 +
+                                 batch * value_heads * kDim * 2);
+    const double copy = kjit::bench::copy_gbs(gpu, moved);
+    std::printf("%6lld |", static_cast<long long>(batch));
+    struct Layout {
+      std::int64_t factor;
+      bool sorted;
+      const char* name;
+    };
+    for (const Layout layout : {Layout{2, false, "2x_random"}, Layout{8, false, "8x_random"},
+                                Layout{2, true, "2x_sorted"}}) {
+      const std::int64_t slots = layout.factor * batch;
+      DeviceBuffer pool(static_cast<std::size_t>(slots) * slot_bytes);
+      kjit::bench::fill_random(pool, DType::f32, pool.bytes() / 4, seed + 3, 0.1);
+      std::vector<std::int32_t> all(static_cast<std::size_t>(slots)), picked;
+      std::iota(all.begin(), all.end(), 0);
+      std::mt19937_64 rng(seed + 4);
+      for (std::int64_t d = 0; d < draws; ++d) {
+        std::shuffle(all.begin(), all.end(), rng);
+        const auto first = picked.size();
+        picked.insert(picked.end(), all.begin(), all.begin() + batch);
+        if (layout.sorted)
+          std::sort(picked.begin() + static_cast<std::ptrdiff_t>(first), picked.end());
+      }
+      indices.upload(picked.data(), picked.size() * 4);
+      const TensorView pool_view = view(pool, DType::f32, {slots, value_heads, kDim, kDim});
+      const Result check =
+          verify(batch, value_heads, qkv, ab, params, pool, indices, out, options, gpu);
+      all_ok = all_ok && check.ok;
+      for (const bool dirty : {false, true}) {
+        std::int64_t call = 0;
+        const double us = kjit::bench::median_gpu_us(
+            gpu,
+            [&](kjit::Stream stream) {
+              kjit::gdn_decode(v_qkv, v_a, v_b, v_alog, v_dtb, pool_view,
+                               view(indices, DType::i32, {batch},
+                                    static_cast<std::size_t>((call++ % draws) * batch * 4)),
+                               v_out, options, stream);
+            },
+            100, 10,
+            [&](kjit::Stream) { dirty ? kjit::bench::dirty_l2(gpu) : kjit::bench::flush_l2(gpu); });
+        const double ratio = static_cast<double>(moved) / (us * 1e3) / copy;
+        std::printf(" %8.2f (%.2f)%s", us, ratio, check.ok ? "" : "!");
+        if (json != nullptr) {
+          std::fprintf(json,
+                       "{\"op\":\"gdn_decode_serving\",\"HV\":32,\"B\":%lld,\"pool\":\"%s\","
+                       "\"l2\":\"%s\",\"us\":%.3f,\"copy_ratio\":%.4f,\"check\":%s}\n",
+                       static_cast<long long>(batch), layout.name, dirty ? "dirty" : "flushed", us,
+                       ratio, check.ok ? "true" : "false");
+        }
+      }
+      std::printf(" |");
+      std::fflush(stdout);
+    }
+    std::printf("\n");
+  }
+  return all_ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -203,6 +299,12 @@ int main(int argc, char** argv) {
   const std::vector<Variant> variants = parse_variants(std::getenv("KJIT_GDN_BENCH_VARIANTS"));
   const char* slot_order = std::getenv("KJIT_GDN_BENCH_SLOTS");
   const bool sorted_slots = slot_order != nullptr && std::string(slot_order) == "sorted";
+  const char* serving = std::getenv("KJIT_GDN_BENCH_SERVING");
+  if (serving != nullptr && std::string(serving) == "only") {
+    const bool ok = serving_table(*gpu, base, json);
+    if (json != nullptr) std::fclose(json);
+    return ok ? 0 : 1;
+  }
   std::vector<Row> rows;
   std::printf("gdn_decode H=16 K=V=128 bf16 qkv, f32 state; median GPU us of %s; slots %s\n",
               "cold calls (L2 flushed, pools rotated)",
@@ -340,6 +442,9 @@ int main(int argc, char** argv) {
                 static_cast<long long>(row.batch));
     for (const std::string& cell : row.cells) std::printf(" | %s", cell.c_str());
     std::printf("\n");
+  }
+  if (serving != nullptr && std::string(serving) == "1") {
+    all_ok = serving_table(*gpu, base, json) && all_ok;
   }
   if (json != nullptr) std::fclose(json);
   return all_ok ? 0 : 1;

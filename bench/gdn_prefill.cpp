@@ -3,6 +3,8 @@
 // call, and the ratio to fla's chunk_gated_delta_rule figures of BENCHMARKING.md (same H200,
 // same shapes: K = V = 128, bf16 q/k/v, raw bf16 gates, f32 state pool, varlen with uneven
 // lengths). A small shape is first checked against the float64 reference.
+// KJIT_PREFILL_ANCHOR_LIB=<library>: an anchor kernel (PrefillAnchor below) timed beside kjit on
+// every shape, on the same inputs, its out and final state compared with kjit's.
 //
 //   bench_gdn_prefill [results.jsonl] [profile]   (KJIT_PREFILL_BENCH_SWEEP=1: also every tile)
 #include <fmt/format.h>
@@ -12,10 +14,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "anchor_library.hpp"
 #include "harness.hpp"
 #include "kjit/gdn_prefill_params.h"
 #include "kjit/ops/gdn_prefill.hpp"
@@ -124,6 +128,20 @@ std::vector<unsigned char> host_copy(const DeviceBuffer& buffer) {
   return host;
 }
 
+// ||got - ref|| / ||ref|| over every element.
+double relative_l2(const std::vector<unsigned char>& got, const std::vector<unsigned char>& ref,
+                   DType dtype) {
+  double d2 = 0, r2 = 0;
+  const auto count = static_cast<std::int64_t>(got.size() / kjit::size_of(dtype));
+  for (std::int64_t i = 0; i < count; ++i) {
+    const double x = kjit::support::load_as_double(got.data(), dtype, i);
+    const double y = kjit::support::load_as_double(ref.data(), dtype, i);
+    d2 += (x - y) * (x - y);
+    r2 += y * y;
+  }
+  return std::sqrt(d2 / std::max(r2, 1e-300));
+}
+
 /// One call on a small uneven batch against the float64 reference: relative L2 error of out and
 /// of the pool.
 bool verify(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& options) {
@@ -149,20 +167,8 @@ bool verify(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& options) {
       TensorView::contiguous(pool.data(), DType::f32, {n, hv, kDim, kDim}),
       TensorView::contiguous(idx.data(), DType::i32, {n}), TensorView{},
       TensorView::contiguous(ref_out.data(), DType::bf16, {t, hv, kDim}), {});
-  auto rel = [](const std::vector<unsigned char>& got, const std::vector<unsigned char>& ref,
-                DType dtype) {
-    double d2 = 0, r2 = 0;
-    const auto count = static_cast<std::int64_t>(got.size() / kjit::size_of(dtype));
-    for (std::int64_t i = 0; i < count; ++i) {
-      const double x = kjit::support::load_as_double(got.data(), dtype, i);
-      const double y = kjit::support::load_as_double(ref.data(), dtype, i);
-      d2 += (x - y) * (x - y);
-      r2 += y * y;
-    }
-    return std::sqrt(d2 / std::max(r2, 1e-300));
-  };
-  const double eo = rel(host_copy(in.out), ref_out, DType::bf16);
-  const double es = rel(host_copy(in.pool), pool, DType::f32);
+  const double eo = relative_l2(host_copy(in.out), ref_out, DType::bf16);
+  const double es = relative_l2(host_copy(in.pool), pool, DType::f32);
   std::printf("verify (T=1500, 5 seqs, H=2, HV=4): out rel err %.2e, state rel err %.2e -> %s\n",
               eo, es, eo <= 2e-2 && es <= 2e-2 ? "ok" : "FAILED");
   return eo <= 2e-2 && es <= 2e-2;
@@ -257,6 +263,106 @@ double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOption
       10, 2);
 }
 
+// A prefill anchor loaded from KJIT_PREFILL_ANCHOR_LIB (bench/anchor_library.hpp), e.g.
+// FlashInfer's SM90 kernel wrapped in a small library built outside the repository. Its C ABI:
+//   int kjit_anchor_gdn_prefill(stream, out, final_state, q, k, v, initial_state, alpha, beta,
+//       cu_seqlens, workspace, seqs, heads, value_heads, head_size, tokens, scale, sm_count,
+//       error, error_bytes): q and k L2-normalized, alpha = e^g and beta f32 [T, HV], states
+//       f32 [N, HV, V, K] (dense, one per sequence), cu_seqlens i64, out bf16 [T, HV, K];
+//   int kjit_anchor_l2norm(stream, in, out, rows, dim): the normalization pass engines run
+//       before such a kernel (bf16 rows).
+struct PrefillAnchor {
+  using Prefill = int (*)(void*, void*, float*, const void*, const void*, const void*, const float*,
+                          const float*, const float*, const long long*, void*, int, int, int, int,
+                          long long, float, int, char*, int);
+  using Norm = int (*)(void*, const void*, void*, long long, int);
+  kjit::bench::AnchorLibrary library;
+  Prefill prefill = nullptr;
+  Norm norm = nullptr;
+
+  static std::optional<PrefillAnchor> open() {
+    auto library = kjit::bench::AnchorLibrary::open("KJIT_PREFILL_ANCHOR_LIB");
+    if (!library) return std::nullopt;
+    const auto prefill = library->symbol<Prefill>("kjit_anchor_gdn_prefill");
+    const auto norm = library->symbol<Norm>("kjit_anchor_l2norm");
+    if (prefill == nullptr || norm == nullptr) return std::nullopt;
+    return PrefillAnchor{*library, prefill, norm};
+  }
+};
+
+// The anchor on `in`'s shape: its kernel alone and with the q/k normalization pass (GPU us), and
+// its out and final state against kjit's from the same initial state (relative L2).
+struct AnchorRun {
+  double kernel_us = 0, with_norm_us = 0, out_diff = 0, state_diff = 0;
+};
+
+AnchorRun run_anchor(kjit::bench::Gpu& gpu, const PrefillAnchor& anchor, Inputs& in,
+                     const kjit::GdnPrefillOptions& options) {
+  using kjit::support::load_as_double;
+  const std::int64_t t = in.tokens, h = in.heads, hv = in.value_heads, n = in.seqs;
+  const auto qk_rows = static_cast<std::size_t>(t * h), gates = static_cast<std::size_t>(t * hv),
+             state_bytes = static_cast<std::size_t>(n * hv * kDim * kDim) * 4;
+  DeviceBuffer qn(qk_rows * kDim * 2), kn(qk_rows * kDim * 2), alpha(gates * 4), beta(gates * 4),
+      cu64(static_cast<std::size_t>(n + 1) * 8), state_in(state_bytes), state_out(state_bytes),
+      out(gates * kDim * 2), workspace(std::size_t{1} << 20);
+  // The gates as the anchor takes them, from the bench's raw ones (the reference's formulas).
+  const auto a = host_copy(in.a), b = host_copy(in.b), a_log = host_copy(in.a_log),
+             dt_bias = host_copy(in.dt_bias);
+  std::vector<float> host_alpha(gates), host_beta(gates);
+  for (std::size_t i = 0; i < gates; ++i) {
+    const auto head = static_cast<std::int64_t>(i % static_cast<std::size_t>(hv));
+    const double x = load_as_double(a.data(), DType::bf16, static_cast<std::int64_t>(i)) +
+                     load_as_double(dt_bias.data(), DType::f32, head);
+    const double softplus = x > options.softplus_threshold ? x : std::log1p(std::exp(x));
+    const double g = -std::exp(load_as_double(a_log.data(), DType::f32, head)) * softplus;
+    host_alpha[i] = static_cast<float>(std::exp(g));
+    host_beta[i] = static_cast<float>(
+        1.0 /
+        (1.0 + std::exp(-load_as_double(b.data(), DType::bf16, static_cast<std::int64_t>(i)))));
+  }
+  alpha.upload(host_alpha);
+  beta.upload(host_beta);
+  cu64.upload(std::vector<long long>(in.cu.begin(), in.cu.end()));
+  kjit::bench::check(kjit::bench::cu().cuMemcpyDtoDAsync(state_in.ptr(), in.pool.ptr(), state_bytes,
+                                                         gpu.cu_stream()),
+                     "cuMemcpyDtoDAsync");
+  char error[512] = "";
+  const auto enqueue = [&](bool with_norm) {
+    void* stream = gpu.cu_stream();
+    if (with_norm &&
+        (anchor.norm(stream, in.q.get(), qn.get(), static_cast<long long>(qk_rows), kDim) != 0 ||
+         anchor.norm(stream, in.k.get(), kn.get(), static_cast<long long>(qk_rows), kDim) != 0)) {
+      std::fprintf(stderr, "anchor l2norm failed\n");
+      std::exit(1);
+    }
+    if (anchor.prefill(
+            stream, out.get(), static_cast<float*>(state_out.get()), qn.get(), kn.get(), in.v.get(),
+            static_cast<const float*>(state_in.get()), static_cast<const float*>(alpha.get()),
+            static_cast<const float*>(beta.get()), static_cast<const long long*>(cu64.get()),
+            workspace.get(), static_cast<int>(n), static_cast<int>(h), static_cast<int>(hv),
+            static_cast<int>(kDim), static_cast<long long>(t),
+            static_cast<float>(1.0 / std::sqrt(static_cast<double>(kDim))), gpu.limits.sm_count,
+            error, sizeof error) != 0) {
+      std::fprintf(stderr, "anchor %s failed: %s\n", anchor.library.name().c_str(), error);
+      std::exit(1);
+    }
+  };
+  AnchorRun run;
+  // One call of each from the same initial state (kjit updates the pool in place).
+  call(in, options, gpu.stream);
+  enqueue(true);
+  gpu.synchronize();
+  run.out_diff = relative_l2(host_copy(out), host_copy(in.out), DType::bf16);
+  run.state_diff = relative_l2(host_copy(state_out), host_copy(in.pool), DType::f32);
+  kjit::bench::flush_l2(gpu);
+  run.kernel_us = kjit::bench::median_gpu_us(
+      gpu, [&](kjit::Stream) { enqueue(false); }, 20, 3);
+  kjit::bench::flush_l2(gpu);
+  run.with_norm_us = kjit::bench::median_gpu_us(
+      gpu, [&](kjit::Stream) { enqueue(true); }, 20, 3);
+  return run;
+}
+
 struct Anchor {
   std::int64_t heads, value_heads, tokens, seqs;
   double fla_us;
@@ -276,7 +382,7 @@ struct FewShape {
 // over the ~790 TFLOP/s measured bf16 GEMM rate. KJIT_PREFILL_BENCH_CP="16,32,64": also each
 // segment length forced (chunked_cp<L>).
 void few_sequences_table(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& options,
-                         FILE* json) {
+                         const std::optional<PrefillAnchor>& anchor, FILE* json) {
   const std::vector<FewShape> shapes = {
       {16, 16, 1, 32768, 1615, 400}, {16, 16, 2, 16384, 776, 591},    {16, 16, 4, 8192, 394, 396},
       {16, 16, 8, 4096, 209, 331},   {16, 16, 1, 131072, 6502, 1362}, {16, 32, 1, 32768, 1547, 821},
@@ -291,11 +397,12 @@ void few_sequences_table(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& o
       rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
     }
   }
+  // Without an anchor library: the FlashInfer figures (quoted, marked *).
   std::printf(
       "\nfew long sequences (equal lengths), GPU us\n%4s %4s %11s | %-22s %9s | %9s %7s | "
-      "%8s %6s | %9s %9s",
+      "%8s %6s | %9s %9s %7s %9s | %9s",
       "H", "HV", "seqs x len", "planner's mode", "GPU us", "chunked", "gain", "floor", "of it",
-      "FlashInfr", "FlashQLA");
+      "anchor", "+norm", "anch/kj", "diff", "FlashQLA*");
   for (const std::string& l : sweep) std::printf(" %9s", ("cp" + l).c_str());
   std::printf("\n");
   for (const FewShape& s : shapes) {
@@ -319,11 +426,17 @@ void few_sequences_table(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& o
     const double flops = (6.0 * kDim * kDim + 4.0 * 64 * (kDim + kDim)) *
                          static_cast<double>(tokens * s.value_heads);
     const double floor_us = std::max(bytes / (copy * 1e3), flops / 790e6);
-    std::printf(
-        "%4lld %4lld %4lld x %-6lld | %-22s %9.1f | %9.1f %6.2fx | %8.1f %5.0f%% | %9.0f %9.0f",
-        static_cast<long long>(s.heads), static_cast<long long>(s.value_heads),
-        static_cast<long long>(s.seqs), static_cast<long long>(s.length), plan.mode.c_str(), us,
-        seq_us, seq_us / us, floor_us, 100.0 * floor_us / us, s.flashinfer_us, s.flashqla_us);
+    std::printf("%4lld %4lld %4lld x %-6lld | %-22s %9.1f | %9.1f %6.2fx | %8.1f %5.0f%% | ",
+                static_cast<long long>(s.heads), static_cast<long long>(s.value_heads),
+                static_cast<long long>(s.seqs), static_cast<long long>(s.length), plan.mode.c_str(),
+                us, seq_us, seq_us / us, floor_us, 100.0 * floor_us / us);
+    if (anchor) {
+      const AnchorRun a = run_anchor(gpu, *anchor, in, options);
+      std::printf("%9.1f %9.1f %6.2fx %.0e/%.0e | %8.0f*", a.kernel_us, a.with_norm_us,
+                  a.kernel_us / us, a.out_diff, a.state_diff, s.flashqla_us);
+    } else {
+      std::printf("%8.0f* %9s %7s %9s | %8.0f*", s.flashinfer_us, "", "", "", s.flashqla_us);
+    }
     if (plan.launches.size() == 4) {
       std::printf(" | chunk %.1f + segments %.1f + scan %.1f + resume %.1f",
                   kernel_us(gpu, in, options, 0), kernel_us(gpu, in, options, 1),
@@ -371,6 +484,8 @@ int run(int argc, char** argv) {
     std::printf("options.force_mode = %s\n", force);
   }
   if (!verify(*gpu, options)) return 1;
+  const std::optional<PrefillAnchor> anchor = PrefillAnchor::open();
+  if (anchor) std::printf("anchor: %s (KJIT_PREFILL_ANCHOR_LIB)\n", anchor->library.name().c_str());
   {
     // The context-parallel path on the same check, forced with short segments.
     kjit::GdnPrefillOptions cp = options;
@@ -379,7 +494,7 @@ int run(int argc, char** argv) {
     if (!verify(*gpu, cp)) return 1;
   }
   if (const char* few = std::getenv("KJIT_PREFILL_BENCH_FEW_ONLY"); few != nullptr) {
-    few_sequences_table(*gpu, options, json);
+    few_sequences_table(*gpu, options, anchor, json);
     if (json != nullptr) std::fclose(json);
     return 0;
   }
@@ -399,9 +514,9 @@ int run(int argc, char** argv) {
   };
   // "chunk us" and "state us": each kernel of the chunked path launched alone (their sum is
   // more than the call's time by the state kernel's overlap with the chunk kernel's tail).
-  std::printf("%4s %4s %8s %5s | %10s %10s %8s %9s | %8s %8s | %9s %9s\n", "H", "HV", "T", "seqs",
-              "GPU us", "Mtok/s", "TFLOP/s", "host us", "fla us", "speedup", "chunk us",
-              "state us");
+  std::printf("%4s %4s %8s %5s | %10s %10s %8s %9s | %8s %8s | %9s %9s | %9s %9s %7s %9s\n", "H",
+              "HV", "T", "seqs", "GPU us", "Mtok/s", "TFLOP/s", "host us", "fla us", "speedup",
+              "chunk us", "state us", "anchor", "+norm", "anch/kj", "diff");
   for (const Anchor& s : anchors) {
     Inputs in = make_inputs(s.tokens, s.seqs, s.heads, s.value_heads);
     kjit::bench::flush_l2(*gpu);
@@ -424,10 +539,17 @@ int run(int argc, char** argv) {
     const double chunk_us = kernel_us(*gpu, in, options, 0);
     const double state_us = kernel_us(*gpu, in, options, 1);
     std::printf(
-        "%4lld %4lld %8lld %5lld | %10.1f %10.2f %8.1f %9.2f | %8.0f %7.2fx | %9.1f %9.1f\n",
+        "%4lld %4lld %8lld %5lld | %10.1f %10.2f %8.1f %9.2f | %8.0f %7.2fx | %9.1f %9.1f |",
         static_cast<long long>(s.heads), static_cast<long long>(s.value_heads),
         static_cast<long long>(s.tokens), static_cast<long long>(s.seqs), us, mtok, tflops, host_us,
         s.fla_us, s.fla_us / us, chunk_us, state_us);
+    if (anchor) {
+      const AnchorRun a = run_anchor(*gpu, *anchor, in, options);
+      std::printf(" %9.1f %9.1f %6.2fx %.0e/%.0e", a.kernel_us, a.with_norm_us, a.kernel_us / us,
+                  a.out_diff, a.state_diff);
+    }
+    std::printf("\n");
+    std::fflush(stdout);
     if (json != nullptr) {
       std::fprintf(json,
                    "{\"bench\":\"gdn_prefill\",\"heads\":%lld,\"value_heads\":%lld,\"tokens\":%lld,"
@@ -438,7 +560,7 @@ int run(int argc, char** argv) {
                    tflops, host_us, s.fla_us, s.fla_us / us);
     }
   }
-  few_sequences_table(*gpu, options, json);
+  few_sequences_table(*gpu, options, anchor, json);
   // The chunked path's value tiles, each forced (the table above is the planner's choice):
   // KJIT_PREFILL_BENCH_SWEEP=1 (a minute more; the fused bv64 column is slow at 128k).
   const char* sweep = std::getenv("KJIT_PREFILL_BENCH_SWEEP");

@@ -111,10 +111,23 @@ inline void flush_l2(Gpu& gpu) {
         "cuMemsetD8Async");
 }
 
+/// Writes 64 MiB that nothing reads (a value that changes per call), so that L2 (50 MB on an
+/// H200) holds dirty lines of unrelated data: what a call in a serving engine meets after the
+/// previous layer's kernels, unlike a flushed (clean) L2.
+inline void dirty_l2(Gpu& gpu) {
+  static std::uint32_t value = 0;
+  constexpr std::size_t kBytes = std::size_t{64} << 20;
+  check(cu().cuMemsetD32Async(gpu.flush_buffer_->ptr(), ++value, kBytes / 4, gpu.cu_stream()),
+        "cuMemsetD32Async");
+}
+
 /// Median GPU time in microseconds of `enqueue_one`, each call between two events, all queued
 /// behind a spin kernel so that host launch cost is not measured.
+/// `before_each` (optional) is enqueued before each timed call, outside its event pair: e.g. an
+/// L2 flush, or unrelated writes that leave L2 dirty, as a serving engine's previous kernels do.
 inline double median_gpu_us(Gpu& gpu, const std::function<void(Stream)>& enqueue_one,
-                            int reps = 100, int warmup = 10) {
+                            int reps = 100, int warmup = 10,
+                            const std::function<void(Stream)>& before_each = {}) {
   reps = std::clamp(reps, 1, Gpu::kMaxReps);
   for (int i = 0; i < warmup; ++i) enqueue_one(gpu.stream);
   gpu.synchronize();
@@ -122,6 +135,7 @@ inline double median_gpu_us(Gpu& gpu, const std::function<void(Stream)>& enqueue
   CUevent spin_done = gpu.events_.back();
   check(cu().cuEventRecord(spin_done, gpu.cu_stream()), "cuEventRecord");
   for (int i = 0; i < reps; ++i) {
+    if (before_each) before_each(gpu.stream);
     check(cu().cuEventRecord(gpu.events_[2 * i], gpu.cu_stream()), "cuEventRecord");
     enqueue_one(gpu.stream);
     check(cu().cuEventRecord(gpu.events_[2 * i + 1], gpu.cu_stream()), "cuEventRecord");
