@@ -467,6 +467,8 @@ def test_vllm_causal_conv1d_update_layout_glue(conv_contract, seqlen, spec):
     got = vllm.causal_conv1d_update(x, pool, weight, bias, "silu", idx,
                                     num_accepted_tokens=accepted)
     assert got.shape == x.shape and same_layout(got, x)
+    (args,) = conv_contract
+    assert np.shares_memory(args[0], x) and np.shares_memory(args[6], got)  # views, no copies
     x3 = x[:, :, None] if seqlen is None else x
     g3 = got[:, :, None] if seqlen is None else got
     for r in range(b):
