@@ -592,6 +592,32 @@ def test_vllm_causal_conv1d_fn_against_reference(dtype, state_dtype, d, lengths)
     assert torch.equal(pool, expected)  # inputs copied into the pool, untouched slots bytewise
 
 
+def test_vllm_causal_conv1d_fn_on_a_column_slice_keeps_vllms_output_layout():
+    # Qwen3.5's mixed_qkv is the first columns of the qkvz projection ([T, qkv + z] rows):
+    # x = mixed_qkv.T is then not dense, and vLLM's torch.empty_like(x) output is a contiguous
+    # [D, T]. kjit reads x in place and writes that layout (channel stride T) like vLLM.
+    d, z, w, lengths = 128, 64, 4, [3, 9, 1]
+    torch.manual_seed(12)
+    t, n = sum(lengths), len(lengths)
+    wide = torch.randn(t, d + z, device=DEV).to(torch.bfloat16)
+    x = wide[:, :d].transpose(0, 1)
+    _, weight, bias, pool, cu = conv_case(d, w, lengths, n + 1, w - 1, torch.bfloat16,
+                                          torch.bfloat16, seed=13)
+    idx = torch.tensor([2, 0, 3], device=DEV, dtype=torch.int32)
+    has = torch.tensor([True, False, True], device=DEV)
+    before, wide_before = pool.clone(), wide.clone()
+    dirty_allocator((d, t), torch.bfloat16)
+    out = vllm.causal_conv1d_fn(x, weight, bias, pool, cu, idx, has, activation=None)
+    torch.cuda.synchronize()
+    assert out.stride() == torch.empty_like(x).stride() == (t, 1)
+    assert torch.equal(wide, wide_before)
+    for i in range(n):
+        a, b, slot = int(cu[i]), int(cu[i + 1]), int(idx[i])
+        hist = before[slot] if bool(has[i]) else torch.zeros_like(before[slot])
+        want = conv_reference(x.transpose(0, 1)[a:b], weight, bias, hist, False)
+        close(out.transpose(0, 1)[a:b], want, TOL[torch.bfloat16], TOL[torch.bfloat16])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("seqlen,spec", [(None, False), (1, False), (4, False), (1, True),
                                          (4, True)])
