@@ -212,6 +212,43 @@ def fla_calls(quick, n):
                         (lambda: theirs(q, k, v, g=g, beta=beta, **kw)), max(n // 10, 20), gpu)
 
 
+def conv_calls(quick, n):
+    log("== vLLM causal_conv1d (Qwen3-Next TP1: conv_dim D=8192, W=4, bf16, SiLU; pool "
+        "[slots, W-1, D] seen as [slots, D, W-1])")
+    d, w = 8192, 4
+    weight = torch.randn(d, w, device=DEV, dtype=torch.bfloat16) * 0.5
+    bias = torch.randn(d, device=DEV, dtype=torch.bfloat16)
+    fn = anchor("vllm_anchor.causal_conv1d:causal_conv1d_fn")
+    for gpu, lens in ((False, [1]), (True, [2048] * 4), (True, [512] * (8 if quick else 64))):
+        t, nseq = sum(lens), len(lens)
+        x = torch.randn(t, d, device=DEV, dtype=torch.bfloat16).transpose(0, 1)
+        pool = torch.randn(nseq + 2, w - 1, d, device=DEV, dtype=torch.bfloat16).transpose(1, 2)
+        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device=DEV,
+                          dtype=torch.int32)
+        idx = (torch.randperm(nseq + 1, device=DEV)[:nseq] + 1).int()
+        has = torch.ones(nseq, device=DEV, dtype=torch.bool)
+        # (vLLM's own calls pass metadata with the Triton program lists; without it vLLM copies
+        # query_start_loc to the host every call, which this row's original includes.)
+        measure("vllm.causal_conv1d_fn", f"N={nseq} T={t}",
+                lambda: vllm.causal_conv1d_fn(x, weight, bias, pool, cu, idx, has),
+                fn if isinstance(fn, str) else (lambda: fn(x, weight, bias, pool, cu, idx, has)),
+                max(n // 10, 20), gpu)
+    update = anchor("vllm_anchor.causal_conv1d:causal_conv1d_update")
+    for gpu, b, s in ((False, 1, 1), (True, 64, 1), (True, 256 if quick else 1024, 1),
+                      (True, 64, 4)):
+        cols = w - 1 if s == 1 else w - 2 + s
+        pool = torch.randn(2 * b, cols, d, device=DEV, dtype=torch.bfloat16).transpose(1, 2)
+        idx = torch.randperm(2 * b, device=DEV)[:b].int()
+        x = torch.randn(b, d, device=DEV, dtype=torch.bfloat16) if s == 1 else \
+            torch.randn(b, s, d, device=DEV, dtype=torch.bfloat16).transpose(1, 2)
+        accepted = None if s == 1 else torch.randint(1, s + 1, (b,), device=DEV).int()
+        kw = dict(conv_state_indices=idx, num_accepted_tokens=accepted)
+        measure("vllm.causal_conv1d_update", f"B={b} S={s}",
+                lambda: vllm.causal_conv1d_update(x, pool, weight, bias, "silu", **kw),
+                update if isinstance(update, str) else
+                (lambda: update(x, pool, weight, bias, "silu", **kw)), n, gpu)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller GPU shapes")
@@ -227,6 +264,7 @@ def main():
     decodes(args.quick, n)
     sigmoid_gating_decode(args.quick, n)
     fla_calls(args.quick, n)
+    conv_calls(args.quick, n)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(ROWS, f, indent=1)

@@ -301,3 +301,270 @@ def test_sglang_sigmoid_gating_reads_split_views_in_place_with_a_kernel_stand_in
     run = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "sigmoid gating glue ok" in run.stdout and "vllm merge glue ok" in run.stdout
+
+
+# --- vLLM causal_conv1d -----------------------------------------------------------------------
+#
+# The layout glue is checked without a GPU: kjit's two conv ops are replaced by NumPy versions
+# of their contracts (include/kjit/ops/causal_conv1d.hpp), which read and write exactly the
+# views the adapter hands them; the adapter's results in vLLM's layouts are compared with a
+# loop written from vLLM's documented semantics, on fresh random inputs.
+
+
+def kjit_conv_contract(x, weight, bias, state, cu, idx, has, out, act, invalid, *rest):
+    """kjit.causal_conv1d's contract on host arrays: x, out [T, D] views, pool [slots, D, L]."""
+    w = weight.shape[1]
+    for n in range(len(cu) - 1):
+        a, b, slot = int(cu[n]), int(cu[n + 1]), int(idx[n])
+        if slot < 0 or (invalid == "nonpositive" and slot == 0) or slot >= state.shape[0]:
+            out[a:b] = 0
+            continue
+        hist = state[slot][:, :w - 1] if has is None or has[n] else np.zeros((x.shape[1], w - 1))
+        seq = np.concatenate([hist.astype(np.float64), x[a:b].T.astype(np.float64)], axis=1)
+        out[a:b] = conv_rows(seq, weight, bias, act, b - a)
+        if b > a:
+            state[slot][:, :w - 1] = seq[:, -(w - 1):]
+
+
+def kjit_update_contract(x, weight, bias, state, idx, accepted, out, act, invalid, *rest):
+    """kjit.causal_conv1d_update's contract: x, out [B, S, D] or [B, D] views."""
+    w = weight.shape[1]
+    x3, o3 = (x[:, None], out[:, None]) if x.ndim == 2 else (x, out)
+    s, cols = x3.shape[1], state.shape[2]
+    for r in range(x3.shape[0]):
+        slot = int(idx[r])
+        if slot < 0 or (invalid == "nonpositive" and slot == 0) or slot >= state.shape[0]:
+            o3[r] = 0
+            continue
+        first = 0 if accepted is None else int(accepted[r]) - 1
+        seq = np.concatenate([state[slot][:, first:first + w - 1].astype(np.float64),
+                              x3[r].T.astype(np.float64)], axis=1)
+        o3[r] = conv_rows(seq, weight, bias, act, s)
+        if accepted is None:
+            state[slot][:, :w - 1] = seq[:, -(w - 1):]
+        else:
+            k = min(cols, w - 2 + s)
+            state[slot][:, :k] = seq[:, 1:k + 1]
+
+
+def conv_rows(seq, weight, bias, act, n):
+    """[n, D] outputs of the last n positions of seq [D, W-1+n] (history first)."""
+    w = weight.shape[1]
+    y = np.stack([(seq[:, t:t + w] * weight).sum(1) for t in range(n)]) if n else \
+        np.zeros((0, seq.shape[0]))
+    if bias is not None:
+        y = y + bias
+    return y / (1 + np.exp(-y)) if act in ("silu", "swish") else y
+
+
+@pytest.fixture
+def conv_contract(monkeypatch):
+    calls = []
+
+    def record(fake):
+        def run(*args):
+            calls.append(args)
+            return fake(*args)
+        return run
+
+    monkeypatch.setattr(kjit._kjit, "_causal_conv1d", record(kjit_conv_contract))
+    monkeypatch.setattr(kjit._kjit, "_causal_conv1d_update", record(kjit_update_contract))
+    return calls
+
+
+def vllm_conv_prefill(x, weight, bias, pool, cu, idx, has, silu, pad=-1):
+    """vLLM's causal_conv1d_fn semantics in its own layouts: x [D, T], pool [slots, D, L]."""
+    d, w = weight.shape
+    out = np.full(x.shape, np.nan)
+    for n in range(len(cu) - 1):
+        if idx[n] == pad:
+            continue
+        st = pool[idx[n]]
+        for t in range(cu[n], cu[n + 1]):
+            acc = np.zeros(d) if bias is None else bias.astype(np.float64).copy()
+            for j in range(w):  # tap j multiplies the input w-1-j steps back
+                p = t - (w - 1 - j)
+                col = x[:, p] if p >= cu[n] else (
+                    st[:, (w - 1) + (p - cu[n])] if has[n] else np.zeros(d))
+                acc += weight[:, j] * col
+            out[:, t] = acc / (1 + np.exp(-acc)) if silu else acc
+        both = np.concatenate([st[:, :w - 1] if has[n] else np.zeros((d, w - 1)),
+                               x[:, cu[n]:cu[n + 1]]], axis=1)
+        if cu[n + 1] > cu[n]:
+            st[:, :w - 1] = both[:, -(w - 1):]
+    return out
+
+
+def same_layout(a, b):
+    """Equal strides in every dimension of extent > 1 (vLLM's torch.empty_like(x) layout)."""
+    return all(sa == sb for sa, sb, n in zip(a.strides, b.strides, a.shape) if n > 1)
+
+
+def conv_inputs(rng, d=16, w=4, lengths=(5, 1, 2, 7), slots=9, cols=None):
+    t = sum(lengths)
+    x = rng.standard_normal((t, d)).astype(np.float32).T  # vLLM: mixed_qkv.transpose(0, 1)
+    weight = rng.standard_normal((d, w)).astype(np.float32)
+    bias = rng.standard_normal(d).astype(np.float32)
+    cols = w - 1 if cols is None else cols
+    pool = rng.standard_normal((slots, cols, d)).astype(np.float32).swapaxes(1, 2)
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return x, weight, bias, pool, cu
+
+
+def test_vllm_causal_conv1d_fn_layout_glue(conv_contract):
+    rng = np.random.default_rng()
+    x, weight, bias, pool, cu = conv_inputs(rng)
+    idx = np.array([3, -1, 0, 6], np.int32)  # -1: padding; 0: a real slot for vLLM's conv
+    has = np.array([True, True, False, True])
+    x_before, expected_pool = x.copy(), pool.copy()
+    expected = vllm_conv_prefill(x, weight, bias, expected_pool, cu, idx, has, True)
+    got = vllm.causal_conv1d_fn(x, weight, bias, pool, cu, idx, has, metadata=object())
+    assert got.shape == x.shape and same_layout(got, x) and got.dtype == x.dtype
+    assert np.array_equal(x, x_before)  # a new output, x untouched
+    rows = cu[1], cu[2]
+    assert np.all(got[:, rows[0]:rows[1]] == 0)  # the padding row: zeros here
+    keep = np.ones(x.shape[1], bool)
+    keep[rows[0]:rows[1]] = False
+    np.testing.assert_allclose(got[:, keep], expected[:, keep], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(pool, expected_pool, rtol=1e-6, atol=1e-6)
+    (args,) = conv_contract
+    assert np.shares_memory(args[0], x) and np.shares_memory(args[7], got)  # views, no copies
+    assert args[8] == "silu" and args[9] == "negative"
+
+
+def test_vllm_causal_conv1d_fn_defaults_for_missing_indices_and_flags(conv_contract):
+    rng = np.random.default_rng()
+    x, weight, _, pool, cu = conv_inputs(rng, lengths=(3, 4), slots=2)
+    expected_pool = pool.copy()
+    expected = vllm_conv_prefill(x, weight, None, expected_pool, cu, [0, 1], [False, False],
+                                 False)
+    got = vllm.causal_conv1d_fn(x, weight, None, pool, cu, activation=None, pad_slot_id=0)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(pool, expected_pool, rtol=1e-6, atol=1e-6)
+    # cache_indices None: slot i for sequence i, so slot 0 is no padding even for pad_slot_id 0
+    assert conv_contract[0][9] == "negative"
+    vllm.causal_conv1d_fn(x, weight, None, pool, cu, np.array([1, 0], np.int32),
+                          np.array([True, True]), activation=True, pad_slot_id=0)
+    assert conv_contract[1][8] == "silu" and conv_contract[1][9] == "nonpositive"
+
+
+@pytest.mark.parametrize("seqlen,spec", [(None, False), (1, False), (3, False), (1, True),
+                                         (3, True)])
+def test_vllm_causal_conv1d_update_layout_glue(conv_contract, seqlen, spec):
+    # seqlen None: x [batch, dim] (decode); else [batch, dim, seqlen]; spec: num_accepted_tokens
+    rng = np.random.default_rng()
+    b, d, w, slots = 5, 16, 4, 8
+    s = seqlen or 1
+    cols = w - 2 + s if spec else w - 1
+    _, weight, bias, pool, _ = conv_inputs(rng, d=d, w=w, slots=slots, cols=cols)
+    if seqlen is None:
+        x = rng.standard_normal((b, d)).astype(np.float32)
+    else:  # vLLM's [batch, dim, seqlen] over token-major rows
+        x = rng.standard_normal((b, s, d)).astype(np.float32).swapaxes(1, 2)
+    idx = np.array([2, -1, 0, 7, 5], np.int32)
+    accepted = rng.integers(1, s + 1, b).astype(np.int32) if spec else None
+    before = pool.copy()
+    got = vllm.causal_conv1d_update(x, pool, weight, bias, "silu", idx,
+                                    num_accepted_tokens=accepted)
+    assert got.shape == x.shape and same_layout(got, x)
+    (args,) = conv_contract
+    assert np.shares_memory(args[0], x) and np.shares_memory(args[6], got)  # views, no copies
+    x3 = x[:, :, None] if seqlen is None else x
+    g3 = got[:, :, None] if seqlen is None else got
+    for r in range(b):
+        if idx[r] == -1:
+            assert np.all(g3[r] == 0)  # padding: zeros here (vLLM leaves the row unwritten)
+            continue
+        first = 0 if accepted is None else accepted[r] - 1
+        hist = before[idx[r]][:, first:first + w - 1]
+        seq = np.concatenate([hist, x3[r]], axis=1)  # [D, W-1+S], vLLM's channel-first rows
+        for t in range(s):
+            acc = (seq[:, t:t + w] * weight).sum(1) + bias
+            np.testing.assert_allclose(g3[r][:, t], acc / (1 + np.exp(-acc)), rtol=1e-5,
+                                       atol=1e-5)
+        if spec:  # vLLM rolls the window by one column
+            np.testing.assert_array_equal(pool[idx[r]][:, :w - 2 + s], seq[:, 1:w - 1 + s])
+        else:
+            np.testing.assert_array_equal(pool[idx[r]], seq[:, -(w - 1):])
+    untouched = [i for i in range(slots) if i not in set(idx.tolist())]
+    assert np.array_equal(pool[untouched], before[untouched])
+
+
+def conv_fn_args(rng=None):
+    x, weight, bias, pool, cu = conv_inputs(rng or np.random.default_rng(), lengths=(3, 2),
+                                            slots=4)
+    return dict(x=x, weight=weight, bias=bias, conv_states=pool, query_start_loc=cu,
+                cache_indices=np.array([1, 2], np.int32),
+                has_initial_state=np.array([True, False]))
+
+
+def test_vllm_causal_conv1d_fn_checks_and_unsupported_features():
+    f = vllm.causal_conv1d_fn
+    args = conv_fn_args()
+    for name in ("block_idx_first_scheduled_token", "block_idx_last_scheduled_token",
+                 "initial_state_idx", "num_computed_tokens"):
+        with pytest.raises(UnsupportedFeature, match=f"prefix caching \\({name}\\)"):
+            f(**args, **{name: np.zeros(2, np.int32)})
+    with pytest.raises(UnsupportedFeature, match="activation='gelu'"):
+        f(**dict(args, activation="gelu"))
+    with pytest.raises(UnsupportedFeature, match="pad_slot_id=7"):
+        f(**args, pad_slot_id=7)
+    with pytest.raises(AssertionError, match="channel stride 1"):
+        f(**dict(args, conv_states=np.ascontiguousarray(args["conv_states"])))
+    with pytest.raises(AssertionError, match="conv_states must be"):
+        f(**dict(args, conv_states=args["conv_states"][:, :8]))
+    with pytest.raises(ValueError, match="x must be"):
+        f(**dict(args, x=args["x"][None]))
+    with pytest.raises(ValueError, match="conv_states is None"):
+        f(**dict(args, conv_states=None))
+    # validate_data=True adds vLLM's optional checks (AssertionError): x channel-last, ...
+    with pytest.raises(AssertionError, match="channel-last"):
+        f(**dict(args, x=np.ascontiguousarray(args["x"])), validate_data=True)
+    with pytest.raises(AssertionError):
+        f(**dict(args, bias=args["bias"][:8]), validate_data=True)
+    with pytest.raises(AssertionError):
+        f(**dict(args, cache_indices=args["cache_indices"][:1]), validate_data=True)
+    with pytest.raises(AssertionError, match="divisible by the BLOCK_M"):
+        f(**args, block_size_to_align=12, validate_data=True)
+
+
+def test_vllm_causal_conv1d_fn_reaches_kjit_after_its_checks():
+    # With valid arguments the adapter hands NumPy arrays to kjit, which asks for device memory.
+    with pytest.raises(kjit.InvalidArgument, match="CUDA device memory"):
+        vllm.causal_conv1d_fn(**conv_fn_args(), validate_data=True, block_size_to_align=16)
+
+
+def test_vllm_causal_conv1d_update_checks_and_unsupported_features():
+    f = vllm.causal_conv1d_update
+    rng = np.random.default_rng()
+    _, weight, bias, pool, _ = conv_inputs(rng, slots=6)
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    idx = np.array([1, 2, 3], np.int32)
+    args = dict(x=x, conv_state=pool, weight=weight, bias=bias, conv_state_indices=idx)
+    with pytest.raises(UnsupportedFeature, match="query_start_loc") as info:
+        f(**args, query_start_loc=np.array([0, 1, 2, 3], np.int32), max_query_len=1)
+    assert "varlen" in info.value.feature
+    with pytest.raises(UnsupportedFeature, match="retrieve_parent_token"):
+        f(**args, retrieve_parent_token=np.zeros((3, 2), np.int32))
+    with pytest.raises(UnsupportedFeature, match="prefix caching"):
+        f(**args, block_idx_last_scheduled_token=np.zeros(3, np.int32),
+          initial_state_idx=np.zeros(3, np.int32))
+    with pytest.raises(UnsupportedFeature, match="pad_slot_id=3"):
+        f(**args, pad_slot_id=3)
+    with pytest.raises(AssertionError):
+        f(**args, activation="gelu")
+    with pytest.raises(ValueError, match="conv_state must be"):
+        f(**dict(args, conv_state=pool[0]))
+    with pytest.raises(ValueError, match="x must be"):
+        f(**dict(args, x=x[None, None]))
+    with pytest.raises(AssertionError):
+        f(**args, pad_slot_id=None, validate_data=True)
+    with pytest.raises(AssertionError):  # x's channel stride must be 1
+        f(**dict(args, x=rng.standard_normal((16, 3)).astype(np.float32).T),
+          validate_data=True)
+    with pytest.raises(AssertionError, match="contiguous along feat-dim"):
+        f(**dict(args, conv_state=np.ascontiguousarray(pool)), validate_data=True)
+    with pytest.raises(AssertionError):
+        f(**dict(args, conv_state_indices=idx[:2]), validate_data=True)
+    with pytest.raises(kjit.InvalidArgument, match="CUDA device memory"):
+        f(**args, activation=True, validate_data=True)

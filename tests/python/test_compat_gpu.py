@@ -22,7 +22,7 @@ import kjit  # noqa: E402
 from kjit.compat import UnsupportedFeature, fla, flashinfer, sglang, vllm  # noqa: E402
 
 import reference  # noqa: E402
-from test_gpu import TOL, close, close_state, poison, random_lse  # noqa: E402
+from test_gpu import TOL, close, close_state, conv_reference, poison, random_lse  # noqa: E402
 
 DEV = "cuda"
 ANCHORS = os.environ.get("KJIT_ANCHORS_DIR")
@@ -528,6 +528,195 @@ def test_fla_chunk_under_graph_capture():
     close_state(ht, ref_ht)
 
 
+# --- vLLM causal_conv1d_fn / causal_conv1d_update ---------------------------------------------
+
+
+def dirty_allocator(shape, dtype):
+    """Leaves a NaN-filled block of this size in torch's caching allocator, so that an output
+    the adapter allocates with torch.empty_like most likely starts as NaN (a row it forgets to
+    write then fails the comparison instead of passing on stale zeros)."""
+    block = poison(shape, dtype)
+    del block
+
+
+def conv_case(d, w, lengths, slots, cols, dtype, state_dtype, seed):
+    """vLLM's prefill layouts on fresh random data: x = mixed_qkv.transpose(0, 1) [D, T], the
+    pool [slots, cols, D] seen as [slots, D, cols], weight [D, W] (conv1d.weight squeezed)."""
+    torch.manual_seed(seed)
+    t = sum(lengths)
+    mixed = torch.randn(t, d, device=DEV).to(dtype)
+    pool = torch.randn(slots, cols, d, device=DEV).to(state_dtype).transpose(1, 2)
+    weight = (torch.randn(d, w, device=DEV) * 0.5).to(dtype)
+    bias = torch.randn(d, device=DEV).to(dtype)
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32,
+                      device=DEV)
+    return mixed.transpose(0, 1), weight, bias, pool, cu
+
+
+@pytest.mark.parametrize("dtype,state_dtype", [(torch.bfloat16, torch.bfloat16),
+                                               (torch.float16, torch.float16),
+                                               (torch.float32, torch.float32),
+                                               (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("d,lengths", [(256, [1, 2, 3, 4, 0, 300, 37]),
+                                       (8192, [17, 1, 64])])  # 8192: Qwen3-Next's conv_dim, TP1
+def test_vllm_causal_conv1d_fn_against_reference(dtype, state_dtype, d, lengths):
+    w, n = 4, len(lengths)
+    slots = n + 3
+    x, weight, bias, pool, cu = conv_case(d, w, lengths, slots, w - 1, dtype, state_dtype,
+                                          seed=d + n)
+    idx = (torch.randperm(slots - 1, device=DEV)[:n] + 1).to(torch.int32)
+    idx[1] = -1  # PAD_SLOT_ID: zero rows here, the pool untouched
+    if n > 3:
+        idx[3] = 0  # slot 0 is a real slot for vLLM's conv (only -1 is padding)
+    has = torch.rand(n, device=DEV) < 0.6
+    before, x_before = pool.clone(), x.clone()
+    dirty_allocator((x.shape[1], d), dtype)
+    out = vllm.causal_conv1d_fn(x, weight, bias, pool, cu, cache_indices=idx,
+                                has_initial_state=has, activation="silu")
+    torch.cuda.synchronize()
+    assert out.shape == x.shape and out.stride() == x.stride() and out.dtype == dtype
+    assert torch.equal(x, x_before)  # vLLM returns a new tensor; x is not written
+    rows, expected = out.transpose(0, 1), before.clone()
+    for i in range(n):
+        a, b, slot = int(cu[i]), int(cu[i + 1]), int(idx[i])
+        if slot == -1:
+            assert torch.count_nonzero(rows[a:b]) == 0
+            continue
+        hist = before[slot] if bool(has[i]) else torch.zeros_like(before[slot])
+        xs = x.transpose(0, 1)[a:b].to(state_dtype)  # vLLM converts x to the pool's dtype
+        if b > a:
+            want = conv_reference(xs, weight, bias, hist, True)
+            tol = TOL[dtype] if dtype != torch.float32 else 1e-4
+            close(rows[a:b], want, tol, tol)
+            expected[slot] = torch.cat([hist, xs.T], dim=1)[:, -(w - 1):]
+    assert torch.equal(pool, expected)  # inputs copied into the pool, untouched slots bytewise
+
+
+def test_vllm_causal_conv1d_fn_on_a_column_slice_keeps_vllms_output_layout():
+    # Qwen3.5's mixed_qkv is the first columns of the qkvz projection ([T, qkv + z] rows):
+    # x = mixed_qkv.T is then not dense, and vLLM's torch.empty_like(x) output is a contiguous
+    # [D, T]. kjit reads x in place and writes that layout (channel stride T) like vLLM.
+    d, z, w, lengths = 128, 64, 4, [3, 9, 1]
+    torch.manual_seed(12)
+    t, n = sum(lengths), len(lengths)
+    wide = torch.randn(t, d + z, device=DEV).to(torch.bfloat16)
+    x = wide[:, :d].transpose(0, 1)
+    _, weight, bias, pool, cu = conv_case(d, w, lengths, n + 1, w - 1, torch.bfloat16,
+                                          torch.bfloat16, seed=13)
+    idx = torch.tensor([2, 0, 3], device=DEV, dtype=torch.int32)
+    has = torch.tensor([True, False, True], device=DEV)
+    before, wide_before = pool.clone(), wide.clone()
+    dirty_allocator((d, t), torch.bfloat16)
+    out = vllm.causal_conv1d_fn(x, weight, bias, pool, cu, idx, has, activation=None)
+    torch.cuda.synchronize()
+    assert out.stride() == torch.empty_like(x).stride() == (t, 1)
+    assert torch.equal(wide, wide_before)
+    for i in range(n):
+        a, b, slot = int(cu[i]), int(cu[i + 1]), int(idx[i])
+        hist = before[slot] if bool(has[i]) else torch.zeros_like(before[slot])
+        want = conv_reference(x.transpose(0, 1)[a:b], weight, bias, hist, False)
+        close(out.transpose(0, 1)[a:b], want, TOL[torch.bfloat16], TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("seqlen,spec", [(None, False), (1, False), (4, False), (1, True),
+                                         (4, True)])
+def test_vllm_causal_conv1d_update_against_reference(dtype, seqlen, spec):
+    # seqlen None: x [batch, dim] (vLLM's decode); else [batch, dim, seqlen] over token-major
+    # rows; spec: num_accepted_tokens with vLLM's pool of width - 2 + seqlen columns.
+    b, d, w = 37, 512, 4
+    s = seqlen or 1
+    cols = w - 2 + s if spec else w - 1
+    slots = b + 5
+    _, weight, bias, pool, _ = conv_case(d, w, [1], slots, cols, dtype, dtype, seed=b + s)
+    if seqlen is None:
+        x = torch.randn(b, d, device=DEV).to(dtype)
+    else:
+        x = torch.randn(b, s, d, device=DEV).to(dtype).transpose(1, 2)
+    idx = torch.randperm(slots, device=DEV)[:b].to(torch.int32)
+    idx[4] = -1
+    accepted = (torch.randint(1, s + 1, (b,), device=DEV, dtype=torch.int32) if spec else None)
+    before = pool.clone()
+    dirty_allocator(tuple(x.shape), dtype)
+    out = vllm.causal_conv1d_update(x, pool, weight, bias, "silu", idx,
+                                    num_accepted_tokens=accepted)
+    torch.cuda.synchronize()
+    assert out.shape == x.shape and out.dtype == dtype
+    x3 = x[:, :, None] if seqlen is None else x  # [B, D, S]
+    o3 = out[:, :, None] if seqlen is None else out
+    expected = before.clone()
+    tol = TOL[dtype] if dtype != torch.float32 else 1e-4
+    for r in range(b):
+        slot = int(idx[r])
+        if slot == -1:
+            assert torch.count_nonzero(o3[r]) == 0
+            continue
+        first = 0 if accepted is None else int(accepted[r]) - 1
+        hist = before[slot][:, first:first + w - 1]
+        close(o3[r].T, conv_reference(x3[r].T, weight, bias, hist, True), tol, tol)
+        seq = torch.cat([hist, x3[r]], dim=1)
+        if spec:
+            expected[slot][:, :w - 2 + s] = seq[:, 1:w - 1 + s]
+        else:
+            expected[slot] = seq[:, -(w - 1):]
+    assert torch.equal(pool, expected)
+
+
+def test_vllm_causal_conv1d_against_vllm_triton():
+    fn = original("vllm_anchor.causal_conv1d:causal_conv1d_fn")
+    update = original("vllm_anchor.causal_conv1d:causal_conv1d_update")
+    d, w, lengths = 1024, 4, [5, 1, 130, 2, 64]
+    n, slots = len(lengths), 9
+    x, weight, bias, pool, cu = conv_case(d, w, lengths, slots, w - 1, torch.bfloat16,
+                                          torch.bfloat16, seed=5)
+    idx = torch.tensor([3, -1, 7, 0, 5], device=DEV, dtype=torch.int32)
+    has = torch.tensor([True, True, False, True, False], device=DEV)
+    theirs_pool = pool.clone()
+    mine = vllm.causal_conv1d_fn(x, weight, bias, pool, cu, idx, has, "silu")
+    theirs = fn(x, weight, bias, theirs_pool, cu, idx, has, "silu")
+    torch.cuda.synchronize()
+    keep = torch.ones(x.shape[1], dtype=torch.bool, device=DEV)
+    keep[int(cu[1]):int(cu[2])] = False  # the padding row: zeros here, unwritten there
+    tol = TOL[torch.bfloat16]
+    close(mine[:, keep], theirs[:, keep], tol, tol)
+    assert torch.equal(pool, theirs_pool)  # both copy the same inputs into the pool
+    # decode, then a speculative step on a wider pool
+    xd = torch.randn(n, d, device=DEV).to(torch.bfloat16)
+    mine_d = vllm.causal_conv1d_update(xd, pool, weight, bias, "silu", idx)
+    theirs_d = update(xd, theirs_pool, weight, bias, "silu", idx)
+    torch.cuda.synchronize()
+    valid = idx != -1
+    close(mine_d[valid], theirs_d[valid], tol, tol)
+    assert torch.equal(pool, theirs_pool)
+    s = 3
+    _, _, _, spool, _ = conv_case(d, w, [1], slots, w - 2 + s, torch.bfloat16, torch.bfloat16,
+                                  seed=6)
+    theirs_spool = spool.clone()
+    xs = torch.randn(n, s, d, device=DEV).to(torch.bfloat16).transpose(1, 2)
+    accepted = torch.tensor([1, 3, 2, 1, 3], device=DEV, dtype=torch.int32)
+    mine_s = vllm.causal_conv1d_update(xs, spool, weight, bias, True, idx,
+                                       num_accepted_tokens=accepted)
+    theirs_s = update(xs, theirs_spool, weight, bias, True, idx, num_accepted_tokens=accepted)
+    torch.cuda.synchronize()
+    close(mine_s[valid], theirs_s[valid], tol, tol)
+    assert torch.equal(spool, theirs_spool)
+
+
+def test_vllm_causal_conv1d_errors_past_the_adapter_are_kjit_errors():
+    # What vLLM's Python does not check reaches kjit, which names the argument (ValueError).
+    x, weight, bias, pool, cu = conv_case(64, 4, [3, 2], 4, 3, torch.bfloat16,
+                                          torch.bfloat16, seed=1)
+    idx = torch.tensor([1, 2], device=DEV, dtype=torch.int32)
+    with pytest.raises(ValueError) as info:
+        vllm.causal_conv1d_fn(x, weight[:, :1].contiguous(), bias, pool, cu, idx)
+    assert isinstance(info.value, kjit.InvalidArgument) and "weight" in str(info.value)
+    with pytest.raises(kjit.InvalidArgument, match="state_indices"):
+        vllm.causal_conv1d_fn(x, weight, bias, pool, cu, idx[:1])
+    with pytest.raises(UnsupportedFeature, match="query_start_loc"):
+        vllm.causal_conv1d_update(x.T.contiguous(), pool, weight, bias, "silu", idx,
+                                  query_start_loc=cu, max_query_len=3)
+
+
 # --- every adapter under CUDA graph capture -------------------------------------------------
 
 
@@ -603,8 +792,26 @@ def _capture_cases():
             **call, initial_state_indices=idx), args["initial_state"])),
             [args["initial_state"]])
 
+    def vllm_conv_fn():
+        x, weight, bias, pool, cu = conv_case(256, 4, [5, 1, 40], 6, 3, bf16, bf16, seed=4)
+        idx = torch.tensor([2, -1, 4], device=DEV, dtype=torch.int32)
+        has = torch.tensor([True, False, True], device=DEV)
+        return (lambda: (vllm.causal_conv1d_fn(x, weight, bias, pool, cu, idx, has), pool),
+                [pool])
+
+    def vllm_conv_update():
+        _, weight, bias, pool, _ = conv_case(256, 4, [1], 10, 5, bf16, bf16, seed=7)
+        x = torch.randn(6, 3, 256, device=DEV, dtype=bf16).transpose(1, 2)
+        idx = torch.tensor([4, 0, 7, -1, 2, 9], device=DEV, dtype=torch.int32)
+        accepted = torch.tensor([1, 2, 3, 1, 3, 2], device=DEV, dtype=torch.int32)
+        return ((lambda: (vllm.causal_conv1d_update(x, pool, weight, bias, "silu", idx,
+                                                    num_accepted_tokens=accepted), pool)),
+                [pool])
+
     return {
         "vllm.merge_attn_states": vllm_merge,
+        "vllm.causal_conv1d_fn": vllm_conv_fn,
+        "vllm.causal_conv1d_update": vllm_conv_update,
         "sglang.fused_sigmoid_gating_delta_rule_update": sigmoid_gating,
         "vllm.packed_decode": decode("vllm"),
         "sglang.merge_state": sglang_merge(sglang.merge_state),

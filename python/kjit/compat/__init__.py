@@ -5,6 +5,7 @@
     from kjit.compat.sglang import merge_state_v2                   # was sgl_kernel
     from kjit.compat.flashinfer import merge_state, merge_states    # was flashinfer (base-2 LSE)
     from kjit.compat.fla import chunk_gated_delta_rule              # was fla.ops.gated_delta_rule
+    from kjit.compat.vllm import causal_conv1d_fn                   # was vllm's mamba.ops
 
 Each function has the original's parameter names, order and defaults, its argument layouts,
 in-place behaviour and return value, and raises the original's exception type for the misuse
@@ -15,8 +16,7 @@ fallback. Limits of the originals' implementations that kjit does not share (Fla
 calls these functions and how to ship a precompiled bundle with it.
 
 The submodules import without torch (the CPU tests check signatures and validation on NumPy
-arrays); the ops themselves need device tensors. causal_conv1d adapters are not here yet: that
-op family is still being written.
+arrays); the ops themselves need device tensors.
 """
 
 from ._common import UnsupportedFeature
