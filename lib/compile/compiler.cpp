@@ -324,6 +324,12 @@ CompiledKernel Compiler::compile(const KernelSpec& spec) const {
   const std::map<std::string, KernelResources> report = parse_ptxas_report(output.log);
   if (const auto found = report.find(kernel.lowered_name); found != report.end()) {
     kernel.resources = found->second;
+  } else if (const auto from_cubin = cubin_resources(output.cubin, kernel.lowered_name)) {
+    // No ptxas report in the log (seen with another copy of NVRTC loaded by torch): registers
+    // and stack frame from the cubin; static shared memory and spills stay unknown (zero).
+    kernel.resources = *from_cubin;
+    support::log(LogLevel::debug, "no ptxas report for {}; resources read from the cubin",
+                 spec_text);
   } else {
     support::log(LogLevel::warn, "ptxas reported no resources for {} ({}); they read as zero",
                  spec_text, kernel.lowered_name);

@@ -4,6 +4,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -127,6 +128,15 @@ std::vector<HeaderFile> embedded_headers();
 /// Parses the `-Xptxas=-v` part of an NVRTC log: resources per mangled kernel name (entry
 /// functions only; `max_threads` is not in the report, see ptx_max_threads()).
 std::map<std::string, KernelResources> parse_ptxas_report(std::string_view log);
+
+/// Registers and stack frame of entry point `kernel` read from the cubin itself, for when
+/// NVRTC returns no ptxas report: on the H200 machine, with torch's NVRTC loaded in the
+/// process, the program log came back empty. The global ".nv.info" section of a CUDA ELF holds
+/// per-kernel attribute records (register count 0x2f, frame size 0x11) keyed by the kernel's
+/// .symtab index. nullopt for anything that is not a well-formed 64-bit ELF with such a record.
+/// Static shared memory and spills are not read (0): the runtime reads the loaded function's
+/// real attributes before every launch check anyway.
+std::optional<KernelResources> cubin_resources(std::string_view cubin, std::string_view kernel);
 
 /// The __launch_bounds__ maximum of an entry point, from the `.maxntid` directive of its PTX
 /// (product of the dimensions); 0 when it declares none or is not found.

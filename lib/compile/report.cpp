@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
+#include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -185,6 +187,115 @@ std::map<std::string, KernelResources> parse_ptxas_report(std::string_view log) 
     resources.spill_load_bytes = frame->second.spill_loads;
   }
   return kernels;
+}
+
+std::optional<KernelResources> cubin_resources(std::string_view cubin, std::string_view kernel) {
+  // Little-endian ELF64 read with bounds checks: a malformed cubin gives nullopt, never a read
+  // past the end.
+  const auto read = [&](std::uint64_t at, auto value) -> std::optional<decltype(value)> {
+    if (at > cubin.size() || cubin.size() - at < sizeof value) return std::nullopt;
+    std::memcpy(&value, cubin.data() + at, sizeof value);
+    return value;
+  };
+  if (cubin.size() < 64 ||
+      cubin.substr(0, 4) !=
+          "\x7f"
+          "ELF" ||
+      cubin[4] != 2 || cubin[5] != 1) {
+    return std::nullopt;
+  }
+  // e_shoff at 40, e_shentsize / e_shnum / e_shstrndx at 58 / 60 / 62.
+  const auto shoff = read(40, std::uint64_t{});
+  const auto shentsize = read(58, std::uint16_t{});
+  const auto shnum = read(60, std::uint16_t{});
+  const auto shstrndx = read(62, std::uint16_t{});
+  if (!shoff || !shentsize || !shnum || !shstrndx || *shentsize < 64 || *shstrndx >= *shnum) {
+    return std::nullopt;
+  }
+  struct Section {
+    std::uint32_t name = 0, type = 0, link = 0;
+    std::uint64_t offset = 0, size = 0;
+  };
+  std::vector<Section> sections(*shnum);
+  for (std::size_t i = 0; i < sections.size(); ++i) {
+    const std::uint64_t at = *shoff + i * *shentsize;
+    const auto name = read(at, std::uint32_t{});
+    const auto type = read(at + 4, std::uint32_t{});
+    const auto offset = read(at + 24, std::uint64_t{});
+    const auto size = read(at + 32, std::uint64_t{});
+    const auto link = read(at + 40, std::uint32_t{});
+    if (!name || !type || !offset || !size || !link) return std::nullopt;
+    sections[i] = {*name, *type, *link, *offset, *size};
+  }
+  const auto contents = [&](const Section& section) -> std::optional<std::string_view> {
+    constexpr std::uint32_t kNoBits = 8;  // SHT_NOBITS: occupies no bytes of the file
+    if (section.type == kNoBits || section.offset > cubin.size() ||
+        cubin.size() - section.offset < section.size) {
+      return std::nullopt;
+    }
+    return cubin.substr(section.offset, section.size);
+  };
+  const auto c_string = [](std::string_view table, std::uint64_t at) -> std::string_view {
+    if (at >= table.size()) return {};
+    const std::string_view rest = table.substr(at);
+    return rest.substr(0, rest.find('\0'));
+  };
+  const auto names = contents(sections[*shstrndx]);
+  if (!names) return std::nullopt;
+  // The kernel's index in .symtab (SHT_SYMTAB = 2; names in the string table it links to).
+  std::optional<std::uint32_t> symbol;
+  std::optional<std::string_view> info;
+  for (const Section& section : sections) {
+    const std::string_view name = c_string(*names, section.name);
+    if (section.type == 2 && section.link < sections.size()) {
+      const auto symbols = contents(section);
+      const auto strings = contents(sections[section.link]);
+      if (!symbols || !strings) return std::nullopt;
+      for (std::uint64_t i = 0; i * 24 + 24 <= symbols->size(); ++i) {
+        std::uint32_t symbol_name = 0;
+        std::memcpy(&symbol_name, symbols->data() + i * 24, 4);
+        if (c_string(*strings, symbol_name) == kernel) symbol = static_cast<std::uint32_t>(i);
+      }
+    } else if (name == ".nv.info") {
+      info = contents(section);
+    }
+  }
+  if (!symbol || !info) return std::nullopt;
+  // .nv.info holds attribute records: format byte, attribute byte, then for format 4 a 16-bit
+  // size and that many bytes (formats 2 and 3 carry a 16-bit value, format 1 none). Records of
+  // attribute 0x2f (register count) and 0x11 (stack frame size) are (symbol index, value).
+  std::optional<KernelResources> found;
+  std::int64_t frame = 0;
+  for (std::size_t at = 0; at + 2 <= info->size();) {
+    const auto format = static_cast<unsigned char>((*info)[at]);
+    const auto attribute = static_cast<unsigned char>((*info)[at + 1]);
+    if (format == 1) {
+      at += 2;
+      continue;
+    }
+    if (at + 4 > info->size()) return std::nullopt;
+    if (format != 4) {
+      at += 4;
+      continue;
+    }
+    std::uint16_t size = 0;
+    std::memcpy(&size, info->data() + at + 2, 2);
+    if (at + 4 + size > info->size()) return std::nullopt;
+    if (size == 8 && (attribute == 0x2f || attribute == 0x11)) {
+      std::uint32_t index = 0, value = 0;
+      std::memcpy(&index, info->data() + at + 4, 4);
+      std::memcpy(&value, info->data() + at + 8, 4);
+      if (index == *symbol && attribute == 0x2f) {
+        found = KernelResources{};
+        found->registers = static_cast<int>(value);
+      } else if (index == *symbol) {
+        frame = value;
+      }
+    }
+    at += 4 + size;
+  }
+  if (found) found->local_bytes = frame;
+  return found;
 }
 
 int ptx_max_threads(std::string_view ptx, std::string_view entry) {

@@ -365,6 +365,29 @@ TEST_CASE("compile_source reports shared memory and launch bounds") {
   const auto report = parse_ptxas_report(output.log);
   REQUIRE(report.count(output.lowered_name) == 1);
   CHECK(report.at(output.lowered_name).static_smem == 64 * 4);
+  // The cubin fallback (no ptxas report in the log) reads the same figures from the ELF.
+  const auto from_cubin = cubin_resources(output.cubin, output.lowered_name);
+  REQUIRE(from_cubin.has_value());
+  CHECK(from_cubin->registers == report.at(output.lowered_name).registers);
+  CHECK_FALSE(cubin_resources(output.cubin, "_Z5otherPf").has_value());
+}
+
+TEST_CASE("cubin_resources agrees with the ptxas report on real kernels") {
+  // Light and heavy probes (few and many registers) and a family kernel near the 255 limit.
+  const Compiler& c = nvrtc();
+  const std::vector<KernelSpec> specs = {
+      probe(false, "sm_90"), probe(true, "sm_90"), probe(true, "sm_100a"),
+      KernelSpec::parse("gdn_prefill_state:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=128,"
+                        "v=128,bv=128,ckpt=0@sm_90")};
+  for (const KernelSpec& spec : specs) {
+    CAPTURE(spec.str());
+    const CompiledKernel kernel = c.compile(spec);
+    REQUIRE(kernel.resources.registers > 0);  // from the log's report
+    const auto from_cubin = cubin_resources(kernel.cubin, kernel.lowered_name);
+    REQUIRE(from_cubin.has_value());
+    CHECK(from_cubin->registers == kernel.resources.registers);
+    CHECK(from_cubin->local_bytes == kernel.resources.local_bytes);
+  }
 }
 
 TEST_CASE("spills are read from a real ptxas report") {
@@ -385,6 +408,12 @@ TEST_CASE("spills are read from a real ptxas report") {
   CHECK(resources.spill_store_bytes > 0);
   CHECK(resources.spill_load_bytes > 0);
   CHECK(resources.local_bytes > 0);
+  // The cubin fallback reads the same stack frame (a nonzero one: the records are matched to
+  // this kernel, not read as zero).
+  const auto from_cubin = cubin_resources(output.cubin, output.lowered_name);
+  REQUIRE(from_cubin.has_value());
+  CHECK(from_cubin->registers == resources.registers);
+  CHECK(from_cubin->local_bytes == resources.local_bytes);
 }
 
 TEST_CASE("a broken template fails with its file:line in the log") {

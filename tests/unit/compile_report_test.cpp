@@ -124,4 +124,22 @@ TEST_CASE("error_lines picks the diagnostics") {
   CHECK(fallback[0] == "something odd happened");
 }
 
+TEST_CASE("cubin_resources refuses what is not a well-formed 64-bit ELF") {
+  CHECK_FALSE(cubin_resources("", "k").has_value());
+  CHECK_FALSE(cubin_resources("not an elf at all, but long enough to be read as one......."
+                              "................",
+                              "k")
+                  .has_value());
+  // An ELF64 header whose section table lies past the end of the data.
+  std::string truncated(64, '\0');
+  truncated.replace(0, 6,
+                    "\x7f"
+                    "ELF\x02\x01");
+  truncated[40] = '\x7f';  // e_shoff far beyond 64 bytes
+  truncated[58] = 64;      // e_shentsize
+  truncated[60] = 3;       // e_shnum
+  truncated[62] = 1;       // e_shstrndx
+  CHECK_FALSE(cubin_resources(truncated, "k").has_value());
+}
+
 }  // namespace kjit::compile
