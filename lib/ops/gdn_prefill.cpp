@@ -449,11 +449,9 @@ Choice choose_path(const Problem& pr, const std::string& force, const DeviceLimi
     // Preference: all of V in one block of 8 warps (each chunk's q, k, T' and P cross into
     // shared memory once per (sequence, value head), not once per tile) when there are at least
     // 3 (sequence, value head) pairs per 4 SMs; otherwise 32 rows (two blocks per SM at K =
-    // 128), or 16 when 32 still leaves SMs idle; 64 last. Measured on the H200
-    // (bench_gdn_prefill, 8k tokens, 4 sequences): 64 pairs, bv32 261.5 us vs bv128 288.6; 128
-    // pairs (4 SMs idle under bv128), bv128 326.0 vs bv32 382.7. At 32k tokens, 256 pairs:
-    // bv128 946.7 vs bv32 997.7. Between 64 and 128 pairs it is not measured: bv32's four
-    // blocks per pair no longer run in one wave above half the SM count.
+    // 128), or 16 when 32 still leaves SMs idle; 64 last (the crossovers measured on the H200:
+    // docs/performance.md, "gdn_prefill"). Between 64 and 128 pairs it is not measured: bv32's
+    // four blocks per pair no longer run in one wave above half the SM count.
     const std::int64_t pairs = pr.seqs * pr.value_heads;
     const std::int64_t blocks32 = pairs * (pr.v / 32);
     std::vector<int> order =
@@ -551,7 +549,7 @@ std::int64_t cp_workspace_bytes(const Problem& pr, std::int64_t chunks) {
 }
 
 // `forced_chunks`: L from the mode (0: the planner's). `user_workspace`: bytes of the caller's
-// options.workspace (-1: kjit allocates it). The rule, from the H200 (docs/architecture.md):
+// options.workspace (-1: kjit allocates it). The rule, from the H200 (docs/performance.md):
 // the sequential state kernel takes (longest sequence) x t per chunk; the context-parallel
 // passes about 2.2 x (all chunks x HV x V / bv) / SMs x t. With P (sequence, value head) pairs
 // of equal length that is a gain of SMs / (2.2 P): taken when 3 P <= SMs. L spreads the resume
@@ -621,7 +619,7 @@ CpDecision decide_cp(const Problem& pr, const DeviceLimits& device, std::int64_t
     return d;
   }
   // Two input stages unless forced: a third (where the shared memory holds it) was no faster on
-  // the H200 (1 x 32768 tokens, 16 heads: 935.0 us with 3, 936.0 with 2, same run).
+  // the H200 (docs/performance.md, "Few long sequences").
   const auto stage_fits = [&](int stages) {
     return gdn_prefill_state_smem(static_cast<int>(pr.k), d.bv, stages).total <=
            device.max_smem_per_block_optin;
@@ -703,7 +701,7 @@ CpDecision cp_decision(const Problem& pr, const GdnPrefillOptions& options,
 // (value tile >= 64, K <= 128) can multiply on warpgroup wgmma, which reads each chunk's k, q, T'
 // and P from shared memory once per four warps instead of once per warp. It exists only in the
 // arch-specific target sm_90a (not on sm_100 and later), and on the H200 it was slower than
-// mma.sync (docs/architecture.md), so it is never chosen, only asked for.
+// mma.sync (docs/performance.md), so it is never chosen, only asked for.
 Choice choose(const Problem& pr, const std::string& force, const DeviceLimits& device,
               std::int64_t user_workspace) {
   if (force.rfind(kCpPrefix, 0) == 0) {

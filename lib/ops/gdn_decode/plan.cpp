@@ -41,12 +41,11 @@ constexpr int kMaxResidentBlocks = 32;
 constexpr std::int64_t kStaticSmemPerStage = 16;
 constexpr std::int64_t kMinRegisterCap = 32;
 
-/// Rows in slot order (GdnRowOrder): taken by the planner from this much state per step (on an
-/// H200, same run, slots ascending vs a random permutation, ratio to a copy: B = 256, HV = 32
-/// (512 MiB) 0.978 vs 0.941; HV = 64 B = 256 / 1024 / 2048 0.970 / 0.957 / 0.954 vs 0.959 /
-/// 0.946 / 0.944; at 128 MiB (B = 32) 38.30 vs 38.43 us, less than the ranking pass costs), up
-/// to kOrderMaxBatch rows (the ranking is quadratic in B), for slots below 2^39 (a key packs
-/// the slot above kGdnOrderRowBits bits of row number).
+/// Rows in slot order (GdnRowOrder): taken by the planner from this much state per step, where
+/// ascending slots beat a random order by more than the ranking pass costs (measured:
+/// docs/performance.md, "Rows in slot order"), up to kOrderMaxBatch rows (the ranking is
+/// quadratic in B), for slots below 2^39 (a key packs the slot above kGdnOrderRowBits bits of
+/// row number).
 constexpr std::int64_t kOrderMinStateBytes = std::int64_t{512} << 20;
 constexpr std::int64_t kOrderMaxBatch = 16384;
 constexpr std::int64_t kOrderMaxSlots = std::int64_t{1} << (63 - kGdnOrderRowBits);
