@@ -48,24 +48,6 @@ constexpr std::size_t kColdBytes = std::size_t{512} << 20;
 /// Channels of the reference check.
 constexpr std::int64_t kCheckDim = 64;
 
-// Uneven lengths summing to `tokens`: weights 1..seqs shuffled.
-std::vector<std::int32_t> uneven_offsets(std::int64_t tokens, std::int64_t seqs,
-                                         std::uint64_t seed) {
-  std::vector<std::int64_t> weights(static_cast<std::size_t>(seqs));
-  std::iota(weights.begin(), weights.end(), 1);
-  std::shuffle(weights.begin(), weights.end(), std::mt19937_64(seed));
-  const std::int64_t total = seqs * (seqs + 1) / 2;
-  std::vector<std::int32_t> cu{0};
-  std::int64_t used = 0;
-  for (std::int64_t i = 0; i < seqs; ++i) {
-    const std::int64_t len =
-        i + 1 == seqs ? tokens - used : tokens * weights[static_cast<std::size_t>(i)] / total;
-    used += len;
-    cu.push_back(static_cast<std::int32_t>(used));
-  }
-  return cu;
-}
-
 std::vector<unsigned char> download(const DeviceBuffer& buffer, std::size_t offset,
                                     std::size_t bytes) {
   std::vector<unsigned char> host(bytes);
@@ -134,7 +116,7 @@ void print_json(std::FILE* json, const std::string& line) {
 
 bool prefill(kjit::bench::Gpu& gpu, Common& common, std::int64_t tokens, std::FILE* json) {
   constexpr std::int64_t kSeqs = 16;
-  const std::vector<std::int32_t> cu = uneven_offsets(tokens, kSeqs, 7);
+  const std::vector<std::int32_t> cu = kjit::bench::uneven_offsets(tokens, kSeqs, 7);
   const std::size_t x_bytes = static_cast<std::size_t>(tokens * kDim * 2);
   const std::size_t sets = std::max<std::size_t>(1, kColdBytes / (2 * x_bytes));
   DeviceBuffer x(x_bytes * sets), out(x_bytes * sets);

@@ -41,25 +41,6 @@ struct Inputs {
   DeviceBuffer q, k, v, a, b, a_log, dt_bias, cu_dev, pool, indices, out;
 };
 
-// Uneven lengths summing to `tokens`: weights 1..seqs shuffled, so one sequence is ~2/seqs of
-// the batch (the longest bounds the time of a per-sequence recurrence).
-std::vector<std::int32_t> uneven_offsets(std::int64_t tokens, std::int64_t seqs,
-                                         std::uint64_t seed) {
-  std::vector<std::int64_t> weights(static_cast<std::size_t>(seqs));
-  for (std::int64_t i = 0; i < seqs; ++i) weights[static_cast<std::size_t>(i)] = i + 1;
-  std::shuffle(weights.begin(), weights.end(), std::mt19937_64(seed));
-  const std::int64_t total = seqs * (seqs + 1) / 2;
-  std::vector<std::int32_t> cu{0};
-  std::int64_t used = 0;
-  for (std::int64_t i = 0; i < seqs; ++i) {
-    const std::int64_t len =
-        i + 1 == seqs ? tokens - used : tokens * weights[static_cast<std::size_t>(i)] / total;
-    used += len;
-    cu.push_back(static_cast<std::int32_t>(used));
-  }
-  return cu;
-}
-
 // Equal lengths (the last sequence takes the remainder).
 std::vector<std::int32_t> equal_offsets(std::int64_t tokens, std::int64_t seqs) {
   std::vector<std::int32_t> cu{0};
@@ -75,7 +56,7 @@ Inputs make_inputs(std::int64_t tokens, std::int64_t seqs, std::int64_t heads,
             seqs,
             heads,
             value_heads,
-            equal ? equal_offsets(tokens, seqs) : uneven_offsets(tokens, seqs, 7),
+            equal ? equal_offsets(tokens, seqs) : kjit::bench::uneven_offsets(tokens, seqs, 7),
             DeviceBuffer(static_cast<std::size_t>(tokens * heads * kDim) * 2),
             DeviceBuffer(static_cast<std::size_t>(tokens * heads * kDim) * 2),
             DeviceBuffer(static_cast<std::size_t>(tokens * value_heads * kDim) * 2),

@@ -203,6 +203,25 @@ inline double copy_gbs(Gpu& gpu, std::size_t bytes_moved) {
   return gbs;
 }
 
+/// cu_seqlens of `seqs` uneven lengths summing to `tokens`: weights 1..seqs shuffled by `seed`,
+/// so the longest sequence is ~2 / seqs of the batch (it bounds a per-sequence recurrence).
+inline std::vector<std::int32_t> uneven_offsets(std::int64_t tokens, std::int64_t seqs,
+                                                std::uint64_t seed) {
+  std::vector<std::int64_t> weights(static_cast<std::size_t>(seqs));
+  for (std::int64_t i = 0; i < seqs; ++i) weights[static_cast<std::size_t>(i)] = i + 1;
+  std::shuffle(weights.begin(), weights.end(), std::mt19937_64(seed));
+  const std::int64_t total = seqs * (seqs + 1) / 2;
+  std::vector<std::int32_t> cu{0};
+  std::int64_t used = 0;
+  for (std::int64_t i = 0; i < seqs; ++i) {
+    const std::int64_t len =
+        i + 1 == seqs ? tokens - used : tokens * weights[static_cast<std::size_t>(i)] / total;
+    used += len;
+    cu.push_back(static_cast<std::int32_t>(used));
+  }
+  return cu;
+}
+
 /// Fills `count` elements of `dtype` with N(0,1) * scale (distinct values for the first 16M
 /// elements, then repeating), on the host, uploaded once.
 inline void fill_random(DeviceBuffer& buffer, DType dtype, std::size_t count, std::uint64_t seed,
