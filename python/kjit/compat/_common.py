@@ -79,3 +79,29 @@ def check_no_autograd(adapter: str, *tensors) -> None:
                 adapter, "autograd (an input requires grad while grad mode is on)",
                 "kjit implements the forward pass only: call it under torch.no_grad() or "
                 "torch.inference_mode(), or detach the inputs")
+
+
+def packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out,  # noqa: N803
+                  ssm_state_indices, use_qk_l2norm_in_kernel, invalid_index):
+    """The packed GDN decode step behind vLLM's and SGLang's entry points (they differ only in
+    the padding rule, `invalid_index`): the checks both make in Python and kjit cannot make
+    itself (it sees out as [B, HV, V]), then kjit's gdn_decode. Everything else (dims, strides,
+    dtypes, head counts) kjit validates, raising kjit.InvalidArgument, a ValueError like the
+    originals' own errors. Returns (out, initial_state)."""
+    if ssm_state_indices.ndim != 1:
+        raise ValueError(
+            "`ssm_state_indices` must be 1D for packed decode "
+            f"(got ndim={ssm_state_indices.ndim}).")
+    if not is_contiguous(out):
+        raise ValueError("`out` must be contiguous.")
+    if initial_state.ndim != 4:
+        raise ValueError(f"`initial_state` must be a 4D tensor (got ndim={initial_state.ndim}).")
+    batch = mixed_qkv.shape[0]
+    heads_v, dim_v = initial_state.shape[1], initial_state.shape[2]
+    if tuple(out.shape) != (batch, 1, heads_v, dim_v):
+        raise ValueError(f"`out` must have shape {(batch, 1, heads_v, dim_v)} "
+                         f"(got out.shape={tuple(out.shape)}).")
+    _kjit.gdn_decode(mixed_qkv, a, b, A_log, dt_bias, initial_state, ssm_state_indices,
+                     out.reshape(batch, heads_v, dim_v), scale=scale,
+                     l2norm_qk=use_qk_l2norm_in_kernel, invalid_index=invalid_index)
+    return out, initial_state

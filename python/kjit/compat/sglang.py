@@ -22,7 +22,8 @@ difference below bf16 tolerance).
 from __future__ import annotations
 
 from .. import _kjit
-from ._common import UnsupportedFeature, device_of, dtype_name, is_contiguous, is_cuda
+from ._common import (UnsupportedFeature, device_of, dtype_name, is_contiguous, is_cuda,
+                      packed_decode)
 
 
 def _f32(s):
@@ -116,23 +117,8 @@ def fused_recurrent_gated_delta_rule_packed_decode(
             "use_rs_rounding=True (stochastic rounding of the state)",
             "kjit rounds the state to the pool's dtype to nearest; use an f32 pool or "
             "use_rs_rounding=False")
-    if ssm_state_indices.ndim != 1:
-        raise ValueError(
-            "`ssm_state_indices` must be 1D for packed decode "
-            f"(got ndim={ssm_state_indices.ndim}).")
-    if not is_contiguous(out):
-        raise ValueError("`out` must be contiguous.")
-    if initial_state.ndim != 4:
-        raise ValueError(f"`initial_state` must be a 4D tensor (got ndim={initial_state.ndim}).")
-    batch = mixed_qkv.shape[0]
-    heads_v, dim_v = initial_state.shape[1], initial_state.shape[2]
-    if tuple(out.shape) != (batch, 1, heads_v, dim_v):
-        raise ValueError(f"`out` must have shape {(batch, 1, heads_v, dim_v)} "
-                         f"(got out.shape={tuple(out.shape)}).")
-    _kjit.gdn_decode(mixed_qkv, a, b, A_log, dt_bias, initial_state, ssm_state_indices,
-                     out.reshape(batch, heads_v, dim_v), scale=scale,
-                     l2norm_qk=use_qk_l2norm_in_kernel, invalid_index="negative")
-    return out, initial_state
+    return packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out,
+                         ssm_state_indices, use_qk_l2norm_in_kernel, "negative")
 
 
 def fused_sigmoid_gating_delta_rule_update(

@@ -28,7 +28,7 @@ Behaviour that differs from vLLM, on purpose:
 from __future__ import annotations
 
 from .. import _kjit
-from ._common import UnsupportedFeature, dtype_name, is_contiguous, strides, torch_module
+from ._common import UnsupportedFeature, dtype_name, packed_decode, strides, torch_module
 
 _FLOAT_OUT = ("float32", "float16", "bfloat16")
 
@@ -100,26 +100,8 @@ def fused_recurrent_gated_delta_rule_packed_decode(
     a, b [B, HV] (raw gates), A_log, dt_bias [HV], initial_state [slots, HV, V, K] updated in
     place at ssm_state_indices [B] (index <= 0: padding), out [B, 1, HV, V] written. Returns
     (out, initial_state)."""
-    # The checks vLLM makes in Python and kjit cannot make itself (it sees out as [B, HV, V]).
-    # Everything else (dims, strides, dtypes, head counts) kjit validates, raising
-    # kjit.InvalidArgument, which is a ValueError like vLLM's own errors.
-    if ssm_state_indices.ndim != 1:
-        raise ValueError(
-            "`ssm_state_indices` must be 1D for packed decode "
-            f"(got ndim={ssm_state_indices.ndim}).")
-    if not is_contiguous(out):
-        raise ValueError("`out` must be contiguous.")
-    if initial_state.ndim != 4:
-        raise ValueError(f"`initial_state` must be a 4D tensor (got ndim={initial_state.ndim}).")
-    batch = mixed_qkv.shape[0]
-    heads_v, dim_v = initial_state.shape[1], initial_state.shape[2]
-    if tuple(out.shape) != (batch, 1, heads_v, dim_v):
-        raise ValueError(f"`out` must have shape {(batch, 1, heads_v, dim_v)} "
-                         f"(got out.shape={tuple(out.shape)}).")
-    _kjit.gdn_decode(mixed_qkv, a, b, A_log, dt_bias, initial_state, ssm_state_indices,
-                     out.reshape(batch, heads_v, dim_v), scale=scale,
-                     l2norm_qk=use_qk_l2norm_in_kernel, invalid_index="nonpositive")
-    return out, initial_state
+    return packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out,
+                         ssm_state_indices, use_qk_l2norm_in_kernel, "nonpositive")
 
 
 # ---------------------------------------------------------------------------------------------
