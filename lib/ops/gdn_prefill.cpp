@@ -825,8 +825,10 @@ Plan make_cp_plan(const Problem& pr, Plan plan, KernelSpec chunk_spec, LaunchSha
     if (value.first == "stages") value.second = std::to_string(choice.cp_stages);
   }
   KernelSpec segment_spec = family_spec("gdn_prefill_state_cp", values, device.arch);
+  // (A std::string built first and moved in: assigning the literal made GCC 12 at -O3 report a
+  // false -Wrestrict overlap, which failed Release builds with KJIT_WERROR.)
   for (auto& value : values) {
-    if (value.first == "phase") value.second = "2";
+    if (value.first == "phase") value.second = std::string(1, '2');
   }
   KernelSpec resume_spec = family_spec("gdn_prefill_state_cp", values, device.arch);
   KernelSpec scan_spec = family_spec("gdn_prefill_cp_scan", values, device.arch);
