@@ -25,6 +25,7 @@
 #include "kjit/ops/gdn_prefill.hpp"
 #include "kjit/runtime.hpp"
 #include "ops/gdn_prefill_reference.hpp"
+#include "ops/gdn_reference.hpp"
 #include "support/numeric.hpp"
 
 namespace {
@@ -286,20 +287,18 @@ AnchorRun run_anchor(kjit::bench::Gpu& gpu, const PrefillAnchor& anchor, Inputs&
   DeviceBuffer qn(qk_rows * kDim * 2), kn(qk_rows * kDim * 2), alpha(gates * 4), beta(gates * 4),
       cu64(static_cast<std::size_t>(n + 1) * 8), state_in(state_bytes), state_out(state_bytes),
       out(gates * kDim * 2), workspace(std::size_t{1} << 20);
-  // The gates as the anchor takes them, from the bench's raw ones (the reference's formulas).
+  // The gates as the anchor takes them, from the bench's raw ones by the reference's formulas.
   const auto a = host_copy(in.a), b = host_copy(in.b), a_log = host_copy(in.a_log),
              dt_bias = host_copy(in.dt_bias);
   std::vector<float> host_alpha(gates), host_beta(gates);
   for (std::size_t i = 0; i < gates; ++i) {
     const auto head = static_cast<std::int64_t>(i % static_cast<std::size_t>(hv));
-    const double x = load_as_double(a.data(), DType::bf16, static_cast<std::int64_t>(i)) +
-                     load_as_double(dt_bias.data(), DType::f32, head);
-    const double softplus = x > options.softplus_threshold ? x : std::log1p(std::exp(x));
-    const double g = -std::exp(load_as_double(a_log.data(), DType::f32, head)) * softplus;
-    host_alpha[i] = static_cast<float>(std::exp(g));
-    host_beta[i] = static_cast<float>(
-        1.0 /
-        (1.0 + std::exp(-load_as_double(b.data(), DType::bf16, static_cast<std::int64_t>(i)))));
+    const auto at = static_cast<std::int64_t>(i);
+    host_alpha[i] = static_cast<float>(std::exp(kjit::reference::gdn_log_decay(
+        load_as_double(a.data(), DType::bf16, at), load_as_double(a_log.data(), DType::f32, head),
+        load_as_double(dt_bias.data(), DType::f32, head), options.softplus_threshold)));
+    host_beta[i] =
+        static_cast<float>(kjit::reference::gdn_sigmoid(load_as_double(b.data(), DType::bf16, at)));
   }
   alpha.upload(host_alpha);
   beta.upload(host_beta);
