@@ -78,6 +78,32 @@ class ActivityTimer {
 #endif
   }
 
+  /// Durations (us) of a small call, of an empty kernel and of a device copy moving
+  /// `bytes_moved` (read + written), all by the same clock; -1 where no record came back.
+  struct Beside {
+    double call = -1, empty = -1, copy = -1;
+  };
+  Beside beside_empty_and_copy(Gpu& gpu, const std::function<void(Stream)>& call,
+                               const std::string& name_part, std::size_t bytes_moved) {
+    constexpr int kReps = 50;
+    DeviceBuffer src(bytes_moved / 2 + 256), dst(bytes_moved / 2 + 256);
+    Beside b;
+    b.call = median_us(gpu, call, kReps, name_part).value_or(-1);
+    b.empty = median_us(
+                  gpu, [&](Stream) { gpu.launch_empty(); }, kReps, "bench_kernel")
+                  .value_or(-1);
+    b.copy =
+        median_us(
+            gpu,
+            [&](Stream) {
+              check(cu().cuMemcpyDtoDAsync(dst.ptr(), src.ptr(), bytes_moved / 2, gpu.cu_stream()),
+                    "cuMemcpyDtoDAsync");
+            },
+            kReps, "", true)
+            .value_or(-1);
+    return b;
+  }
+
  private:
 #if KJIT_BENCH_HAVE_CUPTI
   struct State {

@@ -417,31 +417,19 @@ int main(int argc, char** argv) {
         const double host_us =
             std::chrono::duration<double, std::micro>(host_stop - host_start).count() / kHostCalls;
         if (batch == 1 && durations != nullptr) {
-          // Kernel durations (CUPTI): the step, an empty kernel, and a copy moving the same
-          // bytes (read + written), each warm.
-          DeviceBuffer src(moved / 2 + 256), dst(moved / 2 + 256);
-          const auto step = durations->median_us(
+          // Kernel durations (CUPTI) beside an empty kernel and a copy of the same bytes.
+          const auto timed = durations->beside_empty_and_copy(
               *gpu,
               [&](kjit::Stream stream) {
                 kjit::gdn_decode(v_qkv, v_a, v_b, v_alog, v_dtb, pool_view,
                                  views_for(call++ % rotations), v_out, options, stream);
               },
-              50, "gdn_decode_kernel");
-          const auto empty = durations->median_us(
-              *gpu, [&](kjit::Stream) { gpu->launch_empty(); }, 50, "bench_kernel");
-          const auto copy_us = durations->median_us(
-              *gpu,
-              [&](kjit::Stream) {
-                kjit::bench::check(kjit::bench::cu().cuMemcpyDtoDAsync(dst.ptr(), src.ptr(),
-                                                                       moved / 2, gpu->cu_stream()),
-                                   "cuMemcpyDtoDAsync");
-              },
-              50, "", true);
+              "gdn_decode_kernel", moved);
           std::printf(
               "HV=%2lld B=1 kernel durations (CUPTI, %zu launch(es)): step %.2f us, empty kernel "
               "%.2f us, copy of the same bytes %.2f us\n",
-              static_cast<long long>(value_heads), plan.launches.size(), step.value_or(-1),
-              empty.value_or(-1), copy_us.value_or(-1));
+              static_cast<long long>(value_heads), plan.launches.size(), timed.call, timed.empty,
+              timed.copy);
         }
         const double gbs = static_cast<double>(moved) / (us * 1e3);
         const kjit::Dim3 grid = plan.launches.back().shape.grid;

@@ -238,31 +238,18 @@ int main(int argc, char** argv) {
           }
           if (t == 1) std::printf("      T=1: %.2f us over the empty kernel\n", us - empty_us);
           if (t == 1 && durations != nullptr) {
-            // Kernel durations (CUPTI): the merge, an empty kernel, and a copy moving the same
-            // bytes (read + written), all warm: a T = 1 call's data fits in L2 anyway.
-            kjit::bench::DeviceBuffer src(static_cast<std::size_t>(bytes / 2) + 256),
-                dst(static_cast<std::size_t>(bytes / 2) + 256);
-            const auto merge = durations->median_us(
+            // Kernel durations (CUPTI) beside an empty kernel and a copy of the same bytes, all
+            // warm: a T = 1 call's data fits in L2 anyway.
+            const auto timed = durations->beside_empty_and_copy(
                 gpu,
                 [&](kjit::Stream stream) {
                   run_merge(pools, (call++ * 7919) % pools.slots, options, stream);
                 },
-                50, "merge_state_kernel");
-            const auto empty = durations->median_us(
-                gpu, [&](kjit::Stream) { gpu.launch_empty(); }, 50, "bench_kernel");
-            const auto copy_us = durations->median_us(
-                gpu,
-                [&](kjit::Stream) {
-                  kjit::bench::check(kjit::bench::cu().cuMemcpyDtoDAsync(
-                                         dst.ptr(), src.ptr(), static_cast<std::size_t>(bytes / 2),
-                                         gpu.cu_stream()),
-                                     "cuMemcpyDtoDAsync");
-                },
-                50, "", true);
+                "merge_state_kernel", static_cast<std::size_t>(bytes));
             std::printf(
                 "      T=1 kernel durations (CUPTI): merge %.2f us, empty kernel %.2f us, copy "
                 "of the same bytes %.2f us\n",
-                merge.value_or(-1), empty.value_or(-1), copy_us.value_or(-1));
+                timed.call, timed.empty, timed.copy);
           }
           std::fflush(stdout);
           if (json != nullptr) {
