@@ -7,10 +7,10 @@
 #include <string>
 
 #include "fuzz_check.hpp"
+#include "kjit/catalog.hpp"
 #include "kjit/device.hpp"
 #include "kjit/error.hpp"
 #include "manifest.hpp"
-#include "ops.hpp"
 
 namespace {
 
@@ -21,6 +21,7 @@ constexpr std::size_t kMaxProblemsPerLine = 32;
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  using namespace kjit;
   using namespace kjit::tool;
   Manifest manifest;
   try {
@@ -50,7 +51,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     // are now literal and must fail as clear errors like any other.
     (void)reference;
     const OpInfo* op = nullptr;
-    for (const OpInfo& known : known_ops()) {
+    for (const OpInfo& known : op_catalog()) {
       if (known.name == line.op) op = &known;
     }
     if (op == nullptr) continue;
@@ -59,7 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       for (const ShapeValues& problem : line_problems(line, *op)) {
         if (++planned > kMaxProblemsPerLine) break;
         try {
-          plan_op(*op, problem, device);
+          plan_from_shape(*op, problem, device);
         } catch (const kjit::Error&) {
           // An illegal or invalid problem is a clear error, which is all that is required.
         }

@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "fuzz_check.hpp"
+#include "kjit/catalog.hpp"
 #include "kjit/device.hpp"
 #include "kjit/error.hpp"
 #include "kjit/plan.hpp"
 #include "manifest.hpp"
-#include "ops.hpp"
 
 namespace {
 
@@ -60,7 +60,7 @@ std::string number(Bytes& in) {
 }
 
 /// A value for one parameter; "" leaves it to the op's default.
-std::string value_for(Bytes& in, const kjit::tool::OpParam& param) {
+std::string value_for(Bytes& in, const kjit::OpParam& param) {
   const std::string& name = param.name;
   if (!param.size && in.u8() % 2 == 0) return "";  // the default, half of the time
   if (name.find("dtype") != std::string::npos) {
@@ -123,10 +123,11 @@ void require_legal_launch(const kjit::PlannedLaunch& launch, const kjit::DeviceL
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  using namespace kjit;
   using namespace kjit::tool;
   Bytes in(data, size);
   std::vector<const OpInfo*> ops;
-  for (const OpInfo& op : known_ops()) ops.push_back(&op);
+  for (const OpInfo& op : op_catalog()) ops.push_back(&op);
   if (ops.empty()) return 0;
   const OpInfo& op = *ops[in.u8() % ops.size()];
   ShapeValues values;
@@ -137,7 +138,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const kjit::DeviceLimits device = device_for(in);
   kjit::Plan plan;
   try {
-    plan = plan_op(op, complete_values(op, values, true), device);
+    plan = plan_from_shape(op, complete_shape_values(op, values, true), device);
   } catch (const kjit::Error&) {
     return 0;  // refused with a clear error: allowed for any input
   }

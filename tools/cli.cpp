@@ -6,6 +6,8 @@
 #include <cctype>
 #include <charconv>
 
+#include "kjit/types.hpp"
+
 namespace kjit::tool {
 
 std::string Args::get(std::string_view name, std::string_view fallback) const {
@@ -24,13 +26,11 @@ std::int64_t Args::get_int(std::string_view name, std::int64_t fallback) const {
 }
 
 std::int64_t parse_int(std::string_view text, std::string_view what) {
-  std::int64_t value = 0;
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (text.empty() || ec != std::errc() || ptr != end) {
-    throw UsageError(fmt::format("{} must be an integer, got '{}'", what, text));
+  try {
+    return parse_int64(text, what);
+  } catch (const InvalidArgument& error) {
+    throw UsageError(error.what());  // a command line's mistake: the tool's error type
   }
-  return value;
 }
 
 namespace {

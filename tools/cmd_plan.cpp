@@ -20,10 +20,10 @@
 #include "codegen/embedded_templates.hpp"
 #include "codegen/families.hpp"
 #include "commands.hpp"
+#include "kjit/catalog.hpp"
 #include "kjit/error.hpp"
 #include "kjit/runtime.hpp"
 #include "kjit/settings.hpp"
-#include "ops.hpp"
 
 namespace kjit::tool {
 namespace {
@@ -42,7 +42,7 @@ ops and their shape options (sizes are required, the rest have defaults):
 
 std::string op_usage() {
   std::string out;
-  for (const OpInfo& op : known_ops()) {
+  for (const OpInfo& op : op_catalog()) {
     out += fmt::format("  {}: {}\n", op.name, op.doc);
     for (const OpParam& param : op.params) {
       std::string flag = param.name;
@@ -120,9 +120,9 @@ int cmd_plan(const Argv& argv) {
           fmt::format("plan: --{} and --{} name the same value; give it once", dashed, key));
     }
   }
-  values = complete_values(op, std::move(values), true);
+  values = complete_shape_values(op, std::move(values), true);
   const DeviceLimits device = target_limits(args, "plan");
-  const Plan plan = plan_op(op, values, device);
+  const Plan plan = plan_from_shape(op, values, device);
   std::fputs(args.has("json") ? (plan.to_json() + "\n").c_str() : plan.explain().c_str(), stdout);
   return kExitOk;
 }

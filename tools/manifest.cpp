@@ -245,7 +245,7 @@ std::vector<ShapeValues> line_problems(const ManifestLine& line, const OpInfo& o
       axes.emplace_back(param.name, std::move(values));
     }
   }
-  complete_values(op, fixed, false);  // refuses unknown keys before any planning
+  complete_shape_values(op, fixed, false);  // refuses unknown keys before any planning
   std::vector<ShapeValues> problems = {fixed};
   const auto extend = [&](const std::string& key, const auto& values_of) {
     std::vector<ShapeValues> next;
@@ -273,7 +273,8 @@ std::vector<ShapeValues> line_problems(const ManifestLine& line, const OpInfo& o
       return expand_values(text, param->name, param->rule, known ? &divided : nullptr);
     });
   }
-  for (ShapeValues& problem : problems) problem = complete_values(op, std::move(problem), true);
+  for (ShapeValues& problem : problems)
+    problem = complete_shape_values(op, std::move(problem), true);
   return problems;
 }
 
@@ -291,21 +292,21 @@ Enumeration enumerate_specs(const Manifest& manifest, const std::vector<DeviceLi
   std::unordered_set<std::string> seen;
   for (const ManifestLine& line : manifest.lines) {
     const OpInfo* op = nullptr;
-    for (const OpInfo& known : known_ops()) {
+    for (const OpInfo& known : op_catalog()) {
       if (known.name == line.op) op = &known;
     }
     const std::string where = fmt::format("{}:{}", manifest.name, line.number);
     if (op == nullptr) {
       try {
         find_op(line.op);
-      } catch (const UsageError& error) {
+      } catch (const InvalidArgument& error) {
         throw UsageError(fmt::format("{}: {}", where, error.what()));
       }
     }
     std::vector<ShapeValues> problems;
     try {
       problems = line_problems(line, *op);
-    } catch (const UsageError& error) {
+    } catch (const InvalidArgument& error) {  // the manifest's own errors and the catalog's
       throw UsageError(fmt::format("{}: {}", where, error.what()));
     }
     for (const DeviceLimits& device : devices) {
@@ -316,7 +317,7 @@ Enumeration enumerate_specs(const Manifest& manifest, const std::vector<DeviceLi
                              device.arch.str());
         };
         try {
-          plan = plan_op(*op, problem, device);
+          plan = plan_from_shape(*op, problem, device);
         } catch (const UsageError& error) {
           throw UsageError(fmt::format("{}: {}", context(), error.what()));
         } catch (const PlanError& error) {

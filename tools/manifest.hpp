@@ -10,9 +10,9 @@
 #include <string_view>
 #include <vector>
 
+#include "kjit/catalog.hpp"
 #include "kjit/device.hpp"
 #include "kjit/spec.hpp"
-#include "ops.hpp"
 
 namespace kjit::tool {
 

@@ -104,7 +104,7 @@ VerifyReport verify_bundle(const cache::Bundle& bundle, const Manifest& manifest
     for (const DeviceLimits& target : targets) {
       for (const ManifestLine& line : manifest.lines) {
         const OpInfo* op = nullptr;
-        for (const OpInfo& known : known_ops()) {
+        for (const OpInfo& known : op_catalog()) {
           if (known.name == line.op) op = &known;
         }
         if (op == nullptr) {
@@ -118,7 +118,7 @@ VerifyReport verify_bundle(const cache::Bundle& bundle, const Manifest& manifest
                                                line.op, problem_text(problem));
           Plan plan;
           try {
-            plan = plan_op(*op, problem, target);
+            plan = plan_from_shape(*op, problem, target);
           } catch (const Error& error) {
             fail(fmt::format("{}: cannot be planned: {}", what, error.what()));
             continue;

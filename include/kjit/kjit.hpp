@@ -2,6 +2,7 @@
 // Umbrella header: the whole public API of kjit.
 #pragma once
 
+#include "kjit/catalog.hpp"
 #include "kjit/device.hpp"
 #include "kjit/error.hpp"
 #include "kjit/plan.hpp"

@@ -28,6 +28,9 @@ std::size_t size_of(DType dtype) noexcept;
 /// "float32", "float", "int32", "int64", "uint8", "fp8e4m3"); throws InvalidArgument naming
 /// `what` and the accepted names otherwise.
 DType parse_dtype(std::string_view text, std::string_view what = "dtype");
+/// Parses a whole decimal integer (the full text); throws InvalidArgument "<what> must be an
+/// integer, got '<text>'" otherwise.
+std::int64_t parse_int64(std::string_view text, std::string_view what);
 
 /// A CUDA compile target: sm_<major><minor>[a|f].
 struct Arch {

@@ -50,6 +50,16 @@ std::size_t size_of(DType dtype) noexcept {
   return 0;
 }
 
+std::int64_t parse_int64(std::string_view text, std::string_view what) {
+  std::int64_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc() || ptr != end) {
+    throw InvalidArgument(fmt::format("{} must be an integer, got '{}'", what, text));
+  }
+  return value;
+}
+
 DType parse_dtype(std::string_view text, std::string_view what) {
   struct Alias {
     std::string_view name;

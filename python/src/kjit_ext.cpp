@@ -25,12 +25,12 @@
 
 #include "codegen/embedded_templates.hpp"
 #include "codegen/families.hpp"
+#include "kjit/catalog.hpp"
 #include "kjit/kjit.hpp"
 #include "kjit/ops/causal_conv1d.hpp"
 #include "kjit/ops/gdn_decode.hpp"
 #include "kjit/ops/gdn_prefill.hpp"
 #include "kjit/ops/merge_state.hpp"
-#include "ops.hpp"
 #include "torch_fastpath.hpp"
 
 namespace nb = nanobind;
@@ -1038,34 +1038,34 @@ PyObject* gdn_decode(PyObject*, PyObject* const* call_args, Py_ssize_t nargsf,
 // ---------------------------------------------------------------------------------------------
 // Plans by shape names (the `kjit plan` vocabulary), prewarm, source, compile
 
-const tool::OpInfo& find_op(const std::string& name) {
-  for (const tool::OpInfo& op : tool::known_ops()) {
-    if (op.name == name) return tool::find_op(name);  // throws when not in this build
+const OpInfo& find_catalog_op(const std::string& name) {
+  for (const OpInfo& op : op_catalog()) {
+    if (op.name == name) return op;
   }
   std::string names;
-  for (const tool::OpInfo& op : tool::known_ops()) names += (names.empty() ? "" : ", ") + op.name;
+  for (const OpInfo& op : op_catalog()) names += (names.empty() ? "" : ", ") + op.name;
   throw InvalidArgument("op = '" + name + "' is not an op; accepted: " + names);
 }
 
-/// Shape values completed with the tool's defaults; a missing size is named the Python way.
-tool::ShapeValues complete(const tool::OpInfo& op, const std::map<std::string, std::string>& in) {
-  for (const tool::OpParam& param : op.params) {
+/// Shape values completed with the catalog's defaults; a missing size is named the Python way.
+ShapeValues complete(const OpInfo& op, const std::map<std::string, std::string>& in) {
+  for (const OpParam& param : op.params) {
     if (param.size && in.count(param.name) == 0) {
       std::string sizes;
-      for (const tool::OpParam& p : op.params) {
+      for (const OpParam& p : op.params) {
         if (p.size) sizes += (sizes.empty() ? "" : ", ") + p.name;
       }
       throw InvalidArgument(op.name + ": shape value " + param.name + " (" + param.doc +
                             ") is missing; required: " + sizes);
     }
   }
-  return tool::complete_values(op, tool::ShapeValues(in.begin(), in.end()), true);
+  return complete_shape_values(op, ShapeValues(in.begin(), in.end()), true);
 }
 
 Plan plan_shape(const std::string& op_name, const std::map<std::string, std::string>& values,
                 const OptStr& arch, std::optional<int> device) {
-  const tool::OpInfo& op = find_op(op_name);
-  const tool::ShapeValues complete_values = complete(op, values);
+  const OpInfo& op = find_catalog_op(op_name);
+  const ShapeValues complete_values = complete(op, values);
   if (arch && device) {
     throw InvalidArgument("plan: give arch or device, not both (arch = '" + *arch +
                           "', device = " + std::to_string(*device) + ")");
@@ -1082,7 +1082,7 @@ Plan plan_shape(const std::string& op_name, const std::map<std::string, std::str
     }
     limits = runtime().device_limits(device ? *device : runtime().current_device());
   }
-  return tool::plan_op(op, complete_values, limits);
+  return plan_from_shape(op, complete_values, limits);
 }
 
 std::vector<std::string> prewarm_specs(const std::vector<std::string>& specs, int device) {
@@ -1409,14 +1409,14 @@ NB_MODULE(_kjit, m) {
   m.def("_plan_shape", &plan_shape);
   m.def("_op_params", [](const std::string& name) {
     std::vector<nb::tuple> out;
-    for (const tool::OpParam& p : find_op(name).params) {
+    for (const OpParam& p : find_catalog_op(name).params) {
       out.push_back(nb::make_tuple(p.name, p.size, p.fallback, p.doc));
     }
     return out;
   });
   m.def("_ops", [] {
     std::vector<std::string> names;
-    for (const tool::OpInfo& op : tool::known_ops()) names.push_back(op.name);
+    for (const OpInfo& op : op_catalog()) names.push_back(op.name);
     return names;
   });
   m.def("_prewarm_specs", &prewarm_specs);

@@ -10,9 +10,9 @@
 
 #include "cache/bundle.hpp"
 #include "cli.hpp"
+#include "kjit/catalog.hpp"
 #include "kjit/error.hpp"
 #include "manifest.hpp"
-#include "ops.hpp"
 #include "support/hash.hpp"
 #include "verify.hpp"
 
@@ -55,19 +55,19 @@ TEST_CASE("manifest lines: comments, errors with line numbers") {
                        doctest::Contains("m.txt:2: heads given twice"), UsageError);
 }
 
-TEST_CASE("complete_values fills defaults and refuses unknown keys") {
+TEST_CASE("complete_shape_values fills defaults and refuses unknown keys") {
   const OpInfo* merge = nullptr;
-  for (const OpInfo& op : known_ops()) {
+  for (const OpInfo& op : op_catalog()) {
     if (op.name == "merge_state") merge = &op;
   }
   REQUIRE(merge);
   const ShapeValues values =
-      complete_values(*merge, {{"tokens", "4"}, {"heads", "2"}, {"head_dim", "64"}}, true);
+      complete_shape_values(*merge, {{"tokens", "4"}, {"heads", "2"}, {"head_dim", "64"}}, true);
   CHECK(values.at("out_dtype") == values.at("dtype"));
-  CHECK_THROWS_WITH_AS(complete_values(*merge, {{"tokenz", "4"}}, false),
-                       doctest::Contains("has no parameter 'tokenz'"), UsageError);
-  CHECK_THROWS_WITH_AS(complete_values(*merge, {{"heads", "2"}, {"head_dim", "64"}}, true),
-                       doctest::Contains("needs --tokens"), UsageError);
+  CHECK_THROWS_WITH_AS(complete_shape_values(*merge, {{"tokenz", "4"}}, false),
+                       doctest::Contains("has no parameter 'tokenz'"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(complete_shape_values(*merge, {{"heads", "2"}, {"head_dim", "64"}}, true),
+                       doctest::Contains("needs --tokens"), InvalidArgument);
 }
 
 namespace {
@@ -133,7 +133,7 @@ TEST_CASE("verify uses the recorded registers") {
 namespace {
 
 const OpInfo& op_named(const std::string& name) {
-  for (const OpInfo& op : known_ops()) {
+  for (const OpInfo& op : op_catalog()) {
     if (op.name == name) return op;
   }
   FAIL("no op " << name);
@@ -222,25 +222,28 @@ TEST_CASE("plan refuses a size out of range by name (issue 20: heads = 0)") {
   const DeviceLimits sm90 = DeviceLimits::for_arch(Arch::parse("sm_90"));
   const OpInfo& merge = op_named("merge_state");
   CHECK_THROWS_WITH_AS(
-      plan_op(merge,
-              complete_values(merge, {{"tokens", "4"}, {"heads", "0"}, {"head_dim", "64"}}, true),
-              sm90),
-      doctest::Contains("heads = 0 is out of range; heads must be >= 1"), UsageError);
+      plan_from_shape(
+          merge,
+          complete_shape_values(merge, {{"tokens", "4"}, {"heads", "0"}, {"head_dim", "64"}}, true),
+          sm90),
+      doctest::Contains("heads = 0 is out of range; heads must be >= 1"), InvalidArgument);
   // An empty batch is a real call: it plans (nothing is launched).
-  CHECK(plan_op(merge,
-                complete_values(merge, {{"tokens", "0"}, {"heads", "8"}, {"head_dim", "64"}}, true),
-                sm90)
+  CHECK(plan_from_shape(merge,
+                        complete_shape_values(
+                            merge, {{"tokens", "0"}, {"heads", "8"}, {"head_dim", "64"}}, true),
+                        sm90)
             .mode == "empty");
   const OpInfo& decode = op_named("gdn_decode");
   CHECK_THROWS_WITH_AS(
-      plan_op(decode,
-              complete_values(
-                  decode,
-                  {{"batch", "1"}, {"heads", "16"}, {"v_heads", "32"}, {"k", "512"}, {"v", "128"}},
-                  true),
-              sm90),
+      plan_from_shape(
+          decode,
+          complete_shape_values(
+              decode,
+              {{"batch", "1"}, {"heads", "16"}, {"v_heads", "32"}, {"k", "512"}, {"v", "128"}},
+              true),
+          sm90),
       doctest::Contains("k = 512 is out of range; k must be a multiple of 16 in 16..256"),
-      UsageError);
+      InvalidArgument);
 }
 
 TEST_CASE("command lines: a missing value and a repeated option are refused") {

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "kjit/catalog.hpp"
 #include "kjit/device.hpp"
 #include "kjit/error.hpp"
 #include "manifest.hpp"
-#include "ops.hpp"
 
 namespace kjit::tool {
 namespace {
@@ -44,7 +44,7 @@ std::string manifest_plans() {
           out += "# " + path.filename().string() + ":" + std::to_string(line.number) + " " +
                  line.op + " " + problem_text(problem) + " @" + arch.str() + "\n";
           try {
-            out += plan_op(op, problem, DeviceLimits::for_arch(arch)).to_json() + "\n";
+            out += plan_from_shape(op, problem, DeviceLimits::for_arch(arch)).to_json() + "\n";
           } catch (const Error& error) {
             out += std::string("error: ") + error.what() + "\n";
           }
