@@ -596,19 +596,6 @@ __global__ void __launch_bounds__(kConvBlockThreads)
             for (int k = 0; k < kVec; ++k) conv.h[j][k] = 0.0f;
           }
         }
-        if constexpr (kMode == ConvMode::chunked) {
-          // This thread alone reads the slot, so it writes the final columns too, from the
-          // history it holds and the sequence's last inputs (x is not written: out of place).
-          // Entry q of the sequence's inputs is x row start + q for q >= 0, history entry
-          // W - 1 + q before it.
-          float nv[kWidth - 1][kVec];
-#pragma unroll
-          for (int j = 0; j < kWidth - 1; ++j) {
-            column_entry<TIn, kVec, kWidth>(p, conv.h, len + j, start * p.x_token_stride, c0,
-                                            nv[j]);
-          }
-          Pool::write(p, slot, c0, nv);
-        }
       } else {
         // The halo: the W - 1 inputs before the span, all inside the sequence (spans are at
         // least W - 1 tokens long).
@@ -619,10 +606,23 @@ __global__ void __launch_bounds__(kConvBlockThreads)
       }
       run_tokens_pipelined<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, first_batch, x_off,
                                                                    o_off, count, c0);
-      if constexpr (kMode == ConvMode::sequential) {
-        // The history after the last token is the sequence's last W - 1 inputs (the slot's old
-        // columns shifted when it is shorter); read from registers, since x may be out.
-        Pool::write(p, slot, c0, conv.h);
+      // The slot's new columns, by the thread that read it (the sequence's first span), after
+      // its tokens: no batch of loads is in flight any more, so the column values do not add
+      // to the registers the loop needs. A sequence within its first span (sequential: always)
+      // leaves its last W - 1 inputs, or the history shifted by fewer tokens, in conv.h (read
+      // from registers, since x may be out in place). A longer one's are x rows len - W + 1 ..
+      // len - 1, all inside the sequence (len > span >= W - 1) and not written (out of place).
+      if (first_token == 0) {
+        if (count == len) {
+          Pool::write(p, slot, c0, conv.h);
+        } else {
+          float nv[kWidth - 1][kVec];
+#pragma unroll
+          for (int j = 0; j < kWidth - 1; ++j) {
+            load_x<TIn, kVec>(p, (start + len - (kWidth - 1) + j) * p.x_token_stride, c0, nv[j]);
+          }
+          Pool::write(p, slot, c0, nv);
+        }
       }
     }
   }
