@@ -117,6 +117,13 @@ __device__ __forceinline__ void load_vec(const T* p, float (&v)[kVec]) {
   for (int k = 0; k < kVec; ++k) v[k] = raw.get(k);
 }
 
+/// One 16-byte store as one instruction. A plain `*p = v` through uint4* is split by NVVM into
+/// four 4-byte stores for most tokens of an unrolled batch (PTX of the bf16 prefill kernel: 6 of
+/// every 8 output rows), four times the store instructions and L2 requests of the output;
+/// __stwb is the default write-back store (st.global.wb) and always stays one v4 store.
+__device__ __forceinline__ void store16(uint4* p, uint4 v) { __stwb(p, v); }
+__device__ __forceinline__ void store8(uint2* p, uint2 v) { __stwb(p, v); }
+
 /// kElems contiguous elements of T (a multiple of 16 bytes, 16-byte aligned: the planner's
 /// block access) held as raw words.
 template <typename T, int kElems>
@@ -139,8 +146,8 @@ struct Block {
   __device__ __forceinline__ void store(T* p) const {
 #pragma unroll
     for (int i = 0; i < kWords / 4; ++i) {
-      reinterpret_cast<uint4*>(p)[i] =
-          make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+      store16(reinterpret_cast<uint4*>(p) + i,
+              make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]));
     }
   }
   __device__ __forceinline__ float get(int e) const {
@@ -178,9 +185,9 @@ __device__ __forceinline__ void store_vec(T* p, const float (&v)[kVec]) {
       }
     }
     if constexpr (kWords == 4) {
-      *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+      store16(reinterpret_cast<uint4*>(p), make_uint4(w[0], w[1], w[2], w[3]));
     } else if constexpr (kWords == 2) {
-      *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+      store8(reinterpret_cast<uint2*>(p), make_uint2(w[0], w[1]));
     } else {
       *reinterpret_cast<unsigned int*>(p) = w[0];
     }
@@ -254,7 +261,11 @@ struct Conv {
       float acc = b[k] + w[kWidth - 1][k] * in[k];
 #pragma unroll
       for (int j = 0; j < kWidth - 1; ++j) acc += w[j][k] * h[j][k];
-      if constexpr (kSilu) acc = acc / (1.0f + __expf(-acc));
+      // SiLU with the fast division (2 ulp, div.full.f32 as Triton's `/` on f32): IEEE
+      // division expands to ~10 instructions with a slow-path branch, per channel and token, in
+      // a kernel whose instruction issue is close to its bandwidth's budget. For acc < -87
+      // (exp(-acc) past 2^126) it returns 0, the limit of acc * sigmoid(acc) to f32 precision.
+      if constexpr (kSilu) acc = __fdividef(acc, 1.0f + __expf(-acc));
       y[k] = acc;
 #pragma unroll
       for (int j = 0; j + 1 < kWidth - 1; ++j) h[j][k] = h[j + 1][k];
