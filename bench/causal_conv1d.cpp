@@ -12,7 +12,8 @@
 // buffers where the call is smaller than that, so timed calls read cold data.
 //
 //   bench_causal_conv1d [results.jsonl]
-//   KJIT_CONV_BENCH_CHUNK=16   force the tokens per thread (CausalConv1dOptions::force_chunk)
+//   KJIT_CONV_BENCH_CHUNK=16   force the tokens per batch of loads (options.force_chunk)
+//   KJIT_CONV_BENCH_SPAN=128   force the prefill's tokens per work item (force_span; 8..256)
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -104,8 +105,8 @@ struct Common {
   }
 };
 
-int forced_chunk() {
-  const char* text = std::getenv("KJIT_CONV_BENCH_CHUNK");
+int forced(const char* name) {
+  const char* text = std::getenv(name);
   return text != nullptr ? std::atoi(text) : 0;
 }
 
@@ -134,7 +135,8 @@ bool prefill(kjit::bench::Gpu& gpu, Common& common, std::int64_t tokens, std::FI
   o.activation = kjit::ConvActivation::silu;
   o.runtime = &gpu.runtime();
   o.device = gpu.device;
-  o.force_chunk = forced_chunk();
+  o.force_chunk = forced("KJIT_CONV_BENCH_CHUNK");
+  o.force_span = forced("KJIT_CONV_BENCH_SPAN");
   auto views = [&](std::size_t set) {
     return std::pair{TensorView::contiguous(reinterpret_cast<void*>(x.ptr() + set * x_bytes),
                                             DType::bf16, {tokens, kDim}),

@@ -7,8 +7,13 @@
 // channel in registers, so every input is read once (plus a W-1 token halo per chunk).
 //
 // Memory bound: the inputs of a batch of kChunk tokens are all loaded before any arithmetic,
-// so each thread has kChunk vector loads in flight. The grid is 1-D with a grid-stride loop
-// over 64-bit work items: legal for every T, N, B and D (no grid y/z at all).
+// so each thread has kChunk vector loads in flight; in the prefill modes the next batch's
+// loads are issued before the current batch is computed and stored (two register buffers), so
+// loads stay in flight while a thread computes. A chunked-prefill work item covers kSpan
+// tokens (several batches), so that what an item pays before its first load can be issued
+// (the sequence lookup, weights, the W-1 token halo) is spread over kSpan tokens. The grid is
+// 1-D with a grid-stride loop over 64-bit work items: legal for every T, N, B and D (no grid
+// y/z at all).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -112,6 +117,13 @@ __device__ __forceinline__ void load_vec(const T* p, float (&v)[kVec]) {
   for (int k = 0; k < kVec; ++k) v[k] = raw.get(k);
 }
 
+/// One 16-byte store as one instruction. A plain `*p = v` through uint4* is split by NVVM into
+/// four 4-byte stores for most tokens of an unrolled batch (PTX of the bf16 prefill kernel: 6 of
+/// every 8 output rows), four times the store instructions and L2 requests of the output;
+/// __stwb is the default write-back store (st.global.wb) and always stays one v4 store.
+__device__ __forceinline__ void store16(uint4* p, uint4 v) { __stwb(p, v); }
+__device__ __forceinline__ void store8(uint2* p, uint2 v) { __stwb(p, v); }
+
 /// kElems contiguous elements of T (a multiple of 16 bytes, 16-byte aligned: the planner's
 /// block access) held as raw words.
 template <typename T, int kElems>
@@ -134,8 +146,8 @@ struct Block {
   __device__ __forceinline__ void store(T* p) const {
 #pragma unroll
     for (int i = 0; i < kWords / 4; ++i) {
-      reinterpret_cast<uint4*>(p)[i] =
-          make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+      store16(reinterpret_cast<uint4*>(p) + i,
+              make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]));
     }
   }
   __device__ __forceinline__ float get(int e) const {
@@ -173,9 +185,9 @@ __device__ __forceinline__ void store_vec(T* p, const float (&v)[kVec]) {
       }
     }
     if constexpr (kWords == 4) {
-      *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+      store16(reinterpret_cast<uint4*>(p), make_uint4(w[0], w[1], w[2], w[3]));
     } else if constexpr (kWords == 2) {
-      *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+      store8(reinterpret_cast<uint2*>(p), make_uint2(w[0], w[1]));
     } else {
       *reinterpret_cast<unsigned int*>(p) = w[0];
     }
@@ -249,7 +261,11 @@ struct Conv {
       float acc = b[k] + w[kWidth - 1][k] * in[k];
 #pragma unroll
       for (int j = 0; j < kWidth - 1; ++j) acc += w[j][k] * h[j][k];
-      if constexpr (kSilu) acc = acc / (1.0f + __expf(-acc));
+      // SiLU with the fast division (2 ulp, div.full.f32 as Triton's `/` on f32): IEEE
+      // division expands to ~10 instructions with a slow-path branch, per channel and token, in
+      // a kernel whose instruction issue is close to its bandwidth's budget. For acc < -87
+      // (exp(-acc) past 2^126) it returns 0, the limit of acc * sigmoid(acc) to f32 precision.
+      if constexpr (kSilu) acc = __fdividef(acc, 1.0f + __expf(-acc));
       y[k] = acc;
 #pragma unroll
       for (int j = 0; j + 1 < kWidth - 1; ++j) h[j][k] = h[j + 1][k];
@@ -328,6 +344,31 @@ __device__ __forceinline__ void run_tokens(const CausalConv1dParams& p,
     Raw<TIn, kVec> xs[kChunk];
     load_batch<TIn, kVec, kChunk>(p, xs, x_off, x_ts, t0, count, c0);
     compute_batch<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, xs, o_off, o_ts, t0, count, c0);
+  }
+}
+
+/// Runs tokens [0, count) through `conv` with two batches of loads: batch k + 1 is issued
+/// before batch k is computed and stored, so a thread always has loads in flight while it
+/// computes (memory latency overlaps the arithmetic and the stores). `first` holds batch 0,
+/// already issued by the caller (its loads overlap the caller's pool / halo reads). In place
+/// (out == x, sequential mode) this is still exact: the rows loaded ahead are later rows than
+/// the ones stored, and each thread owns its channels.
+template <typename TIn, typename TOut, int kWidth, int kVec, int kChunk, bool kSilu>
+__device__ __forceinline__ void run_tokens_pipelined(const CausalConv1dParams& p,
+                                                     Conv<kWidth, kVec, kSilu>& conv,
+                                                     Raw<TIn, kVec> (&first)[kChunk], i64 x_off,
+                                                     i64 o_off, i64 count, i64 c0) {
+  const i64 x_ts = p.x_token_stride, o_ts = p.out_token_stride;
+  Raw<TIn, kVec> second[kChunk];
+  // Two batches per iteration, so that the buffers swap roles without register copies.
+  for (i64 t0 = 0; t0 < count; t0 += 2 * kChunk) {
+    load_batch<TIn, kVec, kChunk>(p, second, x_off, x_ts, t0 + kChunk, count, c0);
+    compute_batch<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, first, o_off, o_ts, t0, count,
+                                                          c0);
+    if (t0 + kChunk >= count) break;
+    load_batch<TIn, kVec, kChunk>(p, first, x_off, x_ts, t0 + 2 * kChunk, count, c0);
+    compute_batch<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, second, o_off, o_ts, t0 + kChunk,
+                                                          count, c0);
   }
 }
 
@@ -429,14 +470,17 @@ __device__ __forceinline__ void column_entry(const CausalConv1dParams& p,
 }  // namespace conv_detail
 
 /// The kernel of every mode. TIn / TOut: x / out; TW: weight and bias; TState: the pool.
+/// kChunk: tokens per batch of loads. kSpan: tokens per work item of the chunked mode (0 in the
+/// other modes).
 template <typename TIn, typename TOut, typename TW, typename TState, int kWidth, int kVec,
-          int kChunk, ConvMode kMode, ConvStateAccess kAccess, bool kSilu>
+          int kChunk, int kSpan, ConvMode kMode, ConvStateAccess kAccess, bool kSilu>
 __global__ void __launch_bounds__(kConvBlockThreads)
     causal_conv1d_kernel(const CausalConv1dParams p) {
   using namespace conv_detail;
   static_assert(kWidth >= 2 && kWidth <= 8, "W in 2..8");
-  static_assert(kMode != ConvMode::chunked || kChunk >= kWidth - 1,
-                "a chunk covers the W-1 token halo of the next one");
+  static_assert(kMode != ConvMode::chunked || (kSpan >= kWidth - 1 && kSpan >= kChunk),
+                "a span covers the W-1 token halo of the next one and at least one batch");
+  static_assert(kMode == ConvMode::chunked || kSpan == 0, "spans belong to the chunked mode");
   using Pool = PoolIo<TState, kVec, kWidth, kAccess>;
   const u64 stride = static_cast<u64>(gridDim.x) * blockDim.x;
   const u64 groups = p.channel_groups;
@@ -448,12 +492,26 @@ __global__ void __launch_bounds__(kConvBlockThreads)
 
     if constexpr (kMode == ConvMode::rows) {
       const i64 row = static_cast<i64>(unit);
-      const i64 S = p.num_tokens;
-      const i64 x_off = row * p.x_row_stride;
-      const i64 o_off = row * p.out_row_stride;
+      i64 S = p.num_tokens;
+      i64 x_off = row * p.x_row_stride;
+      i64 o_off = row * p.out_row_stride;
       // Weights and the first tokens do not depend on the slot: loaded before the index, their
       // latency overlaps the index -> pool chain (a decode step is that chain at small B).
       conv.template load_weights<TW>(p, c0);
+      if (p.query_start_loc != nullptr) {
+        // Varlen rows: x is [T, D] and the row's tokens are query_start_loc[row]..[row + 1],
+        // clamped into 0..T so that bad offsets can never address outside x.
+        const i64 T = p.num_tokens;
+        i64 begin = load_int(p.query_start_loc, row, p.query_start_stride, p.query_start_bytes);
+        i64 end = load_int(p.query_start_loc, row + 1, p.query_start_stride, p.query_start_bytes);
+        begin = begin < 0 ? 0 : (begin > T ? T : begin);
+        end = end < begin ? begin : (end > T ? T : end);
+        S = end - begin;
+        x_off = begin * p.x_token_stride;
+        o_off = begin * p.out_token_stride;
+        // A row without tokens has no output and leaves its slot untouched (vLLM's rule).
+        if (S == 0) continue;
+      }
       Raw<TIn, kVec> first_batch[kChunk];
       load_batch<TIn, kVec, kChunk>(p, first_batch, x_off, p.x_token_stride, 0, S, c0);
       const i64 slot = load_int(p.state_indices, row, p.index_stride, p.index_bytes);
@@ -503,11 +561,11 @@ __global__ void __launch_bounds__(kConvBlockThreads)
       conv.template load_weights<TW>(p, c0);
       i64 n = 0, first_token = 0;
       if constexpr (kMode == ConvMode::chunked) {
-        // The largest n with floor(cu[n] / kChunk) + n <= unit (non-decreasing in n).
+        // The largest n with floor(cu[n] / kSpan) + n <= unit (non-decreasing in n).
         i64 lo = 0, hi = p.num_seqs - 1;
         while (lo < hi) {
           const i64 mid = (lo + hi + 1) / 2;
-          const i64 base = load_int(p.cu_seqlens, mid, p.cu_stride, p.cu_bytes) / kChunk + mid;
+          const i64 base = load_int(p.cu_seqlens, mid, p.cu_stride, p.cu_bytes) / kSpan + mid;
           if (base <= static_cast<i64>(unit)) {
             lo = mid;
           } else {
@@ -516,18 +574,22 @@ __global__ void __launch_bounds__(kConvBlockThreads)
         }
         n = lo;
         const i64 start = load_int(p.cu_seqlens, n, p.cu_stride, p.cu_bytes);
-        first_token = (static_cast<i64>(unit) - (start / kChunk + n)) * kChunk;
+        first_token = (static_cast<i64>(unit) - (start / kSpan + n)) * kSpan;
       } else {
         n = static_cast<i64>(unit);
       }
       const i64 start = load_int(p.cu_seqlens, n, p.cu_stride, p.cu_bytes);
       const i64 len = load_int(p.cu_seqlens, n + 1, p.cu_stride, p.cu_bytes) - start;
-      if (first_token >= len) continue;  // an id past the sequence's chunks, or no tokens
+      if (first_token >= len) continue;  // an id past the sequence's spans, or no tokens
       const i64 count = kMode == ConvMode::chunked
-                            ? (len - first_token < kChunk ? len - first_token : kChunk)
+                            ? (len - first_token < kSpan ? len - first_token : kSpan)
                             : len;
       const i64 x_off = (start + first_token) * p.x_token_stride;
       const i64 o_off = (start + first_token) * p.out_token_stride;
+      // The first batch does not depend on the slot: issued with the index load, so that its
+      // latency overlaps the index -> pool (or halo) reads below.
+      Raw<TIn, kVec> first_batch[kChunk];
+      load_batch<TIn, kVec, kChunk>(p, first_batch, x_off, p.x_token_stride, 0, count, c0);
       const i64 slot = load_int(p.state_indices, n, p.index_stride, p.index_bytes);
       if (!slot_valid(slot, p)) {
         zero_rows<TOut, kVec>(p, o_off, p.out_token_stride, count, c0);
@@ -545,33 +607,33 @@ __global__ void __launch_bounds__(kConvBlockThreads)
             for (int k = 0; k < kVec; ++k) conv.h[j][k] = 0.0f;
           }
         }
-        if constexpr (kMode == ConvMode::chunked) {
-          // This thread alone reads the slot, so it writes the final columns too, from the
-          // history it holds and the sequence's last inputs (x is not written: out of place).
-          // Entry q of the sequence's inputs is x row start + q for q >= 0, history entry
-          // W - 1 + q before it.
-          float nv[kWidth - 1][kVec];
-#pragma unroll
-          for (int j = 0; j < kWidth - 1; ++j) {
-            column_entry<TIn, kVec, kWidth>(p, conv.h, len + j, start * p.x_token_stride, c0,
-                                            nv[j]);
-          }
-          Pool::write(p, slot, c0, nv);
-        }
       } else {
-        // The halo: the W - 1 inputs before the chunk, all inside the sequence (chunks are
-        // at least W - 1 tokens long).
+        // The halo: the W - 1 inputs before the span, all inside the sequence (spans are at
+        // least W - 1 tokens long).
 #pragma unroll
         for (int j = 0; j < kWidth - 1; ++j) {
           load_x<TIn, kVec>(p, x_off - (kWidth - 1 - j) * p.x_token_stride, c0, conv.h[j]);
         }
       }
-      run_tokens<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, x_off, p.x_token_stride, o_off,
-                                                         p.out_token_stride, 0, count, c0);
-      if constexpr (kMode == ConvMode::sequential) {
-        // The history after the last token is the sequence's last W - 1 inputs (the slot's old
-        // columns shifted when it is shorter); read from registers, since x may be out.
-        Pool::write(p, slot, c0, conv.h);
+      run_tokens_pipelined<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, first_batch, x_off,
+                                                                   o_off, count, c0);
+      // The slot's new columns, by the thread that read it (the sequence's first span), after
+      // its tokens: no batch of loads is in flight any more, so the column values do not add
+      // to the registers the loop needs. A sequence within its first span (sequential: always)
+      // leaves its last W - 1 inputs, or the history shifted by fewer tokens, in conv.h (read
+      // from registers, since x may be out in place). A longer one's are x rows len - W + 1 ..
+      // len - 1, all inside the sequence (len > span >= W - 1) and not written (out of place).
+      if (first_token == 0) {
+        if (count == len) {
+          Pool::write(p, slot, c0, conv.h);
+        } else {
+          float nv[kWidth - 1][kVec];
+#pragma unroll
+          for (int j = 0; j < kWidth - 1; ++j) {
+            load_x<TIn, kVec>(p, (start + len - (kWidth - 1) + j) * p.x_token_stride, c0, nv[j]);
+          }
+          Pool::write(p, slot, c0, nv);
+        }
       }
     }
   }

@@ -9,14 +9,15 @@ namespace kjit {
 
 /// How threads map to work.
 enum class ConvMode : int {
-  /// Prefill, out of place: one item per (chunk of kConvChunk tokens of a sequence, channel
-  /// group). Chunk ids of sequence n start at floor(cu[n] / chunk) + n, so the ids of all
-  /// sequences are disjoint and number floor(T / chunk) + N without knowing lengths on the host.
+  /// Prefill, out of place: one item per (span of kSpan tokens of a sequence, channel group).
+  /// Span ids of sequence n start at floor(cu[n] / span) + n, so the ids of all sequences are
+  /// disjoint and number floor(T / span) + N without knowing lengths on the host.
   chunked = 0,
   /// Prefill: one item per (sequence, channel group) walking the whole sequence; the in-place
   /// mode (each x row is read before the same thread overwrites it).
   sequential = 1,
-  /// Decode update: one item per (row, channel group).
+  /// Decode update: one item per (row, channel group); rows of S tokens, or varlen rows of x
+  /// [T, D] delimited by query_start_loc.
   rows = 2,
 };
 
@@ -46,9 +47,12 @@ struct CausalConv1dParams {
   const unsigned char* has_initial_state;
   /// Update; nullptr: no speculative offsets.
   const void* num_accepted;
+  /// Update; nullptr: every row has num_tokens tokens at x_row_stride. Else x is [T, D] and row
+  /// b is tokens query_start_loc[b]..query_start_loc[b + 1] - 1 (x_row_stride unused).
+  const void* query_start_loc;
 
   /// Update: x[b, s, c] at b * x_row_stride + s * x_token_stride + c * x_channel_stride.
-  /// Prefill: x[t, c] at t * x_token_stride + c * x_channel_stride.
+  /// Prefill and varlen update: x[t, c] at t * x_token_stride + c * x_channel_stride.
   i64 x_row_stride;
   i64 x_token_stride;
   i64 x_channel_stride;
@@ -65,25 +69,28 @@ struct CausalConv1dParams {
   i64 index_stride;
   i64 has_initial_stride;
   i64 accepted_stride;
+  i64 query_start_stride;
 
   /// Slots of the pool; indices >= this are padding.
   i64 num_slots;
   /// Columns of the pool (L >= W - 1).
   i64 state_len;
-  /// Prefill: T. Update: S (tokens per row).
+  /// Prefill and varlen update: T. Update: S (tokens per row).
   i64 num_tokens;
   /// Prefill: N sequences. Update: B rows.
   i64 num_seqs;
-  /// Work items: (chunks or sequences or rows) x channel groups.
+  /// Work items: (spans or sequences or rows) x channel groups.
   u64 num_items;
   /// D / vec.
   u32 channel_groups;
   /// 1: index <= 0 is padding; 0: index < 0 is.
   u32 nonpositive_invalid;
-  /// Element sizes (4 or 8) of cu_seqlens, the indices and num_accepted_tokens.
+  /// Element sizes (4 or 8) of cu_seqlens, the indices, num_accepted_tokens and
+  /// query_start_loc.
   u32 cu_bytes;
   u32 index_bytes;
   u32 accepted_bytes;
+  u32 query_start_bytes;
   /// kConvWeightBlock | kConvBiasVector, set per call from the weight and bias layouts.
   u32 vector_flags;
 };

@@ -6,13 +6,21 @@
 namespace kjit::codegen {
 namespace {
 
-// The template's static_asserts, in host code: a chunk covers the W - 1 token halo of the
-// next, and one access moves at most 16 bytes of x.
+// The template's static_asserts, in host code: a span covers the W - 1 token halo of the next
+// and at least one batch of loads, spans belong to the chunked mode, and one access moves at
+// most 16 bytes of x.
 std::string check_causal_conv1d(const KernelSpec& spec) {
   const std::int64_t width = spec.get_int("width");
   const std::int64_t chunk = spec.get_int("chunk");
-  if (spec.get("mode") == "chunked" && chunk < width - 1) {
-    return fmt::format("chunk = {} is shorter than width - 1 = {}", chunk, width - 1);
+  const std::int64_t span = spec.get_int("span");
+  if (spec.get("mode") == "chunked") {
+    if (span < width - 1 || span < chunk) {
+      return fmt::format("span = {} is shorter than width - 1 = {} or than chunk = {}", span,
+                         width - 1, chunk);
+    }
+  } else if (span != 0) {
+    return fmt::format("span = {} with mode = {}; spans belong to mode = chunked (others: 0)", span,
+                       spec.get("mode"));
   }
   const std::int64_t vec = spec.get_int("vec");
   for (const char* name : {"in", "out"}) {
@@ -76,6 +84,11 @@ FamilyDecl causal_conv1d_family() {
                         .choices = {"1", "2", "4", "8", "16"},
                         .rendered = {"1", "2", "4", "8", "16"},
                         .doc = "tokens whose loads a thread issues before their arithmetic"},
+              ParamDecl{.name = "span",
+                        .kind = ParamKind::choice,
+                        .choices = {"0", "8", "16", "32", "64", "128", "256"},
+                        .rendered = {"0", "8", "16", "32", "64", "128", "256"},
+                        .doc = "tokens per work item of mode = chunked (0 in the other modes)"},
               ParamDecl{.name = "mode",
                         .kind = ParamKind::choice,
                         .choices = {"chunked", "sequential", "rows"},
@@ -94,7 +107,13 @@ FamilyDecl causal_conv1d_family() {
           },
       .min_sm = 80,
       .doc = "causal depthwise conv1d over varlen sequences / decode rows with a state pool",
-      .typical = {{"width", "4"}, {"vec", "8"}, {"chunk", "8"}, {"in", "bf16"}, {"out", "bf16"}},
+      .typical = {{"width", "4"},
+                  {"vec", "8"},
+                  {"chunk", "8"},
+                  {"span", "64"},
+                  {"mode", "chunked"},
+                  {"in", "bf16"},
+                  {"out", "bf16"}},
       .check = &check_causal_conv1d,
   };
 }

@@ -29,8 +29,16 @@ constexpr std::int64_t kMaxSeqs = std::int64_t{1} << 24;
 /// Tokens (T, or B * S) stay below 2^31: the bound, and what the i32 cu_seqlens of
 /// every serving engine can address.
 constexpr std::int64_t kMaxTokens = (std::int64_t{1} << 31) - 1;
-/// Tokens per chunk in the chunked mode and per batch of loads (the spec's `chunk`).
+/// Tokens per batch of loads (the spec's `chunk`). The prefill modes keep two batches in
+/// flight (the next one issued before the current one is computed): 16 vector loads per thread.
 constexpr std::int64_t kChunk = 8;
+/// Tokens per work item of the chunked mode (the spec's `span`): the longest the planner picks
+/// (amortizes the sequence lookup, weights and W - 1 token halo over 64 tokens: the halo adds
+/// 3 / 64 of x's reads at W = 4), the shortest it picks, and the longest options.force_span
+/// accepts.
+constexpr std::int64_t kSpanLongest = 64;
+constexpr std::int64_t kSpanShortest = 8;
+constexpr std::int64_t kSpanForcedLongest = 256;
 constexpr std::int64_t kThreads = 128;  // kConvBlockThreads of the template
 
 enum class Op : std::uint8_t { prefill, update };
@@ -72,13 +80,16 @@ struct Problem {
   int forced_mode = -1;
   int force_vec = 0;
   int force_chunk = 0;
+  int force_span = 0;
+  /// Update: rows delimited by query_start_loc (x [T, D]; `tokens` is T).
+  bool varlen = false;
 };
 
 struct Prepared {
   Problem problem;
   CausalConv1dParams params{};
   /// For the debug checks.
-  TensorView cu_seqlens, indices, accepted;
+  TensorView cu_seqlens, indices, accepted, query_start_loc;
   std::int64_t slots = 0;
   /// For the vector loads of weight and bias (CausalConv1dParams::vector_flags): whether they
   /// are contiguous and how their addresses are aligned.
@@ -222,6 +233,14 @@ void check_options(Op op, const CausalConv1dOptions& options, Problem* p) {
                          options.force_chunk));
   }
   p->force_chunk = options.force_chunk;
+  const int span = options.force_span;
+  if (span != 0 && (span < kSpanShortest || span > kSpanForcedLongest ||
+                    !std::has_single_bit(static_cast<unsigned>(span)))) {
+    fail(op, fmt::format("options.force_span = {}; accepted: 0 (planner picks), 8, 16, 32, 64, "
+                         "128, 256",
+                         span));
+  }
+  p->force_span = span;
 }
 
 /// weight [D, W], bias [D] or none, conv_state [slots, D, L]; fills the common parameters.
@@ -299,6 +318,22 @@ void check_weights_and_pool(Op op, const TensorView& x, const TensorView& weight
   k.state_col_stride = state.strides[2];
   k.num_slots = state.shape[0];
   k.state_len = state.shape[2];
+}
+
+/// num_accepted_tokens [B] (i32, i64) or data == nullptr; B = prep->problem.seqs.
+void check_accepted(Op op, const TensorView& accepted, Prepared* prep) {
+  if (accepted.data == nullptr) return;
+  const std::int64_t rows = prep->problem.seqs;
+  require_rank(op, "num_accepted_tokens", accepted, 1, "[B]");
+  require_index(op, "num_accepted_tokens", accepted);
+  require_memory(op, "num_accepted_tokens", accepted);
+  if (accepted.shape[0] != rows) {
+    fail(op, fmt::format("num_accepted_tokens has shape {}; expected [B] = [{}]",
+                         shape_text(accepted), rows));
+  }
+  prep->params.num_accepted = accepted.data;
+  prep->params.accepted_stride = accepted.strides[0];
+  prep->params.accepted_bytes = static_cast<u32>(size_of(accepted.dtype));
 }
 
 void check_dim(Op op, const TensorView& x, std::int64_t dim) {
@@ -456,18 +491,7 @@ Prepared prepare_update(const TensorView& x_in, const TensorView& weight, const 
     fail(op, fmt::format("state_indices has shape {}; expected [B] = [{}]", shape_text(indices),
                          p.seqs));
   }
-  if (accepted.data != nullptr) {
-    require_rank(op, "num_accepted_tokens", accepted, 1, "[B]");
-    require_index(op, "num_accepted_tokens", accepted);
-    require_memory(op, "num_accepted_tokens", accepted);
-    if (accepted.shape[0] != p.seqs) {
-      fail(op, fmt::format("num_accepted_tokens has shape {}; expected [B] = [{}]",
-                           shape_text(accepted), p.seqs));
-    }
-    k.num_accepted = accepted.data;
-    k.accepted_stride = accepted.strides[0];
-    k.accepted_bytes = static_cast<u32>(size_of(accepted.dtype));
-  }
+  check_accepted(op, accepted, &prep);
   choose_max_vec(&p, x, out, 2);
   k.x = x.data;
   k.out = out.data;
@@ -488,11 +512,75 @@ Prepared prepare_update(const TensorView& x_in, const TensorView& weight, const 
   return prep;
 }
 
-/// Work items of a mode: (chunk ids, sequences or rows) x channel groups.
-std::uint64_t items_of(const Problem& p, int mode, std::int64_t vec, std::int64_t chunk) {
+/// The varlen update: x and out [T, D], row b = tokens query_start_loc[b]..[b + 1] - 1.
+Prepared prepare_update_varlen(const TensorView& x, const TensorView& weight,
+                               const TensorView& bias, const TensorView& state,
+                               const TensorView& query_start_loc, const TensorView& indices,
+                               const TensorView& accepted, const TensorView& out,
+                               const CausalConv1dOptions& options) {
+  const Op op = Op::update;
+  Prepared prep;
+  Problem& p = prep.problem;
+  CausalConv1dParams& k = prep.params;
+  p.op = op;
+  p.varlen = true;
+  check_options(op, options, &p);
+  require_rank(op, "x", x, 2, "[T, D]: the tokens of all rows, delimited by query_start_loc");
+  require_float(op, "x", x);
+  require_memory(op, "x", x);
+  p.in = x.dtype;
+  p.tokens = x.shape[0];
+  p.dim = x.shape[1];
+  check_dim(op, x, p.dim);
+  if (p.tokens > kMaxTokens) {
+    fail(op, fmt::format("x has T = {} tokens; accepted: at most 2^31 - 1", p.tokens));
+  }
+  check_weights_and_pool(op, x, weight, bias, state, &prep);
+  check_out(op, x, out, &p);
+  p.out = out.dtype;
+  require_rank(op, "state_indices", indices, 1, "[B]");
+  require_index(op, "state_indices", indices);
+  require_memory(op, "state_indices", indices);
+  p.seqs = indices.shape[0];
+  if (p.seqs > kMaxTokens) {
+    fail(op, fmt::format("state_indices has B = {} rows; accepted: at most 2^31 - 1", p.seqs));
+  }
+  require_rank(op, "query_start_loc", query_start_loc, 1, "[B + 1]");
+  require_index(op, "query_start_loc", query_start_loc);
+  require_memory(op, "query_start_loc", query_start_loc);
+  if (query_start_loc.shape[0] != p.seqs + 1) {
+    fail(op, fmt::format("query_start_loc has shape {}; expected [B + 1] = [{}] (state_indices "
+                         "has B = {} rows)",
+                         shape_text(query_start_loc), p.seqs + 1, p.seqs));
+  }
+  check_accepted(op, accepted, &prep);
+  choose_max_vec(&p, x, out, 1);
+  k.x = x.data;
+  k.out = out.data;
+  k.state_indices = indices.data;
+  k.query_start_loc = query_start_loc.data;
+  k.query_start_stride = query_start_loc.strides[0];
+  k.query_start_bytes = static_cast<u32>(size_of(query_start_loc.dtype));
+  k.x_token_stride = x.strides[0];
+  k.x_channel_stride = x.strides[1];
+  k.out_token_stride = out.strides[0];
+  k.out_channel_stride = out.strides[1];
+  k.index_stride = indices.strides[0];
+  k.index_bytes = static_cast<u32>(size_of(indices.dtype));
+  k.nonpositive_invalid = options.invalid_index == ConvInvalidIndex::nonpositive ? 1 : 0;
+  k.num_tokens = p.tokens;
+  k.num_seqs = p.seqs;
+  prep.indices = indices;
+  prep.accepted = accepted;
+  prep.query_start_loc = query_start_loc;
+  return prep;
+}
+
+/// Work items of a mode: (span ids, sequences or rows) x channel groups.
+std::uint64_t items_of(const Problem& p, int mode, std::int64_t vec, std::int64_t span) {
   const auto groups = static_cast<std::uint64_t>(p.dim / vec);
   std::uint64_t units = static_cast<std::uint64_t>(p.seqs);
-  if (mode == 0) units = static_cast<std::uint64_t>(p.tokens / chunk + p.seqs);
+  if (mode == 0) units = static_cast<std::uint64_t>(p.tokens / span + p.seqs);
   return units * groups;
 }
 
@@ -500,7 +588,7 @@ Plan make_plan(const Problem& p, const DeviceLimits& limits) {
   Plan plan;
   plan.op = op_name(p.op);
   plan.device = limits;
-  if (p.seqs == 0 || (p.op == Op::prefill && p.tokens == 0)) {
+  if (p.seqs == 0 || ((p.op == Op::prefill || p.varlen) && p.tokens == 0)) {
     plan.mode = "empty";
     plan.reasons.push_back(fmt::format("{} = {}, T = {}: nothing to do, nothing is launched",
                                        p.op == Op::prefill ? "N" : "B", p.seqs, p.tokens));
@@ -514,19 +602,27 @@ Plan make_plan(const Problem& p, const DeviceLimits& limits) {
     }
     vec = p.force_vec;
     plan.reasons.push_back(fmt::format("vec = {} forced by options.force_vec", vec));
+  } else if (p.op == Op::prefill && p.width > 4 && vec > 4) {
+    // The taps, bias and history of a thread's channels are (2W) x vec floats: at W > 4 and
+    // 8 channels, with two batches of loads in flight, the prefill kernel spills (W = 6 and 8,
+    // bf16: 255 registers, 224 and 576 bytes of spill stores at sm_90).
+    vec = 4;
+    plan.reasons.push_back(fmt::format(
+        "vec = 4 channels per thread: W = {} > 4, whose taps and history for 8 channels would "
+        "not fit in registers beside two batches of loads ({} allows {})",
+        p.width, p.why_vec, p.max_vec));
   } else {
     plan.reasons.push_back(fmt::format("vec = {} channels per thread: {}", vec, p.why_vec));
   }
 
-  const std::int64_t prefill_chunk = p.force_chunk != 0 ? p.force_chunk : kChunk;
   int mode = 2;
   if (p.op == Op::prefill) {
     if (p.forced_mode >= 0) {
       mode = p.forced_mode;
       if (mode == 0 && p.in_place) {
         throw PlanError(fmt::format(
-            "{}: forced mode 'chunked' is not legal in place (out == x): a chunk reads the W - 1 "
-            "inputs before it, which the previous chunk's threads overwrite; use 'sequential'",
+            "{}: forced mode 'chunked' is not legal in place (out == x): a span reads the W - 1 "
+            "inputs before it, which the previous span's threads overwrite; use 'sequential'",
             plan.op));
       }
       plan.reasons.push_back(
@@ -535,21 +631,75 @@ Plan make_plan(const Problem& p, const DeviceLimits& limits) {
       mode = 1;
       plan.reasons.push_back(
           "sequential: in place (out == x), so each (sequence, channel group) is walked by one "
-          "thread that reads every input before overwriting it (chunks would read inputs their "
+          "thread that reads every input before overwriting it (spans would read inputs their "
           "neighbours overwrite)");
     } else {
       mode = 0;
-      plan.reasons.push_back(fmt::format(
-          "chunked: every chunk of {} tokens of every sequence in parallel (chunk ids "
-          "floor(cu[n] / {}) + n + c, {} ids for T = {}, N = {}); the thread of a sequence's "
-          "first chunk reads and writes its pool slot",
-          prefill_chunk, prefill_chunk, p.tokens / prefill_chunk + p.seqs, p.tokens, p.seqs));
     }
   } else {
     plan.reasons.push_back(fmt::format(
-        "rows: one thread per (row, {} channels) over the row's S = {} tokens; its pool columns "
-        "are read and written by that thread alone",
-        vec, p.tokens));
+        "rows: one thread per (row, {} channels) over the row's {}; its pool columns are read "
+        "and written by that thread alone",
+        vec,
+        p.varlen ? fmt::format("tokens query_start_loc[b]..query_start_loc[b + 1] - 1 (T = {} "
+                               "in all; a row without tokens leaves its slot untouched)",
+                               p.tokens)
+                 : fmt::format("S = {} tokens", p.tokens)));
+  }
+  if (p.force_span != 0 && mode != 0) {
+    throw PlanError(
+        fmt::format("{}: options.force_span = {} applies to mode 'chunked' only; this "
+                    "call runs mode '{}'",
+                    plan.op, p.force_span, kCausalConv1dModes[mode]));
+  }
+
+  // Tokens whose loads are in flight at once: a batch of the prefill (two batches in flight);
+  // an update row's S tokens up to 8 (fewer registers held for loads that never happen at
+  // S = 1), for varlen rows their mean length T / B.
+  const std::int64_t row_tokens =
+      p.varlen ? std::max<std::int64_t>(1, (p.tokens + p.seqs - 1) / p.seqs) : p.tokens;
+  std::int64_t chunk =
+      mode == 2 ? std::min<std::int64_t>(kChunk, static_cast<std::int64_t>(std::bit_ceil(
+                                                     static_cast<std::uint64_t>(row_tokens))))
+                : kChunk;
+  if (p.force_chunk != 0) {
+    chunk = p.force_chunk;
+    plan.reasons.push_back(fmt::format("chunk = {} forced by options.force_chunk", chunk));
+  }
+  // Tokens per chunked work item: the longest span of kSpanLongest, kSpanLongest / 2, ..
+  // kSpanShortest that still gives every SM max_threads_per_sm work items (the device full of
+  // threads about 8 times over at the ~256 threads an SM holds at this kernel's registers), so
+  // that short calls keep every SM busy and long ones amortize each item's fixed cost.
+  std::int64_t span = 0;
+  if (mode == 0) {
+    const std::int64_t floor_span = std::max({kSpanShortest, chunk, p.width - 1});
+    const auto enough = static_cast<std::uint64_t>(limits.sm_count) *
+                        static_cast<std::uint64_t>(limits.max_threads_per_sm);
+    if (p.force_span != 0) {
+      if (p.force_span < floor_span) {
+        throw PlanError(fmt::format(
+            "{}: options.force_span = {} is shorter than the chunk ({} tokens per batch of "
+            "loads) or the W - 1 = {} token halo a span covers for the next one",
+            plan.op, p.force_span, chunk, p.width - 1));
+      }
+      span = p.force_span;
+      plan.reasons.push_back(fmt::format("span = {} forced by options.force_span", span));
+    } else {
+      span = std::max(kSpanLongest, floor_span);
+      while (span > floor_span && items_of(p, 0, vec, span) < enough) span /= 2;
+      plan.reasons.push_back(fmt::format(
+          "span = {} tokens per work item: the longest of {}..{} giving at least {} SMs x {} "
+          "threads = {} items ({} here), so that each item's sequence lookup, weights and W - 1 "
+          "token halo are spread over many tokens while every SM still gets threads",
+          span, kSpanLongest, floor_span, limits.sm_count, limits.max_threads_per_sm, enough,
+          items_of(p, 0, vec, span)));
+    }
+    plan.reasons.push_back(fmt::format(
+        "chunked: every span of {} tokens of every sequence in parallel (span ids "
+        "floor(cu[n] / {}) + n + s, {} ids for T = {}, N = {}), each walked in batches of {} "
+        "tokens with the next batch's loads issued before the current one is computed; the "
+        "thread of a sequence's first span reads and writes its pool slot",
+        span, span, p.tokens / span + p.seqs, p.tokens, p.seqs, chunk));
   }
   plan.mode = kCausalConv1dModes[mode];
 
@@ -583,23 +733,7 @@ Plan make_plan(const Problem& p, const DeviceLimits& limits) {
                           "channel-contiguous")));
   }
 
-  // Tokens whose loads are in flight at once: a chunk of the prefill; an update row's S tokens
-  // up to 8 (fewer registers held for loads that never happen at S = 1).
-  std::int64_t chunk =
-      mode == 2 ? std::min<std::int64_t>(kChunk, static_cast<std::int64_t>(std::bit_ceil(
-                                                     static_cast<std::uint64_t>(p.tokens))))
-                : kChunk;
-  if (p.force_chunk != 0) {
-    if (mode == 0 && p.force_chunk < p.width - 1) {
-      throw PlanError(
-          fmt::format("{}: options.force_chunk = {} is shorter than the W - 1 = {} "
-                      "token halo a chunk covers for the next one",
-                      plan.op, p.force_chunk, p.width - 1));
-    }
-    chunk = p.force_chunk;
-    plan.reasons.push_back(fmt::format("chunk = {} forced by options.force_chunk", chunk));
-  }
-  const std::uint64_t items = items_of(p, mode, vec, chunk);
+  const std::uint64_t items = items_of(p, mode, vec, span);
   const std::uint64_t wanted = (items + kThreads - 1) / kThreads;
   const std::uint64_t blocks =
       std::min<std::uint64_t>(wanted, static_cast<std::uint64_t>(limits.max_grid_dim[0]));
@@ -620,6 +754,7 @@ Plan make_plan(const Problem& p, const DeviceLimits& limits) {
                                   {"width", std::to_string(p.width)},
                                   {"vec", std::to_string(vec)},
                                   {"chunk", std::to_string(chunk)},
+                                  {"span", std::to_string(span)},
                                   {"mode", plan.mode},
                                   {"pool", pool},
                                   {"silu", p.silu ? "1" : "0"}},
@@ -651,6 +786,8 @@ struct Signature {
   std::int64_t forced_mode = 0;
   std::int64_t force_vec = 0;
   std::int64_t force_chunk = 0;
+  std::int64_t force_span = 0;
+  std::int64_t varlen = 0;
   std::int64_t device = 0;
 };
 static_assert(std::has_unique_object_representations_v<Signature>);
@@ -699,6 +836,19 @@ void check_values(Runtime& runtime, const Prepared& prep, const CausalConv1dOpti
       previous = value;
     }
   }
+  if (p.varlen) {
+    const auto qsl_host = to_host(runtime, prep.query_start_loc, p.seqs + 1, stream);
+    std::int64_t previous = 0;
+    for (std::int64_t b = 0; b <= p.seqs; ++b) {
+      const std::int64_t value = read_int(qsl_host, prep.query_start_loc.dtype, b);
+      if (value < previous || value > p.tokens) {
+        fail(op, fmt::format("query_start_loc[{}] = {} (previous {}); accepted: from 0, "
+                             "non-decreasing, at most T = {} (debug check)",
+                             b, value, previous, p.tokens));
+      }
+      previous = value;
+    }
+  }
   const auto idx = to_host(runtime, prep.indices, p.seqs, stream);
   std::unordered_set<std::int64_t> seen;
   for (std::int64_t n = 0; n < p.seqs; ++n) {
@@ -732,7 +882,7 @@ void check_values(Runtime& runtime, const Prepared& prep, const CausalConv1dOpti
 
 void run(Prepared prep, const CausalConv1dOptions& options, Stream stream) {
   const Problem& p = prep.problem;
-  if (p.seqs == 0 || (p.op == Op::prefill && p.tokens == 0)) return;
+  if (p.seqs == 0 || ((p.op == Op::prefill || p.varlen) && p.tokens == 0)) return;
   Runtime& runtime = options.runtime != nullptr ? *options.runtime : Runtime::global();
   const int device = runtime.device_of(stream, options.device);
   Signature sig{};
@@ -752,6 +902,8 @@ void run(Prepared prep, const CausalConv1dOptions& options, Stream stream) {
   sig.forced_mode = p.forced_mode;
   sig.force_vec = p.force_vec;
   sig.force_chunk = p.force_chunk;
+  sig.force_span = p.force_span;
+  sig.varlen = p.varlen ? 1 : 0;
   sig.device = device;
   const Runtime::ResolvedPlan& resolved = runtime.memoized(sig, stream, [&] {
     return std::pair{make_plan(p, runtime.device_limits(device)), device};
@@ -774,7 +926,7 @@ void run(Prepared prep, const CausalConv1dOptions& options, Stream stream) {
     flags |= kConvBiasVector;
   }
   prep.params.vector_flags = flags;
-  prep.params.num_items = items_of(p, mode, vec, spec.get_int("chunk"));
+  prep.params.num_items = items_of(p, mode, vec, spec.get_int("span"));
   runtime.launch(resolved, 0, stream, &prep.params, sizeof prep.params);
 }
 
@@ -817,6 +969,29 @@ Plan plan_causal_conv1d_update(const TensorView& x, const TensorView& weight,
       prepare_update(x, weight, bias, conv_state, state_indices, num_accepted_tokens, out, options)
           .problem,
       device);
+}
+
+void causal_conv1d_update_varlen(const TensorView& x, const TensorView& weight,
+                                 const TensorView& bias, const TensorView& conv_state,
+                                 const TensorView& query_start_loc, const TensorView& state_indices,
+                                 const TensorView& num_accepted_tokens, const TensorView& out,
+                                 const CausalConv1dOptions& options, Stream stream) {
+  run(prepare_update_varlen(x, weight, bias, conv_state, query_start_loc, state_indices,
+                            num_accepted_tokens, out, options),
+      options, stream);
+}
+
+Plan plan_causal_conv1d_update_varlen(const TensorView& x, const TensorView& weight,
+                                      const TensorView& bias, const TensorView& conv_state,
+                                      const TensorView& query_start_loc,
+                                      const TensorView& state_indices,
+                                      const TensorView& num_accepted_tokens, const TensorView& out,
+                                      const CausalConv1dOptions& options,
+                                      const DeviceLimits& device) {
+  return make_plan(prepare_update_varlen(x, weight, bias, conv_state, query_start_loc,
+                                         state_indices, num_accepted_tokens, out, options)
+                       .problem,
+                   device);
 }
 
 }  // namespace kjit

@@ -94,22 +94,23 @@ std::vector<double> causal_conv1d(const TensorView& x, const TensorView& weight,
   return out;
 }
 
-std::vector<double> causal_conv1d_update(const TensorView& x, const TensorView& weight,
-                                         const TensorView& bias, const TensorView& conv_state,
-                                         const TensorView& state_indices,
-                                         const TensorView& num_accepted_tokens,
-                                         const CausalConv1dOptions& options) {
-  const bool three = x.rank == 3;
-  const std::int64_t rows = x.shape[0], steps = three ? x.shape[1] : 1;
-  const std::int64_t dim = three ? x.shape[2] : x.shape[1], width = weight.shape[1];
+namespace {
+
+/// The update of every row: row b has steps_of(b) tokens, token s of it x_at(b, s, c) and its
+/// output at out index out_row(b, s) * D + c.
+template <typename Steps, typename XAt, typename OutRow>
+void update_rows(std::int64_t rows, std::int64_t dim, const Steps& steps_of, const XAt& x_at,
+                 const OutRow& out_row, const TensorView& weight, const TensorView& bias,
+                 const TensorView& conv_state, const TensorView& state_indices,
+                 const TensorView& num_accepted_tokens, const CausalConv1dOptions& options,
+                 std::vector<double>* out) {
+  const std::int64_t width = weight.shape[1];
   const std::int64_t slots = conv_state.shape[0], cols = conv_state.shape[2];
   const bool silu = options.activation == ConvActivation::silu;
   const bool spec = num_accepted_tokens.data != nullptr;
-  auto x_at = [&](std::int64_t b, std::int64_t s, std::int64_t c) {
-    return three ? get(x, b, s, c) : get(x, b, c);
-  };
-  std::vector<double> out(static_cast<std::size_t>(rows * steps * dim), 0.0);
   for (std::int64_t b = 0; b < rows; ++b) {
+    const std::int64_t steps = steps_of(b);
+    if (steps == 0) continue;  // no output rows, slot untouched
     const std::int64_t slot = get_int(state_indices, b);
     if (!valid(slot, slots, options)) continue;
     std::int64_t first = 0;
@@ -124,7 +125,7 @@ std::vector<double> causal_conv1d_update(const TensorView& x, const TensorView& 
         in.push_back(get(conv_state, slot, c, first + j));
       for (std::int64_t s = 0; s < steps; ++s) in.push_back(x_at(b, s, c));
       for (std::int64_t s = 0; s < steps; ++s) {
-        out[static_cast<std::size_t>((b * steps + s) * dim + c)] =
+        (*out)[static_cast<std::size_t>(out_row(b, s) * dim + c)] =
             conv_at(in, s, w.w, w.bias, silu);
       }
       if (spec) {
@@ -143,6 +144,57 @@ std::vector<double> causal_conv1d_update(const TensorView& x, const TensorView& 
       }
     }
   }
+}
+
+}  // namespace
+
+std::vector<double> causal_conv1d_update(const TensorView& x, const TensorView& weight,
+                                         const TensorView& bias, const TensorView& conv_state,
+                                         const TensorView& state_indices,
+                                         const TensorView& num_accepted_tokens,
+                                         const CausalConv1dOptions& options) {
+  const bool three = x.rank == 3;
+  const std::int64_t rows = x.shape[0], steps = three ? x.shape[1] : 1;
+  const std::int64_t dim = three ? x.shape[2] : x.shape[1];
+  std::vector<double> out(static_cast<std::size_t>(rows * steps * dim), 0.0);
+  update_rows(
+      rows, dim, [&](std::int64_t) { return steps; },
+      [&](std::int64_t b, std::int64_t s, std::int64_t c) {
+        return three ? get(x, b, s, c) : get(x, b, c);
+      },
+      [&](std::int64_t b, std::int64_t s) { return b * steps + s; }, weight, bias, conv_state,
+      state_indices, num_accepted_tokens, options, &out);
+  return out;
+}
+
+std::vector<double> causal_conv1d_update_varlen(
+    const TensorView& x, const TensorView& weight, const TensorView& bias,
+    const TensorView& conv_state, const TensorView& query_start_loc,
+    const TensorView& state_indices, const TensorView& num_accepted_tokens,
+    const CausalConv1dOptions& options, double untouched) {
+  const std::int64_t tokens = x.shape[0], dim = x.shape[1];
+  std::vector<double> out(static_cast<std::size_t>(tokens * dim), untouched);
+  // Offsets clamped into 0..T as the kernel clamps them (debug checks report others).
+  auto begin_of = [&](std::int64_t b) {
+    return std::clamp<std::int64_t>(get_int(query_start_loc, b), 0, tokens);
+  };
+  auto end_of = [&](std::int64_t b) {
+    return std::clamp<std::int64_t>(get_int(query_start_loc, b + 1), begin_of(b), tokens);
+  };
+  // Padding rows: zeros over the row's tokens (the shared loop skips them).
+  const std::int64_t rows = state_indices.shape[0];
+  for (std::int64_t b = 0; b < rows; ++b) {
+    if (!valid(get_int(state_indices, b), conv_state.shape[0], options)) {
+      for (std::int64_t t = begin_of(b); t < end_of(b); ++t) {
+        std::fill_n(out.begin() + t * dim, dim, 0.0);
+      }
+    }
+  }
+  update_rows(
+      rows, dim, [&](std::int64_t b) { return end_of(b) - begin_of(b); },
+      [&](std::int64_t b, std::int64_t s, std::int64_t c) { return get(x, begin_of(b) + s, c); },
+      [&](std::int64_t b, std::int64_t s) { return begin_of(b) + s; }, weight, bias, conv_state,
+      state_indices, num_accepted_tokens, options, &out);
   return out;
 }
 

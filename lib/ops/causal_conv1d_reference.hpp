@@ -29,4 +29,13 @@ std::vector<double> causal_conv1d_update(const TensorView& x, const TensorView& 
                                          const TensorView& num_accepted_tokens,
                                          const CausalConv1dOptions& options);
 
+/// causal_conv1d_update_varlen on host tensors: returns out [T, D] as row-major doubles (zero
+/// rows for padding rows; `untouched` for tokens outside every row, which the op does not
+/// write) and updates `conv_state` in place.
+std::vector<double> causal_conv1d_update_varlen(
+    const TensorView& x, const TensorView& weight, const TensorView& bias,
+    const TensorView& conv_state, const TensorView& query_start_loc,
+    const TensorView& state_indices, const TensorView& num_accepted_tokens,
+    const CausalConv1dOptions& options, double untouched = 0.0);
+
 }  // namespace kjit::reference

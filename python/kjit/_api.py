@@ -205,21 +205,25 @@ def causal_conv1d(x, weight, conv_state, cu_seqlens, state_indices, *, bias=None
 
 
 def causal_conv1d_update(x, weight, conv_state, state_indices, *, bias=None,
-                         num_accepted_tokens=None, out=None, activation=None,
-                         invalid_index="negative", mode="", debug_check_indices=False,
-                         stream=None, _plan=False, _arch=None):
+                         num_accepted_tokens=None, query_start_loc=None, out=None,
+                         activation=None, invalid_index="negative", mode="",
+                         debug_check_indices=False, stream=None, _plan=False, _arch=None):
     """Decode (S = 1) or speculative (S > 1) causal conv1d step: x [B, S, D] or [B, D].
 
     Without num_accepted_tokens the history is columns 0..W-2 and afterwards holds the last
     W-1 inputs. With it (vLLM's speculative convention, pool L = W-2+S): the history of a row is
     columns a-1..a+W-3 for a = num_accepted_tokens[b] of the previous verification step, and
-    column k then holds entry k+1 of history ++ x. Returns out (default: new, x's shape)."""
+    column k then holds entry k+1 of history ++ x. With query_start_loc [B+1] (int32/int64),
+    x is [T, D] and row b is tokens query_start_loc[b]..query_start_loc[b+1]-1 (varlen rows,
+    S_b in place of S; a row of 0 tokens leaves its slot untouched; out rows outside every row
+    are not written). Returns out (default: new, x's shape)."""
     _check_arch("causal_conv1d_update", _arch)
     if out is None:
         out = _empty(x, tuple(x.shape))
     result = _kjit._causal_conv1d_update(x, weight, bias, conv_state, state_indices,
                                          num_accepted_tokens, out, activation, invalid_index,
-                                         mode, debug_check_indices, stream, _plan, _arch)
+                                         mode, debug_check_indices, stream, _plan, _arch,
+                                         query_start_loc)
     return result if _plan else out
 
 

@@ -700,16 +700,26 @@ nb::object causal_conv1d_update(nb::handle x, nb::handle weight, nb::handle bias
                                 nb::handle num_accepted_tokens, nb::handle out,
                                 const OptStr& activation, const std::string& invalid,
                                 const std::string& mode, bool debug_check, nb::handle stream,
-                                bool plan, const OptStr& arch) {
+                                bool plan, const OptStr& arch, nb::handle query_start_loc) {
   const char* op = "causal_conv1d_update";
   Args args(op, !plan);
   const TensorView tx = args.get("x", x), tw = args.get("weight", weight);
   const TensorView tb = args.optional("bias", bias), st = args.get("conv_state", conv_state);
   const TensorView idx = args.get("state_indices", state_indices);
   const TensorView acc = args.optional("num_accepted_tokens", num_accepted_tokens);
+  const TensorView qsl = args.optional("query_start_loc", query_start_loc);
   const TensorView o = args.get("out", out);
   const CausalConv1dOptions opt =
       conv_options(op, activation, invalid, mode, debug_check, args.device());
+  if (qsl.data != nullptr) {
+    // Varlen rows: x and out [T, D].
+    if (plan) {
+      return nb::cast(plan_causal_conv1d_update_varlen(tx, tw, tb, st, qsl, idx, acc, o, opt,
+                                                       plan_limits(arch, args.device())));
+    }
+    kjit::causal_conv1d_update_varlen(tx, tw, tb, st, qsl, idx, acc, o, opt, args.stream(stream));
+    return nb::none();
+  }
   if (plan) {
     return nb::cast(plan_causal_conv1d_update(tx, tw, tb, st, idx, acc, o, opt,
                                               plan_limits(arch, args.device())));
@@ -1400,7 +1410,8 @@ NB_MODULE(_kjit, m) {
         "weight"_a.none(), "bias"_a.none(), "conv_state"_a.none(), "state_indices"_a.none(),
         "num_accepted_tokens"_a.none(), "out"_a.none(), "activation"_a.none(),
         "invalid_index"_a.none(), "mode"_a.none(), "debug_check_indices"_a.none(),
-        "stream"_a.none(), "plan"_a.none(), "arch"_a.none());
+        "stream"_a.none(), "plan"_a.none(), "arch"_a.none(),
+        "query_start_loc"_a.none() = nb::none());
   m.def("_gdn_prefill_workspace_bytes", &gdn_prefill_workspace_bytes);
   m.def("_gdn_prefill_checkpoint_starts",
         [](const std::vector<std::int64_t>& cu_seqlens, std::int64_t every) {

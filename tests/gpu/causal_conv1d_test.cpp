@@ -4,8 +4,10 @@
 // rules (every pool byte compared with the reference's pool, so untouched slots must be
 // bit-identical), strided and transposed layouts of x, out, weight and the pool, every dtype
 // combination, in place, forced modes and vector widths, D = 2^16 and 2^20, B past 65535,
-// speculative updates with S = 1..8 and num_accepted_tokens chained over several steps, and the
-// debug checks. Outputs are poisoned (NaN) before every call.
+// speculative updates with S = 1..8 and num_accepted_tokens chained over several steps, varlen
+// speculative rows (query_start_loc) of 0..8 tokens, forced spans and batches of the chunked
+// prefill, and the debug checks. Outputs are poisoned (NaN) before every call (varlen: set to a
+// sentinel that tokens outside every row must keep).
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -172,7 +174,7 @@ struct PrefillCase {
   bool x_transposed = false, out_padded = false, pool_transposed = false, weight_transposed = false;
   std::int64_t pad_every = 4, extra_cols = 0;
   std::string force_mode;
-  int force_vec = 0, force_chunk = 0;
+  int force_vec = 0, force_chunk = 0, force_span = 0;
   std::string expect_mode;
   /// The pool access the plan must choose (block, channels, scalar), when not empty.
   std::string expect_pool;
@@ -180,11 +182,12 @@ struct PrefillCase {
   std::string str() const {
     return fmt::format(
         "D={} W={} N={} x={} out={} w={} state={} cu={} idx={} rule={} silu={} bias={} "
-        "in_place={} layouts(x^T={} out_pad={} pool^T={} w^T={}) mode={} vec={}",
+        "in_place={} layouts(x^T={} out_pad={} pool^T={} w^T={}) mode={} vec={} chunk={} "
+        "span={}",
         dim, width, lengths.size(), to_string(x), to_string(out), to_string(weight),
         to_string(state), to_string(cu), to_string(index), static_cast<int>(rule), silu, bias,
         in_place, x_transposed, out_padded, pool_transposed, weight_transposed, force_mode,
-        force_vec);
+        force_vec, force_chunk, force_span);
   }
 };
 
@@ -229,6 +232,7 @@ void run_prefill(const PrefillCase& c) {
   o.force_mode = c.force_mode;
   o.force_vec = c.force_vec;
   o.force_chunk = c.force_chunk;
+  o.force_span = c.force_span;
   o.runtime = &test::runtime();
   TensorView bias_view = bias.view(false);
   if (!c.bias) bias_view.data = nullptr;
@@ -310,18 +314,20 @@ TEST_CASE("causal_conv1d gpu: strided and transposed layouts, in place, forced m
   // The three pool accesses: blocks of [vec, W-1] (contiguous pool), channel vectors
   // (transposed bf16 pool), one element at a time (transposed f32 pool with 8 channels per
   // thread: 32 bytes, more than one vector).
+  // At W = 8 the prefill runs 4 channels per thread: a bf16 [4, 7] block is 56 bytes (not whole
+  // vectors, so scalar), a transposed f32 pool's 4 channels one 16-byte vector.
   for (const int w : {2, 4, 8}) {
     c = PrefillCase{};
     c.width = w;
     c.lengths = {1, w - 1, w, 300};
     c.state = DType::bf16;
-    c.expect_pool = "block";
+    c.expect_pool = w == 8 ? "scalar" : "block";
     run_prefill(c);
     c.pool_transposed = true;
     c.expect_pool = "channels";
     run_prefill(c);
     c.state = DType::f32;
-    c.expect_pool = "scalar";
+    c.expect_pool = w == 8 ? "channels" : "scalar";
     run_prefill(c);
   }
   c = PrefillCase{};
@@ -345,6 +351,19 @@ TEST_CASE("causal_conv1d gpu: strided and transposed layouts, in place, forced m
     c.force_chunk = chunk;
     run_prefill(c);
   }
+  // Spans of several batches (double-buffered loads): lengths around the span and batch edges.
+  for (const auto& [chunk, span] : {std::pair{8, 64}, std::pair{2, 16}, std::pair{16, 256},
+                                    std::pair{1, 8}, std::pair{4, 128}}) {
+    for (const std::int64_t width : {2, 4, 8}) {
+      c = PrefillCase{};
+      c.width = width;
+      c.force_chunk = chunk;
+      c.force_span = span;
+      c.lengths = {1, span - 1, span, span + 1, 2 * span + 3, 0, 5, 1000, width - 1};
+      c.expect_mode = "chunked";
+      run_prefill(c);
+    }
+  }
   // Thousands of short sequences: most chunk ids idle, sequence lookup over many entries.
   c = PrefillCase{};
   c.lengths.assign(3000, 0);
@@ -360,6 +379,21 @@ TEST_CASE("causal_conv1d gpu: D = 2^16 and 2^20 channels") {
     c.dim = dim;
     c.lengths = {1, 3, 9};
     c.pad_every = 0;
+    run_prefill(c);
+  }
+}
+
+TEST_CASE("causal_conv1d gpu: the planner's spans on Qwen3-Next's D = 8192") {
+  // 8k tokens get spans of 32 on an H200 (longer calls 64; forced spans of 64..256 are covered
+  // above, on fewer channels); whatever this device picks, the result must be exact.
+  for (const std::int64_t tokens : {8192}) {
+    PrefillCase c;
+    c.dim = 8192;
+    c.lengths.assign(16, tokens / 16);
+    c.lengths[3] += 7;
+    c.lengths[9] -= 7;
+    c.pad_every = 5;
+    c.expect_mode = "chunked";
     run_prefill(c);
   }
 }
@@ -543,6 +577,153 @@ TEST_CASE("causal_conv1d_update gpu: B past 65535 and D = 2^16, 2^20") {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// causal_conv1d_update_varlen
+
+struct VarlenCase {
+  std::int64_t batch = 41, dim = 64, width = 4, most = 8;
+  bool spec = true, pool_transposed = false, in_place = false;
+  DType x = DType::bf16, weight = DType::f32, state = DType::bf16;
+  DType offsets = DType::i32, index = DType::i32;
+  ConvInvalidIndex rule = ConvInvalidIndex::nonpositive;
+  std::int64_t pad_every = 6;
+  int rounds = 3;
+
+  std::string str() const {
+    return fmt::format(
+        "B={} D={} W={} S_b<={} spec={} x={} w={} state={} offsets={} pool^T={} "
+        "in_place={} rule={}",
+        batch, dim, width, most, spec, to_string(x), to_string(weight), to_string(state),
+        to_string(offsets), pool_transposed, in_place, static_cast<int>(rule));
+  }
+};
+
+void run_varlen(const VarlenCase& c) {
+  CAPTURE(c.str());
+  test::Rng rng(test::fresh_seed());
+  const std::int64_t b = c.batch, d = c.dim, w = c.width;
+  const std::int64_t cols = c.spec ? std::max(w - 1, w - 2 + c.most) : w - 1;
+  const std::int64_t slots = b + 2;
+  Tensor weight(c.weight, {d, w});
+  Tensor bias(c.weight, {d});
+  Tensor pool(
+      c.state, {slots, d, cols},
+      c.pool_transposed ? std::vector<std::int64_t>{cols * d, 1, d} : std::vector<std::int64_t>{});
+  Tensor idx(c.index, {b});
+  Tensor accepted(DType::i32, {b});
+  Tensor qsl(c.offsets, {b + 1});
+  weight.fill(rng, 0.5);
+  bias.fill(rng, 1.0);
+  pool.fill(rng, 1.0);
+  const std::vector<std::int64_t> slot = random_slots(rng, b, slots, c.pad_every, c.rule);
+  for (std::int64_t i = 0; i < b; ++i) idx.set_int(i, slot[static_cast<std::size_t>(i)]);
+  for (Tensor* t : {&weight, &bias, &pool, &idx}) t->upload();
+  CausalConv1dOptions o;
+  o.activation = ConvActivation::silu;
+  o.invalid_index = c.rule;
+  o.runtime = &test::runtime();
+  constexpr double kSentinel = 7.0;
+  // Chained steps with fresh lengths 0..most per row (row 0 always `most`, row 1 always 0) and
+  // three tokens at the end that belong to no row.
+  for (int round = 0; round < c.rounds; ++round) {
+    CAPTURE(round);
+    std::vector<std::int64_t> offsets = {0};
+    for (std::int64_t i = 0; i < b; ++i) {
+      const std::int64_t len =
+          i == 0   ? c.most
+          : i == 1 ? 0
+                   : static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(c.most + 1));
+      offsets.push_back(offsets.back() + len);
+    }
+    const std::int64_t tokens = offsets.back() + 3;
+    for (std::int64_t i = 0; i <= b; ++i) qsl.set_int(i, offsets[static_cast<std::size_t>(i)]);
+    for (std::int64_t i = 0; i < b; ++i) {
+      accepted.set_int(
+          i, 1 + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(cols - w + 2)));
+    }
+    Tensor x(c.x, {tokens, d});
+    Tensor out_buffer(c.x, {tokens, d});
+    x.fill(rng, 1.0);
+    for (std::int64_t i = 0; i < out_buffer.elements(); ++i) {
+      store_from_double(out_buffer.host.data(), out_buffer.dtype, i, kSentinel);
+    }
+    for (Tensor* t : {&x, &out_buffer, &qsl, &accepted}) t->upload();
+    Tensor& out = c.in_place ? x : out_buffer;
+    TensorView acc_h = accepted.view(false), acc_d = accepted.view(true);
+    if (!c.spec) acc_h.data = acc_d.data = nullptr;
+    // In place, tokens outside every row keep x's values.
+    const std::vector<double> want = [&] {
+      std::vector<double> r = reference::causal_conv1d_update_varlen(
+          x.view(false), weight.view(false), bias.view(false), pool.view(false), qsl.view(false),
+          idx.view(false), acc_h, o, kSentinel);
+      if (c.in_place) {
+        for (std::int64_t t = offsets.back(); t < tokens; ++t) {
+          for (std::int64_t ch = 0; ch < d; ++ch) {
+            r[static_cast<std::size_t>(t * d + ch)] =
+                load_as_double(x.host.data(), x.dtype, t * d + ch);
+          }
+        }
+      }
+      return r;
+    }();
+    const Plan plan = plan_causal_conv1d_update_varlen(
+        x.view(true), weight.view(true), bias.view(true), pool.view(true), qsl.view(true),
+        idx.view(true), acc_d, out.view(true), o, test::runtime().device_limits(test::device()));
+    CHECK(plan.mode == "rows");
+    causal_conv1d_update_varlen(x.view(true), weight.view(true), bias.view(true), pool.view(true),
+                                qsl.view(true), idx.view(true), acc_d, out.view(true), o,
+                                test::stream());
+    test::sync();
+    std::int64_t at = -1;
+    const double worst = worst_error(out, want, &at);
+    CHECK_MESSAGE(worst <= 1.0, fmt::format("worst error {} tolerances at element {} (token {}, "
+                                            "channel {}); plan:\n{}",
+                                            worst, at, at / d, at % d, plan.explain()));
+    check_pool(pool);
+  }
+}
+
+TEST_CASE("causal_conv1d_update_varlen gpu: rows of 0..8 tokens, speculative, chained") {
+  for (const DType x : {DType::bf16, DType::f32}) {
+    for (const bool spec : {true, false}) {
+      VarlenCase c;
+      c.x = x;
+      c.weight = x == DType::bf16 ? DType::f32 : x;
+      c.state = x;
+      c.spec = spec;
+      run_varlen(c);
+    }
+  }
+  VarlenCase c;
+  c.pool_transposed = true;  // vLLM's [slots, L, D] buffer: channel vectors
+  c.offsets = DType::i64;
+  c.index = DType::i64;
+  c.rule = ConvInvalidIndex::negative;
+  run_varlen(c);
+  for (const std::int64_t width : {2, 3, 8}) {
+    c = VarlenCase{};
+    c.width = width;
+    c.most = 5;
+    run_varlen(c);
+  }
+  c = VarlenCase{};
+  c.in_place = true;
+  run_varlen(c);
+  c = VarlenCase{};
+  c.dim = 8192;  // Qwen3-Next's conv_dim at TP1, 16-byte vectors
+  c.batch = 64;
+  c.most = 4;
+  c.rounds = 2;
+  run_varlen(c);
+  c = VarlenCase{};
+  c.batch = 70000;  // rows past 65535
+  c.dim = 8;
+  c.most = 3;
+  c.pad_every = 1000;
+  c.rounds = 1;
+  run_varlen(c);
+}
+
 TEST_CASE("causal_conv1d gpu: debug checks reject bad indices, cu_seqlens and accepted counts") {
   const std::int64_t d = 64, w = 4;
   Tensor x(DType::bf16, {10, d}), out(DType::bf16, {10, d}), weight(DType::bf16, {d, w});
@@ -588,6 +769,21 @@ TEST_CASE("causal_conv1d gpu: debug checks reject bad indices, cu_seqlens and ac
     test::sync();
   };
   CHECK_NOTHROW(update({1, 3}));
+  // query_start_loc: from 0 up, non-decreasing, at most T.
+  Tensor xv(DType::bf16, {6, d}), ov(DType::bf16, {6, d}), qsl(DType::i32, {3});
+  auto varlen = [&](std::vector<std::int64_t> q) {
+    set(qsl, std::move(q));
+    qsl.upload();
+    causal_conv1d_update_varlen(xv.view(true), weight.view(true), TensorView{}, spool.view(true),
+                                qsl.view(true), idx.view(true), TensorView{}, ov.view(true), o,
+                                test::stream());
+    test::sync();
+  };
+  CHECK_NOTHROW(varlen({0, 2, 6}));
+  CHECK_NOTHROW(varlen({1, 1, 4}));
+  CHECK_THROWS_WITH_AS(varlen({0, 4, 3}), doctest::Contains("query_start_loc[2] = 3"),
+                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(varlen({0, 2, 7}), doctest::Contains("at most T = 6"), InvalidArgument);
   CHECK_THROWS_WITH_AS(update({0, 1}), doctest::Contains("num_accepted_tokens[0] = 0"),
                        InvalidArgument);
   CHECK_THROWS_WITH_AS(update({1, 4}), doctest::Contains("1..L - W + 2 = 3"), InvalidArgument);

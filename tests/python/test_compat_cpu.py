@@ -327,24 +327,38 @@ def kjit_conv_contract(x, weight, bias, state, cu, idx, has, out, act, invalid, 
 
 
 def kjit_update_contract(x, weight, bias, state, idx, accepted, out, act, invalid, *rest):
-    """kjit.causal_conv1d_update's contract: x, out [B, S, D] or [B, D] views."""
-    w = weight.shape[1]
-    x3, o3 = (x[:, None], out[:, None]) if x.ndim == 2 else (x, out)
-    s, cols = x3.shape[1], state.shape[2]
-    for r in range(x3.shape[0]):
-        slot = int(idx[r])
-        if slot < 0 or (invalid == "nonpositive" and slot == 0) or slot >= state.shape[0]:
-            o3[r] = 0
-            continue
-        first = 0 if accepted is None else int(accepted[r]) - 1
-        seq = np.concatenate([state[slot][:, first:first + w - 1].astype(np.float64),
-                              x3[r].T.astype(np.float64)], axis=1)
-        o3[r] = conv_rows(seq, weight, bias, act, s)
-        if accepted is None:
-            state[slot][:, :w - 1] = seq[:, -(w - 1):]
-        else:
-            k = min(cols, w - 2 + s)
-            state[slot][:, :k] = seq[:, 1:k + 1]
+    """kjit.causal_conv1d_update's contract: x, out [B, S, D] or [B, D] views; with
+    query_start_loc (the argument after arch) x, out [T, D] and row r its tokens qsl[r]:qsl[r+1]
+    (causal_conv1d_update_varlen)."""
+    qsl = rest[5] if len(rest) > 5 else None
+    if qsl is not None:
+        rows = [(x[int(qsl[r]):int(qsl[r + 1])][None], out[int(qsl[r]):int(qsl[r + 1])][None])
+                for r in range(len(idx))]
+    else:
+        x3, o3 = (x[:, None], out[:, None]) if x.ndim == 2 else (x, out)
+        rows = [(x3[r:r + 1], o3[r:r + 1]) for r in range(x3.shape[0])]
+    for r, (xr, orow) in enumerate(rows):
+        update_row(xr[0], orow[0], weight, bias, state, int(idx[r]),
+                   None if accepted is None else int(accepted[r]), act, invalid)
+
+
+def update_row(xr, orow, weight, bias, state, slot, accepted, act, invalid):
+    """One row of the update contract: xr, orow [S, D] views."""
+    w, s, cols = weight.shape[1], xr.shape[0], state.shape[2]
+    if s == 0:
+        return  # no output, slot untouched
+    if slot < 0 or (invalid == "nonpositive" and slot == 0) or slot >= state.shape[0]:
+        orow[:] = 0
+        return
+    first = 0 if accepted is None else accepted - 1
+    seq = np.concatenate([state[slot][:, first:first + w - 1].astype(np.float64),
+                          xr.T.astype(np.float64)], axis=1)
+    orow[:] = conv_rows(seq, weight, bias, act, s)
+    if accepted is None:
+        state[slot][:, :w - 1] = seq[:, -(w - 1):]
+    else:
+        k = min(cols, w - 2 + s)
+        state[slot][:, :k] = seq[:, 1:k + 1]
 
 
 def conv_rows(seq, weight, bias, act, n):
@@ -490,6 +504,52 @@ def test_vllm_causal_conv1d_update_layout_glue(conv_contract, seqlen, spec):
     assert np.array_equal(pool[untouched], before[untouched])
 
 
+@pytest.mark.parametrize("spec", [False, True])
+def test_vllm_causal_conv1d_update_varlen_layout_glue(conv_contract, spec):
+    # vLLM's varlen speculative step: x [num_tokens, dim], row b = x[qsl[b]:qsl[b+1]] with
+    # 0..4 tokens; rows past qsl[batch] (CUDA-graph padding) are neither read nor written.
+    rng = np.random.default_rng()
+    d, w, slots = 16, 4, 9
+    lengths = [3, 0, 1, 4, 2, 2]
+    b, max_len = len(lengths), max(lengths)
+    cols = w - 2 + max_len if spec else w - 1
+    _, weight, bias, pool, _ = conv_inputs(rng, d=d, w=w, slots=slots, cols=cols)
+    qsl = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    t = int(qsl[-1]) + 2  # two trailing tokens that belong to no row
+    x = rng.standard_normal((t, d)).astype(np.float32)
+    idx = np.array([2, 5, -1, 0, 7, 3], np.int32)  # row 1: no tokens; row 2: padding
+    accepted = np.array([1 + int(rng.integers(0, cols - w + 2)) for _ in range(b)], np.int32) \
+        if spec else None
+    before = pool.copy()
+    got = vllm.causal_conv1d_update(x, pool, weight, bias, True, idx,
+                                    num_accepted_tokens=accepted, query_start_loc=qsl,
+                                    max_query_len=max_len)
+    assert got.shape == x.shape and same_layout(got, x)
+    (args,) = conv_contract
+    assert np.shares_memory(args[0], x) and np.shares_memory(args[6], got)
+    assert args[14] is qsl
+    expected = before.copy()
+    for r in range(b):
+        a0, a1, slot = int(qsl[r]), int(qsl[r + 1]), int(idx[r])
+        if a1 == a0:
+            continue
+        if slot == -1:
+            assert np.all(got[a0:a1] == 0)
+            continue
+        first = 0 if accepted is None else int(accepted[r]) - 1
+        seq = np.concatenate([before[slot][:, first:first + w - 1], x[a0:a1].T], axis=1)
+        for j in range(a1 - a0):
+            acc = (seq[:, j:j + w] * weight).sum(1) + bias
+            np.testing.assert_allclose(got[a0 + j], acc / (1 + np.exp(-acc)), rtol=1e-5,
+                                       atol=1e-5)
+        if spec:  # vLLM: column k holds entry k + 1 for k < width - 2 + seqlen_b
+            expected[slot][:, :w - 2 + a1 - a0] = seq[:, 1:w - 1 + a1 - a0]
+        else:
+            expected[slot][:, :w - 1] = seq[:, -(w - 1):]
+    np.testing.assert_allclose(pool, expected, rtol=1e-6, atol=1e-6)
+    assert np.array_equal(pool[5], before[5])  # the row without tokens: slot untouched
+
+
 def conv_fn_args(rng=None):
     x, weight, bias, pool, cu = conv_inputs(rng or np.random.default_rng(), lengths=(3, 2),
                                             slots=4)
@@ -541,9 +601,12 @@ def test_vllm_causal_conv1d_update_checks_and_unsupported_features():
     x = rng.standard_normal((3, 16)).astype(np.float32)
     idx = np.array([1, 2, 3], np.int32)
     args = dict(x=x, conv_state=pool, weight=weight, bias=bias, conv_state_indices=idx)
-    with pytest.raises(UnsupportedFeature, match="query_start_loc") as info:
-        f(**args, query_start_loc=np.array([0, 1, 2, 3], np.int32), max_query_len=1)
-    assert "varlen" in info.value.feature
+    # query_start_loc (varlen rows) needs conv_state_indices, as in vLLM, and x [num_tokens, dim]
+    with pytest.raises(AssertionError):
+        f(**dict(args, conv_state_indices=None), query_start_loc=np.array([0, 1, 2, 3], np.int32),
+          max_query_len=1)
+    with pytest.raises(ValueError, match="num_tokens, dim"):
+        f(**dict(args, x=x[:, :, None]), query_start_loc=np.array([0, 1, 2, 3], np.int32))
     with pytest.raises(UnsupportedFeature, match="retrieve_parent_token"):
         f(**args, retrieve_parent_token=np.zeros((3, 2), np.int32))
     with pytest.raises(UnsupportedFeature, match="prefix caching"):

@@ -703,6 +703,98 @@ def test_vllm_causal_conv1d_against_vllm_triton():
     assert torch.equal(spool, theirs_spool)
 
 
+def varlen_case(d, w, lengths, slots, spec, dtype, seed):
+    """vLLM's varlen speculative step: x [num_tokens, dim] (mixed_qkv_spec), query_start_loc
+    [batch + 1] over `lengths` plus two trailing padded tokens, the pool [slots, cols, D] seen
+    as [slots, D, cols] with cols = width - 2 + max(lengths) when speculative."""
+    torch.manual_seed(seed)
+    most = max(lengths)
+    cols = w - 2 + most if spec else w - 1
+    _, weight, bias, pool, _ = conv_case(d, w, [1], slots, cols, dtype, dtype, seed=seed)
+    qsl = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32,
+                       device=DEV)
+    x = torch.randn(int(qsl[-1]) + 2, d, device=DEV).to(dtype)
+    return x, weight, bias, pool, qsl, cols
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("spec", [True, False])
+def test_vllm_causal_conv1d_update_varlen_against_reference(dtype, spec):
+    # Rows of 0..8 tokens (row 1 empty, row 4 padding), num_accepted_tokens per row.
+    d, w = 512, 4
+    lengths = [3, 0, 8, 1, 5, 2, 0, 4, 7, 6, 1]
+    b, slots = len(lengths), len(lengths) + 4
+    x, weight, bias, pool, qsl, cols = varlen_case(d, w, lengths, slots, spec, dtype, seed=7)
+    idx = (torch.randperm(slots - 1, device=DEV)[:b] + 1).to(torch.int32)
+    idx[4] = -1
+    accepted = (torch.randint(1, cols - w + 3, (b,), device=DEV, dtype=torch.int32)
+                if spec else None)
+    before = pool.clone()
+    dirty_allocator(tuple(x.shape), dtype)
+    out = vllm.causal_conv1d_update(x, pool, weight, bias, "silu", idx,
+                                    num_accepted_tokens=accepted, query_start_loc=qsl,
+                                    max_query_len=max(lengths))
+    torch.cuda.synchronize()
+    assert out.shape == x.shape and out.dtype == dtype
+    expected = before.clone()
+    tol = TOL[dtype] if dtype != torch.float32 else 1e-4
+    for r in range(b):
+        a0, a1, slot = int(qsl[r]), int(qsl[r + 1]), int(idx[r])
+        if a1 == a0:
+            continue  # no output, slot untouched
+        if slot == -1:
+            assert torch.count_nonzero(out[a0:a1]) == 0
+            continue
+        first = 0 if accepted is None else int(accepted[r]) - 1
+        hist = before[slot][:, first:first + w - 1]
+        close(out[a0:a1], conv_reference(x[a0:a1], weight, bias, hist, True), tol, tol)
+        seq = torch.cat([hist, x[a0:a1].T], dim=1)
+        if spec:
+            expected[slot][:, :w - 2 + a1 - a0] = seq[:, 1:w - 1 + a1 - a0]
+        else:
+            expected[slot][:, :w - 1] = seq[:, -(w - 1):]
+    assert torch.equal(pool, expected)  # untouched slots and columns bytewise
+
+
+def test_vllm_causal_conv1d_update_varlen_against_vllm_triton():
+    # How vLLM's GDN layers call it for speculative decoding: num_accepted_tokens,
+    # query_start_loc and max_query_len, pad_slot_id -1.
+    update = original("vllm_anchor.causal_conv1d:causal_conv1d_update")
+    d, w = 1024, 4
+    lengths = [4, 1, 0, 3, 4, 2, 4]
+    b, slots = len(lengths), len(lengths) + 3
+    x, weight, bias, pool, qsl, cols = varlen_case(d, w, lengths, slots, True, torch.bfloat16,
+                                                   seed=9)
+    idx = torch.tensor([3, -1, 5, 0, 8, 1, 6], device=DEV, dtype=torch.int32)
+    accepted = torch.tensor([1, 2, 3, 1, 4, 2, 3], device=DEV, dtype=torch.int32)
+    theirs_pool = pool.clone()
+    mine = vllm.causal_conv1d_update(x, pool, weight, bias, "silu", idx,
+                                     num_accepted_tokens=accepted, query_start_loc=qsl,
+                                     max_query_len=max(lengths))
+    theirs = update(x, theirs_pool, weight, bias, "silu", idx, num_accepted_tokens=accepted,
+                    query_start_loc=qsl, max_query_len=max(lengths))
+    torch.cuda.synchronize()
+    keep = torch.zeros(x.shape[0], dtype=torch.bool, device=DEV)
+    for r in range(b):
+        if int(idx[r]) != -1:  # padding rows: zeros here, unwritten there
+            keep[int(qsl[r]):int(qsl[r + 1])] = True
+    tol = TOL[torch.bfloat16]
+    close(mine[keep], theirs[keep], tol, tol)
+    assert torch.equal(pool, theirs_pool)  # the same columns rolled into the pool
+    # Rows of max_query_len each, without num_accepted_tokens: equal there too.
+    full = [3] * b
+    x2, _, _, pool2, qsl2, _ = varlen_case(d, w, full, slots, False, torch.bfloat16, seed=10)
+    theirs_pool2 = pool2.clone()
+    mine2 = vllm.causal_conv1d_update(x2, pool2, weight, bias, "silu", idx, query_start_loc=qsl2,
+                                      max_query_len=3)
+    theirs2 = update(x2, theirs_pool2, weight, bias, "silu", idx, query_start_loc=qsl2,
+                     max_query_len=3)
+    torch.cuda.synchronize()
+    rows = torch.repeat_interleave(idx != -1, 3)
+    close(mine2[:rows.numel()][rows], theirs2[:rows.numel()][rows], tol, tol)
+    assert torch.equal(pool2, theirs_pool2)
+
+
 def test_vllm_causal_conv1d_errors_past_the_adapter_are_kjit_errors():
     # What vLLM's Python does not check reaches kjit, which names the argument (ValueError).
     x, weight, bias, pool, cu = conv_case(64, 4, [3, 2], 4, 3, torch.bfloat16,
@@ -713,9 +805,9 @@ def test_vllm_causal_conv1d_errors_past_the_adapter_are_kjit_errors():
     assert isinstance(info.value, kjit.InvalidArgument) and "weight" in str(info.value)
     with pytest.raises(kjit.InvalidArgument, match="state_indices"):
         vllm.causal_conv1d_fn(x, weight, bias, pool, cu, idx[:1])
-    with pytest.raises(UnsupportedFeature, match="query_start_loc"):
+    with pytest.raises(kjit.InvalidArgument, match="query_start_loc has shape"):
         vllm.causal_conv1d_update(x.T.contiguous(), pool, weight, bias, "silu", idx,
-                                  query_start_loc=cu, max_query_len=3)
+                                  query_start_loc=cu[:2], max_query_len=3)
 
 
 # --- every adapter under CUDA graph capture -------------------------------------------------

@@ -139,7 +139,8 @@ CausalConv1dParams common(const TensorView& w, const TensorView& b, const Tensor
 template <Kernel K>
 void prefill_case(const char* name, const char* expect_spec_prefix, DType xd, DType wd, DType sd,
                   std::int64_t W, bool x_tokmajor, bool pool_transposed, bool in_place,
-                  std::vector<std::int64_t> lengths, ConvInvalidIndex rule) {
+                  std::vector<std::int64_t> lengths, ConvInvalidIndex rule, int force_chunk = 0,
+                  int force_span = 0) {
   std::mt19937_64 rng(std::random_device{}());
   const std::int64_t D = 64, N = lengths.size(), slots = N + 3;
   std::vector<std::int64_t> cu{0};
@@ -165,6 +166,8 @@ void prefill_case(const char* name, const char* expect_spec_prefix, DType xd, DT
   CausalConv1dOptions o;
   o.activation = ConvActivation::silu;
   o.invalid_index = rule;
+  o.force_chunk = force_chunk;
+  o.force_span = force_span;
   TensorView outv = in_place ? x.view() : out.view();
   Plan plan = plan_causal_conv1d(x.view(), w.view(), b.view(), pool.view(), cuh.view(), idx.view(),
                                  has.view(), outv, o, DeviceLimits::for_name("h200"));
@@ -190,8 +193,8 @@ void prefill_case(const char* name, const char* expect_spec_prefix, DType xd, DT
   k.index_bytes = 8;
   k.num_tokens = T;
   k.num_seqs = N;
-  std::int64_t chunk = plan.launches[0].spec.get_int("chunk");
-  k.num_items = (plan.mode == "chunked" ? T / chunk + N : N) * (std::uint64_t)k.channel_groups;
+  const std::int64_t span = plan.launches[0].spec.get_int("span");
+  k.num_items = (plan.mode == "chunked" ? T / span + N : N) * (std::uint64_t)k.channel_groups;
   launch(K, plan, k);
   compare(name, outv, want, xd == DType::f32 ? 1e-5 : xd == DType::f16 ? 1.0 / 512 : 1.0 / 128);
   compare_bytes(name, pool, pool_ref);
@@ -258,60 +261,189 @@ void update_case(const char* name, const char* expect_spec_prefix, DType xd, DTy
   }
 }
 
+/// causal_conv1d_update_varlen: rows of `lengths` tokens (0 allowed) in x [T, D] with two
+/// trailing tokens that belong to no row (their out rows must keep their sentinel), chained
+/// over `rounds` steps with fresh acceptance counts.
+template <Kernel K>
+void varlen_case(const char* name, const char* expect_spec_prefix, DType xd, DType sd,
+                 std::int64_t W, std::vector<std::int64_t> lengths, bool spec_mode,
+                 bool pool_transposed, ConvInvalidIndex rule, int rounds) {
+  std::mt19937_64 rng(std::random_device{}());
+  const std::int64_t D = 64, B = static_cast<std::int64_t>(lengths.size()), slots = B + 2;
+  std::int64_t most = 0;
+  std::vector<std::int64_t> qsl{0};
+  for (auto l : lengths) {
+    most = std::max(most, l);
+    qsl.push_back(qsl.back() + l);
+  }
+  const std::int64_t T = qsl.back() + 2, L = spec_mode ? std::max(W - 1, W - 2 + most) : W - 1;
+  Host w(DType::f32, {D, W}), b(DType::f32, {D}),
+      pool(sd, {slots, D, L},
+           pool_transposed ? std::vector<std::int64_t>{L * D, 1, D} : std::vector<std::int64_t>{});
+  Host idx(DType::i64, {B}), acc(DType::i32, {B}), q(DType::i64, {B + 1});
+  w.fill(rng);
+  b.fill(rng);
+  pool.fill(rng);
+  for (std::int64_t i = 0; i <= B; ++i) q.seti(i, qsl[i]);
+  for (std::int64_t i = 0; i < B; ++i)
+    idx.seti(i, i % 4 == 3 ? (rule == ConvInvalidIndex::nonpositive ? 0 : -1) : i + 1);
+  Host pool_ref = pool;
+  CausalConv1dOptions o;
+  o.activation = ConvActivation::silu;
+  o.invalid_index = rule;
+  constexpr double kSentinel = 7.0;
+  for (int r = 0; r < rounds; ++r) {
+    Host x(xd, {T, D}), out(xd, {T, D});
+    x.fill(rng);
+    for (std::int64_t i = 0; i < out.n(); ++i) store_from_double(out.data(), xd, i, kSentinel);
+    for (std::int64_t i = 0; i < B; ++i) acc.seti(i, 1 + (std::int64_t)(rng() % (L - W + 2)));
+    TensorView accv = acc.view();
+    if (!spec_mode) accv.data = nullptr;
+    Plan plan = plan_causal_conv1d_update_varlen(x.view(), w.view(), b.view(), pool.view(),
+                                                 q.view(), idx.view(), accv, out.view(), o,
+                                                 DeviceLimits::for_name("h200"));
+    std::string spec = plan.launches[0].spec.str();
+    REQUIRE_MESSAGE(spec.rfind(expect_spec_prefix, 0) == 0, name << ": the plan's spec " << spec);
+    std::vector<double> want = reference::causal_conv1d_update_varlen(
+        x.view(), w.view(), b.view(), pool_ref.view(), q.view(), idx.view(), accv, o, kSentinel);
+    CausalConv1dParams k =
+        common(w.view(), b.view(), pool.view(), plan, D, rule == ConvInvalidIndex::nonpositive);
+    k.x = x.data();
+    k.out = out.data();
+    k.state_indices = idx.data();
+    k.index_stride = 1;
+    k.index_bytes = 8;
+    k.query_start_loc = q.data();
+    k.query_start_stride = 1;
+    k.query_start_bytes = 8;
+    if (spec_mode) {
+      k.num_accepted = acc.data();
+      k.accepted_stride = 1;
+      k.accepted_bytes = 4;
+    }
+    k.x_token_stride = x.strides[0];
+    k.x_channel_stride = x.strides[1];
+    k.out_token_stride = out.strides[0];
+    k.out_channel_stride = out.strides[1];
+    k.num_tokens = T;
+    k.num_seqs = B;
+    k.num_items = B * (std::uint64_t)k.channel_groups;
+    launch(K, plan, k);
+    compare(name, out.view(), want, xd == DType::f32 ? 1e-5 : 1.0 / 128);
+    compare_bytes(name, pool, pool_ref);
+  }
+}
+
 using bf = __nv_bfloat16;
 using hf = __half;
 
 TEST_CASE("causal_conv1d kernel on the CPU: prefill modes, pool accesses, layouts") {
-  prefill_case<&causal_conv1d_kernel<bf, bf, bf, bf, 4, 8, 8, ConvMode::chunked,
+  prefill_case<&causal_conv1d_kernel<bf, bf, bf, bf, 4, 8, 8, 32, ConvMode::chunked,
                                      ConvStateAccess::block, true>>(
       "chunked, bf16, block pool, weight block",
-      "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=8,mode=chunked,"
-      "pool=block,silu=1",
+      "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=8,span=32,"
+      "mode=chunked,pool=block,silu=1",
       DType::bf16, DType::bf16, DType::bf16, 4, false, false, false,
-      {1, 2, 3, 4, 40, 17, 0, 9, 100}, ConvInvalidIndex::negative);
-  prefill_case<&causal_conv1d_kernel<hf, hf, float, float, 3, 8, 8, ConvMode::sequential,
+      {1, 2, 3, 4, 40, 17, 0, 9, 100, 31, 32, 33, 64}, ConvInvalidIndex::negative, 0, 32);
+  prefill_case<&causal_conv1d_kernel<hf, hf, float, float, 3, 8, 8, 0, ConvMode::sequential,
                                      ConvStateAccess::scalar, true>>(
       "in place (sequential), f16 x, f32 weights and transposed pool",
-      "causal_conv1d:in=f16,out=f16,weight=f32,state=f32,width=3,vec=8,chunk=8,mode=sequential,"
-      "pool=scalar,silu=1",
+      "causal_conv1d:in=f16,out=f16,weight=f32,state=f32,width=3,vec=8,chunk=8,span=0,"
+      "mode=sequential,pool=scalar,silu=1",
       DType::f16, DType::f32, DType::f32, 3, false, true, true, {1, 2, 3, 4, 40, 17, 0, 9, 100},
       ConvInvalidIndex::nonpositive);
-  prefill_case<&causal_conv1d_kernel<bf, bf, bf, bf, 8, 8, 8, ConvMode::chunked,
+  prefill_case<&causal_conv1d_kernel<bf, bf, bf, bf, 8, 4, 8, 16, ConvMode::chunked,
                                      ConvStateAccess::channels, true>>(
       "chunked, W = 8, transposed pool (channel vectors)",
-      "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=8,vec=8,chunk=8,mode=chunked,"
-      "pool=channels,silu=1",
+      "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=8,vec=4,chunk=8,span=16,"
+      "mode=chunked,pool=channels,silu=1",
       DType::bf16, DType::bf16, DType::bf16, 8, false, true, false, {1, 6, 7, 8, 40, 17, 0, 9, 100},
-      ConvInvalidIndex::negative);
-  prefill_case<&causal_conv1d_kernel<float, float, float, float, 2, 1, 8, ConvMode::chunked,
+      ConvInvalidIndex::negative, 0, 16);
+  prefill_case<&causal_conv1d_kernel<float, float, float, float, 2, 1, 8, 8, ConvMode::chunked,
                                      ConvStateAccess::scalar, true>>(
       "chunked, token-contiguous f32 x, W = 2",
-      "causal_conv1d:in=f32,out=f32,weight=f32,state=f32,width=2,vec=1,chunk=8,mode=chunked",
+      "causal_conv1d:in=f32,out=f32,weight=f32,state=f32,width=2,vec=1,chunk=8,span=8,"
+      "mode=chunked",
       DType::f32, DType::f32, DType::f32, 2, true, false, false, {1, 2, 3, 40, 0, 9},
       ConvInvalidIndex::negative);
 }
 
+TEST_CASE("causal_conv1d kernel on the CPU: spans of several batches, halos across batches") {
+  // A span of 64 walked in batches of 2 (32 batches, double-buffered, odd tails), spans that
+  // start mid-sequence and sequences shorter than one batch.
+  prefill_case<&causal_conv1d_kernel<bf, bf, bf, bf, 4, 8, 2, 64, ConvMode::chunked,
+                                     ConvStateAccess::block, true>>(
+      "chunked, chunk 2, span 64",
+      "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=2,span=64,"
+      "mode=chunked",
+      DType::bf16, DType::bf16, DType::bf16, 4, false, false, false,
+      {1, 2, 3, 63, 64, 65, 0, 129, 200, 5}, ConvInvalidIndex::nonpositive, 2, 64);
+  // W = 8: a span of 8 holds the whole W - 1 = 7 halo of the next; batches of 4 are shorter.
+  // (4 channels per thread at W > 4, and f16's [4, 7] pool block is not whole 16-byte vectors.)
+  prefill_case<&causal_conv1d_kernel<hf, hf, hf, hf, 8, 4, 4, 8, ConvMode::chunked,
+                                     ConvStateAccess::scalar, true>>(
+      "chunked, W = 8, chunk 4, span 8",
+      "causal_conv1d:in=f16,out=f16,weight=f16,state=f16,width=8,vec=4,chunk=4,span=8,"
+      "mode=chunked",
+      DType::f16, DType::f16, DType::f16, 8, false, false, false, {1, 7, 8, 9, 15, 16, 17, 40},
+      ConvInvalidIndex::negative, 4, 0);
+  // In place, batches of 2: every later row is loaded before an earlier one is stored.
+  prefill_case<&causal_conv1d_kernel<float, float, float, float, 4, 4, 2, 0, ConvMode::sequential,
+                                     ConvStateAccess::block, true>>(
+      "in place (sequential), chunk 2",
+      "causal_conv1d:in=f32,out=f32,weight=f32,state=f32,width=4,vec=4,chunk=2,span=0,"
+      "mode=sequential",
+      DType::f32, DType::f32, DType::f32, 4, false, false, true, {1, 2, 3, 5, 0, 33},
+      ConvInvalidIndex::negative, 2, 0);
+}
+
 TEST_CASE("causal_conv1d kernel on the CPU: decode and speculative updates, chained") {
-  update_case<&causal_conv1d_kernel<bf, bf, float, bf, 4, 8, 1, ConvMode::rows,
+  update_case<&causal_conv1d_kernel<bf, bf, float, bf, 4, 8, 1, 0, ConvMode::rows,
                                     ConvStateAccess::block, true>>(
       "decode, block pool",
-      "causal_conv1d:in=bf16,out=bf16,weight=f32,state=bf16,width=4,vec=8,chunk=1,mode=rows,"
-      "pool=block",
+      "causal_conv1d:in=bf16,out=bf16,weight=f32,state=bf16,width=4,vec=8,chunk=1,span=0,"
+      "mode=rows,pool=block",
       DType::bf16, DType::f32, DType::bf16, 4, 1, false, false, false,
       ConvInvalidIndex::nonpositive, 3);
-  update_case<&causal_conv1d_kernel<bf, bf, float, bf, 4, 8, 4, ConvMode::rows,
+  update_case<&causal_conv1d_kernel<bf, bf, float, bf, 4, 8, 4, 0, ConvMode::rows,
                                     ConvStateAccess::channels, true>>(
       "speculative S = 3, transposed pool",
-      "causal_conv1d:in=bf16,out=bf16,weight=f32,state=bf16,width=4,vec=8,chunk=4,mode=rows,"
-      "pool=channels",
+      "causal_conv1d:in=bf16,out=bf16,weight=f32,state=bf16,width=4,vec=8,chunk=4,span=0,"
+      "mode=rows,pool=channels",
       DType::bf16, DType::f32, DType::bf16, 4, 3, true, true, false, ConvInvalidIndex::nonpositive,
       4);
-  update_case<&causal_conv1d_kernel<float, float, float, float, 3, 4, 8, ConvMode::rows,
+  update_case<&causal_conv1d_kernel<float, float, float, float, 3, 4, 8, 0, ConvMode::rows,
                                     ConvStateAccess::scalar, true>>(
       "speculative S = 7 in place, f32",
-      "causal_conv1d:in=f32,out=f32,weight=f32,state=f32,width=3,vec=4,chunk=8,mode=rows,"
-      "pool=scalar",
+      "causal_conv1d:in=f32,out=f32,weight=f32,state=f32,width=3,vec=4,chunk=8,span=0,"
+      "mode=rows,pool=scalar",
       DType::f32, DType::f32, DType::f32, 3, 7, true, false, true, ConvInvalidIndex::negative, 4);
+}
+
+TEST_CASE("causal_conv1d kernel on the CPU: varlen speculative rows (query_start_loc)") {
+  // Rows of 0..8 tokens; mean length 3 -> chunk 4, so rows past 4 tokens take the loop.
+  varlen_case<&causal_conv1d_kernel<bf, bf, float, bf, 4, 8, 4, 0, ConvMode::rows,
+                                    ConvStateAccess::channels, true>>(
+      "varlen speculative, transposed pool",
+      "causal_conv1d:in=bf16,out=bf16,weight=f32,state=bf16,width=4,vec=8,chunk=4,span=0,"
+      "mode=rows,pool=channels",
+      DType::bf16, DType::bf16, 4, {3, 0, 1, 8, 2, 5, 0, 4, 6}, true, true,
+      ConvInvalidIndex::nonpositive, 3);
+  varlen_case<&causal_conv1d_kernel<float, float, float, float, 3, 4, 4, 0, ConvMode::rows,
+                                    ConvStateAccess::scalar, true>>(
+      "varlen speculative, f32",
+      "causal_conv1d:in=f32,out=f32,weight=f32,state=f32,width=3,vec=4,chunk=4,span=0,"
+      "mode=rows,pool=scalar",
+      DType::f32, DType::f32, 3, {2, 7, 0, 1, 1, 3, 8, 0}, true, false, ConvInvalidIndex::negative,
+      3);
+  // Without num_accepted_tokens: every row ends with its last W - 1 inputs in columns 0..W-2.
+  varlen_case<&causal_conv1d_kernel<bf, bf, float, bf, 4, 8, 4, 0, ConvMode::rows,
+                                    ConvStateAccess::block, true>>(
+      "varlen, no acceptance counts, block pool",
+      "causal_conv1d:in=bf16,out=bf16,weight=f32,state=bf16,width=4,vec=8,chunk=4,span=0,"
+      "mode=rows,pool=block",
+      DType::bf16, DType::bf16, 4, {1, 2, 0, 5, 3, 1, 2, 8}, false, false,
+      ConvInvalidIndex::negative, 2);
 }
 
 }  // namespace

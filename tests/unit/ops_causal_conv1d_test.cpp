@@ -79,6 +79,31 @@ Plan plan(const Update& v, const DeviceLimits& device, const CausalConv1dOptions
                                    device);
 }
 
+struct Varlen {
+  TensorView x, weight, bias, state, query_start_loc, indices, accepted, out;
+};
+
+/// x [T, D] of B varlen rows; a pool of W - 2 + `most` columns when speculative.
+Varlen varlen_views(std::int64_t tokens, std::int64_t batch, std::int64_t dim,
+                    std::int64_t width = 4, bool spec = false, std::int64_t most = 4) {
+  Varlen v;
+  v.x = TensorView::contiguous(fake(0), DType::bf16, {tokens, dim});
+  v.weight = TensorView::contiguous(fake(1), DType::bf16, {dim, width});
+  v.bias = TensorView::contiguous(nullptr, DType::bf16, {dim});
+  v.state = TensorView::contiguous(fake(3), DType::bf16,
+                                   {batch + 1, dim, spec ? width - 2 + most : width - 1});
+  v.query_start_loc = TensorView::contiguous(fake(4), DType::i32, {batch + 1});
+  v.indices = TensorView::contiguous(fake(5), DType::i32, {batch});
+  v.accepted = TensorView::contiguous(spec ? fake(7) : nullptr, DType::i32, {batch});
+  v.out = TensorView::contiguous(fake(6), DType::bf16, {tokens, dim});
+  return v;
+}
+
+Plan plan(const Varlen& v, const DeviceLimits& device, const CausalConv1dOptions& o = {}) {
+  return plan_causal_conv1d_update_varlen(v.x, v.weight, v.bias, v.state, v.query_start_loc,
+                                          v.indices, v.accepted, v.out, o, device);
+}
+
 void check_legal(const Plan& p, std::int64_t items_at_least) {
   REQUIRE(p.launches.size() == 1);
   const LaunchShape& s = p.launches[0].shape;
@@ -339,7 +364,7 @@ TEST_CASE("causal_conv1d plans are legal over the issue's grid on every known de
           CAPTURE(seqs);
           const Plan p = plan(prefill_views(tokens, seqs, dim), device);
           CHECK(p.mode == "chunked");
-          check_legal(p, (tokens / 8 + seqs) * (dim / 8));
+          check_legal(p, (tokens / p.launches[0].spec.get_int("span") + seqs) * (dim / 8));
           CHECK(p.launches[0].spec.get("vec") == "8");
         }
       }
@@ -359,8 +384,8 @@ TEST_CASE("causal_conv1d planner: vector width, in place, forced modes, empty ca
   const DeviceLimits h200 = DeviceLimits::for_name("h200");
   Prefill v = prefill_views(1000, 4, 4096);
   CHECK(plan(v, h200).launches[0].spec.str() ==
-        "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=8,mode=chunked,"
-        "pool=block,silu=0@sm_90");
+        "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=8,span=8,"
+        "mode=chunked,pool=block,silu=0@sm_90");
   // f32 x: 16-byte accesses are 4 channels.
   CHECK(plan(prefill_views(1000, 4, 4096, 4, DType::f32), h200).launches[0].spec.get("vec") == "4");
   // Token-contiguous x ([D, T] buffer): one channel per thread, and the plan says why.
@@ -405,17 +430,56 @@ TEST_CASE("causal_conv1d planner: vector width, in place, forced modes, empty ca
   Prefill odd_slots = v;
   odd_slots.state = TensorView::strided(fake(3), DType::bf16, {5, 4096, 3}, {3 * 4096 + 4, 3, 1});
   CHECK(plan(odd_slots, h200).launches[0].spec.get("pool") == "scalar");
-  // Forced chunks: 16 tokens per chunk halves the chunk ids; shorter than the halo is refused.
+  // Forced chunks: batches of 16 make spans of at least 16 (half the span ids of 8); batches
+  // shorter than the W - 1 halo are fine (the span holds the halo).
   CausalConv1dOptions chunk16;
   chunk16.force_chunk = 16;
   const Plan longer = plan(v, h200, chunk16);
   CHECK(longer.launches[0].spec.get("chunk") == "16");
+  CHECK(longer.launches[0].spec.get("span") == "16");
   CHECK(longer.explain().find("66 ids for T = 1000, N = 4") != std::string::npos);
   CausalConv1dOptions chunk2;
   chunk2.force_chunk = 2;
-  CHECK_THROWS_WITH_AS(plan(v, h200, chunk2), doctest::Contains("shorter than the W - 1 = 3"),
-                       PlanError);
+  CHECK(plan(v, h200, chunk2).launches[0].spec.get("span") == "8");
   CHECK(plan(update_views(8, 1, 64), h200, chunk2).launches[0].spec.get("chunk") == "2");
+  // Forced spans: chunked only, at least the chunk.
+  CausalConv1dOptions span64;
+  span64.force_span = 64;
+  const Plan spans = plan(v, h200, span64);
+  CHECK(spans.launches[0].spec.get("span") == "64");
+  CHECK(spans.launches[0].spec.get("chunk") == "8");
+  CHECK(spans.explain().find("19 ids for T = 1000, N = 4") != std::string::npos);
+  CHECK(spans.launches[0].shape.grid.x == 19 * 512 / 128);
+  CausalConv1dOptions span8_chunk16 = chunk16;
+  span8_chunk16.force_span = 8;
+  CHECK_THROWS_WITH_AS(plan(v, h200, span8_chunk16),
+                       doctest::Contains("force_span = 8 is shorter than the chunk"), PlanError);
+  CHECK_THROWS_WITH_AS(plan(in_place, h200, span64),
+                       doctest::Contains("applies to mode 'chunked' only"), PlanError);
+  CHECK_THROWS_WITH_AS(plan(update_views(8, 1, 64), h200, span64),
+                       doctest::Contains("this call runs mode 'rows'"), PlanError);
+  // The planner's span: the longest up to 64 that still gives every SM 2048 items (H200: 132
+  // SMs). D = 8192 (1024 channel groups), 16 sequences: 8k tokens make 272 spans of 32 (spans
+  // of 64 would give 144 x 1024 items, fewer than 132 x 2048); 32k and 128k tokens spans of 64.
+  CHECK(plan(prefill_views(8192, 16, 8192), h200).launches[0].spec.get("span") == "32");
+  CHECK(plan(prefill_views(32768, 16, 8192), h200).launches[0].spec.get("span") == "64");
+  CHECK(plan(prefill_views(131072, 16, 8192), h200).launches[0].spec.get("span") == "64");
+  CHECK(plan(prefill_views(131072, 16, 8192), h200)
+            .explain()
+            .find("span = 64 tokens per work "
+                  "item") != std::string::npos);
+  CHECK(plan(prefill_views(100, 2, 64), h200).launches[0].spec.get("span") == "8");
+  // W > 4: 4 channels per thread in the prefill (the update keeps 8).
+  const Plan w8 = plan(prefill_views(1000, 4, 4096, 8), h200);
+  CHECK(w8.launches[0].spec.get("vec") == "4");
+  CHECK(w8.explain().find("W = 8 > 4") != std::string::npos);
+  CHECK(plan(update_views(8, 1, 64, 8), h200).launches[0].spec.get("vec") == "8");
+  CausalConv1dOptions vec8;
+  vec8.force_vec = 8;
+  CHECK(plan(prefill_views(1000, 4, 4096, 8), h200, vec8).launches[0].spec.get("vec") == "8");
+  // Sequential and rows carry no span.
+  CHECK(plan(in_place, h200).launches[0].spec.get("span") == "0");
+  CHECK(plan(update_views(8, 1, 64), h200).launches[0].spec.get("span") == "0");
   CHECK(plan(update_views(8, 3, 64), h200).launches[0].spec.get("chunk") == "4");
   // Nothing to do: no launch.
   CHECK(plan(prefill_views(0, 4, 64), h200).launches.empty());
@@ -505,6 +569,12 @@ TEST_CASE("causal_conv1d argument errors name the argument, its value and what i
     o.force_vec = 0;
     o.force_chunk = 32;
     expect(prefill_views(100, 2, 64), o, {"force_chunk = 32", "1, 2, 4, 8, 16"});
+    o.force_chunk = 0;
+    for (const int span : {4, 48, 512}) {
+      o.force_span = span;
+      expect(prefill_views(100, 2, 64), o,
+             {fmt::format("force_span = {}", span).c_str(), "8, 16, 32, 64, 128, 256"});
+    }
   }
   // The update's own arguments.
   auto expect_update = [&](const Update& v, std::initializer_list<const char*> parts) {
@@ -527,6 +597,135 @@ TEST_CASE("causal_conv1d argument errors name the argument, its value and what i
     expect_update(v, {"state_indices has dtype u8", "i32, i64"});
     v = update_views(std::int64_t{1} << 30, 2, 64);
     expect_update(v, {"B * S", "< 2^31"});
+  }
+}
+
+TEST_CASE("causal_conv1d_update_varlen: plans independent of the offsets, argument errors") {
+  const DeviceLimits h200 = DeviceLimits::for_name("h200");
+  // The rows mode over B rows; loads in flight for the mean row length ceil(T / B).
+  const Plan p = plan(varlen_views(96, 32, 8192, 4, true), h200);
+  CHECK(p.mode == "rows");
+  CHECK(p.launches[0].spec.get("chunk") == "4");
+  CHECK(p.launches[0].spec.get("span") == "0");
+  CHECK(p.launches[0].shape.grid.x == 32 * 1024 / 128);
+  CHECK(p.explain().find("query_start_loc[b]") != std::string::npos);
+  // The same kernel as the equal-length rows of that length.
+  Update equal = update_views(32, 3, 8192, 4, true);
+  equal.state = varlen_views(96, 32, 8192, 4, true).state;
+  CHECK(plan(equal, h200).launches[0].spec.str() == p.launches[0].spec.str());
+  CHECK(plan(varlen_views(8, 32, 64), h200).launches[0].spec.get("chunk") == "1");
+  CHECK(plan(varlen_views(1000, 4, 64), h200).launches[0].spec.get("chunk") == "8");
+  // No tokens or no rows: nothing launched.
+  CHECK(plan(varlen_views(0, 32, 64), h200).launches.empty());
+  CHECK(plan(varlen_views(5, 0, 64), h200).launches.empty());
+  for (const Arch arch : DeviceLimits::known_archs()) {
+    check_legal(plan(varlen_views((std::int64_t{1} << 31) - 1, std::int64_t{1} << 24,
+                                  std::int64_t{1} << 20, 4, true),
+                     DeviceLimits::for_arch(arch)),
+                (std::int64_t{1} << 24) * (std::int64_t{1} << 17));
+  }
+  auto expect = [&](const Varlen& v, std::initializer_list<const char*> parts) {
+    const std::string what = rejection([&] { plan(v, h200); });
+    for (const char* part : parts) CHECK_MESSAGE(what.find(part) != std::string::npos, what);
+  };
+  Varlen v = varlen_views(20, 8, 64);
+  v.query_start_loc = TensorView::contiguous(fake(4), DType::i32, {8});
+  expect(v, {"causal_conv1d_update:", "query_start_loc has shape [8]", "[B + 1] = [9]", "B = 8"});
+  v = varlen_views(20, 8, 64);
+  v.query_start_loc = TensorView::contiguous(fake(4), DType::f32, {9});
+  expect(v, {"query_start_loc has dtype f32", "i32, i64"});
+  v = varlen_views(20, 8, 64);
+  v.query_start_loc = TensorView::contiguous(static_cast<char*>(fake(4)) + 2, DType::i32, {9});
+  expect(v, {"query_start_loc data pointer", "not aligned"});
+  v = varlen_views(20, 8, 64);
+  v.x = TensorView::contiguous(fake(0), DType::bf16, {4, 5, 64});
+  expect(v, {"x has rank 3", "[T, D]"});
+  v = varlen_views(20, 8, 64, 4, true);
+  v.accepted = TensorView::contiguous(fake(7), DType::i32, {20});
+  expect(v, {"num_accepted_tokens has shape [20]", "[B] = [8]"});
+  v = varlen_views(20, 8, 64);
+  v.out = TensorView::contiguous(fake(6), DType::bf16, {19, 64});
+  expect(v, {"out has shape [19, 64]", "[20, 64]"});
+  v = varlen_views(20, 8, 64);
+  v.indices = TensorView::contiguous(fake(5), DType::i32, {8, 1});
+  expect(v, {"state_indices has rank 2", "[B]"});
+}
+
+TEST_CASE("causal_conv1d_update_varlen reference: each row a direct convolution of its tokens") {
+  std::mt19937_64 rng(std::random_device{}());
+  const std::int64_t dim = 8, width = 4, most = 5;
+  // Rows of 0..5 tokens (row 1 empty, row 4 padding); two trailing tokens in no row.
+  const std::vector<std::int64_t> lengths = {3, 0, 1, 5, 2, 4};
+  const std::vector<std::int64_t> slots = {4, 2, 0, 6, -1, 1};
+  const auto batch = static_cast<std::int64_t>(lengths.size());
+  std::vector<std::int64_t> qsl = {0};
+  for (std::int64_t l : lengths) qsl.push_back(qsl.back() + l);
+  const std::int64_t tokens = qsl.back() + 2;
+  for (const bool spec : {false, true}) {
+    CAPTURE(spec);
+    const std::int64_t cols = spec ? width - 2 + most : width - 1;
+    Host x(DType::f32, {tokens, dim});
+    Host weight(DType::f32, {dim, width});
+    Host pool(DType::f32, {8, dim, cols});
+    Host q(DType::i64, {batch + 1}), idx(DType::i32, {batch}), acc(DType::i64, {batch});
+    for (Host* h : {&x, &weight, &pool}) h->fill(rng);
+    for (std::int64_t b = 0; b <= batch; ++b) q.set({b}, static_cast<double>(qsl[b]));
+    for (std::int64_t b = 0; b < batch; ++b) {
+      idx.set({b}, static_cast<double>(slots[b]));
+      acc.set({b}, static_cast<double>(1 + b % (cols - width + 2)));
+    }
+    const Host before = pool;
+    CausalConv1dOptions o;
+    TensorView accepted = acc.view();
+    if (!spec) accepted.data = nullptr;
+    const std::vector<double> out =
+        reference::causal_conv1d_update_varlen(x.view(), weight.view(), TensorView{}, pool.view(),
+                                               q.view(), idx.view(), accepted, o, -5.0);
+    REQUIRE(out.size() == static_cast<std::size_t>(tokens * dim));
+    for (std::int64_t t = qsl.back(); t < tokens; ++t) {
+      for (std::int64_t c = 0; c < dim; ++c)
+        CHECK(out[static_cast<std::size_t>(t * dim + c)] == -5.0);
+    }
+    for (std::int64_t b = 0; b < batch; ++b) {
+      CAPTURE(b);
+      const bool valid = slots[b] >= 0;
+      const std::int64_t first = spec ? b % (cols - width + 2) : 0;
+      for (std::int64_t c = 0; c < dim; ++c) {
+        std::vector<double> history, xs, w;
+        for (std::int64_t j = 0; j < width - 1; ++j) {
+          history.push_back(valid ? before.at({slots[b], c, first + j}) : 0.0);
+        }
+        for (std::int64_t t = qsl[b]; t < qsl[b + 1]; ++t) xs.push_back(x.at({t, c}));
+        for (std::int64_t j = 0; j < width; ++j) w.push_back(weight.at({c, j}));
+        const std::vector<double> want = direct_conv(history, xs, w, 0.0, false);
+        for (std::size_t s = 0; s < xs.size(); ++s) {
+          const auto t = qsl[b] + static_cast<std::int64_t>(s);
+          CHECK(out[static_cast<std::size_t>(t * dim + c)] ==
+                doctest::Approx(valid ? want[s] : 0.0).epsilon(1e-12));
+        }
+        if (!valid) continue;
+        std::vector<double> all = history;
+        all.insert(all.end(), xs.begin(), xs.end());
+        const auto steps = static_cast<std::int64_t>(xs.size());
+        for (std::int64_t k = 0; k < cols; ++k) {
+          // The empty row leaves its slot as it was; otherwise columns 0..W-2 are the last W-1
+          // entries, or (speculative) column k < W-2+S_b is entry k+1 and the rest untouched.
+          double expected = before.at({slots[b], c, k});
+          if (steps > 0 && !spec && k < width - 1) {
+            expected = all[static_cast<std::size_t>(steps + k)];
+          } else if (steps > 0 && spec && k < width - 2 + steps) {
+            expected = all[static_cast<std::size_t>(k + 1)];
+          }
+          CHECK(pool.at({slots[b], c, k}) == expected);
+        }
+      }
+    }
+    // The padding row's "slot" -1 and the unused slots 3, 5, 7 are untouched.
+    for (const std::int64_t s : {3, 5, 7}) {
+      for (std::int64_t c = 0; c < dim; ++c) {
+        for (std::int64_t k = 0; k < cols; ++k) CHECK(pool.at({s, c, k}) == before.at({s, c, k}));
+      }
+    }
   }
 }
 
@@ -557,13 +756,19 @@ TEST_CASE("causal_conv1d: the kernels of representative plans compile for sm_90"
   Prefill channels = prefill_views(100, 3, 64);
   channels.state = TensorView::strided(fake(3), DType::bf16, {4, 64, 3}, {3 * 64, 1, 64});
   add(plan(channels, h200));  // channel-vector pool
+  CausalConv1dOptions span64 = silu;
+  span64.force_span = 64;
+  add(plan(prefill_views(32768, 16, 8192, 4), h200, span64));  // spans of 64 (bench)
+  add(plan(varlen_views(96, 32, 8192, 4, true), h200, silu));  // varlen speculative rows
   std::vector<std::string> errors(specs.size());
+  std::vector<int> registers(specs.size(), 0);
   std::vector<std::thread> threads;
   for (std::size_t w = 0; w < 2; ++w) {
     threads.emplace_back([&, w] {
       for (std::size_t i = w; i < specs.size(); i += 2) {
         try {
           const CompiledKernel k = nvrtc.compile(specs[i]);
+          registers[i] = k.resources.registers;
           if (k.resources.spill_store_bytes > 0) {
             errors[i] = fmt::format("spills {} bytes", k.resources.spill_store_bytes);
           }
@@ -582,6 +787,8 @@ TEST_CASE("causal_conv1d: the kernels of representative plans compile for sm_90"
   for (std::size_t i = 0; i < specs.size(); ++i) {
     CAPTURE(specs[i].str());
     CHECK_MESSAGE(errors[i].empty(), errors[i]);
+    // The register counts the performance notes quote (docs/performance.md).
+    MESSAGE(fmt::format("{}: {} registers", specs[i].str(), registers[i]));
   }
 }
 

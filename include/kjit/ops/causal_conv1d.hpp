@@ -55,7 +55,7 @@ enum class ConvActivation : std::uint8_t { none, silu };
 struct CausalConv1dOptions {
   ConvActivation activation = ConvActivation::none;
   ConvInvalidIndex invalid_index = ConvInvalidIndex::negative;
-  /// "" lets the planner choose. causal_conv1d: "chunked" (every chunk of every sequence in
+  /// "" lets the planner choose. causal_conv1d: "chunked" (every span of every sequence in
   /// parallel; not for in place) or "sequential" (one thread per sequence and channel group
   /// walks the whole sequence; the in-place mode). causal_conv1d_update: "rows". PlanError if
   /// the mode cannot run the call.
@@ -64,16 +64,20 @@ struct CausalConv1dOptions {
   /// of x and out must then be 1 and every address aligned to vec elements). For tests.
   int force_vec = 0;
   /// 0 lets the planner choose; else the tokens whose loads a thread issues before their
-  /// arithmetic (1, 2, 4, 8 or 16; in the chunked mode also the chunk length, so at least
-  /// W - 1). For tests and tuning.
+  /// arithmetic (1, 2, 4, 8 or 16; the prefill modes keep two such batches in flight). For
+  /// tests and tuning.
   int force_chunk = 0;
-  /// Before launching, copy the indices (and cu_seqlens, num_accepted_tokens) to the host and
-  /// check them: indices < slots, no valid index repeated, cu_seqlens starting at 0,
-  /// non-decreasing and ending at T, num_accepted_tokens in 1..L-W+2 (InvalidArgument
-  /// otherwise). Synchronizes the stream; skipped while it captures. Also on with
-  /// KJIT_DEBUG_CHECKS=1. Without it, an index >= slots is treated as padding by the kernel and
-  /// a num_accepted_tokens outside 1..L-W+2 is clamped into it (never an access out of the
-  /// pool).
+  /// 0 lets the planner choose; else the tokens of one work item of the chunked prefill mode
+  /// (8, 16, 32, 64, 128 or 256; at least the chunk and W - 1). PlanError when the call runs
+  /// another mode. For tests and tuning.
+  int force_span = 0;
+  /// Before launching, copy the indices (and cu_seqlens, query_start_loc, num_accepted_tokens)
+  /// to the host and check them: indices < slots, no valid index repeated, cu_seqlens starting
+  /// at 0, non-decreasing and ending at T, query_start_loc from 0, non-decreasing and at most
+  /// T, num_accepted_tokens in 1..L-W+2 (InvalidArgument otherwise). Synchronizes the stream;
+  /// skipped while it captures. Also on with KJIT_DEBUG_CHECKS=1. Without it, an index >= slots is
+  /// treated as padding by the kernel and a num_accepted_tokens outside 1..L-W+2 is clamped into it
+  /// (never an access out of the pool).
   bool debug_check_indices = false;
   /// CUDA device ordinal; -1: the stream's device (for the default stream, the calling
   /// thread's current device). A device other than the stream's is an InvalidArgument.
@@ -142,5 +146,36 @@ Plan plan_causal_conv1d_update(const TensorView& x, const TensorView& weight,
                                const TensorView& state_indices,
                                const TensorView& num_accepted_tokens, const TensorView& out,
                                const CausalConv1dOptions& options, const DeviceLimits& device);
+
+/// causal_conv1d_update over rows of different lengths (vLLM's varlen speculative decoding):
+///
+/// - x [T, D] (any strides), the tokens of all rows; row b is tokens
+///   query_start_loc[b]..query_start_loc[b+1]-1 (S_b of them, 0 allowed). out [T, D] (may be
+///   x: in place); rows of x outside every row's range are not read and their out rows are
+///   not written.
+/// - query_start_loc [B+1] (i32, i64): from 0 up, non-decreasing, at most T (checked in
+///   debug-check mode; without it, offsets are clamped into 0..T).
+/// - state_indices [B], num_accepted_tokens [B] or data == nullptr, weight, bias, conv_state:
+///   as causal_conv1d_update, with S_b in place of S: the history is columns 0..W-2 (or
+///   a-1..a+W-3), and afterwards columns 0..W-2 hold the row's last W-1 inputs (or column k,
+///   k < min(L, W-2+S_b), holds entry k+1 of history followed by the row's tokens).
+/// - A row with S_b = 0 has no output and leaves its slot untouched; a padding row gets zero
+///   output rows.
+///
+/// The plan depends on T and B, never on the offsets' values. T < 2^31, B < 2^31.
+void causal_conv1d_update_varlen(const TensorView& x, const TensorView& weight,
+                                 const TensorView& bias, const TensorView& conv_state,
+                                 const TensorView& query_start_loc, const TensorView& state_indices,
+                                 const TensorView& num_accepted_tokens, const TensorView& out,
+                                 const CausalConv1dOptions& options = {}, Stream stream = nullptr);
+
+/// The plan causal_conv1d_update_varlen would launch on a device with these limits.
+Plan plan_causal_conv1d_update_varlen(const TensorView& x, const TensorView& weight,
+                                      const TensorView& bias, const TensorView& conv_state,
+                                      const TensorView& query_start_loc,
+                                      const TensorView& state_indices,
+                                      const TensorView& num_accepted_tokens, const TensorView& out,
+                                      const CausalConv1dOptions& options,
+                                      const DeviceLimits& device);
 
 }  // namespace kjit

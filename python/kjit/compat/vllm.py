@@ -23,6 +23,11 @@ Behaviour that differs from vLLM, on purpose:
 - causal_conv1d: padding rows of the output are zeros (vLLM leaves them uninitialized); x is
   not rounded to the pool's dtype before the convolution when the two differ (vLLM converts x
   first); no host synchronization without `metadata` (vLLM copies query_start_loc to the host).
+- causal_conv1d_update with query_start_loc and without num_accepted_tokens: a row shorter than
+  max_query_len ends with its last width-1 inputs in columns 0..width-2, as every other row;
+  vLLM's kernel then shifts only the first width-1-(max_query_len-seqlen_b) columns (its
+  per-row state length), leaving the others stale. With num_accepted_tokens (how vLLM calls
+  it) both write the same columns.
 """
 
 from __future__ import annotations
@@ -274,9 +279,16 @@ def causal_conv1d_update(
     history of row b starts at column num_accepted_tokens[b]-1 and the pool rolls by one
     column. Returns a new tensor of x's shape, layout and dtype.
 
-    Raises UnsupportedFeature for varlen rows (query_start_loc: kjit's update takes equal-length
-    rows), prefix caching (block_idx_last_scheduled_token, initial_state_idx) and EAGLE trees
-    (retrieve_parent_token)."""
+    Varlen rows (vLLM's speculative decoding of rows with different draft lengths):
+    query_start_loc [batch + 1] with x [num_tokens, dim]; row b is
+    x[query_start_loc[b]:query_start_loc[b + 1]] (seqlen_b tokens, 0 allowed: no output, slot
+    untouched) and conv_state_indices is required, as in vLLM. max_query_len (vLLM's block size
+    for the rows, which must be at least every seqlen_b there) is not needed: kjit reads each
+    row's length from query_start_loc. Output rows outside every row are left unwritten, as in
+    vLLM.
+
+    Raises UnsupportedFeature for prefix caching (block_idx_last_scheduled_token,
+    initial_state_idx) and EAGLE trees (retrieve_parent_token)."""
     fn = "kjit.compat.vllm.causal_conv1d_update"
     if validate_data:
         assert pad_slot_id is not None
@@ -293,12 +305,13 @@ def causal_conv1d_update(
         raise UnsupportedFeature(
             fn, "retrieve_parent_token (EAGLE tree drafts)",
             "kjit's update convolves each row's tokens in order")
-    if query_start_loc is not None:
-        raise UnsupportedFeature(
-            fn, "query_start_loc (varlen rows of x [num_tokens, dim])",
-            "kjit's causal_conv1d_update takes rows of equal length: pass x as "
-            "[batch, dim, seqlen] (a view of [batch * seqlen, dim] tokens, "
-            "x.view(batch, seqlen, dim).transpose(1, 2))")
+    varlen = query_start_loc is not None
+    if varlen:
+        # vLLM's own requirement (AssertionError): the rows' slots give the batch size.
+        assert conv_state_indices is not None
+        if x.ndim != 2:
+            raise ValueError(f"{fn}: with query_start_loc, x must be [num_tokens, dim] "
+                             f"(got shape {tuple(x.shape)})")
     if x.ndim not in (2, 3):
         raise ValueError(f"{fn}: x must be [batch, dim] or [batch, dim, seqlen] "
                          f"(got shape {tuple(x.shape)})")
@@ -307,7 +320,8 @@ def causal_conv1d_update(
     if conv_state.ndim != 3:
         raise ValueError(f"{fn}: conv_state must be [slots, dim, state_len] "
                          f"(got shape {tuple(conv_state.shape)})")
-    batch, dim = x.shape[0], x.shape[1]
+    batch = conv_state_indices.shape[0] if varlen else x.shape[0]
+    dim = x.shape[1]
     width = weight.shape[1]
     slots, state_len = conv_state.shape[0], conv_state.shape[2]
     if validate_data:
@@ -330,5 +344,5 @@ def causal_conv1d_update(
     rows = (x, out) if x.ndim == 2 else (x.swapaxes(1, 2), out.swapaxes(1, 2))
     _kjit._causal_conv1d_update(rows[0], weight, bias, conv_state, conv_state_indices,
                                 num_accepted_tokens, rows[1], activation, invalid, "", False,
-                                None, False, None)
+                                None, False, None, query_start_loc)
     return out
