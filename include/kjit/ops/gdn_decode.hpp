@@ -88,8 +88,13 @@ struct GdnDecodeOptions {
 ///   head of value head hv is hv / (HV/H).
 /// - a, b [B, HV] (f16, bf16, f32, same dtype): last dim contiguous, any row stride.
 /// - a_log (A_log), dt_bias [HV] (f16, bf16, f32), contiguous.
-/// - state [slots, HV, V, K] (f16, bf16, f32): inner [HV, V, K] contiguous (K last), any slot
-///   stride >= HV*V*K. Updated in place. K, V: multiples of 16 in 16..256.
+/// - state [slots, HV, V, K] (f16, bf16, f32), any slot stride >= HV*V*K, updated in place;
+///   its inner [HV, V, K] block either contiguous (strides [*, V*K, K, 1]: K contiguous) or
+///   with K and V swapped (strides [*, V*K, 1, V]: V contiguous, a .transpose(-1, -2) view of
+///   a contiguous [slots, HV, K, V] pool such as fla's). The layout is a specialization of
+///   the kernel (plan().explain() says which); other strides are an InvalidArgument. A
+///   V-contiguous pool runs in the flat, split or folded mode. K, V: multiples of 16 in
+///   16..256.
 /// - state_indices [B] (i32, i64), any positive stride: slot of each row. Valid indices must
 ///   be < slots and must not repeat within a call (a repeat races: caller error, caught by
 ///   debug_check_indices). An index >= slots is treated as invalid by the kernel.
