@@ -2,14 +2,15 @@
 // cuda_host_emulation.hpp plus what warp-synchronous templates need: each block's threads run
 // at once as OS threads, and __shfl_xor_sync / __shfl_sync / __syncthreads meet at a barrier of
 // the whole block (so every thread of a block must reach them in the same order, as the GDN
-// decode kernel's do). __shared__ is defined away: a kernel whose threads exchange data through
-// shared memory cannot run here. Loads and stores with cache hints are plain ones. Like the
+// decode kernel's do). __shared__ is defined away here; a test whose kernel exchanges data
+// through static shared memory redefines it as `static` (one block runs at a time), see
+// ops_gdn_decode_emulated_test.cpp. Loads and stores with cache hints are plain ones. Like the
 // base header: indexing and arithmetic only, not races or the memory model.
 #pragma once
 
 #include <barrier>
-#include <cstdlib>
 #include <cstddef>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 

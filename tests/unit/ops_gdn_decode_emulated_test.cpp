@@ -5,8 +5,7 @@
 // f32, bf16 and f16 pools (16-byte and 2-byte vectors), both gate forms, both invalid-index
 // rules, flat, split and folded grids, several steps on one pool. Parameters and launch shape
 // come from the op's own plan and Family::params, whose spec must be the instantiated kernel.
-// One-warp tiles only: the emulation has no shared memory, which the K-major tile uses to
-// reduce over several warps (that path is the GPU suite's).
+// Tiles of one warp and of several (whose column sums meet in shared memory: a static here).
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -25,8 +24,19 @@
 #include "support/numeric.hpp"
 // (keep this order: the emulation header defines __device__ & co. for the template)
 #include "common/cuda_warp_emulation.hpp"
+// Shared memory for the K-major tile's reduction over warps: a function-local static is shared
+// by a block's threads (blocks run one after another). Around the include only, `extern` and the
+// staged path's dynamic array are spelled so that its declaration (`extern __shared__ ...
+// stage_bytes[]`, V-major, never instantiated here) still parses as a static: a pointer to an
+// array of unknown bound.
+#undef __shared__
+#define __shared__ static
+#define extern
+#define stage_bytes (*emulated_stage_bytes)
 // (the host compiler does not know #pragma unroll: tests/CMakeLists.txt silences that here)
 #include "kjit/gdn_decode.cuh"
+#undef stage_bytes
+#undef extern
 
 namespace kjit {
 namespace {
@@ -246,6 +256,45 @@ TEST_CASE("gdn_decode emulated: K-major f16 pool 2-byte aligned (scalar lanes), 
       &gdn_decode_kernel<float, float, float, float, __half, float, int, 32, 32, 32, 1, 2,
                          kGdnDecodeSplit, 0, 0, kGdnHintStream, kGdnHintStream, false, true,
                          kGdnInvalidNegative, false, kGdnStateKMajor>);
+}
+
+// The planner's own tiles for K = V = 128: 128-byte lines, K split over 4 (f32) or 8 (bf16)
+// warps whose column sums meet in shared memory; and 3 warps for K = 48.
+TEST_CASE("gdn_decode emulated: K-major tiles over several warps (the planner's K = V = 128)") {
+  Case f32;
+  f32.k = f32.v = 128;
+  f32.heads = 2;
+  f32.value_heads = 4;
+  f32.batch = 4;
+  run(f32,
+      "gdn_decode:qkv=bf16,gate=bf16,a_log=f32,dt_bias=f32,state=f32,out=bf16,index=i32,k=128,"
+      "v=128,bv=32,warps=4,vec_bytes=16,mode=flat,stages=0,min_blocks=0,load_hint=stream,"
+      "store_hint=stream,gated=0,l2norm=1,invalid=negative,ordered=0,state_layout=kv@sm_90",
+      &gdn_decode_kernel<__nv_bfloat16, __nv_bfloat16, float, float, float, __nv_bfloat16, int, 128,
+                         128, 32, 4, 16, kGdnDecodeFlat, 0, 0, kGdnHintStream, kGdnHintStream,
+                         false, true, kGdnInvalidNegative, false, kGdnStateKMajor>);
+  Case bf16 = f32;
+  bf16.state = DType::bf16;
+  bf16.gated = true;
+  run(bf16,
+      "gdn_decode:qkv=bf16,gate=f32,a_log=f32,dt_bias=f32,state=bf16,out=bf16,index=i32,k=128,"
+      "v=128,bv=64,warps=8,vec_bytes=16,mode=flat,stages=0,min_blocks=0,load_hint=stream,"
+      "store_hint=stream,gated=1,l2norm=1,invalid=negative,ordered=0,state_layout=kv@sm_90",
+      &gdn_decode_kernel<__nv_bfloat16, float, float, float, __nv_bfloat16, __nv_bfloat16, int, 128,
+                         128, 64, 8, 16, kGdnDecodeFlat, 0, 0, kGdnHintStream, kGdnHintStream, true,
+                         true, kGdnInvalidNegative, false, kGdnStateKMajor>);
+  Case odd;
+  odd.k = 48;
+  odd.v = 128;
+  odd.state = DType::bf16;
+  odd.force_mode = "folded";
+  run(odd,
+      "gdn_decode:qkv=bf16,gate=bf16,a_log=f32,dt_bias=f32,state=bf16,out=bf16,index=i32,k=48,"
+      "v=128,bv=64,warps=3,vec_bytes=16,mode=folded,stages=0,min_blocks=0,load_hint=stream,"
+      "store_hint=stream,gated=0,l2norm=1,invalid=negative,ordered=0,state_layout=kv@sm_90",
+      &gdn_decode_kernel<__nv_bfloat16, __nv_bfloat16, float, float, __nv_bfloat16, __nv_bfloat16,
+                         int, 48, 128, 64, 3, 16, kGdnDecodeFolded, 0, 0, kGdnHintStream,
+                         kGdnHintStream, false, true, kGdnInvalidNegative, false, kGdnStateKMajor>);
 }
 
 }  // namespace
