@@ -90,6 +90,28 @@ std::vector<KernelSpec> representative_specs(const codegen::FamilyDecl& family, 
   return specs;
 }
 
+/// Every spec compiled, two at a time; errors[i] is spec i's error ("" when it compiled).
+std::vector<CompiledKernel> compile_on_two_threads(const Compiler& c,
+                                                   const std::vector<KernelSpec>& specs,
+                                                   std::vector<std::string>& errors) {
+  errors.assign(specs.size(), "");
+  std::vector<CompiledKernel> kernels(specs.size());
+  std::vector<std::thread> threads;
+  for (unsigned w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      for (std::size_t i = w; i < specs.size(); i += 2) {
+        try {
+          kernels[i] = c.compile(specs[i]);
+        } catch (const Error& e) {
+          errors[i] = e.what();
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  return kernels;
+}
+
 bool is_elf(const std::string& bytes) {
   return bytes.size() > 4 && bytes.starts_with(
                                  "\x7f"
@@ -269,21 +291,8 @@ TEST_CASE("gdn_decode's K-major specializations compile for every shipped target
           s.vec_bytes, s.mode, s.min_blocks, s.load_hint, s.gated, s.l2norm, s.ordered, arch)));
     }
   }
-  std::vector<std::string> errors(specs.size());
-  std::vector<CompiledKernel> kernels(specs.size());
-  std::vector<std::thread> threads;
-  for (unsigned w = 0; w < 2; ++w) {
-    threads.emplace_back([&, w] {
-      for (std::size_t i = w; i < specs.size(); i += 2) {
-        try {
-          kernels[i] = c.compile(specs[i]);
-        } catch (const Error& e) {
-          errors[i] = e.what();
-        }
-      }
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
+  std::vector<std::string> errors;
+  const std::vector<CompiledKernel> kernels = compile_on_two_threads(c, specs, errors);
   for (std::size_t i = 0; i < specs.size(); ++i) {
     CAPTURE(specs[i].str());
     REQUIRE_MESSAGE(errors[i].empty(), errors[i]);
@@ -329,21 +338,8 @@ TEST_CASE("gdn_prefill's K-major specializations compile for every shipped targe
   }
   // The wgmma wide tiles ("_wgmma" modes) on a K-major pool.
   specs.push_back(KernelSpec::parse(texts[4] + "@sm_90a"));
-  std::vector<std::string> errors(specs.size());
-  std::vector<CompiledKernel> kernels(specs.size());
-  std::vector<std::thread> threads;
-  for (unsigned w = 0; w < 2; ++w) {
-    threads.emplace_back([&, w] {
-      for (std::size_t i = w; i < specs.size(); i += 2) {
-        try {
-          kernels[i] = c.compile(specs[i]);
-        } catch (const Error& e) {
-          errors[i] = e.what();
-        }
-      }
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
+  std::vector<std::string> errors;
+  const std::vector<CompiledKernel> kernels = compile_on_two_threads(c, specs, errors);
   for (std::size_t i = 0; i < specs.size(); ++i) {
     CAPTURE(specs[i].str());
     REQUIRE_MESSAGE(errors[i].empty(), errors[i]);

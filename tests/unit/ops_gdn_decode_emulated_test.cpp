@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/host_data.hpp"
 #include "kjit/device.hpp"
 #include "kjit/ops/gdn_decode.hpp"
 #include "kjit/types.hpp"
@@ -41,53 +42,7 @@
 namespace kjit {
 namespace {
 
-using support::load_as_double;
-using support::store_from_double;
-
-/// A host tensor with explicit strides; 16-byte aligned storage plus `offset` elements, so a
-/// pool can be made misaligned on purpose.
-struct Host {
-  DType dtype;
-  std::vector<std::int64_t> shape, strides;
-  std::vector<unsigned char> storage;
-  std::size_t offset_bytes = 0;
-  Host(DType d, std::vector<std::int64_t> s, std::vector<std::int64_t> st = {},
-       std::int64_t offset = 0)
-      : dtype(d), shape(std::move(s)), strides(std::move(st)) {
-    if (strides.empty()) {
-      strides.assign(shape.size(), 1);
-      for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) {
-        strides[i] = strides[i + 1] * shape[i + 1];
-      }
-    }
-    std::int64_t span = 1;
-    for (std::size_t i = 0; i < shape.size(); ++i) span += (shape[i] - 1) * strides[i];
-    offset_bytes = static_cast<std::size_t>(offset) * size_of(dtype);
-    storage.assign(static_cast<std::size_t>(span) * size_of(dtype) + offset_bytes + 64, 0);
-  }
-  unsigned char* data() {
-    // std::vector's storage is at least 16-byte aligned (operator new).
-    return storage.data() + offset_bytes;
-  }
-  std::int64_t elements() const {
-    std::int64_t span = 1;
-    for (std::size_t i = 0; i < shape.size(); ++i) span += (shape[i] - 1) * strides[i];
-    return span;
-  }
-  double get(std::int64_t i) { return load_as_double(data(), dtype, i); }
-  void set(std::int64_t i, double v) { store_from_double(data(), dtype, i, v); }
-  TensorView view() {
-    TensorView t;
-    t.data = data();
-    t.dtype = dtype;
-    t.rank = static_cast<int>(shape.size());
-    for (int i = 0; i < t.rank; ++i) {
-      t.shape[i] = shape[i];
-      t.strides[i] = strides[i];
-    }
-    return t;
-  }
-};
+using Host = test::HostTensor;
 
 struct Case {
   std::int64_t batch = 5, heads = 1, value_heads = 2, k = 64, v = 64;
