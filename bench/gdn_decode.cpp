@@ -13,6 +13,9 @@
 // call its slots in ascending order instead of a random permutation. KJIT_GDN_BENCH_SERVING=1
 // adds the serving protocol's table (serving_table), "only" runs it alone. KJIT_BENCH_CUPTI=1:
 // B = 1 also by kernel duration beside an empty kernel and a copy (bench/activity_timer.hpp).
+// KJIT_GDN_BENCH_STATE_LAYOUT=kv passes every pool K-major (fla's layout: each slot [HV, K, V],
+// V contiguous, as its transposed view; the state_layout=kv kernels), "vk" or unset the V-major
+// pool; the slot bytes, the calls and the copies they are compared with are the same.
 //
 //   bench_gdn_decode [results.jsonl]
 #include <fmt/format.h>
@@ -43,6 +46,25 @@ using kjit::bench::DeviceBuffer;
 
 constexpr std::int64_t kHeads = 16, kDim = 128;
 constexpr std::size_t kRotationBytes = std::size_t{512} << 20;
+
+/// KJIT_GDN_BENCH_STATE_LAYOUT=kv: pools are K-major (see the header).
+bool k_major_pools() {
+  static const bool k_major = [] {
+    const char* env = std::getenv("KJIT_GDN_BENCH_STATE_LAYOUT");
+    return env != nullptr && std::string(env) == "kv";
+  }();
+  return k_major;
+}
+
+/// A pool [slots, HV, V, K] of f32 at `data` (K = V = kDim), in the layout the bench runs: K
+/// contiguous, or the transpose of contiguous [slots, HV, K, V] slots.
+TensorView pool_at(void* data, std::int64_t slots, std::int64_t value_heads) {
+  const std::int64_t slot = value_heads * kDim * kDim;
+  return k_major_pools()
+             ? TensorView::strided(data, DType::f32, {slots, value_heads, kDim, kDim},
+                                   {slot, kDim * kDim, 1, kDim})
+             : TensorView::contiguous(data, DType::f32, {slots, value_heads, kDim, kDim});
+}
 
 TensorView view(const DeviceBuffer& buffer, DType dtype, std::initializer_list<std::int64_t> shape,
                 std::size_t byte_offset = 0) {
@@ -152,8 +174,7 @@ Result verify(std::int64_t batch, std::int64_t value_heads, const DeviceBuffer& 
                    view(ab, DType::bf16, {batch, value_heads}, batch * value_heads * 2),
                    view(params, DType::f32, {value_heads}),
                    view(params, DType::f32, {value_heads}, value_heads * 4),
-                   view(pool, DType::f32,
-                        {std::int64_t(pool.bytes() / 4 / slot_elems), value_heads, kDim, kDim}),
+                   pool_at(pool.get(), std::int64_t(pool.bytes() / 4 / slot_elems), value_heads),
                    view(indices, DType::i32, {batch}),
                    view(out, DType::bf16, {batch, value_heads, kDim}), options, gpu.stream);
   gpu.synchronize();
@@ -165,7 +186,7 @@ Result verify(std::int64_t batch, std::int64_t value_heads, const DeviceBuffer& 
       TensorView::contiguous(h_b.data(), DType::bf16, {n_rows, value_heads}),
       TensorView::contiguous(h_params.data(), DType::f32, {value_heads}),
       TensorView::contiguous(h_params.data() + value_heads, DType::f32, {value_heads}),
-      TensorView::contiguous(h_state.data(), DType::f32, {n_rows, value_heads, kDim, kDim}),
+      pool_at(h_state.data(), n_rows, value_heads),
       TensorView::contiguous(h_idx.data(), DType::i32, {n_rows}),
       TensorView::contiguous(h_out.data(), DType::bf16, {n_rows, value_heads, kDim}), options,
       want_out);
@@ -251,7 +272,7 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
           std::sort(picked.begin() + static_cast<std::ptrdiff_t>(first), picked.end());
       }
       indices.upload(picked.data(), picked.size() * 4);
-      const TensorView pool_view = view(pool, DType::f32, {slots, value_heads, kDim, kDim});
+      const TensorView pool_view = pool_at(pool.get(), slots, value_heads);
       const Result check =
           verify(batch, value_heads, qkv, ab, params, pool, indices, out, options, gpu);
       all_ok = all_ok && check.ok;
@@ -271,10 +292,11 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
         std::printf(" %8.2f (%.2f)%s", us, ratio, check.ok ? "" : "!");
         if (json != nullptr) {
           std::fprintf(json,
-                       "{\"op\":\"gdn_decode_serving\",\"HV\":32,\"B\":%lld,\"pool\":\"%s\","
+                       "{\"op\":\"gdn_decode_serving\",\"state_layout\":\"%s\",\"HV\":32,"
+                       "\"B\":%lld,\"pool\":\"%s\","
                        "\"l2\":\"%s\",\"us\":%.3f,\"copy_ratio\":%.4f,\"check\":%s}\n",
-                       static_cast<long long>(batch), layout.name, dirty ? "dirty" : "flushed", us,
-                       ratio, check.ok ? "true" : "false");
+                       k_major_pools() ? "kv" : "vk", static_cast<long long>(batch), layout.name,
+                       dirty ? "dirty" : "flushed", us, ratio, check.ok ? "true" : "false");
         }
       }
       std::printf(" |");
@@ -316,7 +338,8 @@ int main(int argc, char** argv) {
     return ok ? 0 : 1;
   }
   std::vector<Row> rows;
-  std::printf("gdn_decode H=16 K=V=128 bf16 qkv, f32 state; median GPU us of %s; slots %s\n",
+  std::printf("gdn_decode H=16 K=V=128 bf16 qkv, f32 state (%s); median GPU us of %s; slots %s\n",
+              k_major_pools() ? "K-major pools, state_layout=kv" : "V-major pools",
               "cold calls (L2 flushed, pools rotated)",
               sorted_slots ? "ascending within each call" : "a random permutation");
   bool all_ok = true;
@@ -350,7 +373,7 @@ int main(int argc, char** argv) {
       }
       indices.upload(perm.data(), perm.size() * 4);
 
-      const TensorView pool_view = view(pool, DType::f32, {slots, value_heads, kDim, kDim});
+      const TensorView pool_view = pool_at(pool.get(), slots, value_heads);
       auto views_for = [&](std::int64_t rotation) {
         return view(indices, DType::i32, {batch}, static_cast<std::size_t>(rotation * batch * 4));
       };
@@ -446,13 +469,15 @@ int main(int argc, char** argv) {
         if (json != nullptr) {
           std::fprintf(
               json,
-              "{\"op\":\"gdn_decode\",\"variant\":\"%s\",\"H\":16,\"HV\":%lld,\"B\":%lld,"
+              "{\"op\":\"gdn_decode\",\"variant\":\"%s\",\"state_layout\":\"%s\",\"H\":16,"
+              "\"HV\":%lld,\"B\":%lld,"
               "\"K\":128,\"V\":128,\"qkv\":\"bf16\",\"state\":\"f32\",\"us\":%.3f,"
               "\"gbs\":%.1f,\"copy_gbs\":%.1f,\"ratio\":%.4f,\"bytes\":%zu,\"mode\":\"%s\","
               "\"spec\":\"%s\",\"check\":%s,\"max_err\":%.3e,\"host_us\":%.2f}\n",
-              variant.name.c_str(), static_cast<long long>(value_heads),
-              static_cast<long long>(batch), us, gbs, copy, gbs / copy, moved, plan.mode.c_str(),
-              spec.str().c_str(), check.ok ? "true" : "false", check.max_err, host_us);
+              variant.name.c_str(), k_major_pools() ? "kv" : "vk",
+              static_cast<long long>(value_heads), static_cast<long long>(batch), us, gbs, copy,
+              gbs / copy, moved, plan.mode.c_str(), spec.str().c_str(), check.ok ? "true" : "false",
+              check.max_err, host_us);
         }
       }
       rows.push_back(std::move(row));

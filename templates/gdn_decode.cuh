@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Gated DeltaNet packed decode: one recurrent step for B rows of [q | k | v], the state of each
-// row read from and written back to a slot of a pool [slots, HV, V, K] (K contiguous).
+// row read from and written back to a slot of a pool [slots, HV, V, K] (K contiguous, or V
+// contiguous: kStateLayout, see KMajorTileDecoder).
 //
 // The work is split into state tiles [kBV, K] of one (row n, value head hv); each is read once
 // with kVecBytes-wide accesses, updated in registers and written once, so the kernel moves the
@@ -47,6 +48,16 @@ __host__ __device__ constexpr int pow2_at_least(int x) {
   while (p < x) p *= 2;
   return p;
 }
+
+/// A if kFirst, else B (no <type_traits> under NVRTC).
+template <bool kFirst, typename A, typename B>
+struct Select {
+  using type = A;
+};
+template <typename A, typename B>
+struct Select<false, A, B> {
+  using type = B;
+};
 
 /// f32 <-> 16-bit storage bits, for unpacking raw vector words.
 template <typename T>
@@ -600,6 +611,241 @@ struct TileDecoder {
   }
 };
 
+/// TileDecoder for a K-major pool (kGdnStateKMajor: element (v, k) at k * V + v). A tile is the
+/// kBV columns vt * kBV .. + kBV - 1 of V for every k, i.e. K lines of kBV contiguous elements.
+/// kLanesPerLine lanes split a line into kVecBytes vectors, so a warp instruction covers
+/// kLinesPerWarp adjacent lines, each a whole run of kBV * sizeof(state) bytes (16-byte
+/// coalesced accesses, lanes walking V). Each thread holds kLinesPerThread lines (k values) of
+/// its kVec columns: H.k and H.q of a column are sums over k, reduced over the lanes of other
+/// lines (shuffles) and, with several warps, over the warps (shared memory). q and k norms and
+/// k.q are sums over all of K, which every warp reduces for itself from K / 32 elements per
+/// lane. The same interface as TileDecoder, for the one-tile-per-block modes.
+template <typename QkvT, typename GateT, typename ALogT, typename DtBiasT, typename StateT,
+          typename OutT, typename IndexT, int kK, int kV, int kBV, int kWarps, int kVecBytes,
+          int kLoadHint, int kStoreHint, bool kGated, bool kL2Norm, int kInvalidRule>
+struct KMajorTileDecoder {
+  using StateChunk = Chunk<StateT, kVecBytes, kLoadHint, kStoreHint>;
+  static constexpr int kVec = StateChunk::kElems;
+  static constexpr int kLanesPerLine = kBV / kVec;
+  static_assert(kBV % kVec == 0 && kLanesPerLine >= 1 && kLanesPerLine <= 32 &&
+                    (kLanesPerLine & (kLanesPerLine - 1)) == 0,
+                "a line of the tile is a power of two <= 32 of vectors");
+  static constexpr int kLinesPerWarp = 32 / kLanesPerLine;
+  static_assert(kK % (kLinesPerWarp * kWarps) == 0, "K is whole lines for every warp");
+  static constexpr int kLinesPerThread = kK / (kLinesPerWarp * kWarps);
+  /// Rows of the V-major decoder's name for the same count (the kernel's static_asserts).
+  static constexpr int kRowsPerWarp = kLinesPerWarp;
+  /// q and k elements per lane for the norms and k.q (k = lane + 32 i).
+  static constexpr int kNormElems = (kK + 31) / 32;
+
+  struct Inputs {
+    /// q, k at this lane's norm positions.
+    QkvT q_norm[kNormElems];
+    QkvT k_norm[kNormElems];
+    /// q, k at this thread's lines.
+    QkvT q[kLinesPerThread];
+    QkvT k[kLinesPerThread];
+    /// v of this thread's columns.
+    QkvT v[kVec];
+    GateT a, b;
+    ALogT a_log;
+    DtBiasT dt_bias;
+  };
+  struct State {
+    StateChunk raw[kLinesPerThread];
+  };
+
+  int warp, lane, column, line_in_warp;
+
+  __device__ __forceinline__ KMajorTileDecoder()
+      : warp(static_cast<int>(threadIdx.x >> 5)),
+        lane(static_cast<int>(threadIdx.x & 31u)),
+        column(static_cast<int>(threadIdx.x & 31u) % kLanesPerLine),
+        line_in_warp(static_cast<int>(threadIdx.x & 31u) / kLanesPerLine) {}
+
+  // The k of repetition r: warps interleave, so one instruction of a warp touches
+  // kLinesPerWarp adjacent lines.
+  __device__ __forceinline__ int line(int r) const {
+    return (r * kWarps + warp) * kLinesPerWarp + line_in_warp;
+  }
+
+  __device__ __forceinline__ long long load_slot(const GdnDecodeParams& p, u32 n) const {
+    return static_cast<long long>(
+        static_cast<const IndexT*>(p.indices)[static_cast<i64>(n) * p.index_stride]);
+  }
+  __device__ __forceinline__ bool invalid(const GdnDecodeParams& p, long long slot) const {
+    return invalid_slot<kInvalidRule>(slot, p.num_slots);
+  }
+  /// Element (v = vt * kBV, k = 0) of the tile; line k starts kV elements further per k.
+  __device__ __forceinline__ static StateT* tile_ptr(const GdnDecodeParams& p, long long slot,
+                                                     TileCoord c) {
+    return static_cast<StateT*>(p.state) + slot * p.state_slot_stride +
+           static_cast<i64>(c.hv) * kV * kK + static_cast<i64>(c.vt) * kBV;
+  }
+  __device__ __forceinline__ OutT* out_ptr(const GdnDecodeParams& p, TileCoord c) const {
+    return static_cast<OutT*>(p.out) + static_cast<i64>(c.n) * p.out_row_stride +
+           static_cast<i64>(c.hv) * kV + static_cast<i64>(c.vt) * kBV;
+  }
+
+  __device__ __forceinline__ void load_state(const GdnDecodeParams& p, long long slot, TileCoord c,
+                                             State& s) const {
+    const StateT* tile = tile_ptr(p, slot, c);
+#pragma unroll
+    for (int r = 0; r < kLinesPerThread; ++r) {
+      s.raw[r].load(tile + static_cast<i64>(line(r)) * kV + column * kVec);
+    }
+  }
+
+  __device__ __forceinline__ void load_inputs(const GdnDecodeParams& p, TileCoord c,
+                                              Inputs& in) const {
+    const QkvT* row = static_cast<const QkvT*>(p.qkv) + static_cast<i64>(c.n) * p.qkv_row_stride;
+    const u32 h = c.hv / p.heads_per_group;
+    const QkvT* q_ptr = row + static_cast<i64>(h) * kK;
+    const QkvT* k_ptr = row + static_cast<i64>(p.num_heads + h) * kK;
+    const QkvT* v_ptr = row + static_cast<i64>(2 * p.num_heads) * kK + static_cast<i64>(c.hv) * kV +
+                        static_cast<i64>(c.vt) * kBV;
+#pragma unroll
+    for (int i = 0; i < kNormElems; ++i) {
+      const int at = lane + 32 * i;
+      const bool live = kK % 32 == 0 || at < kK;
+      in.q_norm[i] = live ? q_ptr[at] : gdn::from_f32<QkvT>(0.0f);
+      in.k_norm[i] = live ? k_ptr[at] : gdn::from_f32<QkvT>(0.0f);
+    }
+#pragma unroll
+    for (int r = 0; r < kLinesPerThread; ++r) {
+      in.q[r] = q_ptr[line(r)];
+      in.k[r] = k_ptr[line(r)];
+    }
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) in.v[e] = v_ptr[column * kVec + e];
+    in.a = static_cast<const GateT*>(p.a)[static_cast<i64>(c.n) * p.a_row_stride + c.hv];
+    in.b = static_cast<const GateT*>(p.b)[static_cast<i64>(c.n) * p.b_row_stride + c.hv];
+    if constexpr (!kGated) {
+      in.a_log = static_cast<const ALogT*>(p.a_log)[c.hv];
+      in.dt_bias = static_cast<const DtBiasT*>(p.dt_bias)[c.hv];
+    }
+  }
+
+  /// Whether this thread writes its columns of out: the first line of the first warp.
+  __device__ __forceinline__ bool writes_out() const { return warp == 0 && line_in_warp == 0; }
+
+  __device__ __forceinline__ void write_zeros(const GdnDecodeParams& p, TileCoord c) const {
+    if (!writes_out()) return;
+    OutT* out = out_ptr(p, c);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) out[column * kVec + e] = gdn::from_f32<OutT>(0.0f);
+  }
+
+  __device__ __forceinline__ void finish(const GdnDecodeParams& p, TileCoord c, long long slot,
+                                         const Inputs& in, State& s) const {
+    float q_sq = 0.0f, k_sq = 0.0f, kq_raw = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kNormElems; ++i) {
+      const float qx = gdn::to_f32(in.q_norm[i]);
+      const float kx = gdn::to_f32(in.k_norm[i]);
+      q_sq += qx * qx;
+      k_sq += kx * kx;
+      kq_raw += kx * qx;
+    }
+    float q_factor = p.scale;
+    float k_factor = 1.0f;
+    if constexpr (kL2Norm) {
+      q_factor *= gdn::l2_inv_norm(gdn::group_sum<32>(q_sq));
+      k_factor = gdn::l2_inv_norm(gdn::group_sum<32>(k_sq));
+    }
+    const float kq = gdn::group_sum<32>(kq_raw) * (k_factor * q_factor);
+
+    float g, beta;
+    if constexpr (kGated) {
+      g = gdn::to_f32(in.a);
+      beta = gdn::to_f32(in.b);
+    } else {
+      g = gdn::log_decay(gdn::to_f32(in.a), gdn::to_f32(in.a_log), gdn::to_f32(in.dt_bias),
+                         p.softplus_threshold);
+      beta = gdn::sigmoid(gdn::to_f32(in.b));
+    }
+    const float alpha = expf(g);
+
+    // Partial H.k and H.q of this thread's columns over its lines, then over the other lines
+    // of the warp (lanes kLanesPerLine apart) and the other warps.
+    float k_line[kLinesPerThread];
+    float dk[kVec], dq[kVec];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      dk[e] = 0.0f;
+      dq[e] = 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < kLinesPerThread; ++r) {
+      k_line[r] = gdn::to_f32(in.k[r]) * k_factor;
+      const float q_line = gdn::to_f32(in.q[r]) * q_factor;
+      float x[kVec];
+      s.raw[r].unpack(x);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        dk[e] += x[e] * k_line[r];
+        dq[e] += x[e] * q_line;
+      }
+    }
+#pragma unroll
+    for (int offset = kLanesPerLine; offset < 32; offset *= 2) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        dk[e] += __shfl_xor_sync(0xffffffffu, dk[e], offset);
+        dq[e] += __shfl_xor_sync(0xffffffffu, dq[e], offset);
+      }
+    }
+    if constexpr (kWarps > 1) {
+      // Each warp's column sums, then every thread adds the warps' sums of its columns. The
+      // second barrier keeps the next tile of a grid-stride loop from overwriting them early.
+      __shared__ float warp_sums[kWarps][2][kBV];
+      if (line_in_warp == 0) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          warp_sums[warp][0][column * kVec + e] = dk[e];
+          warp_sums[warp][1][column * kVec + e] = dq[e];
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        dk[e] = 0.0f;
+        dq[e] = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          dk[e] += warp_sums[w][0][column * kVec + e];
+          dq[e] += warp_sums[w][1][column * kVec + e];
+        }
+      }
+      __syncthreads();
+    }
+    float u[kVec];
+    float o[kVec];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      u[e] = beta * (gdn::to_f32(in.v[e]) - alpha * dk[e]);
+      o[e] = alpha * dq[e] + u[e] * kq;
+    }
+    if (writes_out()) {
+      OutT* out = out_ptr(p, c);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) out[column * kVec + e] = gdn::from_f32<OutT>(o[e]);
+    }
+
+    StateT* tile = tile_ptr(p, slot, c);
+#pragma unroll
+    for (int r = 0; r < kLinesPerThread; ++r) {
+      float x[kVec];
+      s.raw[r].unpack(x);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) x[e] = alpha * x[e] + u[e] * k_line[r];
+      StateChunk chunk;
+      chunk.pack(x);
+      chunk.store(tile + static_cast<i64>(line(r)) * kV + column * kVec);
+    }
+  }
+};
+
 // mbarrier and bulk-copy primitives of sm_90 (PTX ISA 8.0), for the bulk mode.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ u32 smem_address(const void* ptr) {
@@ -703,20 +949,32 @@ __global__ void __launch_bounds__(kGdnOrderThreads)
 /// (GdnDecodeMode); shared-memory stages (bulk mode; 0 otherwise); blocks per SM the grid
 /// assumes resident (registers are capped so that they fit; 0: no cap); GdnCacheHint of the
 /// state loads and stores; gated form (a/b hold f32 g/beta); L2-normalize q, k; GdnInvalidRule;
-/// rows in slot order (p.order, from gdn_decode_order_kernel launched just before).
+/// rows in slot order (p.order, from gdn_decode_order_kernel launched just before); layout of
+/// the pool's [HV, V, K] block (GdnStateLayout; K-major: KMajorTileDecoder, kBV columns of V
+/// per tile).
 template <typename QkvT, typename GateT, typename ALogT, typename DtBiasT, typename StateT,
           typename OutT, typename IndexT, int kK, int kV, int kBV, int kWarps, int kVecBytes,
           int kMode, int kStages, int kMinBlocks, int kLoadHint, int kStoreHint, bool kGated,
-          bool kL2Norm, int kInvalidRule, bool kOrdered>
+          bool kL2Norm, int kInvalidRule, bool kOrdered, int kStateLayout = kGdnStateVMajor>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks > 0 ? kMinBlocks : 1)
     gdn_decode_kernel(const GdnDecodeParams p) {
+  constexpr bool kKMajor = kStateLayout == kGdnStateKMajor;
   static_assert(kVecBytes % int(sizeof(StateT)) == 0, "a vector holds whole state elements");
-  static_assert(kK % (kVecBytes / int(sizeof(StateT))) == 0, "K is whole vectors");
+  static_assert(kKMajor || kK % (kVecBytes / int(sizeof(StateT))) == 0, "K is whole vectors");
   static_assert(kV % kBV == 0, "V is whole tiles");
-  using Decoder = gdn_decode_detail::TileDecoder<QkvT, GateT, ALogT, DtBiasT, StateT, OutT, IndexT,
-                                                 kK, kV, kBV, kWarps, kVecBytes, kLoadHint,
-                                                 kStoreHint, kGated, kL2Norm, kInvalidRule>;
-  static_assert(kBV % (kWarps * Decoder::kRowsPerWarp) == 0,
+  static_assert(!kKMajor || ((kMode == kGdnDecodeFlat || kMode == kGdnDecodeSplit ||
+                              kMode == kGdnDecodeFolded) &&
+                             kLoadHint != kGdnHintStaged),
+                "a K-major pool is for the one-tile-per-block modes with register loads");
+  using Decoder = typename gdn_decode_detail::Select<
+      kKMajor,
+      gdn_decode_detail::KMajorTileDecoder<QkvT, GateT, ALogT, DtBiasT, StateT, OutT, IndexT, kK,
+                                           kV, kBV, kWarps, kVecBytes, kLoadHint, kStoreHint,
+                                           kGated, kL2Norm, kInvalidRule>,
+      gdn_decode_detail::TileDecoder<QkvT, GateT, ALogT, DtBiasT, StateT, OutT, IndexT, kK, kV, kBV,
+                                     kWarps, kVecBytes, kLoadHint, kStoreHint, kGated, kL2Norm,
+                                     kInvalidRule>>::type;
+  static_assert(kKMajor || kBV % (kWarps * Decoder::kRowsPerWarp) == 0,
                 "a tile is whole rows-per-warp for every warp");
   static_assert(kMode == kGdnDecodeBulk ? kStages >= 1 && kStages <= 8 : kStages == 0,
                 "stages belong to the bulk mode alone");

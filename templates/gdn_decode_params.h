@@ -3,6 +3,7 @@
 // with host code (lib/ops/gdn_decode.cpp).
 #pragma once
 
+#include "kjit/common/gdn_state_layout.h"
 #include "kjit/common/types.h"
 
 namespace kjit {
@@ -66,7 +67,8 @@ struct GdnDecodeParams {
   /// [HV] each; unused by the gated form.
   const void* a_log;
   const void* dt_bias;
-  /// [num_slots, HV, V, K] pool, inner [HV, V, K] contiguous; updated in place.
+  /// [num_slots, HV, V, K] pool, inner [HV, V, K] contiguous (kGdnStateVMajor) or its K and V
+  /// strides swapped (kGdnStateKMajor); updated in place.
   void* state;
   /// [B] slot of each row.
   const void* indices;

@@ -132,12 +132,38 @@ __device__ __forceinline__ void store_one<__half>(__half* ptr, float x) {
   *ptr = __float2half_rn(x);
 }
 
-/// Stores the f32 state tile (accumulator layout, see the kernel) to `dst`, the tile's first row
-/// in a [V, K] row-major state, rounded to Tstate. Used for the final state and checkpoints.
-template <typename Tstate, int kK, int kSMTiles, int kSNTiles>
+/// Offset of a state tile (value head hv, rows v0 ..) from its slot: where the tile's element
+/// (v0, 0) is in a [V, K] row-major state (V-major), or in its transpose [K, V] (kKMajor, fla's
+/// layout: element (v, k) at k * kV + v).
+template <bool kKMajor, int kK, int kV>
+__device__ __forceinline__ i64 state_tile_offset(u32 hv, int v0) {
+  if constexpr (kKMajor) {
+    return i64(hv) * kV * kK + v0;
+  } else {
+    return (i64(hv) * kV + v0) * kK;
+  }
+}
+
+/// Elements (v, kk) and (v, kk + 1) of a state tile (state_tile_offset) as f32: one pair load
+/// (V-major), or two loads a line of kV apart (kKMajor; lanes of consecutive v read
+/// consecutive addresses).
+template <bool kKMajor, int kK, int kV, typename T>
+__device__ __forceinline__ float2 load_state_pair(const T* tile, int v, int kk) {
+  if constexpr (kKMajor) {
+    return make_float2(gdn::to_f32(tile[kk * kV + v]), gdn::to_f32(tile[(kk + 1) * kV + v]));
+  } else {
+    return load_pair(tile + v * kK + kk);
+  }
+}
+
+/// Stores the f32 state tile (accumulator layout, see the kernel) to `dst`, the tile's element
+/// (v0, 0) (state_tile_offset) in a [V, K] row-major state or, kKMajor, its transpose, rounded to
+/// Tstate. Used for the final state and checkpoints.
+template <typename Tstate, int kK, bool kKMajor = false, int kV = 0, int kSMTiles, int kSNTiles>
 __device__ __forceinline__ void store_state_tile(Tstate* dst,
                                                  const float (&s)[kSMTiles][kSNTiles][4], int wm,
                                                  int wn, int g, int t4) {
+  static_assert(!kKMajor || kV > 0, "a K-major tile needs its line length V");
 #pragma unroll
   for (int mi = 0; mi < kSMTiles; ++mi) {
 #pragma unroll
@@ -146,7 +172,12 @@ __device__ __forceinline__ void store_state_tile(Tstate* dst,
       for (int hf = 0; hf < 2; ++hf) {
         const int v = (wm * kSMTiles + mi) * 16 + g + 8 * hf;
         const int kk = (wn * kSNTiles + ni) * 8 + 2 * t4;
-        store_pair(dst + v * kK + kk, s[mi][ni][2 * hf], s[mi][ni][2 * hf + 1]);
+        if constexpr (kKMajor) {
+          store_one(dst + kk * kV + v, s[mi][ni][2 * hf]);
+          store_one(dst + (kk + 1) * kV + v, s[mi][ni][2 * hf + 1]);
+        } else {
+          store_pair(dst + v * kK + kk, s[mi][ni][2 * hf], s[mi][ni][2 * hf + 1]);
+        }
       }
     }
   }
@@ -201,7 +232,7 @@ __device__ __forceinline__ void update_state_tile(float (&s)[kSMTiles][kSNTiles]
 
 /// The final state tile: into the separate output when given (padded sequences included), else
 /// back into the pool slot unless the sequence is padding.
-template <typename Tstate, int kK, int kV, int kSMTiles, int kSNTiles>
+template <typename Tstate, int kK, int kV, bool kKMajor = false, int kSMTiles, int kSNTiles>
 __device__ __forceinline__ void store_final_state(const GdnPrefillParams& p, u64 n, i64 slot,
                                                   bool padded, u32 hv, int v0,
                                                   const float (&s)[kSMTiles][kSNTiles][4], int wm,
@@ -213,7 +244,8 @@ __device__ __forceinline__ void store_final_state(const GdnPrefillParams& p, u64
     dst = static_cast<Tstate*>(p.state) + slot * p.state_slot_stride;
   }
   if (dst == nullptr) return;
-  store_state_tile<Tstate, kK>(dst + (i64(hv) * kV + v0) * kK, s, wm, wn, g, t4);
+  store_state_tile<Tstate, kK, kKMajor, kV>(dst + state_tile_offset<kKMajor, kK, kV>(hv, v0), s, wm,
+                                            wn, g, t4);
 }
 
 /// Longest-first scheduling for the state kernel, whose blocks each walk one sequence's chunks
@@ -251,9 +283,10 @@ __device__ void rank_sequences_longest_first(const GdnPrefillParams& p, i64 firs
 /// kernel without checkpoints carries no trace of them).
 template <typename Tin, typename Tgate, typename Tparam, typename Tstate, typename Tout,
           typename Tcu, typename Tidx, int kK, int kV, int kBV, bool kGated, bool kL2Norm,
-          bool kCkpt>
+          bool kCkpt, int kStateLayout = kGdnStateVMajor>
 __global__ void __launch_bounds__(kGdnPrefillThreads) gdn_prefill_kernel(const GdnPrefillParams p) {
   using namespace gdn_prefill_detail;
+  constexpr bool kKMajor = kStateLayout == kGdnStateKMajor;
   static_assert(kK == 64 || kK == 128 || kK == 256, "K must be 64, 128 or 256");
   static_assert(kV % kBV == 0 && kV <= 256, "the value tile must divide V");
   static_assert(kBV == 16 || kBV == 32 || kBV == 64, "the value tile must be 16, 32 or 64");
@@ -310,9 +343,10 @@ __global__ void __launch_bounds__(kGdnPrefillThreads) gdn_prefill_kernel(const G
   const int wm = warp % kSWarpsM, wn = warp / kSWarpsM;
   float s_acc[kSMTiles][kSNTiles][4];
   {
-    const Tstate* src = has_init ? static_cast<const Tstate*>(p.state) +
-                                       slot * p.state_slot_stride + (i64(hv) * kV + v0) * kK
-                                 : nullptr;
+    const Tstate* src = has_init
+                            ? static_cast<const Tstate*>(p.state) + slot * p.state_slot_stride +
+                                  state_tile_offset<kKMajor, kK, kV>(hv, v0)
+                            : nullptr;
 #pragma unroll
     for (int mi = 0; mi < kSMTiles; ++mi) {
 #pragma unroll
@@ -321,7 +355,8 @@ __global__ void __launch_bounds__(kGdnPrefillThreads) gdn_prefill_kernel(const G
         for (int hf = 0; hf < 2; ++hf) {
           const int v = (wm * kSMTiles + mi) * 16 + g + 8 * hf;
           const int kk = (wn * kSNTiles + ni) * 8 + 2 * t4;
-          const float2 x = src != nullptr ? load_pair(src + v * kK + kk) : make_float2(0.f, 0.f);
+          const float2 x =
+              src != nullptr ? load_state_pair<kKMajor, kK, kV>(src, v, kk) : make_float2(0.f, 0.f);
           s_acc[mi][ni][2 * hf] = x.x;
           s_acc[mi][ni][2 * hf + 1] = x.y;
           *reinterpret_cast<u32*>(s_s + v * kLdK + kk) = mma::pack_bf16(x.x, x.y);
@@ -673,16 +708,17 @@ __global__ void __launch_bounds__(kGdnPrefillThreads) gdn_prefill_kernel(const G
       if (rows == kGdnPrefillChunk && --ckpt_countdown == 0) {
         ckpt_countdown = p.ckpt_every_chunks;
         if (ckpt_row >= 0 && ckpt_row < p.ckpt_rows) {
-          store_state_tile<Tstate, kK>(static_cast<Tstate*>(p.checkpoints) +
-                                           ckpt_row * p.ckpt_slot_stride + (i64(hv) * kV + v0) * kK,
-                                       s_acc, wm, wn, g, t4);
+          store_state_tile<Tstate, kK, kKMajor, kV>(static_cast<Tstate*>(p.checkpoints) +
+                                                        ckpt_row * p.ckpt_slot_stride +
+                                                        state_tile_offset<kKMajor, kK, kV>(hv, v0),
+                                                    s_acc, wm, wn, g, t4);
         }
         ++ckpt_row;
       }
     }
   }
 
-  store_final_state<Tstate, kK, kV>(p, n, slot, padded, hv, v0, s_acc, wm, wn, g, t4);
+  store_final_state<Tstate, kK, kV, kKMajor>(p, n, slot, padded, hv, v0, s_acc, wm, wn, g, t4);
 }
 
 }  // namespace kjit

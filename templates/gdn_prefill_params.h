@@ -4,6 +4,7 @@
 // the dynamic shared memory with the same function the kernel carves it with.
 #pragma once
 
+#include "kjit/common/gdn_state_layout.h"
 #include "kjit/common/types.h"
 
 // The layout function runs on both sides; host compilers do not know __host__ __device__.

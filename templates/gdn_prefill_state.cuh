@@ -221,7 +221,7 @@ struct IntC {
 /// and the state update splits the [kBV, K] tile over the warps; R^T, Vn^T, the decayed Vn^T
 /// and the state's bf16 copy pass through shared memory. Three barriers per chunk.
 template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
-          int kBV, bool kCkpt>
+          int kBV, bool kCkpt, bool kKMajor = false>
 __device__ __forceinline__ void state_tiles(const GdnPrefillParams& p) {
   static_assert(kK == 64 || kK == 128 || kK == 256, "K must be 64, 128 or 256");
   static_assert(kV % kBV == 0 && kV <= 256, "the value tile must divide V");
@@ -301,9 +301,10 @@ __device__ __forceinline__ void state_tiles(const GdnPrefillParams& p) {
   const int wm = warp % kSWarpsM, wn = warp / kSWarpsM;
   float s_acc[kSMTiles][kSNTiles][4];
   {
-    const Tstate* src = has_init ? static_cast<const Tstate*>(p.state) +
-                                       slot * p.state_slot_stride + (i64(hv) * kV + v0) * kK
-                                 : nullptr;
+    const Tstate* src = has_init
+                            ? static_cast<const Tstate*>(p.state) + slot * p.state_slot_stride +
+                                  state_tile_offset<kKMajor, kK, kV>(hv, v0)
+                            : nullptr;
 #pragma unroll
     for (int mi = 0; mi < kSMTiles; ++mi) {
 #pragma unroll
@@ -312,7 +313,8 @@ __device__ __forceinline__ void state_tiles(const GdnPrefillParams& p) {
         for (int hf = 0; hf < 2; ++hf) {
           const int v = (wm * kSMTiles + mi) * 16 + g + 8 * hf;
           const int kk = (wn * kSNTiles + ni) * 8 + 2 * t4;
-          const float2 x = src != nullptr ? load_pair(src + v * kK + kk) : make_float2(0.f, 0.f);
+          const float2 x =
+              src != nullptr ? load_state_pair<kKMajor, kK, kV>(src, v, kk) : make_float2(0.f, 0.f);
           s_acc[mi][ni][2 * hf] = x.x;
           s_acc[mi][ni][2 * hf + 1] = x.y;
           *reinterpret_cast<u32*>(s_s + v * kLdK + kk) = mma::pack_bf16(x.x, x.y);
@@ -487,16 +489,17 @@ __device__ __forceinline__ void state_tiles(const GdnPrefillParams& p) {
       if (rows == kGdnPrefillChunk && --ckpt_countdown == 0) {
         ckpt_countdown = p.ckpt_every_chunks;
         if (ckpt_row >= 0 && ckpt_row < p.ckpt_rows) {
-          store_state_tile<Tstate, kK>(static_cast<Tstate*>(p.checkpoints) +
-                                           ckpt_row * p.ckpt_slot_stride + (i64(hv) * kV + v0) * kK,
-                                       s_acc, wm, wn, g, t4);
+          store_state_tile<Tstate, kK, kKMajor, kV>(static_cast<Tstate*>(p.checkpoints) +
+                                                        ckpt_row * p.ckpt_slot_stride +
+                                                        state_tile_offset<kKMajor, kK, kV>(hv, v0),
+                                                    s_acc, wm, wn, g, t4);
         }
         ++ckpt_row;
       }
     }
   }
 
-  store_final_state<Tstate, kK, kV>(p, n, slot, padded, hv, v0, s_acc, wm, wn, g, t4);
+  store_final_state<Tstate, kK, kV, kKMajor>(p, n, slot, padded, hv, v0, s_acc, wm, wn, g, t4);
 }
 
 /// The wide tiles (bv = 64, 128; K <= 128): warp w owns rows 16 w .. 16 w + 15 of the value tile
@@ -578,7 +581,7 @@ __device__ __forceinline__ void pack_vn(const float (&acc_v)[8][4], const float 
 }
 
 template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
-          int kBV, bool kCkpt, int kPhase = 0, int kStagesWanted = 0>
+          int kBV, bool kCkpt, int kPhase = 0, int kStagesWanted = 0, bool kKMajor = false>
 __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   static_assert(kK == 64 || kK == 128, "wide tiles carry 16 rows of a K <= 128 state per warp");
   static_assert(kPhase == 0 || (!KJIT_GDN_STATE_WGMMA && kK % kBV == 0),
@@ -686,16 +689,18 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   // s_acc[0][ni][2 hf + e] (the layout of store_state_tile with wm = warp, wn = 0).
   float s_acc[1][kSN][4];
   if (kPhase == 0 || (kPhase == 1 && cp.s == 0)) {
-    const Tstate* src = has_init ? static_cast<const Tstate*>(p.state) +
-                                       slot * p.state_slot_stride + (i64(hv) * kV + v0) * kK
-                                 : nullptr;
+    const Tstate* src = has_init
+                            ? static_cast<const Tstate*>(p.state) + slot * p.state_slot_stride +
+                                  state_tile_offset<kKMajor, kK, kV>(hv, v0)
+                            : nullptr;
 #pragma unroll
     for (int ni = 0; ni < kSN; ++ni) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int v = vw + g + 8 * hf;
         const int kk = ni * 8 + 2 * t4;
-        const float2 x = src != nullptr ? load_pair(src + v * kK + kk) : make_float2(0.f, 0.f);
+        const float2 x =
+            src != nullptr ? load_state_pair<kKMajor, kK, kV>(src, v, kk) : make_float2(0.f, 0.f);
         s_acc[0][ni][2 * hf] = x.x;
         s_acc[0][ni][2 * hf + 1] = x.y;
       }
@@ -1008,9 +1013,10 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       if (ckpt_here && rows == kGdnPrefillChunk && --ckpt_countdown == 0) {
         ckpt_countdown = p.ckpt_every_chunks;
         if (ckpt_row >= 0 && ckpt_row < p.ckpt_rows) {
-          store_state_tile<Tstate, kK>(static_cast<Tstate*>(p.checkpoints) +
-                                           ckpt_row * p.ckpt_slot_stride + (i64(hv) * kV + v0) * kK,
-                                       s_acc, warp, 0, g, t4);
+          store_state_tile<Tstate, kK, kKMajor, kV>(static_cast<Tstate*>(p.checkpoints) +
+                                                        ckpt_row * p.ckpt_slot_stride +
+                                                        state_tile_offset<kKMajor, kK, kV>(hv, v0),
+                                                    s_acc, warp, 0, g, t4);
         }
         ++ckpt_row;
       }
@@ -1018,13 +1024,13 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   }
   // No copies are in flight at exit: none is issued past the end of the sequence.
   if constexpr (kPhase == 0) {
-    store_final_state<Tstate, kK, kV>(p, n, slot, padded, hv, v0, s_acc, warp, 0, g, t4);
+    store_final_state<Tstate, kK, kV, kKMajor>(p, n, slot, padded, hv, v0, s_acc, warp, 0, g, t4);
   } else {
     // The sequence's last segment holds its final state (segment pass: a sequence of one
     // segment); segment-pass blocks of a longer sequence leave B (state rows) or M (identity
     // rows) for the scan kernel, in f32.
     if (cp.s == cp.segments - 1) {
-      store_final_state<Tstate, kK, kV>(p, n, slot, padded, hv, v0, s_acc, warp, 0, g, t4);
+      store_final_state<Tstate, kK, kV, kKMajor>(p, n, slot, padded, hv, v0, s_acc, warp, 0, g, t4);
     } else if (kPhase == 1) {
       float* dst = cp.identity ? p.cp_m + ((cp.z * hv_count + hv) * kK + v0) * i64(kK)
                                : p.cp_b + ((cp.z * hv_count + hv) * kV + v0) * i64(kK);
@@ -1039,15 +1045,18 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 /// pool, of out, of cu_seqlens and of state_indices; K, V, the value tile kBV; kCkpt as in the
 /// fused kernel. A tile of all of V (kBV = 128) loads each chunk's q, k, T' and P once per
 /// (sequence, value head) instead of once per tile: the smaller tiles spend their time moving
-/// those bytes into shared memory.
+/// those bytes into shared memory. kStateLayout (GdnStateLayout): the layout of the pool, the
+/// final states and the checkpoints.
 template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
-          int kBV, bool kCkpt>
+          int kBV, bool kCkpt, int kStateLayout = kGdnStateVMajor>
 __global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
     gdn_prefill_state_kernel(const GdnPrefillParams p) {
+  constexpr bool kKMajor = kStateLayout == kGdnStateKMajor;
   if constexpr (gdn_prefill_state_wide(kBV)) {
-    gdn_prefill_detail::state_wide<Tin, Tstate, Tout, Tcu, Tidx, kK, kV, kBV, kCkpt>(p);
+    gdn_prefill_detail::state_wide<Tin, Tstate, Tout, Tcu, Tidx, kK, kV, kBV, kCkpt, 0, 0, kKMajor>(
+        p);
   } else {
-    gdn_prefill_detail::state_tiles<Tin, Tstate, Tout, Tcu, Tidx, kK, kV, kBV, kCkpt>(p);
+    gdn_prefill_detail::state_tiles<Tin, Tstate, Tout, Tcu, Tidx, kK, kV, kBV, kCkpt, kKMajor>(p);
   }
 }
 
@@ -1055,13 +1064,15 @@ __global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
 /// the segment pass, kPhase 2 the resume pass. The wide tiles only (kBV = 64 or 128 dividing K
 /// and V), on mma.sync.
 template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
-          int kBV, bool kCkpt, int kPhase, int kStages>
+          int kBV, bool kCkpt, int kPhase, int kStages, int kStateLayout = kGdnStateVMajor>
 __global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
     gdn_prefill_state_cp_kernel(const GdnPrefillParams p) {
   static_assert(gdn_prefill_state_wide(kBV), "the context-parallel passes use the wide tiles");
   static_assert(kPhase == 1 || kPhase == 2, "phase 1 (segments) or 2 (resume)");
-  gdn_prefill_detail::state_wide<Tin, Tstate, Tout, Tcu, Tidx, kK, kV, kBV, kCkpt, kPhase, kStages>(
-      p);
+  // The pool, final states and checkpoints in kStateLayout; the f32 scratch between the passes
+  // (segment end states, maps, exact initial states) stays V-major.
+  gdn_prefill_detail::state_wide<Tin, Tstate, Tout, Tcu, Tidx, kK, kV, kBV, kCkpt, kPhase, kStages,
+                                 kStateLayout == kGdnStateKMajor>(p);
 }
 
 }  // namespace kjit

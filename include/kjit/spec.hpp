@@ -16,7 +16,8 @@ namespace kjit {
 ///
 /// Canonical text: `<family>:<key>=<value>,...@<arch>`, e.g.
 /// `merge_state:dtype=bf16,head_dim=128,vec=8,mode=tiled@sm_90`. Parameters are stored in the
-/// order the family declares them, so equal specs have equal text and equal cache keys.
+/// order the family declares them, so equal specs have equal text and equal cache keys. A
+/// parameter declared with an omitted default is left out when it has that value.
 struct KernelSpec {
   std::string family;
   std::vector<std::pair<std::string, std::string>> params;
@@ -35,6 +36,12 @@ struct KernelSpec {
   /// The value of a parameter; throws InvalidArgument if the spec has none of that name.
   const std::string& get(std::string_view key) const;
   std::int64_t get_int(std::string_view key) const;
+  /// Whether the spec has a parameter of that name (a parameter at its omitted default has
+  /// none).
+  bool has(std::string_view key) const;
+  /// The value of a parameter, or `fallback` when the spec has none of that name (a parameter
+  /// the family leaves out at its default).
+  std::string get_or(std::string_view key, std::string_view fallback) const;
 
   friend bool operator==(const KernelSpec&, const KernelSpec&) = default;
 };

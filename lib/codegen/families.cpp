@@ -63,9 +63,17 @@ std::string_view device_type_name(DType dtype) {
 std::string name_expression(const KernelSpec& spec) {
   const FamilyDecl& family = find_family(spec.family);
   std::string out = fmt::format("&{}<", family.kernel);
-  for (std::size_t i = 0; i < family.params.size(); ++i) {
+  // Trailing parameters a spec leaves out are left at the template's default: the name
+  // expression (and so the stub and the cache key) of such a spec is what it was before they
+  // were declared.
+  std::size_t count = family.params.size();
+  while (count > 0 && !family.params[count - 1].omitted_default.empty() &&
+         !spec.has(family.params[count - 1].name)) {
+    --count;
+  }
+  for (std::size_t i = 0; i < count; ++i) {
     const ParamDecl& decl = family.params[i];
-    const std::string& value = spec.get(decl.name);
+    const std::string value = spec.get_or(decl.name, decl.omitted_default);
     if (i > 0) out += ", ";
     switch (decl.kind) {
       case ParamKind::dtype:

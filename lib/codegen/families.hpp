@@ -35,6 +35,11 @@ struct ParamDecl {
   std::int64_t max = 0;
   std::int64_t multiple_of = 1;
   std::string_view doc;
+  /// Non-empty: the parameter may be left out of a spec and is left out when it has this value,
+  /// so that the specs (and cache keys) of kernels made before it existed stay what they were.
+  /// Only trailing parameters: the template declares this value as its default argument, and
+  /// the name expression leaves trailing parameters at their default out.
+  std::string_view omitted_default = {};
 };
 
 struct FamilyDecl {

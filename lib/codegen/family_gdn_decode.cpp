@@ -18,6 +18,40 @@ int pow2_at_least(int x) {
   return p;
 }
 
+// The static_asserts of gdn_decode_kernel and its KMajorTileDecoder (state_layout=kv): a tile
+// is bv columns of V, a line of it (one k) whole vectors split over a power of two <= 32 lanes,
+// K whole lines for every warp; one tile per block, loads into registers.
+std::string check_k_major(const KernelSpec& spec, std::int64_t per_vec) {
+  const std::int64_t k = spec.get_int("k");
+  const std::int64_t v = spec.get_int("v");
+  const std::int64_t bv = spec.get_int("bv");
+  const std::int64_t warps = spec.get_int("warps");
+  const std::string& mode = spec.get("mode");
+  if (v % bv != 0) return fmt::format("bv = {} does not divide v = {}", bv, v);
+  const std::int64_t lanes_per_line = bv / per_vec;
+  if (bv % per_vec != 0 || lanes_per_line > 32 || (lanes_per_line & (lanes_per_line - 1)) != 0) {
+    return fmt::format(
+        "state_layout=kv: bv = {} must be a power of two <= 32 of {}-element vectors", bv, per_vec);
+  }
+  const std::int64_t lines_per_warp = 32 / lanes_per_line;
+  if (k % (lines_per_warp * warps) != 0) {
+    return fmt::format(
+        "state_layout=kv: k = {} is not a multiple of warps x lines per warp = {} x {}", k, warps,
+        lines_per_warp);
+  }
+  if (mode != "flat" && mode != "split" && mode != "folded") {
+    return fmt::format("state_layout=kv is for the flat, split and folded modes (mode={})", mode);
+  }
+  if (spec.get_int("stages") != 0) {
+    return fmt::format("stages = {} belongs to mode=bulk alone (mode={})", spec.get_int("stages"),
+                       mode);
+  }
+  if (spec.get("load_hint") == "staged") {
+    return "state_layout=kv loads the state into registers (load_hint=staged is V-major only)";
+  }
+  return {};
+}
+
 // The static_asserts of gdn_decode_kernel and its TileDecoder, in the same order and terms.
 std::string check_gdn_decode(const KernelSpec& spec) {
   const auto elem = static_cast<std::int64_t>(size_of(parse_dtype(spec.get("state"))));
@@ -33,6 +67,7 @@ std::string check_gdn_decode(const KernelSpec& spec) {
                        elem);
   }
   const std::int64_t per_vec = vec_bytes / elem;
+  if (spec.get_or("state_layout", "vk") == "kv") return check_k_major(spec, per_vec);
   if (k % per_vec != 0) return fmt::format("k = {} is not whole vectors of {}", k, per_vec);
   if (v % bv != 0) return fmt::format("bv = {} does not divide v = {}", bv, v);
   const std::int64_t lanes_per_row = std::min(32, pow2_at_least(static_cast<int>(k / per_vec)));
@@ -191,6 +226,15 @@ FamilyDecl gdn_decode_family() {
                         .kind = ParamKind::boolean,
                         .doc = "1: rows in slot order, from the keys gdn_decode_order wrote "
                                "(flat, split and folded modes)"},
+              // Declared after the fact: V-major specs leave it out and keep their text.
+              ParamDecl{.name = "state_layout",
+                        .kind = ParamKind::choice,
+                        .choices = {"vk", "kv"},
+                        .rendered = {"0", "1"},
+                        .doc = "the pool's [HV, V, K] block: vk (K contiguous) or kv (V "
+                               "contiguous, fla's states; flat, split and folded modes, bv "
+                               "columns of V per block)",
+                        .omitted_default = "vk"},
           },
       .min_sm = 80,
       .doc = "Gated DeltaNet packed decode: one recurrent step per row, state pool in place",

@@ -66,6 +66,19 @@ ParamDecl flag_param(std::string_view name, std::string_view doc) {
   return ParamDecl{.name = name, .kind = ParamKind::boolean, .doc = doc};
 }
 
+// The layout of the pool, the final states and the checkpoints; declared after the fact as the
+// last template parameter, so V-major specs leave it out and keep their text.
+ParamDecl state_layout_param() {
+  return ParamDecl{.name = "state_layout",
+                   .kind = ParamKind::choice,
+                   .choices = {"vk", "kv"},
+                   .rendered = {"0", "1"},
+                   .doc =
+                       "the [HV, V, K] block of the pool, final states and checkpoints: vk (K "
+                       "contiguous) or kv (V contiguous, fla's states)",
+                   .omitted_default = "vk"};
+}
+
 // A choice whose values are rendered as they are spelled (sizes, counts, phases).
 ParamDecl literal_choice(std::string_view name, std::vector<std::string_view> values,
                          std::string_view doc) {
@@ -125,6 +138,7 @@ FamilyDecl gdn_prefill_family() {
               flag_param("gated", "1: a/b hold precomputed f32 g (log decay) and beta"),
               flag_param("l2norm", "1: L2-normalize q and k"),
               flag_param("ckpt", "1: write state checkpoints every n full chunks"),
+              state_layout_param(),
           },
       .min_sm = 80,
       .doc =
@@ -180,6 +194,7 @@ FamilyDecl gdn_prefill_state_family() {
                         .doc = "state rows (of V) per block; divides V; bv * K <= 8192 (4 warps), "
                                "16384 for bv = 128 (8 warps)"},
               flag_param("ckpt", "1: write state checkpoints every n full chunks"),
+              state_layout_param(),
           }),
       .min_sm = 80,
       .doc =
@@ -222,6 +237,7 @@ FamilyDecl gdn_prefill_state_cp_family() {
                                   "resume pass (outputs from the exact initial states)"),
                    literal_choice("stages", {"2", "3"},
                                   "input stages: chunk c + stages - 1 is fetched during chunk c"),
+                   state_layout_param(),
                }),
       .min_sm = 80,
       .doc =

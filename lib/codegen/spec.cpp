@@ -94,6 +94,7 @@ KernelSpec KernelSpec::make(std::string_view family_name,
     const auto found = std::find_if(params.begin(), params.end(),
                                     [&](const auto& kv) { return kv.first == decl.name; });
     if (found == params.end()) {
+      if (!decl.omitted_default.empty()) continue;
       throw InvalidArgument(
           fmt::format("{} spec is missing parameter '{}' ({})", family.name, decl.name, decl.doc));
     }
@@ -102,7 +103,9 @@ KernelSpec KernelSpec::make(std::string_view family_name,
       throw InvalidArgument(
           fmt::format("{} spec gives parameter '{}' more than once", family.name, decl.name));
     }
-    spec.params.emplace_back(std::string(decl.name), canonical_value(family, decl, found->second));
+    std::string value = canonical_value(family, decl, found->second);
+    if (!decl.omitted_default.empty() && value == decl.omitted_default) continue;
+    spec.params.emplace_back(std::string(decl.name), std::move(value));
   }
   // Joint constraints, so that a spec the template would reject by static_assert fails here,
   // naming the parameters, rather than as an NVRTC compile error.
@@ -169,6 +172,17 @@ const std::string& KernelSpec::get(std::string_view key) const {
     if (name == key) return value;
   }
   throw InvalidArgument(fmt::format("spec {} has no parameter '{}'", str(), key));
+}
+
+bool KernelSpec::has(std::string_view key) const {
+  return std::any_of(params.begin(), params.end(), [&](const auto& kv) { return kv.first == key; });
+}
+
+std::string KernelSpec::get_or(std::string_view key, std::string_view fallback) const {
+  for (const auto& [name, value] : params) {
+    if (name == key) return value;
+  }
+  return std::string(fallback);
 }
 
 std::int64_t KernelSpec::get_int(std::string_view key) const {

@@ -78,14 +78,38 @@ void require_inner_contiguous(const TensorView& t, const char* name) {
   }
 }
 
+// The layout of a state-shaped tensor's [HV, V, K] block (dims 1..3), from its strides: true
+// when V is contiguous (kv: the transpose of a contiguous [.., HV, K, V] block, fla's layout),
+// false when K is (vk). Any other strides fail, naming both accepted layouts.
+bool k_major_block(const TensorView& t, const char* name, std::int64_t v, std::int64_t k) {
+  if (t.strides[1] == v * k && t.strides[2] == k && t.strides[3] == 1) return false;
+  if (t.strides[1] == v * k && t.strides[2] == 1 && t.strides[3] == v) return true;
+  fail(fmt::format(
+      "{} has strides that are not an accepted layout of its [HV, V, K] block, got {}; accepted: "
+      "[*, {}, {}, 1] (K contiguous) or [*, {}, 1, {}] (V contiguous: a .transpose(-1, -2) of a "
+      "contiguous [.., HV, K, V] tensor)",
+      name, t.str(), v * k, k, v * k, v));
+}
+
+// A state-shaped output (final states, checkpoints) in the layout of the pool.
+void require_layout_of_state(const TensorView& t, const char* name, std::int64_t v, std::int64_t k,
+                             bool state_k_major) {
+  if (k_major_block(t, name, v, k) != state_k_major) {
+    fail(fmt::format("{} is {} but state is {}; accepted: the layout of state, strides [*, {}, {}]",
+                     name, state_k_major ? "K contiguous" : "V contiguous",
+                     state_k_major ? "V contiguous" : "K contiguous", v * k,
+                     state_k_major ? fmt::format("1, {}", v) : fmt::format("{}, 1", k)));
+  }
+}
+
 // An optional tensor is given when it is anything but a default TensorView: planning passes
 // null pointers with real shapes, so the pointer alone cannot tell.
 bool given(const TensorView& t) { return t.rank > 0 || t.data != nullptr; }
 
 // The checkpoint arguments (GdnPrefillOptions::checkpoint_every_n_tokens and the two tensors).
 void validate_checkpoints(const GdnPrefillOptions& options, const TensorView& state,
-                          std::int64_t seqs, std::int64_t value_heads, std::int64_t v,
-                          std::int64_t k) {
+                          bool state_k_major, std::int64_t seqs, std::int64_t value_heads,
+                          std::int64_t v, std::int64_t k) {
   const std::int64_t every = options.checkpoint_every_n_tokens;
   const TensorView& ck = options.state_checkpoints;
   const TensorView& starts = options.checkpoint_cu_starts;
@@ -121,11 +145,7 @@ void validate_checkpoints(const GdnPrefillOptions& options, const TensorView& st
   require_dim(ck, "options.state_checkpoints", 1, value_heads, "value heads HV");
   require_dim(ck, "options.state_checkpoints", 2, v, "V");
   require_dim(ck, "options.state_checkpoints", 3, k, "K");
-  if (ck.strides[3] != 1 || ck.strides[2] != k || ck.strides[1] != v * k) {
-    fail(fmt::format(
-        "options.state_checkpoints must have a contiguous [HV, V, K] inner block, got {}",
-        ck.str()));
-  }
+  require_layout_of_state(ck, "options.state_checkpoints", v, k, state_k_major);
   require_aligned(ck, "options.state_checkpoints", 16);
   require_stride_multiple(ck, "options.state_checkpoints", 0, 4);
 
@@ -153,6 +173,8 @@ struct Problem {
   /// v rows can be copied 16 bytes at a time (cp.async): pointer 16-byte aligned, token and
   /// head strides multiples of 8 elements.
   bool v16 = false;
+  /// The pool, final states and checkpoints have V contiguous (spec state_layout=kv).
+  bool k_major = false;
 };
 
 Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -246,9 +268,7 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
   require_dim(state, "state", 1, hv, "value heads HV");
   require_dim(state, "state", 2, pr.v, "V");
   require_dim(state, "state", 3, pr.k, "K");
-  if (state.strides[3] != 1 || state.strides[2] != pr.k || state.strides[1] != pr.v * pr.k) {
-    fail(fmt::format("state must have a contiguous [HV, V, K] inner block, got {}", state.str()));
-  }
+  pr.k_major = k_major_block(state, "state", pr.v, pr.k);
   require_aligned(state, "state", 16);
   require_stride_multiple(state, "state", 0, 4);
 
@@ -279,14 +299,11 @@ Problem validate(const TensorView& q, const TensorView& k, const TensorView& v,
     require_dim(fs, "options.final_state", 1, hv, "value heads HV");
     require_dim(fs, "options.final_state", 2, pr.v, "V");
     require_dim(fs, "options.final_state", 3, pr.k, "K");
-    if (fs.strides[3] != 1 || fs.strides[2] != pr.k || fs.strides[1] != pr.v * pr.k) {
-      fail(fmt::format("options.final_state must have a contiguous [HV, V, K] inner block, got {}",
-                       fs.str()));
-    }
+    require_layout_of_state(fs, "options.final_state", pr.v, pr.k, pr.k_major);
     require_aligned(fs, "options.final_state", 16);
     require_stride_multiple(fs, "options.final_state", 0, 4);
   }
-  validate_checkpoints(options, state, pr.seqs, hv, pr.v, pr.k);
+  validate_checkpoints(options, state, pr.k_major, pr.seqs, hv, pr.v, pr.k);
   const TensorView& ws = options.workspace;
   if (given(ws)) {
     require_rank(ws, "options.workspace", 1, "[bytes]");
@@ -802,7 +819,9 @@ SpecValues spec_values(const Problem& pr, const TensorView& q, const GdnGates& g
           {"l2norm", options.l2norm_qk ? "1" : "0"},
           {"ckpt", options.checkpoint_every_n_tokens > 0 ? "1" : "0"},
           {"phase", "1"},
-          {"stages", "2"}};
+          {"stages", "2"},
+          // Left out of V-major specs (the families' omitted default): their text is unchanged.
+          {"state_layout", pr.k_major ? "kv" : "vk"}};
 }
 
 KernelSpec family_spec(std::string_view family, const SpecValues& values, Arch arch) {
@@ -991,6 +1010,12 @@ Plan make_plan(const Problem& pr, const TensorView& q, const GdnGates& gates,
                          given(options.workspace) ? options.workspace.shape[0] : -1);
   const std::int64_t every = options.checkpoint_every_n_tokens;
   const bool ckpt = every > 0;
+  if (pr.k_major) {
+    choice.reasons.push_back(
+        "state layout kv: the pool (and the final states and checkpoints) have V contiguous "
+        "(strides [*, V*K, 1, V]: a transposed [.., HV, K, V] tensor); the state kernels read and "
+        "write element (v, k) at k * V + v (spec state_layout=kv)");
+  }
   if (choice.chunked) {
     return make_chunked_plan(pr, std::move(choice), q, gates, cu_seqlens, state, state_indices, out,
                              options, device);
@@ -1149,7 +1174,7 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
                static_cast<std::int64_t>(out.dtype) << 32 |
                static_cast<std::int64_t>(cu_seqlens.dtype) << 40 |
                static_cast<std::int64_t>(state_indices.dtype) << 48;
-  sig.flags = (raw ? 1 : 0) | (options.l2norm_qk ? 2 : 0) | (pr.v16 ? 4 : 0);
+  sig.flags = (raw ? 1 : 0) | (options.l2norm_qk ? 2 : 0) | (pr.v16 ? 4 : 0) | (pr.k_major ? 8 : 0);
   // The plan's text names the interval, so it is part of the key, not just ckpt on/off.
   sig.checkpoint_every = options.checkpoint_every_n_tokens;
   std::memcpy(sig.force, options.force_mode.data(), options.force_mode.size());

@@ -78,6 +78,21 @@ def _base(lse_base):
     return str(lse_base)
 
 
+def _empty_states(pool, rows):
+    """[rows, HV, V, K] like the pool, in its layout: a V-contiguous (K-major) pool gets the
+    transpose of a contiguous [rows, HV, K, V] array, which the kernels require of its
+    checkpoints."""
+    hv, dim_v, dim_k = pool.shape[1], pool.shape[2], pool.shape[3]
+    if callable(getattr(pool, "stride", None)):
+        strides = tuple(pool.stride())  # torch: elements
+    else:
+        itemsize = getattr(pool, "itemsize", None) or pool.dtype.itemsize
+        strides = tuple(s // itemsize for s in pool.strides)  # array API: bytes
+    if dim_v > 1 and strides[2] == 1 and strides[3] == dim_v:
+        return _empty(pool, (rows, hv, dim_k, dim_v)).swapaxes(-1, -2)
+    return _empty(pool, (rows, hv, dim_v, dim_k))
+
+
 # ---------------------------------------------------------------------------------------------
 # merge_state
 
@@ -138,13 +153,16 @@ def gdn_prefill(q, k, v, cu_seqlens, state, state_indices, *, a=None, b=None, a_
     """Chunked varlen GDN prefill. q, k [T, H, K], v [T, HV, V] (bf16/f16); gates either raw
     (a, b [T, HV], a_log, dt_bias [HV]) or precomputed (g, beta [T, HV] f32); cu_seqlens [N+1];
     state [slots, HV, V, K] (f32/bf16) read from and written back to state[state_indices[n]]
-    (index < 0: padding, the pool is not touched); has_initial_state [N] bool or None (all);
-    final_state [N, HV, V, K] to write final states there instead of into the pool. out
-    defaults to [T, HV, V] of q's dtype. scale 0 means K^-0.5. Returns out.
+    (index < 0: padding, the pool is not touched); its [HV, V, K] block contiguous, or V
+    contiguous: a [slots, HV, K, V] pool passed as pool.transpose(-1, -2) (fla's layout; the
+    kernels take it as it is, no copy). has_initial_state [N] bool or None (all); final_state
+    [N, HV, V, K], in the pool's layout, to write final states there instead of into the pool.
+    out defaults to [T, HV, V] of q's dtype. scale 0 means K^-0.5. Returns out.
 
     Checkpoints: checkpoint_every_n_tokens = n (a multiple of 64) also writes the state after
     every n tokens of each sequence: sequence i's j-th checkpoint goes to
-    state_checkpoints[checkpoint_cu_starts[i] + j] ([total, HV, V, K], the pool's dtype;
+    state_checkpoints[checkpoint_cu_starts[i] + j] ([total, HV, V, K], the pool's dtype and
+    layout;
     checkpoint_cu_starts [N + 1] int64 on the device, from gdn_prefill_checkpoint_starts).
     Left as None, both are made here from cu_seqlens, which copies cu_seqlens to the host (a
     synchronization: pass both for CUDA graph capture). Returns (out, state_checkpoints) then.
@@ -167,8 +185,7 @@ def gdn_prefill(q, k, v, cu_seqlens, state, state_indices, *, a=None, b=None, a_
             if checkpoint_cu_starts is None:
                 checkpoint_cu_starts = _like_ints(cu_seqlens, starts)
             if state_checkpoints is None:
-                shape = (starts[-1], state.shape[1], state.shape[2], state.shape[3])
-                state_checkpoints = _empty(state, shape)
+                state_checkpoints = _empty_states(state, starts[-1])
     result = _kjit._gdn_prefill(q, k, v, a, b, a_log, dt_bias, g, beta, cu_seqlens, state,
                                 state_indices, has_initial_state, out, final_state, scale,
                                 l2norm_qk, softplus_threshold, checkpoint_every_n_tokens,

@@ -1376,8 +1376,10 @@ NB_MODULE(_kjit, m) {
        "GdnDecodeOptions treat index 0 as a real slot too, so a vLLM integration maps its\n"
        "indices (or passes 'nonpositive' here) in any case, and the same call means the same\n"
        "in C++ and Python.\n\n"
-       "mixed_qkv [B, 2*H*K + HV*V]; a, b [B, HV]; a_log, dt_bias [HV]; state [slots, HV, V, K];\n"
-       "state_indices [B] int32/int64. out defaults to [B, HV, V] of mixed_qkv's dtype.\n"
+       "mixed_qkv [B, 2*H*K + HV*V]; a, b [B, HV]; a_log, dt_bias [HV]; state [slots, HV, V, K]\n"
+       "with K contiguous, or V contiguous (a [slots, HV, K, V] pool as .transpose(-1, -2), fla's\n"
+       "layout, updated in place); state_indices [B] int32/int64. out defaults to [B, HV, V] of\n"
+       "mixed_qkv's dtype.\n"
        "row_order: 'auto' (slot order for steps reading >= 512 MiB of state), 'by_slot' or\n"
        "'as_given' (GdnDecodeOptions::row_order; results are the same). Returns out."},
       {nullptr, nullptr, 0, nullptr}};

@@ -63,11 +63,12 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
 }
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.bits; }
 
-/// blockIdx & co.: set by emulated_launch before each thread runs.
+/// blockIdx & co.: set by emulated_launch before each thread runs (per OS thread, so that
+/// cuda_warp_emulation.hpp can run a block's threads at once).
 struct EmulatedDim3 {
   unsigned x = 0, y = 0, z = 0;
 };
-inline EmulatedDim3 blockIdx, blockDim, gridDim, threadIdx;
+inline thread_local EmulatedDim3 blockIdx, blockDim, gridDim, threadIdx;
 
 /// Runs every thread of a 1-D launch of `kernel(params)`, one after another.
 template <typename Params>

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kjit/types.hpp"
@@ -49,5 +50,55 @@ inline Diff compare(const Bytes& got, const Bytes& ref, DType dtype) {
   e.rel = std::sqrt(d2 / std::max(r2, 1e-300));
   return e;
 }
+
+/// A host tensor with explicit strides (in elements) over storage of its own: 16-byte aligned
+/// (operator new) plus `offset` elements (to misalign it on purpose), and 64 bytes of slack after
+/// the last element that nothing reads or writes. Copies are deep. For kernel templates run on
+/// the CPU (cuda_host_emulation.hpp) and their references.
+struct HostTensor {
+  DType dtype;
+  std::vector<std::int64_t> shape, strides;
+  Bytes storage;
+  std::size_t offset_bytes = 0;
+
+  HostTensor(DType d, std::vector<std::int64_t> s, std::vector<std::int64_t> st = {},
+             std::int64_t offset = 0)
+      : dtype(d), shape(std::move(s)), strides(std::move(st)) {
+    if (strides.empty()) {
+      strides.assign(shape.size(), 1);
+      for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) {
+        strides[i] = strides[i + 1] * shape[i + 1];
+      }
+    }
+    offset_bytes = static_cast<std::size_t>(offset) * size_of(dtype);
+    storage.assign(static_cast<std::size_t>(elements()) * size_of(dtype) + offset_bytes + 64, 0);
+  }
+  unsigned char* data() { return storage.data() + offset_bytes; }
+  /// Elements from the first to the last one the strides reach.
+  std::int64_t elements() const {
+    std::int64_t span = 1;
+    for (std::size_t i = 0; i < shape.size(); ++i) span += (shape[i] - 1) * strides[i];
+    return span;
+  }
+  double get(std::int64_t i) { return support::load_as_double(data(), dtype, i); }
+  void set(std::int64_t i, double v) { support::store_from_double(data(), dtype, i, v); }
+  /// Every element (gaps between strided rows included) drawn from N(0, 1).
+  template <typename Rng>
+  void fill(Rng& rng) {
+    std::normal_distribution<double> normal(0.0, 1.0);
+    for (std::int64_t i = 0; i < elements(); ++i) set(i, normal(rng));
+  }
+  TensorView view() {
+    TensorView t;
+    t.data = data();
+    t.dtype = dtype;
+    t.rank = static_cast<int>(shape.size());
+    for (int i = 0; i < t.rank; ++i) {
+      t.shape[i] = shape[i];
+      t.strides[i] = strides[i];
+    }
+    return t;
+  }
+};
 
 }  // namespace kjit::test

@@ -112,16 +112,20 @@ struct Case {
   int expect_ordered = -1;
   /// The planner's state load hint, checked when not empty (e.g. "staged").
   std::string expect_load_hint;
+  /// The pool as fla keeps it: [slots, HV, K, V] contiguous per slot, passed as its transpose
+  /// (strides [slot, V*K, 1, V]); the plan must be the state_layout=kv specialization.
+  bool k_major = false;
 
   std::string str() const {
     return fmt::format(
         "B={} H={} HV={} K={} V={} qkv={} gate={} state={} out={} index={} rule={} gated={} "
-        "pads=({},{},{},{},{}) mode={} bv={} stages={} bps={} hints={} order={} capture={}",
+        "pads=({},{},{},{},{}) mode={} bv={} stages={} bps={} hints={} order={} capture={} "
+        "k_major={}",
         batch, heads, value_heads, k, v, to_string(qkv), to_string(gate), to_string(state),
         to_string(out), to_string(index),
         rule == GdnInvalidIndex::negative ? "negative" : "nonpositive", gated, qkv_pad, gate_pad,
         slot_pad, out_pad, index_stride, force_mode, force_bv, force_stages, force_blocks_per_sm,
-        force_cache_hints, static_cast<int>(row_order), capture);
+        force_cache_hints, static_cast<int>(row_order), capture, k_major);
   }
 };
 
@@ -162,8 +166,10 @@ void run_case(const Case& c) {
   Tensor a_log(c.a_log, {c.value_heads});
   Tensor dt_bias(c.dt_bias, {c.value_heads});
   const std::int64_t slot_size = c.value_heads * c.v * c.k;
+  // The reference reads the pool through its strides, so both layouts share it.
   Tensor state(c.state, {slots, c.value_heads, c.v, c.k},
-               {slot_size + c.slot_pad, c.v * c.k, c.k, 1});
+               c.k_major ? std::vector<std::int64_t>{slot_size + c.slot_pad, c.v * c.k, 1, c.v}
+                         : std::vector<std::int64_t>{slot_size + c.slot_pad, c.v * c.k, c.k, 1});
   Tensor indices(c.index, {c.batch}, {c.index_stride});
   Tensor out(c.out, {c.batch, c.value_heads, c.v}, {c.value_heads * c.v + c.out_pad, c.v, 1});
   Tensor ref_out(c.out, out.shape, out.strides);
@@ -308,7 +314,7 @@ void run_case(const Case& c) {
   }
   CHECK_MESSAGE(changed == 0,
                 fmt::format("{} bytes changed outside the slots of valid rows", changed));
-  if (!c.expect_mode.empty() || !c.expect_load_hint.empty() || c.expect_ordered >= 0) {
+  {
     const Plan plan =
         plan_gdn_decode(qkv.view(true), a.view(true), b.view(true), a_log.view(true),
                         dt_bias.view(true), state.view(true), indices.view(true), out.view(true),
@@ -321,6 +327,7 @@ void run_case(const Case& c) {
       CHECK(plan.launches.back().spec.get_int("ordered") == c.expect_ordered);
       CHECK(plan.launches.size() == (c.expect_ordered == 1 ? 2u : 1u));
     }
+    CHECK(plan.launches.back().spec.get_or("state_layout", "vk") == (c.k_major ? "kv" : "vk"));
   }
 }
 
@@ -673,6 +680,114 @@ TEST_CASE("gdn_decode gpu: small batches (split V tiles) and Qwen3-Next shapes")
     c.steps = 2;
     run_case(c);
   }
+}
+
+// fla's layout: each slot [HV, K, V] with V contiguous, passed as the transposed view. Every
+// dtype of the pool, head dims whose lines take 1..8 warps (and odd K, V), both rules with
+// padding rows, both forms, each one-tile grid mode and forced tiles, rows in slot order,
+// padded and misaligned slot strides (narrower vectors), graph replay, and grid boundaries.
+TEST_CASE("gdn_decode gpu: K-major pool (V contiguous, fla's layout)") {
+  for (DType state : {DType::f32, DType::bf16, DType::f16}) {
+    for (DType qkv : {DType::bf16, DType::f32}) {
+      Case c;
+      c.k_major = true;
+      c.state = state;
+      c.qkv = c.gate = c.out = c.dt_bias = qkv;
+      c.index = state == DType::bf16 ? DType::i64 : DType::i32;
+      run_case(c);
+    }
+  }
+  const std::pair<std::int64_t, std::int64_t> dims[] = {{64, 64}, {256, 256}, {64, 256}, {256, 64},
+                                                        {80, 48}, {16, 16},   {96, 112}, {48, 128}};
+  for (auto [k, v] : dims) {
+    for (DType state : {DType::f32, DType::bf16}) {
+      Case c;
+      c.k_major = true;
+      c.k = k;
+      c.v = v;
+      c.state = state;
+      c.batch = 3;
+      c.steps = 2;
+      run_case(c);
+    }
+  }
+  for (GdnInvalidIndex rule : {GdnInvalidIndex::negative, GdnInvalidIndex::nonpositive}) {
+    Case c;
+    c.k_major = true;
+    c.rule = rule;
+    c.batch = 9;
+    c.invalid_every = 2;
+    run_case(c);
+    c.l2norm = false;
+    c.gated = true;
+    run_case(c);
+  }
+  for (const char* mode : {"flat", "split", "folded"}) {
+    for (int bv : {0, 16, 32}) {
+      Case c;
+      c.k_major = true;
+      c.batch = 7;
+      c.heads = 3;
+      c.value_heads = 6;
+      c.force_mode = mode;
+      c.force_bv = bv;
+      c.steps = 1;
+      c.expect_mode = mode;
+      run_case(c);
+    }
+  }
+  for (const char* hints : {"plain/plain", "l2_256/stream"}) {
+    Case c;
+    c.k_major = true;
+    c.force_cache_hints = hints;
+    c.force_blocks_per_sm = 4;
+    c.steps = 1;
+    run_case(c);
+  }
+  for (GdnRowOrder order : {GdnRowOrder::by_slot, GdnRowOrder::as_given}) {
+    Case c;
+    c.k_major = true;
+    c.batch = 40;
+    c.row_order = order;
+    c.expect_ordered = order == GdnRowOrder::by_slot ? 1 : 0;
+    c.capture = true;
+    c.steps = 3;
+    run_case(c);
+  }
+  Case strided;
+  strided.k_major = true;
+  strided.batch = 6;
+  strided.qkv_pad = 40;
+  strided.gate_pad = 3;
+  strided.slot_pad = 8;
+  strided.out_pad = 5;
+  strided.index_stride = 2;
+  run_case(strided);
+  strided.slot_pad = 3;  // f32 pool slots only 4-byte aligned: narrower vectors
+  run_case(strided);
+  strided.state = DType::bf16;
+  strided.slot_pad = 1;  // 2-byte aligned
+  run_case(strided);
+  for (std::int64_t batch : {1, 32}) {  // Qwen3-Next decode shapes
+    Case c;
+    c.k_major = true;
+    c.batch = batch;
+    c.heads = 16;
+    c.value_heads = 32;
+    c.invalid_every = 0;
+    c.steps = 2;
+    run_case(c);
+  }
+  Case boundary;  // B * HV = 65536: beyond grid y, split
+  boundary.k_major = true;
+  boundary.batch = 32768;
+  boundary.heads = 1;
+  boundary.value_heads = 2;
+  boundary.k = boundary.v = 16;
+  boundary.steps = 1;
+  boundary.invalid_every = 1000;
+  boundary.expect_mode = "split";
+  run_case(boundary);
 }
 
 TEST_CASE("gdn_decode gpu: debug check rejects repeated indices") {

@@ -54,6 +54,10 @@ struct Case {
   double slow_decay = 0.0;
   // When not empty: the mode the planner must choose must start with this (e.g. "chunked_cp").
   std::string expect_mode;
+  // The pool, final states and checkpoints as fla keeps states: each [HV, K, V] block
+  // contiguous, passed as its transpose (strides [row, V*K, 1, V]); the plan must take the
+  // state_layout=kv kernels. The reference reads and writes them through the same strides.
+  bool k_major = false;
 };
 
 DeviceBuffer upload(const Bytes& host) {
@@ -150,10 +154,14 @@ void run_case(const Case& c) {
   if (ckpt) {
     MESSAGE("checkpoints every " << c.ckpt_every << " tokens: " << ckpt_total << " rows");
   }
-  const auto ckpt_view = [&](void* data) {
-    return TensorView::strided(data, c.state, {ckpt_rows, hv, vd, kd},
-                               {ckpt_stride, vd * kd, kd, 1});
+  // A [rows, HV, V, K] state tensor in the case's layout, rows `row_stride` elements apart.
+  const auto states_view = [&](void* data, std::int64_t rows, std::int64_t row_stride) {
+    return c.k_major ? TensorView::strided(data, c.state, {rows, hv, vd, kd},
+                                           {row_stride, vd * kd, 1, vd})
+                     : TensorView::strided(data, c.state, {rows, hv, vd, kd},
+                                           {row_stride, vd * kd, kd, 1});
   };
+  const auto ckpt_view = [&](void* data) { return states_view(data, ckpt_rows, ckpt_stride); };
 
   // The workspace the plan reports (more than gdn_prefill_workspace_bytes on the
   // context-parallel path), and the mode it chose.
@@ -174,13 +182,19 @@ void run_case(const Case& c) {
         TensorView::contiguous(dv.get(), c.in, {t, hv, vd}),
         gates_of(dga.get(), dgb.get(), dalog.get(), ddt.get()),
         TensorView::contiguous(dcu.get(), c.cu, {n + 1}),
-        TensorView::contiguous(dpool.get(), c.state, {slots, hv, vd, kd}),
+        states_view(dpool.get(), slots, hv * vd * kd),
         TensorView::contiguous(didx.get(), c.index, {n}),
         c.all_have_state ? TensorView{} : TensorView::contiguous(dinit.get(), DType::u8, {n}),
         TensorView::contiguous(dout.get(), c.out, {t, hv, vd}), plan_options,
         test::runtime().device_limits(test::device()));
     MESSAGE("mode " << plan.mode);
     if (!c.expect_mode.empty()) CHECK(plan.mode.starts_with(c.expect_mode));
+    for (const PlannedLaunch& launch : plan.launches) {
+      const bool touches_state = launch.spec.family == "gdn_prefill" ||
+                                 launch.spec.family == "gdn_prefill_state" ||
+                                 launch.spec.family == "gdn_prefill_state_cp";
+      CHECK(launch.spec.get_or("state_layout", "vk") == (c.k_major && touches_state ? "kv" : "vk"));
+    }
     for (const std::string& r : plan.reasons) {
       if (r.starts_with("workspace for T = ")) ws_bytes = std::stoll(r.substr(r.find(": ") + 2));
     }
@@ -199,7 +213,7 @@ void run_case(const Case& c) {
     options.device = test::device();
     options.force_mode = c.force_mode;
     if (c.separate_final) {
-      options.final_state = TensorView::contiguous(final_buf.get(), c.state, {n, hv, vd, kd});
+      options.final_state = states_view(final_buf.get(), n, hv * vd * kd);
     }
     if (with_ckpt) {
       options.checkpoint_every_n_tokens = c.ckpt_every;
@@ -213,7 +227,7 @@ void run_case(const Case& c) {
           TensorView::contiguous(dv.get(), c.in, {t, hv, vd}),
           gates_of(dga.get(), dgb.get(), dalog.get(), ddt.get()),
           TensorView::contiguous(dcu.get(), c.cu, {n + 1}),
-          TensorView::contiguous(pool_buf.get(), c.state, {slots, hv, vd, kd}),
+          states_view(pool_buf.get(), slots, hv * vd * kd),
           TensorView::contiguous(didx.get(), c.index, {n}),
           c.all_have_state ? TensorView{} : TensorView::contiguous(dinit.get(), DType::u8, {n}),
           TensorView::contiguous(out_buf.get(), c.out, {t, hv, vd}), options, stream);
@@ -262,7 +276,7 @@ void run_case(const Case& c) {
   GdnPrefillOptions ref_options;
   ref_options.l2norm_qk = c.l2norm;
   if (c.separate_final) {
-    ref_options.final_state = TensorView::contiguous(ref_final.data(), c.state, {n, hv, vd, kd});
+    ref_options.final_state = states_view(ref_final.data(), n, hv * vd * kd);
   }
   if (ckpt) {
     ref_options.checkpoint_every_n_tokens = c.ckpt_every;
@@ -275,7 +289,7 @@ void run_case(const Case& c) {
       TensorView::contiguous(hvv.data(), c.in, {t, hv, vd}),
       gates_of(hga.data(), hgb.data(), hal.data(), hdt.data()),
       TensorView::contiguous(cu_host.data(), c.cu, {n + 1}),
-      TensorView::contiguous(ref_pool.data(), c.state, {slots, hv, vd, kd}),
+      states_view(ref_pool.data(), slots, hv * vd * kd),
       TensorView::contiguous(idx_host.data(), c.index, {n}),
       c.all_have_state ? TensorView{} : TensorView::contiguous(init_host.data(), DType::u8, {n}),
       TensorView::contiguous(ref_out.data(), c.out, {t, hv, vd}), ref_options);
@@ -788,6 +802,68 @@ TEST_CASE("gdn_prefill context-parallel: slowly decaying gates over 100k tokens"
   c.force_mode = "chunked_cp64";
   c.expect_mode = "chunked_cp64";
   run_case(c);
+}
+
+// fla's layout (each [HV, K, V] state block contiguous, passed transposed) for the pool, the
+// separate final states and the checkpoints: every path and value tile (fused, sequential
+// chunked with narrow and wide tiles, context-parallel), f32 and bf16 pools, padding indices
+// and has_initial_state, checkpoints, varlen, K != V, and graph replay.
+TEST_CASE("gdn_prefill: K-major pool, final states and checkpoints (fla's layout)") {
+  for (const std::string mode : {"bv64", "bv16", "chunked", "chunked_bv128", "chunked_bv64",
+                                 "chunked_bv32", "chunked_bv16", "chunked_cp2"}) {
+    for (DType state : {DType::f32, DType::bf16}) {
+      CAPTURE(mode);
+      CAPTURE(to_string(state));
+      Case c;
+      c.k_major = true;
+      c.lengths = {0, 1, 63, 64, 65, 1000, 130, 17};
+      c.state = state;
+      c.force_mode = mode;
+      c.expect_mode = mode.starts_with("chunked_cp") ? "chunked_cp" : "";
+      run_case(c);
+    }
+  }
+  for (const char* mode : {"", "bv32", "chunked_bv64", "chunked_cp3"}) {
+    CAPTURE(mode);
+    Case c = checkpoint_case(mode);  // checkpoints every 64, separate final state
+    c.k_major = true;
+    run_case(c);
+    c.state = DType::bf16;
+    c.ckpt_every = 128;
+    c.separate_final = false;
+    c.lengths = {0, 1, 63, 1000, 64, 65, 128, 130, 2000};
+    run_case(c);
+  }
+  const std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t> shapes[] = {
+      {64, 128, 2, 8}, {128, 64, 1, 4}, {256, 256, 2, 2}, {64, 64, 4, 4}};
+  for (auto [kd, vd, h, hv] : shapes) {
+    CAPTURE(kd);
+    CAPTURE(vd);
+    Case c;
+    c.k_major = true;
+    c.lengths = {300, 0, 64, 129};
+    c.k = kd;
+    c.v = vd;
+    c.heads = h;
+    c.value_heads = hv;
+    c.ckpt_every = 64;
+    run_case(c);
+  }
+  Case f16;  // the fused kernel by itself (f16 inputs), bf16 pool, separate final state
+  f16.k_major = true;
+  f16.lengths = {64, 1, 65, 0, 200};
+  f16.in = DType::f16;
+  f16.state = DType::bf16;
+  f16.index = DType::i64;
+  f16.precomputed = true;
+  f16.separate_final = true;
+  run_case(f16);
+  Case graph;  // captured and replayed
+  graph.k_major = true;
+  graph.lengths = {70, 0, 1, 300};
+  graph.separate_final = true;
+  graph.capture = true;
+  run_case(graph);
 }
 
 }  // namespace kjit

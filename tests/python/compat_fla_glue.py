@@ -6,8 +6,12 @@ pool slots, final_state, padding indices). The adapter's results are compared wi
 independent recurrence in fla's own form (K-major states S [K, V]: S = a (I - b k k^T) S +
 b k v^T, o = S^T q) over equal-length and varlen batches, no / f32 / f16 initial states, both
 state layouts, with and without final states, raw gates and beta; the initial state must come
-back unwritten. This checks the layout work (reshapes, the transposing copies, which buffer
-receives the final states) that the GPU tests can only check together with the kernel."""
+back unwritten. The stand-in accepts only the state strides kjit does (K or V contiguous, final
+states in the pool's layout), and the adapter must hand a float32 initial state to kjit as it
+is (the same memory, transposed view for fla's K-major layout) and return the very tensor kjit
+wrote the final states into: no copies. This checks the layout work (reshapes, views, which
+buffer receives the final states) that the GPU tests can only check together with the
+kernel."""
 
 import sys
 import types
@@ -118,10 +122,29 @@ def l2norm(x):
     return x / np.sqrt(x @ x + 1e-6)
 
 
+def state_layout(state):
+    """kjit's accepted strides of a [.., HV, V, K] state: 'vk' (K contiguous) or 'kv' (V
+    contiguous, the transpose of [.., HV, K, V]); anything else fails, as in kjit."""
+    st, (dim_v, dim_k) = state.stride(), state.shape[2:]
+    if st[1] == dim_v * dim_k and st[2] == dim_k and st[3] == 1:
+        return "vk"
+    if st[1] == dim_v * dim_k and st[2] == 1 and st[3] == dim_v:
+        return "kv"
+    raise AssertionError(f"kjit refuses state strides {st} of shape {state.shape}")
+
+
+CALLS = []  # (state, final_state) of each call, for the no-copy checks
+
+
 def kjit_prefill_stand_in(q, k, v, cu_seqlens, state, state_indices, g, beta, final_state=None,
                           scale=0.0, l2norm_qk=True):
-    """kjit.gdn_prefill's contract in float64: V-major [HV, V, K] states read from the pool
-    slot of each sequence (zeros for index < 0), written back there or to final_state."""
+    """kjit.gdn_prefill's contract in float64: [HV, V, K] states (K or V contiguous) read from
+    the pool slot of each sequence (zeros for index < 0), written back there or to final_state
+    (in the pool's layout)."""
+    layout = state_layout(state)
+    if final_state is not None:
+        assert state_layout(final_state) == layout, "final_state not in the pool's layout"
+    CALLS.append((state, final_state))
     qa, ka, va = (x.a.astype(np.float64) for x in (q, k, v))
     tokens, heads, dim_k = qa.shape
     heads_v, dim_v = va.shape[1:]
@@ -185,6 +208,15 @@ def check(fn, rng, batch, varlen, h0_kind, v_first, final):
                   initial_state=given, output_final_state=final,
                   cu_seqlens=Tensor(np.array(cu_list, np.int64)) if varlen else None,
                   state_v_first=v_first, use_qk_l2norm_in_kernel=True, scale=0.2)
+    pool, final_state = CALLS[-1]
+    if given is not None and h0_kind == np.float32:
+        # Read in place: the caller's memory, as a view (transposed when K-major).
+        assert np.shares_memory(pool.a, given.a), "a float32 initial state was copied"
+        assert state_layout(pool) == ("vk" if v_first else "kv")
+    if final:
+        # Returned as kjit wrote it: no transposing copy afterwards.
+        written = final_state if final_state is not None else pool
+        assert np.shares_memory(state.a, written.a), "the final states were copied"
     flat = batch * seq
     ref_o, ref_final = fla_recurrence(q.reshape(flat, heads, dim), k.reshape(flat, heads, dim),
                                       v.reshape(flat, heads_v, dim), g.reshape(flat, heads_v),

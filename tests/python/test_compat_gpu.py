@@ -461,6 +461,104 @@ def test_fla_chunk_varlen_against_reference(v_first):
     close_state(ht.transpose(-1, -2) if v_first else ht, ref_ht)
 
 
+@pytest.mark.parametrize("fn", [fla.chunk_gated_delta_rule, fla.fused_recurrent_gated_delta_rule])
+def test_fla_k_major_states_reach_the_kernel_without_a_copy(fn, monkeypatch):
+    """fla's [N, HV, K, V] float32 states go to kjit as transposed views (state_layout=kv
+    kernels): the pool kjit reads is the caller's initial_state, and the tensor returned is the
+    one kjit wrote the final states into."""
+    b, t, h, hv, kv = 3, 70, 2, 4, 64
+    case = fla_case(b, t, h, hv, kv, seed=13)
+    h0 = torch.randn(b, hv, kv, kv, device=DEV) * 0.1  # K-major, contiguous
+    before = h0.clone()
+    calls = []
+    real = fla._api.gdn_prefill
+
+    def spy(q, k, v, cu_seqlens, state, state_indices, **options):
+        calls.append((state, options.get("final_state")))
+        return real(q, k, v, cu_seqlens, state, state_indices, **options)
+
+    monkeypatch.setattr(fla._api, "gdn_prefill", spy)
+    with torch.no_grad():
+        o, ht = fn(**case, initial_state=h0, output_final_state=True,
+                   use_qk_l2norm_in_kernel=True)
+    torch.cuda.synchronize()
+    (pool, final), = calls
+    assert pool.data_ptr() == h0.data_ptr()  # read in place
+    assert pool.stride() == (hv * kv * kv, kv * kv, 1, kv)  # [N, HV, V, K] view, V contiguous
+    assert final.data_ptr() == ht.data_ptr() and final.stride() == pool.stride()
+    assert ht.shape == (b, hv, kv, kv) and ht.is_contiguous() and ht.dtype == torch.float32
+    assert torch.equal(h0, before)
+    ref_o, ref_ht = fla_reference(case, [i * t for i in range(b + 1)], h0)
+    scale = ref_o.abs().max().item() + 1e-6
+    close(o.flatten(0, 1), ref_o, 2e-2, 2e-2 * scale)
+    close_state(ht, ref_ht)
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_gdn_prefill_writes_a_k_major_pool_in_place(state_dtype):
+    """kjit.gdn_prefill on a [slots, HV, K, V] pool passed as its transpose: the final states
+    land in the caller's tensor (K-major), untouched slots stay bit-identical, checkpoints come
+    back in the pool's layout."""
+    lens, h, hv, kd, vd = [5, 130, 64], 2, 4, 128, 64
+    tokens, n = sum(lens), len(lens)
+    torch.manual_seed(17)
+    q = torch.randn(tokens, h, kd, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(tokens, h, kd, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn(tokens, hv, vd, device=DEV, dtype=torch.bfloat16)
+    g = -torch.rand(tokens, hv, device=DEV) * 0.3
+    beta = torch.rand(tokens, hv, device=DEV)
+    cu_list = [0, 5, 135, 199]
+    cu = torch.tensor(cu_list, device=DEV, dtype=torch.int32)
+    buffer = (torch.randn(n + 3, hv, kd, vd, device=DEV) * 0.1).to(state_dtype)  # [.., K, V]
+    pool = buffer.transpose(-1, -2)  # [slots, HV, V, K], V contiguous
+    indices = torch.tensor([4, -1, 1], device=DEV, dtype=torch.int32)  # padding in the middle
+    before = buffer.clone()
+    out, checkpoints = kjit.gdn_prefill(q, k, v, cu, pool, indices, g=g, beta=beta,
+                                        checkpoint_every_n_tokens=64)
+    torch.cuda.synchronize()
+    assert checkpoints.stride()[2] == 1 and checkpoints.stride()[3] == vd
+    ckpts = []
+    ref_out, ref_pool, _ = reference.gdn_prefill(q, k, v, g, beta, cu_list,
+                                                 before.transpose(-1, -2), indices.tolist(),
+                                                 checkpoints=(64, ckpts))
+    scale = ref_out.abs().max().item() + 1e-6
+    close(out, ref_out, 2e-2, 2e-2 * scale)
+    for slot in (4, 1):
+        close_state(pool[slot], ref_pool[slot])
+    for slot in (0, 2, 3, 5):
+        assert torch.equal(buffer[slot], before[slot])  # bytewise: untouched
+    assert checkpoints.shape[0] == len(ckpts)
+    for row, want in enumerate(ckpts):
+        close_state(checkpoints[row], want)
+
+
+def test_gdn_decode_updates_a_k_major_pool_in_place():
+    """kjit.gdn_decode on fla's layout ([slots, HV, K, V] passed as its transpose): the step
+    reads and writes the caller's tensor; padding rows leave their slots bit-identical."""
+    b, h, hv, kd, vd = 6, 2, 4, 128, 128
+    torch.manual_seed(5)
+    qkv = torch.randn(b, 2 * h * kd + hv * vd, device=DEV, dtype=torch.bfloat16)
+    a = torch.randn(b, hv, device=DEV, dtype=torch.bfloat16)
+    bb = torch.randn(b, hv, device=DEV, dtype=torch.bfloat16)
+    a_log = torch.randn(hv, device=DEV) * 0.5
+    dt_bias = torch.randn(hv, device=DEV) * 0.5
+    buffer = torch.randn(b + 2, hv, kd, vd, device=DEV) * 0.1
+    pool = buffer.transpose(-1, -2)
+    indices = torch.tensor([3, -1, 0, 7, -1, 5], device=DEV, dtype=torch.int32)
+    before = buffer.clone()
+    out = kjit.gdn_decode(qkv, a, bb, a_log, dt_bias, pool, indices)
+    torch.cuda.synchronize()
+    g = -torch.exp(a_log.double()) * reference.softplus(a.double() + dt_bias.double(), 20.0)
+    ref_out, ref_pool = reference.gdn_decode(qkv, g, torch.sigmoid(bb.double()),
+                                             before.transpose(-1, -2), indices.tolist(), h)
+    scale = ref_out.abs().max().item() + 1e-6
+    close(out, ref_out, TOL[torch.bfloat16], TOL[torch.bfloat16] * scale)
+    for slot in (3, 0, 7, 5):
+        close(pool[slot], ref_pool[slot], 1e-4, 1e-4)
+    for slot in (1, 2, 4, 6):
+        assert torch.equal(buffer[slot], before[slot])
+
+
 def test_fla_gate_and_beta_in_kernel_and_no_final_state():
     b, t, h, hv, kv = 1, 40, 1, 2, 64
     case = fla_case(b, t, h, hv, kv, seed=8)

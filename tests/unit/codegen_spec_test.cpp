@@ -96,10 +96,13 @@ TEST_CASE("specs of every declared family round-trip") {
       spec = KernelSpec::make(family.name, params_for(false), arch);
     }
     CAPTURE(spec.str());
-    REQUIRE(spec.params.size() == family.params.size());
-    for (std::size_t i = 0; i < family.params.size(); ++i) {
-      CHECK(spec.params[i].first == family.params[i].name);
+    // Declared order, less the parameters left out at their omitted default.
+    std::vector<std::string_view> expected;
+    for (const ParamDecl& decl : family.params) {
+      if (decl.omitted_default.empty() || spec.has(decl.name)) expected.push_back(decl.name);
     }
+    REQUIRE(spec.params.size() == expected.size());
+    for (std::size_t i = 0; i < expected.size(); ++i) CHECK(spec.params[i].first == expected[i]);
     CHECK(KernelSpec::parse(spec.str()) == spec);
   }
 }
@@ -220,6 +223,38 @@ TEST_CASE("the stub is one include plus comments, and the name expression instan
   CHECK(stub_source(KernelSpec::parse("probe:heavy=1@sm_80")) != stub);
   CHECK(device_type_name(DType::bf16) == "__nv_bfloat16");
   CHECK(device_type_name(DType::f16) == "__half");
+}
+
+TEST_CASE("a parameter declared with an omitted default leaves V-major specs as they were") {
+  // gdn_prefill_state's state_layout (the last template parameter, default vk).
+  const std::string v_major =
+      "gdn_prefill_state:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=128,v=128,bv=64,ckpt=0"
+      "@sm_90";
+  const KernelSpec plain = KernelSpec::parse(v_major);
+  const KernelSpec spelled = KernelSpec::parse(
+      "gdn_prefill_state:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=128,v=128,bv=64,ckpt=0,"
+      "state_layout=vk@sm_90");
+  CHECK(plain.str() == v_major);
+  CHECK(spelled == plain);  // given at its default: left out
+  CHECK_FALSE(plain.has("state_layout"));
+  CHECK(plain.get_or("state_layout", "vk") == "vk");
+  CHECK_THROWS_AS(plain.get("state_layout"), InvalidArgument);
+  CHECK(stub_source(spelled) == stub_source(plain));
+  CHECK(name_expression(plain) ==
+        "&kjit::gdn_prefill_state_kernel<__nv_bfloat16, float, __nv_bfloat16, int, int, 128, "
+        "128, 64, false>");
+  const KernelSpec k_major = KernelSpec::parse(
+      "gdn_prefill_state:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=128,v=128,bv=64,ckpt=0,"
+      "state_layout=kv@sm_90");
+  CHECK(k_major.str() == v_major.substr(0, v_major.find('@')) + ",state_layout=kv@sm_90");
+  CHECK(k_major.get("state_layout") == "kv");
+  CHECK(name_expression(k_major) ==
+        "&kjit::gdn_prefill_state_kernel<__nv_bfloat16, float, __nv_bfloat16, int, int, 128, "
+        "128, 64, false, 1>");
+  CHECK(KernelSpec::parse(k_major.str()) == k_major);
+  CHECK(contains(parse_error("gdn_prefill_state:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=128,"
+                             "v=128,bv=64,ckpt=0,state_layout=xy@sm_90"),
+                 "'state_layout' = 'xy' is not accepted; accepted: vk, kv"));
 }
 
 TEST_CASE("the embedded template table") {

@@ -90,6 +90,28 @@ std::vector<KernelSpec> representative_specs(const codegen::FamilyDecl& family, 
   return specs;
 }
 
+/// Every spec compiled, two at a time; errors[i] is spec i's error ("" when it compiled).
+std::vector<CompiledKernel> compile_on_two_threads(const Compiler& c,
+                                                   const std::vector<KernelSpec>& specs,
+                                                   std::vector<std::string>& errors) {
+  errors.assign(specs.size(), "");
+  std::vector<CompiledKernel> kernels(specs.size());
+  std::vector<std::thread> threads;
+  for (unsigned w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      for (std::size_t i = w; i < specs.size(); i += 2) {
+        try {
+          kernels[i] = c.compile(specs[i]);
+        } catch (const Error& e) {
+          errors[i] = e.what();
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  return kernels;
+}
+
 bool is_elf(const std::string& bytes) {
   return bytes.size() > 4 && bytes.starts_with(
                                  "\x7f"
@@ -234,6 +256,97 @@ TEST_CASE("gdn_prefill_state's wide tiles compile to wgmma for sm_90a without sp
       "ckpt=0@sm_90"));
   CHECK(plain.ptx.find("wgmma") == std::string::npos);
   CHECK(plain.ptx.find("mma.sync") != std::string::npos);
+}
+
+TEST_CASE("gdn_decode's K-major specializations compile for every shipped target") {
+  // What the planner emits for K-major pools (state_layout=kv): 16-byte f32 and bf16 lines over
+  // 4 and 8 warps, narrow vectors (misaligned pools), odd head dims, the gated form, rows in
+  // slot order, a register cap (4 blocks of 4 warps per SM). None spills. The GPU suite runs
+  // them.
+  const Compiler& c = nvrtc();
+  const std::string base =
+      "gdn_decode:qkv={},gate={},a_log=f32,dt_bias={},state={},out={},index={},k={},v={},bv={},"
+      "warps={},vec_bytes={},mode={},stages=0,min_blocks={},load_hint={},store_hint=stream,"
+      "gated={},l2norm={},invalid=negative,ordered={},state_layout=kv@{}";
+  struct Shape {
+    const char *qkv, *state, *index;
+    int k, v, bv, warps, vec_bytes;
+    const char* mode;
+    int min_blocks;
+    const char* load_hint;
+    int gated, l2norm, ordered;
+  };
+  const Shape shapes[] = {
+      {"bf16", "f32", "i32", 128, 128, 32, 4, 16, "flat", 4, "stream", 0, 1, 0},
+      {"bf16", "bf16", "i64", 128, 128, 64, 8, 16, "split", 0, "stream", 1, 1, 1},
+      {"f16", "f16", "i32", 256, 256, 64, 8, 16, "folded", 0, "plain", 0, 0, 0},
+      {"f32", "f32", "i32", 48, 80, 16, 1, 4, "flat", 0, "l2_256", 1, 1, 1},
+      {"bf16", "bf16", "i32", 16, 16, 16, 1, 2, "folded", 0, "stream", 0, 1, 0},
+  };
+  std::vector<KernelSpec> specs;
+  for (const char* arch : {"sm_80", "sm_86", "sm_89", "sm_90", "sm_100a"}) {
+    for (const Shape& s : shapes) {
+      specs.push_back(KernelSpec::parse(fmt::format(
+          fmt::runtime(base), s.qkv, s.qkv, s.qkv, s.state, s.qkv, s.index, s.k, s.v, s.bv, s.warps,
+          s.vec_bytes, s.mode, s.min_blocks, s.load_hint, s.gated, s.l2norm, s.ordered, arch)));
+    }
+  }
+  std::vector<std::string> errors;
+  const std::vector<CompiledKernel> kernels = compile_on_two_threads(c, specs, errors);
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    CAPTURE(specs[i].str());
+    REQUIRE_MESSAGE(errors[i].empty(), errors[i]);
+    CHECK(is_elf(kernels[i].cubin));
+    CHECK(kernels[i].resources.spill_store_bytes == 0);
+    CHECK(kernels[i].resources.registers > 0);
+  }
+  // The V-major spec of the same call has no layout parameter, and its entry point names no
+  // layout either (the template's default): the stub, and so the cache key, are unchanged.
+  const KernelSpec v_major = KernelSpec::parse(
+      "gdn_decode:qkv=bf16,gate=bf16,a_log=f32,dt_bias=bf16,state=f32,out=bf16,index=i32,k=128,"
+      "v=128,bv=4,warps=1,vec_bytes=16,mode=flat,stages=0,min_blocks=0,load_hint=stream,"
+      "store_hint=stream,gated=0,l2norm=1,invalid=negative,ordered=0,state_layout=vk@sm_90");
+  CHECK(v_major.str().find("state_layout") == std::string::npos);
+  CHECK(codegen::name_expression(v_major).ends_with(", true, 0, false>"));
+  CHECK(codegen::name_expression(specs.front()).ends_with(", true, 0, false, 1>"));
+}
+
+TEST_CASE("gdn_prefill's K-major specializations compile for every shipped target") {
+  // The kernels that touch the pool, final states and checkpoints, with state_layout=kv: the
+  // fused kernel, the state kernel's narrow and wide tiles, the context-parallel passes; with
+  // and without checkpoints. The GPU suite runs them.
+  const Compiler& c = nvrtc();
+  const std::vector<std::string> texts = {
+      "gdn_prefill:qkv=bf16,gate=f32,param=f32,state=f32,out=bf16,cu=i32,index=i32,k=128,v=128,"
+      "bv=64,gated=1,l2norm=1,ckpt=1,state_layout=kv",
+      "gdn_prefill:qkv=f16,gate=bf16,param=f32,state=bf16,out=f16,cu=i64,index=i64,k=256,v=64,"
+      "bv=16,gated=0,l2norm=0,ckpt=0,state_layout=kv",
+      "gdn_prefill_state:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=128,v=128,bv=32,ckpt=1,"
+      "state_layout=kv",
+      "gdn_prefill_state:qkv=bf16,state=bf16,out=f32,cu=i64,index=i32,k=64,v=256,bv=128,ckpt=0,"
+      "state_layout=kv",
+      "gdn_prefill_state:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=128,v=128,bv=64,ckpt=1,"
+      "state_layout=kv",
+      "gdn_prefill_state_cp:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=128,v=128,bv=128,"
+      "ckpt=1,phase=1,stages=2,state_layout=kv",
+      "gdn_prefill_state_cp:qkv=bf16,state=bf16,out=bf16,cu=i32,index=i64,k=64,v=128,bv=64,"
+      "ckpt=0,phase=2,stages=3,state_layout=kv",
+  };
+  std::vector<KernelSpec> specs;
+  for (const char* arch : {"sm_80", "sm_86", "sm_89", "sm_90", "sm_100a"}) {
+    for (const std::string& text : texts) specs.push_back(KernelSpec::parse(text + "@" + arch));
+  }
+  // The wgmma wide tiles ("_wgmma" modes) on a K-major pool.
+  specs.push_back(KernelSpec::parse(texts[4] + "@sm_90a"));
+  std::vector<std::string> errors;
+  const std::vector<CompiledKernel> kernels = compile_on_two_threads(c, specs, errors);
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    CAPTURE(specs[i].str());
+    REQUIRE_MESSAGE(errors[i].empty(), errors[i]);
+    CHECK(is_elf(kernels[i].cubin));
+    CHECK(kernels[i].resources.registers > 0);
+  }
+  CHECK(kernels.back().ptx.find("wgmma.mma_async") != std::string::npos);
 }
 
 TEST_CASE("every family's template compiles for sm_80, sm_90 and sm_100a") {

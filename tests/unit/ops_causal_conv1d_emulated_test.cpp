@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/host_data.hpp"
 #include "kjit/device.hpp"
 #include "kjit/ops/causal_conv1d.hpp"
 #include "kjit/types.hpp"
@@ -31,44 +32,7 @@ namespace {
 
 using support::load_as_double;
 using support::store_from_double;
-/// A host tensor (any strides) of random values; data is malloc-aligned (16 bytes), enough for
-/// the template's 16-byte vector accesses on the host.
-struct Host {
-  DType dtype;
-  std::vector<std::int64_t> shape, strides;
-  std::vector<unsigned char> bytes;
-  Host(DType d, std::vector<std::int64_t> s, std::vector<std::int64_t> st = {})
-      : dtype(d), shape(s), strides(st) {
-    if (strides.empty()) {
-      strides.assign(shape.size(), 1);
-      for (int i = (int)shape.size() - 2; i >= 0; --i) strides[i] = strides[i + 1] * shape[i + 1];
-    }
-    std::int64_t span = 1;
-    for (size_t i = 0; i < shape.size(); ++i) span += (shape[i] - 1) * strides[i];
-    // 64 bytes of slack past the last element, never read or written (n() excludes them).
-    bytes.assign(span * size_of(dtype) + 64, 0);
-  }
-  void* data() { return bytes.data(); }
-  TensorView view() {
-    TensorView t;
-    t.data = data();
-    t.dtype = dtype;
-    t.rank = (int)shape.size();
-    for (int i = 0; i < t.rank; ++i) {
-      t.shape[i] = shape[i];
-      t.strides[i] = strides[i];
-    }
-    return t;
-  }
-  std::int64_t n() const { return (bytes.size() - 64) / size_of(dtype); }
-  void fill(std::mt19937_64& r) {
-    std::normal_distribution<double> g;
-    for (std::int64_t i = 0; i < n(); ++i) store_from_double(data(), dtype, i, g(r));
-  }
-  void seti(std::int64_t i, std::int64_t v) {
-    store_from_double(data(), dtype, i * strides[0], (double)v);
-  }
-};
+using Host = test::HostTensor;
 
 using Kernel = void (*)(const CausalConv1dParams);
 void launch(Kernel k, const Plan& plan, const CausalConv1dParams& p) {
@@ -98,7 +62,8 @@ void compare(const char* what, const TensorView& out, const std::vector<double>&
 }
 void compare_bytes(const char* what, Host& a, Host& b) {
   CAPTURE(what);
-  CHECK(std::memcmp(a.data(), b.data(), static_cast<std::size_t>(a.n()) * size_of(a.dtype)) == 0);
+  CHECK(std::memcmp(a.data(), b.data(),
+                    static_cast<std::size_t>(a.elements()) * size_of(a.dtype)) == 0);
 }
 
 // Params as lib/ops/causal_conv1d.cpp's prepare_* and run() build them.
@@ -156,10 +121,11 @@ void prefill_case(const char* name, const char* expect_spec_prefix, DType xd, DT
   w.fill(rng);
   b.fill(rng);
   pool.fill(rng);
-  for (std::int64_t i = 0; i <= N; ++i) cuh.seti(i, cu[i]);
+  for (std::int64_t i = 0; i <= N; ++i) cuh.set(i, static_cast<double>(cu[i]));
   for (std::int64_t i = 0; i < N; ++i) {
-    idx.seti(i, i % 4 == 3 ? (rule == ConvInvalidIndex::nonpositive ? 0 : -1) : i + 1);
-    has.seti(i, i % 2);
+    idx.set(i, static_cast<double>(i % 4 == 3 ? (rule == ConvInvalidIndex::nonpositive ? 0 : -1)
+                                              : i + 1));
+    has.set(i, static_cast<double>(i % 2));
   }
   Host pool_ref = pool;
   Host x_ref = x;
@@ -215,7 +181,8 @@ void update_case(const char* name, const char* expect_spec_prefix, DType xd, DTy
   b.fill(rng);
   pool.fill(rng);
   for (std::int64_t i = 0; i < B; ++i)
-    idx.seti(i, i % 4 == 3 ? (rule == ConvInvalidIndex::nonpositive ? 0 : -1) : i + 1);
+    idx.set(i, static_cast<double>(i % 4 == 3 ? (rule == ConvInvalidIndex::nonpositive ? 0 : -1)
+                                              : i + 1));
   Host pool_ref = pool;
   CausalConv1dOptions o;
   o.activation = ConvActivation::silu;
@@ -223,7 +190,8 @@ void update_case(const char* name, const char* expect_spec_prefix, DType xd, DTy
   for (int r = 0; r < rounds; ++r) {
     Host x(xd, {B, S, D}), out(xd, {B, S, D});
     x.fill(rng);
-    for (std::int64_t i = 0; i < B; ++i) acc.seti(i, 1 + (std::int64_t)(rng() % (L - W + 2)));
+    for (std::int64_t i = 0; i < B; ++i)
+      acc.set(i, static_cast<double>(1 + (std::int64_t)(rng() % (L - W + 2))));
     Host x_ref = x;
     TensorView outv = in_place ? x.view() : out.view();
     TensorView accv = acc.view();

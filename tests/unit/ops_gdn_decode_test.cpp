@@ -506,6 +506,135 @@ TEST_CASE("gdn_decode validation names the argument, its value and what is accep
                        doctest::Contains("g is"), InvalidArgument);
 }
 
+/// The pool of `w` as a K-major view: the transpose of a contiguous [slots, HV, K, V] pool.
+void make_k_major(Views& w) {
+  const std::int64_t hv = w.state.shape[1], v = w.state.shape[2], k = w.state.shape[3];
+  w.state.strides[0] = hv * v * k;
+  w.state.strides[1] = v * k;
+  w.state.strides[2] = 1;
+  w.state.strides[3] = v;
+}
+
+TEST_CASE("gdn_decode plan: a K-major pool (V contiguous) is a specialization") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  for (DType state : {DType::f32, DType::bf16, DType::f16}) {
+    for (std::int64_t k : {16, 48, 64, 128, 256}) {
+      for (std::int64_t v : {16, 48, 128, 256}) {
+        for (std::int64_t batch : {1, 64, 70000}) {
+          CAPTURE(to_string(state));
+          CAPTURE(k);
+          CAPTURE(v);
+          CAPTURE(batch);
+          Views w = views(batch, 2, 4, k, v, state);
+          const Plan vk = plan(w, h200);
+          make_k_major(w);
+          const Plan kv = plan(w, h200);
+          CHECK(all_ok(kv));
+          const KernelSpec& spec = kv.launches.back().spec;
+          CHECK(spec.get("state_layout") == "kv");
+          CHECK(spec.str().find(",state_layout=kv@") != std::string::npos);
+          // The V-major spec has no layout parameter: its text is what it was.
+          CHECK_FALSE(vk.launches.back().spec.has("state_layout"));
+          CHECK(vk.launches.back().spec.str().find("state_layout") == std::string::npos);
+          CHECK(spec.get("load_hint") != "staged");
+          CHECK(spec.get_int("stages") == 0);
+          const std::int64_t bv = spec.get_int("bv");
+          CHECK(v % bv == 0);
+          CHECK(kv.explain().find("state layout kv") != std::string::npos);
+          CHECK(vk.explain().find("state layout kv") == std::string::npos);
+        }
+      }
+    }
+  }
+  // f32, K = V = 128, 16-byte vectors: 128-byte lines of 32 columns, 8 lanes each; 4 warps of
+  // 8 lines per thread.
+  Views w = views(64, 2, 4, 128, 128, DType::f32);
+  make_k_major(w);
+  const Plan p = plan(w, h200);
+  CHECK(p.launches.back().spec.get_int("bv") == 32);
+  CHECK(p.launches.back().spec.get_int("warps") == 4);
+  CHECK(p.launches.back().shape.block.x == 128);
+  CHECK(p.explain().find("lines of 128 B") != std::string::npos);
+
+  // The plan memo distinguishes the layouts (the Problem holds it): a second plan of the V-major
+  // pool after the K-major one is V-major again.
+  Views back = views(64, 2, 4, 128, 128, DType::f32);
+  CHECK_FALSE(plan(back, h200).launches.back().spec.has("state_layout"));
+
+  // Rows in slot order and the gated form work the same way.
+  Views big = views(4096, 16, 64, 128, 128, DType::f32, DType::bf16, 8192);
+  make_k_major(big);
+  GdnDecodeOptions by_slot;
+  by_slot.row_order = GdnRowOrder::by_slot;
+  const Plan ordered = plan(big, h200, by_slot);
+  CHECK(ordered.launches.size() == 2);
+  CHECK(ordered.launches.back().spec.get("state_layout") == "kv");
+  TensorView g = TensorView::contiguous(fake(9), DType::f32, {4096, 64});
+  const Plan gated =
+      plan_gdn_decode_gated(big.qkv, g, g, big.state, big.indices, big.out, {}, h200);
+  CHECK(gated.launches.back().spec.get("state_layout") == "kv");
+  CHECK(gated.launches.back().spec.get("gated") == "1");
+
+  // Folded and split grids take it; forced tiles are checked against its rules.
+  GdnDecodeOptions folded;
+  folded.force_mode = "folded";
+  CHECK(plan(w, h200, folded).launches.back().spec.get("mode") == "folded");
+  GdnDecodeOptions forced_bv;
+  forced_bv.force_bv = 16;
+  CHECK(plan(w, h200, forced_bv).launches.back().spec.get_int("bv") == 16);
+  forced_bv.force_bv = 256;
+  CHECK_THROWS_WITH_AS(plan(w, h200, forced_bv), doctest::Contains("K-major"), InvalidArgument);
+
+  // Resident modes and staged loads are V-major only.
+  for (const char* mode : {"persistent", "bulk"}) {
+    GdnDecodeOptions resident;
+    resident.force_mode = mode;
+    CHECK_THROWS_WITH_AS(plan(w, h200, resident), doctest::Contains("K-major state"), PlanError);
+  }
+  GdnDecodeOptions staged;
+  staged.force_cache_hints = "staged/stream";
+  CHECK_THROWS_WITH_AS(plan(w, h200, staged), doctest::Contains("K-major state"), PlanError);
+  GdnDecodeOptions plain;
+  plain.force_cache_hints = "plain/plain";
+  CHECK(plan(w, h200, plain).launches.back().spec.get("load_hint") == "plain");
+
+  // A large step does not stage a K-major pool (staging is V-major).
+  Views large = views(2048, 16, 64, 128, 128, DType::f32, DType::bf16, 4096);
+  make_k_major(large);
+  CHECK(plan(large, h200).launches.back().spec.get("load_hint") == "stream");
+}
+
+TEST_CASE("gdn_decode validation: other state strides name both accepted layouts") {
+  const auto check_rejected = [](Views w) {
+    const std::string why = rejection(w);
+    CAPTURE(why);
+    CHECK(why.find("gdn_decode: state is") != std::string::npos);
+    CHECK(why.find("strides") != std::string::npos);
+    CHECK(why.find("[*, 16384, 128, 1] (K contiguous)") != std::string::npos);
+    CHECK(why.find("[*, 16384, 1, 128] (V contiguous") != std::string::npos);
+  };
+  Views w = views(4, 2, 4, 128, 128);
+  w.state.strides[2] = 256;  // padded V rows
+  check_rejected(w);
+  w = views(4, 2, 4, 128, 128);
+  make_k_major(w);
+  w.state.strides[3] = 256;  // padded K lines
+  check_rejected(w);
+  w = views(4, 2, 4, 128, 128);
+  make_k_major(w);
+  w.state.strides[1] = 2 * 128 * 128;  // heads not packed
+  check_rejected(w);
+  w = views(4, 2, 4, 128, 128);
+  w.state.strides[2] = 1;  // both unit strides
+  w.state.strides[3] = 1;
+  check_rejected(w);
+  // A K-major pool with a padded slot stride is accepted, as a V-major one is.
+  w = views(4, 2, 4, 128, 128);
+  make_k_major(w);
+  w.state.strides[0] = 4 * 128 * 128 + 64;
+  CHECK(rejection(w).empty());
+}
+
 // --- float64 reference -------------------------------------------------------------------
 
 TEST_CASE("gdn reference: one step by hand") {

@@ -292,20 +292,32 @@ struct Shapes {
 };
 
 // Views with null data: the planner never dereferences them.
+// k_major: the pool as the transpose of a contiguous [slots, HV, K, V] tensor (fla's layout).
 Plan plan_for(const Shapes& s, const DeviceLimits& device, DType state = DType::f32,
-              const std::string& force = "") {
+              const std::string& force = "", bool k_major = false,
+              std::int64_t checkpoint_every = 0) {
   const auto view = [](DType d, std::initializer_list<std::int64_t> shape) {
     return TensorView::contiguous(nullptr, d, shape);
   };
+  const auto state_view = [&](std::int64_t rows) {
+    return k_major ? TensorView::strided(nullptr, state, {rows, s.hv, s.v, s.k},
+                                         {s.hv * s.v * s.k, s.v * s.k, 1, s.v})
+                   : view(state, {rows, s.hv, s.v, s.k});
+  };
   GdnPrefillOptions options;
   options.force_mode = force;
+  if (checkpoint_every > 0) {
+    options.checkpoint_every_n_tokens = checkpoint_every;
+    options.state_checkpoints = state_view(s.t / checkpoint_every + s.n);
+    options.checkpoint_cu_starts = view(DType::i64, {s.n + 1});
+  }
   return plan_gdn_prefill(
       view(DType::bf16, {s.t, s.h, s.k}), view(DType::bf16, {s.t, s.h, s.k}),
       view(DType::bf16, {s.t, s.hv, s.v}),
       GdnGates::raw(view(DType::bf16, {s.t, s.hv}), view(DType::bf16, {s.t, s.hv}),
                     view(DType::f32, {s.hv}), view(DType::f32, {s.hv})),
-      view(DType::i32, {s.n + 1}), view(state, {s.n + 3, s.hv, s.v, s.k}), view(DType::i64, {s.n}),
-      TensorView{}, view(DType::bf16, {s.t, s.hv, s.v}), options, device);
+      view(DType::i32, {s.n + 1}), state_view(s.n + 3), view(DType::i64, {s.n}), TensorView{},
+      view(DType::bf16, {s.t, s.hv, s.v}), options, device);
 }
 
 bool family_registered() {
@@ -821,11 +833,20 @@ TEST_CASE("gdn_prefill checkpoint arguments: errors name the argument, value and
         o.state_checkpoints = view(DType::f32, {5, hv + 1, v, k});
       }),
       "options.state_checkpoints dim 1 is 5, expected 4 (value heads HV)");
+  // Checkpoints take the pool's layout: a V-contiguous tensor next to a K-contiguous pool is
+  // refused, and so are strides that are neither.
   has(err([&](GdnPrefillOptions& o) {
         o.state_checkpoints =
             TensorView::strided(nullptr, DType::f32, {5, hv, v, k}, {hv * v * k, v * k, 1, v});
       }),
-      "options.state_checkpoints must have a contiguous [HV, V, K] inner block");
+      "options.state_checkpoints is V contiguous but state is K contiguous; accepted: the layout "
+      "of state, strides [*, 16384, 128, 1]");
+  has(err([&](GdnPrefillOptions& o) {
+        o.state_checkpoints =
+            TensorView::strided(nullptr, DType::f32, {5, hv, v, k}, {hv * v * k, v * k, k + 4, 1});
+      }),
+      "options.state_checkpoints has strides that are not an accepted layout of its [HV, V, K] "
+      "block");
   has(err([&](GdnPrefillOptions& o) {
         o.state_checkpoints =
             TensorView::strided(nullptr, DType::f32, {5, hv, v, k}, {hv * v * k + 2, v * k, k, 1});
@@ -1149,6 +1170,124 @@ TEST_CASE("gdn_prefill planner: forced context-parallel modes and their refusals
   CHECK(plan_error({131072, 1, 2, 2, 256, 256}, h200).find("K = 256 > 128") != std::string::npos);
   CHECK(plan_error({131072, 1, 2, 2, 128, 128}, DeviceLimits::for_arch(Arch{8, 6}))
             .find("no state tile of 64 or 128 rows fits") != std::string::npos);
+}
+
+TEST_CASE("gdn_prefill plans a K-major pool (V contiguous) as the state_layout=kv kernels") {
+  if (!family_registered()) return;
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  struct Case {
+    Shapes shapes;
+    const char* force;
+    std::int64_t checkpoint_every;
+  };
+  // The fused kernel, the sequential chunked path (narrow and wide state tiles, checkpoints),
+  // and the context-parallel path (its segment and resume passes touch the pool).
+  for (const Case& c :
+       {Case{{1000, 7, 4, 8, 128, 128}, "bv64", 0}, Case{{1000, 7, 4, 8, 128, 128}, "bv16", 128},
+        Case{{1000, 7, 4, 8, 128, 128}, "chunked", 0},
+        Case{{1000, 7, 4, 8, 64, 256}, "chunked_bv32", 64},
+        Case{{4096, 3, 16, 32, 128, 128}, "chunked_bv128", 256},
+        Case{{131072, 1, 16, 16, 128, 128}, "", 0},
+        Case{{131072, 1, 16, 16, 128, 128}, "chunked_cp", 1024}}) {
+    for (DType state : {DType::f32, DType::bf16}) {
+      CAPTURE(c.force);
+      CAPTURE(c.checkpoint_every);
+      CAPTURE(to_string(state));
+      const Plan vk = plan_for(c.shapes, h200, state, c.force, false, c.checkpoint_every);
+      const Plan kv = plan_for(c.shapes, h200, state, c.force, true, c.checkpoint_every);
+      REQUIRE(kv.launches.size() == vk.launches.size());
+      CHECK(kv.mode == vk.mode);
+      for (std::size_t i = 0; i < kv.launches.size(); ++i) {
+        const KernelSpec& a = vk.launches[i].spec;
+        const KernelSpec& b = kv.launches[i].spec;
+        CAPTURE(b.str());
+        CHECK_FALSE(a.has("state_layout"));
+        const bool touches_state = a.family == "gdn_prefill" || a.family == "gdn_prefill_state" ||
+                                   a.family == "gdn_prefill_state_cp";
+        if (touches_state) {
+          CHECK(b.get("state_layout") == "kv");
+          // Everything else as for the V-major pool: the layout is one more parameter.
+          std::string expected = a.str();
+          expected.insert(expected.find('@'), ",state_layout=kv");
+          CHECK(b.str() == expected);
+        } else {
+          CHECK(b == a);  // the chunk kernel and the scan never touch the pool
+        }
+        CHECK(kv.launches[i].shape.grid.x == vk.launches[i].shape.grid.x);
+        CHECK(kv.launches[i].shape.dynamic_smem == vk.launches[i].shape.dynamic_smem);
+      }
+      CHECK(kv.explain().find("state layout kv") != std::string::npos);
+      CHECK(vk.explain().find("state layout kv") == std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("gdn_prefill: other state strides, and final states or checkpoints in another layout") {
+  const DeviceLimits device = DeviceLimits::for_arch(Arch{9, 0});
+  const auto view = [](DType d, std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(nullptr, d, shape);
+  };
+  const std::int64_t t = 300, n = 3, h = 2, hv = 4, k = 128, v = 64;
+  const TensorView q = view(DType::bf16, {t, h, k}), vv = view(DType::bf16, {t, hv, v});
+  const GdnGates gates = GdnGates::raw(view(DType::f32, {t, hv}), view(DType::f32, {t, hv}),
+                                       view(DType::f32, {hv}), view(DType::f32, {hv}));
+  const TensorView cu = view(DType::i32, {n + 1}), idx = view(DType::i32, {n});
+  const TensorView out = view(DType::bf16, {t, hv, v});
+  const auto v_major = [&](std::int64_t rows) { return view(DType::f32, {rows, hv, v, k}); };
+  const auto k_major = [&](std::int64_t rows) {
+    return TensorView::strided(nullptr, DType::f32, {rows, hv, v, k}, {hv * v * k, v * k, 1, v});
+  };
+  const auto plan_error = [&](const TensorView& state, const GdnPrefillOptions& o) {
+    return error_of(
+        [&] { plan_gdn_prefill(q, q, vv, gates, cu, state, idx, TensorView{}, out, o, device); });
+  };
+  const auto has = [](const std::string& m, const char* part) {
+    CAPTURE(m);
+    CHECK_MESSAGE(m.find(part) != std::string::npos, part);
+  };
+  CHECK(plan_error(k_major(8), {}).empty());
+  // A padded slot stride is fine in either layout.
+  TensorView padded = k_major(8);
+  padded.strides[0] += 64;
+  CHECK(plan_error(padded, {}).empty());
+  for (int variant = 0; variant < 3; ++variant) {
+    TensorView bad = k_major(8);
+    if (variant == 0) bad.strides[3] = v + 4;      // padded K lines
+    if (variant == 1) bad.strides[1] = 2 * v * k;  // heads apart
+    if (variant == 2) {
+      bad = v_major(8);
+      bad.strides[2] = k + 8;  // padded V rows
+    }
+    const std::string m = plan_error(bad, {});
+    has(m, "state has strides that are not an accepted layout");
+    has(m, bad.str().c_str());
+    has(m, "[*, 8192, 128, 1] (K contiguous)");
+    has(m, "[*, 8192, 1, 64] (V contiguous");
+  }
+  // The final states and the checkpoints follow the pool's layout.
+  alignas(16) static unsigned char marker[16];
+  GdnPrefillOptions final_vk;
+  final_vk.final_state = TensorView::contiguous(marker, DType::f32, {n, hv, v, k});
+  CHECK(plan_error(v_major(8), final_vk).empty());
+  has(plan_error(k_major(8), final_vk),
+      "options.final_state is K contiguous but state is V contiguous");
+  GdnPrefillOptions final_kv;
+  final_kv.final_state =
+      TensorView::strided(marker, DType::f32, {n, hv, v, k}, {hv * v * k, v * k, 1, v});
+  CHECK(plan_error(k_major(8), final_kv).empty());
+  has(plan_error(v_major(8), final_kv),
+      "options.final_state is V contiguous but state is K contiguous");
+  GdnPrefillOptions ckpt;
+  ckpt.checkpoint_every_n_tokens = 128;
+  ckpt.checkpoint_cu_starts = view(DType::i64, {n + 1});
+  ckpt.state_checkpoints = v_major(5);
+  has(plan_error(k_major(8), ckpt),
+      "options.state_checkpoints is K contiguous but state is V contiguous");
+  ckpt.state_checkpoints = k_major(5);
+  CHECK(plan_error(k_major(8), ckpt).empty());
+  ckpt.state_checkpoints.strides[2] = 2;
+  has(plan_error(k_major(8), ckpt),
+      "options.state_checkpoints has strides that are not an accepted layout");
 }
 
 TEST_CASE("gdn_prefill planner: a caller's workspace too small for the context-parallel path") {

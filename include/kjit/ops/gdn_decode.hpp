@@ -54,10 +54,11 @@ struct GdnDecodeOptions {
   Runtime* runtime = nullptr;
   /// "" lets the planner choose; "flat", "split", "folded", "persistent" or "bulk" forces a
   /// grid mode (PlanError if that mode cannot launch the problem on the device; bulk needs
-  /// sm_90 and a 16-byte aligned pool).
+  /// sm_90 and a 16-byte aligned pool; persistent and bulk need a K-contiguous pool).
   std::string force_mode;
   /// 0 lets the planner choose; otherwise the state rows per block (a power of two dividing
-  /// V, at least the rows one warp covers). For tests and tuning.
+  /// V, at least the rows one warp covers; with a V-contiguous pool, the columns of V per block:
+  /// a power of two <= 32 vectors). For tests and tuning.
   int force_bv = 0;
   /// 0 lets the planner choose; otherwise the shared-memory stages of the bulk mode (1..8).
   /// For tests and tuning.
@@ -70,8 +71,8 @@ struct GdnDecodeOptions {
   /// "" lets the planner choose (large grids: staged loads, else stream/stream); otherwise
   /// "<load>/<store>" cache hints of the state pool's accesses, load in stream (.cs), plain,
   /// l2_256 (L2::256B prefetch) or staged (cp.async into shared memory; flat, split and folded
-  /// modes with 16-byte vectors, sm_80+, else PlanError) and store in stream, plain. For tests
-  /// and tuning.
+  /// modes with 16-byte vectors, sm_80+, a K-contiguous pool, else PlanError) and store in
+  /// stream, plain. For tests and tuning.
   std::string force_cache_hints;
   /// Before launching, copy state_indices to the host and check that no valid index repeats
   /// and that every valid index is < slots (InvalidArgument otherwise). Synchronizes the
@@ -88,8 +89,13 @@ struct GdnDecodeOptions {
 ///   head of value head hv is hv / (HV/H).
 /// - a, b [B, HV] (f16, bf16, f32, same dtype): last dim contiguous, any row stride.
 /// - a_log (A_log), dt_bias [HV] (f16, bf16, f32), contiguous.
-/// - state [slots, HV, V, K] (f16, bf16, f32): inner [HV, V, K] contiguous (K last), any slot
-///   stride >= HV*V*K. Updated in place. K, V: multiples of 16 in 16..256.
+/// - state [slots, HV, V, K] (f16, bf16, f32), any slot stride >= HV*V*K, updated in place;
+///   its inner [HV, V, K] block either contiguous (strides [*, V*K, K, 1]: K contiguous) or
+///   with K and V swapped (strides [*, V*K, 1, V]: V contiguous, a .transpose(-1, -2) view of
+///   a contiguous [slots, HV, K, V] pool such as fla's). The layout is a specialization of
+///   the kernel (plan().explain() says which); other strides are an InvalidArgument. A
+///   V-contiguous pool runs in the flat, split or folded mode. K, V: multiples of 16 in
+///   16..256.
 /// - state_indices [B] (i32, i64), any positive stride: slot of each row. Valid indices must
 ///   be < slots and must not repeat within a call (a repeat races: caller error, caught by
 ///   debug_check_indices). An index >= slots is treated as invalid by the kernel.

@@ -60,7 +60,8 @@ struct GdnPrefillOptions {
   float softplus_threshold = 20.0f;
   /// Where final states go. data == nullptr (default): back into the pool slot of each
   /// sequence, in place. Otherwise a [N, HV, V, K] tensor of the pool's dtype, written for
-  /// every sequence (padding ones included) while the pool is only read.
+  /// every sequence (padding ones included) while the pool is only read. Its [HV, V, K] block in
+  /// the layout of the pool (see gdn_prefill).
   TensorView final_state;
   /// State checkpoints every this many tokens: 0 (default) writes none; otherwise a positive
   /// multiple of the kernel's chunk of 64 tokens (anything else is an InvalidArgument).
@@ -71,7 +72,7 @@ struct GdnPrefillOptions {
   /// their checkpoints too (from their zero start), so every row the prefix assigns is
   /// defined. Checkpoints change neither out nor the final states.
   std::int64_t checkpoint_every_n_tokens = 0;
-  /// With checkpoints: [total, HV, V, K] of the pool's dtype, [HV, V, K] contiguous, 16-byte
+  /// With checkpoints: [total, HV, V, K] of the pool's dtype and layout (see gdn_prefill), 16-byte
   /// aligned, row stride a multiple of 4 elements. total must be at least
   /// checkpoint_cu_starts[N]; rows outside [0, total) are not written (device data: not
   /// checked otherwise), rows named by no sequence are left as they are.
@@ -126,7 +127,11 @@ std::int64_t gdn_prefill_workspace_bytes(std::int64_t tokens, std::int64_t value
 ///   HV a multiple of H (value head hv reads q/k head hv / (HV / H)).
 /// - gates: see GdnGates. cu_seqlens [N + 1] i32 or i64, contiguous, non-decreasing, within
 ///   [0, T] (device data: not checked).
-/// - state [slots, HV, V, K] f32 or bf16, [HV, V, K] contiguous: sequence n starts from
+/// - state [slots, HV, V, K] f32 or bf16, its [HV, V, K] block contiguous (strides [*, V*K, K,
+///   1]) or with K and V swapped (strides [*, V*K, 1, V]: V contiguous, a .transpose(-1, -2)
+///   view of a contiguous [slots, HV, K, V] pool such as fla's; the final states and
+///   checkpoints must then be too). The layout is a specialization of the kernels
+///   (plan().explain() says which); other strides are an InvalidArgument. Sequence n starts from
 ///   state[state_indices[n]] (zeros when has_initial_state[n] == 0) and its final state is
 ///   written back there. state_indices [N] i32 or i64: an index < 0 (or >= slots) is padding:
 ///   the sequence runs from a zero state, its output is written, the pool is never touched.

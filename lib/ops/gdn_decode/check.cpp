@@ -99,12 +99,20 @@ Problem validate(Form form, const TensorView& qkv, const TensorView& a, const Te
           fmt::format("{} = {} is not supported; accepted: multiples of 16 in 16..256", name, dim));
     }
   }
-  if (state.strides[3] != 1 || (p.v > 1 && state.strides[2] != p.k) ||
-      (p.value_heads > 1 && state.strides[1] != p.v * p.k)) {
+  // Strides of the [HV, V, K] block: K contiguous (vk), or V contiguous (kv: the transpose of a
+  // contiguous [HV, K, V] block, fla's layout). V, K >= 16, so the two cannot be confused.
+  const bool heads_packed = p.value_heads == 1 || state.strides[1] == p.v * p.k;
+  if (heads_packed && state.strides[3] == 1 && state.strides[2] == p.k) {
+    p.state_layout = StateLayout::vk;
+  } else if (heads_packed && state.strides[2] == 1 && state.strides[3] == p.v) {
+    p.state_layout = StateLayout::kv;
+  } else {
     fail(form, "state", state,
-         fmt::format("its inner [HV, V, K] dims must be contiguous (strides [*, {}, {}, 1]); only "
-                     "the slot stride may be padded",
-                     p.v * p.k, p.k));
+         fmt::format("its strides are not an accepted layout of the [HV, V, K] block; accepted: "
+                     "[*, {0}, {1}, 1] (K contiguous) or [*, {0}, 1, {2}] (V contiguous: a "
+                     ".transpose(-1, -2) of a contiguous [slots, HV, K, V] pool); only the slot "
+                     "stride may be padded",
+                     p.v * p.k, p.k, p.v));
   }
   p.slot_stride = state.strides[0];
   if (p.slots > 1 && p.slot_stride < p.value_heads * p.v * p.k) {

@@ -34,6 +34,12 @@ enum class StoreHint : std::uint8_t { stream, plain };
 inline constexpr const char* kLoadHintNames[] = {"stream", "plain", "l2_256", "staged"};
 inline constexpr const char* kStoreHintNames[] = {"stream", "plain"};
 
+/// Layout of the pool's [HV, V, K] block, read from its strides: vk = K contiguous
+/// (kGdnStateVMajor), kv = V contiguous (kGdnStateKMajor: a transposed view of [slots, HV, K,
+/// V], fla's layout).
+enum class StateLayout : std::uint8_t { vk, kv };
+inline constexpr const char* kStateLayoutNames[] = {"vk", "kv"};
+
 /// The arguments of one call. a_log and dt_bias are null in the gated form.
 struct Args {
   Form form = Form::raw;
@@ -72,8 +78,9 @@ struct Problem {
   bool hints_forced = false;
   LoadHint load_hint = LoadHint::stream;
   StoreHint store_hint = StoreHint::stream;
+  StateLayout state_layout = StateLayout::vk;
   /// Keeps the size a multiple of 8 with every byte a member (the memo hashes the bytes).
-  std::uint8_t unused[7] = {};
+  std::uint8_t unused[6] = {};
 
   float scale() const { return std::bit_cast<float>(scale_bits); }
 };

@@ -162,6 +162,56 @@ Tile choose_tile(const Problem& p, const DeviceLimits& device, int force_bv, Sta
                               p.v, layout.rows_per_warp));
 }
 
+/// The tile of a K-major pool (state_layout kv, KMajorTileDecoder): bv columns of V, each of
+/// the K lines of a tile one run of bv contiguous elements. Lines of 128 bytes where the vector
+/// width allows (whole cache lines per warp access, 8 lanes of 16 bytes each); warps split K
+/// until a thread holds at most kStateFloatsPerThread elements (then reduced over the warps
+/// through shared memory). `rows_per_thread` of the Tile holds the lines per thread.
+Tile choose_k_major_tile(const Problem& p, int force_bv, std::vector<std::string>& reasons) {
+  const int esize = static_cast<int>(size_of(p.state));
+  const int vec = p.vec_bytes / esize;
+  const auto shape = [&](int bv) -> std::optional<Tile> {
+    if (bv < vec || bv % vec != 0 || p.v % bv != 0) return std::nullopt;
+    const int lanes = bv / vec;
+    if (lanes > 32 || (lanes & (lanes - 1)) != 0) return std::nullopt;
+    const int lines_per_warp = 32 / lanes;
+    const int max_lines = std::max(1, kStateFloatsPerThread / vec);
+    std::optional<Tile> fallback;
+    for (int warps = 1; warps <= kMaxWarps; ++warps) {
+      if (p.k % (lines_per_warp * warps) != 0) continue;
+      const int lines = static_cast<int>(p.k) / (lines_per_warp * warps);
+      if (lines <= max_lines) return Tile{bv, warps, lines};
+      fallback = Tile{bv, warps, lines};
+    }
+    return fallback;
+  };
+  if (force_bv != 0) {
+    const auto tile = shape(force_bv);
+    if (!tile) {
+      throw InvalidArgument(fmt::format(
+          "{}: options.force_bv = {} is not accepted for a K-major state (V contiguous); it must "
+          "divide V = {} and be a power of two <= 32 of {}-element vectors, with K = {} whole "
+          "lines for up to {} warps",
+          op_name(p.form), force_bv, p.v, vec, p.k, kMaxWarps));
+    }
+    reasons.push_back(fmt::format("BV = {} forced by options.force_bv", force_bv));
+    return *tile;
+  }
+  const int widest = std::min(128 / esize, 32 * vec);
+  for (int bv = widest; bv >= vec; bv /= 2) {
+    if (const auto tile = shape(bv)) {
+      reasons.push_back(fmt::format(
+          "BV = {} columns of V: lines of {} B ({} lanes of {} B vectors), {} lines per warp "
+          "access; {} warps split K = {}, {} lines ({} state elements) per thread",
+          bv, bv * esize, bv / vec, p.vec_bytes, 32 / (bv / vec), tile->warps, p.k,
+          tile->rows_per_thread, tile->rows_per_thread * vec));
+      return *tile;
+    }
+  }
+  throw PlanError(fmt::format("{}: no V tile fits V = {} with {}-element vectors (K-major state)",
+                              op_name(p.form), p.v, vec));
+}
+
 /// Cache hints of the state pool's loads and stores, as the family's choice names.
 struct CacheHints {
   std::string load = "stream";
@@ -344,10 +394,26 @@ Planned<Choice> make_plan(const Problem& p, const DeviceLimits& device) {
   plan.op = std::string(op_name(p.form));
   plan.device = device;
   CacheHints hints = cache_hints(p);
+  const bool k_major = p.state_layout == StateLayout::kv;
   // Staged loads: one tile per block (not the persistent and bulk modes, which keep tiles in
   // flight their own way), 16-byte vectors (cp.async copies 16 bytes), cp.async (sm_80 on).
   const bool resident_forced = options.force_mode == "persistent" || options.force_mode == "bulk";
-  const bool can_stage = p.vec_bytes == 16 && device.arch.sm() >= 80 && !resident_forced;
+  if (k_major) {
+    plan.reasons.push_back(
+        "state layout kv: the pool's [HV, V, K] block has V contiguous (strides [*, V*K, 1, V]: "
+        "a transposed [slots, HV, K, V] pool); lanes walk V, flat, split or folded grid, loads "
+        "into registers");
+    if (resident_forced || hints.load == "staged") {
+      throw PlanError(fmt::format(
+          "{}: a K-major state (V contiguous) runs in the flat, split or folded mode with "
+          "register loads; options.force_mode = '{}' and options.force_cache_hints = '{}' ask "
+          "for {}",
+          plan.op, options.force_mode, options.force_cache_hints,
+          resident_forced ? "a resident mode" : "staged loads"));
+    }
+  }
+  const bool can_stage =
+      p.vec_bytes == 16 && device.arch.sm() >= 80 && !resident_forced && !k_major;
   if (hints.load == "staged" && !can_stage) {
     throw PlanError(fmt::format(
         "{}: staged state loads (options.force_cache_hints = '{}') need 16-byte state vectors "
@@ -358,7 +424,8 @@ Planned<Choice> make_plan(const Problem& p, const DeviceLimits& device) {
   const Staging staging = hints.load == "staged"                           ? Staging::forced
                           : options.force_cache_hints.empty() && can_stage ? Staging::automatic
                                                                            : Staging::off;
-  const Tile tile = choose_tile(p, device, options.force_bv, staging, plan.reasons);
+  const Tile tile = k_major ? choose_k_major_tile(p, options.force_bv, plan.reasons)
+                            : choose_tile(p, device, options.force_bv, staging, plan.reasons);
   if (tile.staged) hints.load = "staged";
   const std::int64_t nv = p.v / tile.bv;
   const std::int64_t pairs = p.batch * p.value_heads;
@@ -472,7 +539,10 @@ Planned<Choice> make_plan(const Problem& p, const DeviceLimits& device) {
        {"l2norm", options.l2norm_qk ? "1" : "0"},
        {"invalid",
         options.invalid_index == GdnInvalidIndex::nonpositive ? "nonpositive" : "negative"},
-       {"ordered", ordered ? "1" : "0"}},
+       {"ordered", ordered ? "1" : "0"},
+       // Left out of the spec when vk (the family's omitted default): V-major specs, and so
+       // their cache keys, are what they were before K-major pools were accepted.
+       {"state_layout", kStateLayoutNames[static_cast<int>(p.state_layout)]}},
       device.arch);
   plan.reasons.push_back(fmt::format(
       "state vectors of {} B: the widest the pool base and slot stride allow", p.vec_bytes));

@@ -5,12 +5,14 @@ kjit.compat.UnsupportedFeature (call under torch.no_grad() / torch.inference_mod
 
 Layouts: q, k [B, T, H, K], v [B, T, HV, V], g, beta [B, T, HV]; with cu_seqlens, B == 1 and
 the N sequences are packed along T. fla's recurrent state is [N, HV, K, V] (K-major) by default,
-[N, HV, V, K] with state_v_first=True; kjit's state pool is [slots, HV, V, K] with each slot
-contiguous, and its kernels do not take other state strides. So with the default layout the
-initial state is copied transposed (to float32) before the kernel and the final state copied
-back transposed after it: correct, one extra read and write of the states per call. With
-state_v_first=True and a float32 initial state nothing is copied. (A K-major specialization of
-the kernels would remove the copies: kjit issue 23.)
+[N, HV, V, K] with state_v_first=True. kjit's prefill takes both: its state is logically
+[slots, HV, V, K], either K contiguous or V contiguous (the kernels' state_layout=kv
+specialization), so fla's K-major states are passed as their .transpose(-1, -2) views and the
+final states are written straight into a [N, HV, K, V] tensor: nothing is transposed or copied
+per call. A float32 initial state whose [HV, K, V] (or [HV, V, K]) block is contiguous is read in
+place; any other (bfloat16/float16, or other strides) is first converted to a float32 tensor of
+the same layout, since fla computes and returns float32 final states and kjit writes final
+states in the pool's dtype.
 
 Returned final states are float32, as fla's. Gates: g is taken as float32 (fla reads it in
 float32 too); use_gate_in_kernel (g raw: -exp(A_log) * softplus(g + dt_bias), threshold 20)
@@ -202,40 +204,44 @@ def _forward(fn, q, k, v, g, beta, scale, initial_state, output_final_state, l2n
         if beta_sigmoid:
             b32 = torch.sigmoid(b32) * (2.0 if neg_eigval else 1.0)
 
-    # States: kjit reads slot state_indices[n] of a [slots, HV, V, K] pool whose slots are
-    # contiguous, and writes final states back there, or to final_state when given (the pool is
-    # then only read). fla never writes into initial_state.
-    state_shape = (count, heads_v, dim_v, dim_k)
+    # States, all in fla's layout: [N, HV, K, V] (K-major) or, v_first, [N, HV, V, K]. kjit reads
+    # slot state_indices[n] of a pool whose [HV, V, K] block has K or V contiguous, and writes
+    # final states back there, or to final_state (same layout) when given, the pool then only
+    # read. K-major tensors go to kjit as their transposed views. fla never writes into
+    # initial_state.
+    fla_shape = (count, heads_v, dim_v, dim_k) if v_first else (count, heads_v, dim_k, dim_v)
+
+    def as_kjit(state):  # [.., HV, V, K] view of a tensor in fla's layout (no copy)
+        return state if v_first else state.transpose(-1, -2)
+
     own_pool = False
     if initial_state is not None:
-        source = initial_state if v_first else initial_state.transpose(-1, -2)
-        st = strides(source)
-        if (dtype_name(source) == "float32" and st[-1] == 1 and st[-2] == dim_k
-                and st[-3] == dim_v * dim_k):
-            pool = source  # already kjit's layout: read in place
+        st = strides(initial_state)
+        if (dtype_name(initial_state) == "float32" and st[-1] == 1
+                and st[-2] == fla_shape[-1] and st[-3] == fla_shape[-1] * fla_shape[-2]):
+            pool = initial_state  # read in place, in either layout
         else:
-            pool = torch.empty(state_shape, dtype=f32, device=device)
-            pool.copy_(source)  # the documented transposing copy (K-major -> V-major)
+            # A dtype (or stride) conversion in fla's own layout: final states are float32,
+            # and kjit writes them in the pool's dtype.
+            pool = torch.empty(fla_shape, dtype=f32, device=device)
+            pool.copy_(initial_state)
             own_pool = True
         indices = torch.arange(count, dtype=torch.int32, device=device)
     else:
         # No initial state: every sequence is "padding" (index -1), which starts from zeros
         # and never touches the pool, so a one-slot pool is never read.
-        pool = torch.empty((1, heads_v, dim_v, dim_k), dtype=f32, device=device)
+        pool = torch.empty((1,) + fla_shape[1:], dtype=f32, device=device)
         indices = torch.full((count,), -1, dtype=torch.int32, device=device)
     final = None
     if not own_pool and (output_final_state or initial_state is not None):
         # Final states must not land in the caller's initial_state (or be lost for padding).
-        final = torch.empty(state_shape, dtype=f32, device=device)
+        final = torch.empty(fla_shape, dtype=f32, device=device)
 
     out = _api.gdn_prefill(q.reshape(tokens, heads, dim_k), k.reshape(tokens, heads, dim_k),
-                           v.reshape(tokens, heads_v, dim_v), cu_seqlens, pool, indices,
-                           g=g32, beta=b32, final_state=final, scale=float(scale),
-                           l2norm_qk=bool(l2norm))
+                           v.reshape(tokens, heads_v, dim_v), cu_seqlens, as_kjit(pool), indices,
+                           g=g32, beta=b32, final_state=None if final is None else as_kjit(final),
+                           scale=float(scale), l2norm_qk=bool(l2norm))
     o = out.reshape(batch, seq, heads_v, dim_v)
     if not output_final_state:
         return o, None
-    state = pool if final is None else final
-    if not v_first:
-        state = state.transpose(-1, -2).contiguous()  # back to fla's [N, HV, K, V]
-    return o, state
+    return o, (pool if final is None else final)  # fla's layout already
