@@ -32,6 +32,11 @@ constexpr std::int64_t kMaxTokens = (std::int64_t{1} << 31) - 1;
 /// Tokens per batch of loads (the spec's `chunk`). The prefill modes keep two batches in
 /// flight (the next one issued before the current one is computed): 16 vector loads per thread.
 constexpr std::int64_t kChunk = 8;
+/// The chunked prefill's batch: 4 tokens (8 vector loads in flight per thread, 164 registers,
+/// three blocks per SM) beat 8 (242 registers, two blocks) on the H200 at D = 8192, W = 4, bf16,
+/// span 64, 16 uneven sequences (same run): 32k tokens 318.2 against 350.4 us, 128k 1221.9
+/// against 1348.4 (docs/performance.md, "causal_conv1d").
+constexpr std::int64_t kPrefillChunk = 4;
 /// Tokens per work item of the chunked mode (the spec's `span`): the longest the planner picks
 /// (amortizes the sequence lookup, weights and W - 1 token halo over 64 tokens: the halo adds
 /// 3 / 64 of x's reads at W = 4), the shortest it picks, and the longest options.force_span
@@ -659,22 +664,25 @@ Plan make_plan(const Problem& p, const DeviceLimits& limits) {
   const std::int64_t row_tokens =
       p.varlen ? std::max<std::int64_t>(1, (p.tokens + p.seqs - 1) / p.seqs) : p.tokens;
   std::int64_t chunk =
-      mode == 2 ? std::min<std::int64_t>(kChunk, static_cast<std::int64_t>(std::bit_ceil(
-                                                     static_cast<std::uint64_t>(row_tokens))))
-                : kChunk;
+      mode == 2   ? std::min<std::int64_t>(kChunk, static_cast<std::int64_t>(std::bit_ceil(
+                                                       static_cast<std::uint64_t>(row_tokens))))
+      : mode == 0 ? kPrefillChunk
+                  : kChunk;
   if (p.force_chunk != 0) {
     chunk = p.force_chunk;
     plan.reasons.push_back(fmt::format("chunk = {} forced by options.force_chunk", chunk));
   }
   // Tokens per chunked work item: the longest span of kSpanLongest, kSpanLongest / 2, ..
-  // kSpanShortest that still gives every SM max_threads_per_sm work items (the device full of
-  // threads about 8 times over at the ~256 threads an SM holds at this kernel's registers), so
-  // that short calls keep every SM busy and long ones amortize each item's fixed cost.
+  // kSpanShortest that still gives every SM max_threads_per_sm / 2 work items (the device full
+  // of threads about 2.7 times over at the 384 threads an SM holds at this kernel's
+  // registers), so that short calls keep every SM busy and long ones amortize each item's
+  // fixed cost. At 8k tokens (D = 8192, 16 sequences) that is span 64: 92.0 us, against
+  // 101.4 us for span 32 with batches of 8 (same run).
   std::int64_t span = 0;
   if (mode == 0) {
     const std::int64_t floor_span = std::max({kSpanShortest, chunk, p.width - 1});
     const auto enough = static_cast<std::uint64_t>(limits.sm_count) *
-                        static_cast<std::uint64_t>(limits.max_threads_per_sm);
+                        static_cast<std::uint64_t>(limits.max_threads_per_sm) / 2;
     if (p.force_span != 0) {
       if (p.force_span < floor_span) {
         throw PlanError(fmt::format(
@@ -689,8 +697,8 @@ Plan make_plan(const Problem& p, const DeviceLimits& limits) {
       while (span > floor_span && items_of(p, 0, vec, span) < enough) span /= 2;
       plan.reasons.push_back(fmt::format(
           "span = {} tokens per work item: the longest of {}..{} giving at least {} SMs x {} "
-          "threads = {} items ({} here), so that each item's sequence lookup, weights and W - 1 "
-          "token halo are spread over many tokens while every SM still gets threads",
+          "threads / 2 = {} items ({} here), so that each item's sequence lookup, weights and "
+          "W - 1 token halo are spread over many tokens while every SM still gets threads",
           span, kSpanLongest, floor_span, limits.sm_count, limits.max_threads_per_sm, enough,
           items_of(p, 0, vec, span)));
     }

@@ -252,9 +252,11 @@ void varlen_case(const char* name, const char* expect_spec_prefix, DType xd, DTy
   w.fill(rng);
   b.fill(rng);
   pool.fill(rng);
-  for (std::int64_t i = 0; i <= B; ++i) q.seti(i, qsl[i]);
+  for (std::int64_t i = 0; i <= B; ++i) q.set(i * q.strides[0], static_cast<double>(qsl[i]));
   for (std::int64_t i = 0; i < B; ++i)
-    idx.seti(i, i % 4 == 3 ? (rule == ConvInvalidIndex::nonpositive ? 0 : -1) : i + 1);
+    idx.set(
+        i * idx.strides[0],
+        static_cast<double>(i % 4 == 3 ? (rule == ConvInvalidIndex::nonpositive ? 0 : -1) : i + 1));
   Host pool_ref = pool;
   CausalConv1dOptions o;
   o.activation = ConvActivation::silu;
@@ -263,8 +265,10 @@ void varlen_case(const char* name, const char* expect_spec_prefix, DType xd, DTy
   for (int r = 0; r < rounds; ++r) {
     Host x(xd, {T, D}), out(xd, {T, D});
     x.fill(rng);
-    for (std::int64_t i = 0; i < out.n(); ++i) store_from_double(out.data(), xd, i, kSentinel);
-    for (std::int64_t i = 0; i < B; ++i) acc.seti(i, 1 + (std::int64_t)(rng() % (L - W + 2)));
+    for (std::int64_t i = 0; i < out.elements(); ++i)
+      store_from_double(out.data(), xd, i, kSentinel);
+    for (std::int64_t i = 0; i < B; ++i)
+      acc.set(i * acc.strides[0], static_cast<double>(1 + (std::int64_t)(rng() % (L - W + 2))));
     TensorView accv = acc.view();
     if (!spec_mode) accv.data = nullptr;
     Plan plan = plan_causal_conv1d_update_varlen(x.view(), w.view(), b.view(), pool.view(),
@@ -312,7 +316,7 @@ TEST_CASE("causal_conv1d kernel on the CPU: prefill modes, pool accesses, layout
       "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=8,span=32,"
       "mode=chunked,pool=block,silu=1",
       DType::bf16, DType::bf16, DType::bf16, 4, false, false, false,
-      {1, 2, 3, 4, 40, 17, 0, 9, 100, 31, 32, 33, 64}, ConvInvalidIndex::negative, 0, 32);
+      {1, 2, 3, 4, 40, 17, 0, 9, 100, 31, 32, 33, 64}, ConvInvalidIndex::negative, 8, 32);
   prefill_case<&causal_conv1d_kernel<hf, hf, float, float, 3, 8, 8, 0, ConvMode::sequential,
                                      ConvStateAccess::scalar, true>>(
       "in place (sequential), f16 x, f32 weights and transposed pool",
@@ -326,14 +330,14 @@ TEST_CASE("causal_conv1d kernel on the CPU: prefill modes, pool accesses, layout
       "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=8,vec=4,chunk=8,span=16,"
       "mode=chunked,pool=channels,silu=1",
       DType::bf16, DType::bf16, DType::bf16, 8, false, true, false, {1, 6, 7, 8, 40, 17, 0, 9, 100},
-      ConvInvalidIndex::negative, 0, 16);
+      ConvInvalidIndex::negative, 8, 16);
   prefill_case<&causal_conv1d_kernel<float, float, float, float, 2, 1, 8, 8, ConvMode::chunked,
                                      ConvStateAccess::scalar, true>>(
       "chunked, token-contiguous f32 x, W = 2",
       "causal_conv1d:in=f32,out=f32,weight=f32,state=f32,width=2,vec=1,chunk=8,span=8,"
       "mode=chunked",
       DType::f32, DType::f32, DType::f32, 2, true, false, false, {1, 2, 3, 40, 0, 9},
-      ConvInvalidIndex::negative);
+      ConvInvalidIndex::negative, 8, 0);
 }
 
 TEST_CASE("causal_conv1d kernel on the CPU: spans of several batches, halos across batches") {

@@ -384,7 +384,7 @@ TEST_CASE("causal_conv1d planner: vector width, in place, forced modes, empty ca
   const DeviceLimits h200 = DeviceLimits::for_name("h200");
   Prefill v = prefill_views(1000, 4, 4096);
   CHECK(plan(v, h200).launches[0].spec.str() ==
-        "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=8,span=8,"
+        "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=4,span=8,"
         "mode=chunked,pool=block,silu=0@sm_90");
   // f32 x: 16-byte accesses are 4 channels.
   CHECK(plan(prefill_views(1000, 4, 4096, 4, DType::f32), h200).launches[0].spec.get("vec") == "4");
@@ -447,7 +447,7 @@ TEST_CASE("causal_conv1d planner: vector width, in place, forced modes, empty ca
   span64.force_span = 64;
   const Plan spans = plan(v, h200, span64);
   CHECK(spans.launches[0].spec.get("span") == "64");
-  CHECK(spans.launches[0].spec.get("chunk") == "8");
+  CHECK(spans.launches[0].spec.get("chunk") == "4");
   CHECK(spans.explain().find("19 ids for T = 1000, N = 4") != std::string::npos);
   CHECK(spans.launches[0].shape.grid.x == 19 * 512 / 128);
   CausalConv1dOptions span8_chunk16 = chunk16;
@@ -458,10 +458,11 @@ TEST_CASE("causal_conv1d planner: vector width, in place, forced modes, empty ca
                        doctest::Contains("applies to mode 'chunked' only"), PlanError);
   CHECK_THROWS_WITH_AS(plan(update_views(8, 1, 64), h200, span64),
                        doctest::Contains("this call runs mode 'rows'"), PlanError);
-  // The planner's span: the longest up to 64 that still gives every SM 2048 items (H200: 132
-  // SMs). D = 8192 (1024 channel groups), 16 sequences: 8k tokens make 272 spans of 32 (spans
-  // of 64 would give 144 x 1024 items, fewer than 132 x 2048); 32k and 128k tokens spans of 64.
-  CHECK(plan(prefill_views(8192, 16, 8192), h200).launches[0].spec.get("span") == "32");
+  // The planner's span: the longest up to 64 that still gives every SM 1024 items (H200: 132
+  // SMs). D = 8192 (1024 channel groups), 16 sequences: 8k tokens make 144 spans of 64 (144 x
+  // 1024 items >= 132 x 1024), and so do 32k and 128k tokens; 1000 tokens over 4 sequences
+  // only spans of 8 (above).
+  CHECK(plan(prefill_views(8192, 16, 8192), h200).launches[0].spec.get("span") == "64");
   CHECK(plan(prefill_views(32768, 16, 8192), h200).launches[0].spec.get("span") == "64");
   CHECK(plan(prefill_views(131072, 16, 8192), h200).launches[0].spec.get("span") == "64");
   CHECK(plan(prefill_views(131072, 16, 8192), h200)
