@@ -368,6 +368,27 @@ void check_out(Op op, const TensorView& x, const TensorView& out, Problem* p) {
   }
 }
 
+/// x [T, D] (tokens of every sequence or row back to back) and what is checked against it:
+/// weights, bias, pool and out. Shared by the prefill and the varlen update.
+void check_token_rows(Op op, const TensorView& x, const char* x_shape, const TensorView& weight,
+                      const TensorView& bias, const TensorView& state, const TensorView& out,
+                      Prepared* prep) {
+  Problem& p = prep->problem;
+  require_rank(op, "x", x, 2, x_shape);
+  require_float(op, "x", x);
+  require_memory(op, "x", x);
+  p.in = x.dtype;
+  p.tokens = x.shape[0];
+  p.dim = x.shape[1];
+  check_dim(op, x, p.dim);
+  if (p.tokens > kMaxTokens) {
+    fail(op, fmt::format("x has T = {} tokens; accepted: at most 2^31 - 1", p.tokens));
+  }
+  check_weights_and_pool(op, x, weight, bias, state, prep);
+  check_out(op, x, out, &p);
+  p.out = out.dtype;
+}
+
 Prepared prepare_prefill(const TensorView& x, const TensorView& weight, const TensorView& bias,
                          const TensorView& state, const TensorView& cu_seqlens,
                          const TensorView& indices, const TensorView& has_initial,
@@ -378,19 +399,7 @@ Prepared prepare_prefill(const TensorView& x, const TensorView& weight, const Te
   CausalConv1dParams& k = prep.params;
   p.op = op;
   check_options(op, options, &p);
-  require_rank(op, "x", x, 2, "[T, D]");
-  require_float(op, "x", x);
-  require_memory(op, "x", x);
-  p.in = x.dtype;
-  p.tokens = x.shape[0];
-  p.dim = x.shape[1];
-  check_dim(op, x, p.dim);
-  if (p.tokens > kMaxTokens) {
-    fail(op, fmt::format("x has T = {} tokens; accepted: at most 2^31 - 1", p.tokens));
-  }
-  check_weights_and_pool(op, x, weight, bias, state, &prep);
-  check_out(op, x, out, &p);
-  p.out = out.dtype;
+  check_token_rows(op, x, "[T, D]", weight, bias, state, out, &prep);
   require_rank(op, "cu_seqlens", cu_seqlens, 1, "[N + 1]");
   require_index(op, "cu_seqlens", cu_seqlens);
   require_memory(op, "cu_seqlens", cu_seqlens);
@@ -530,19 +539,8 @@ Prepared prepare_update_varlen(const TensorView& x, const TensorView& weight,
   p.op = op;
   p.varlen = true;
   check_options(op, options, &p);
-  require_rank(op, "x", x, 2, "[T, D]: the tokens of all rows, delimited by query_start_loc");
-  require_float(op, "x", x);
-  require_memory(op, "x", x);
-  p.in = x.dtype;
-  p.tokens = x.shape[0];
-  p.dim = x.shape[1];
-  check_dim(op, x, p.dim);
-  if (p.tokens > kMaxTokens) {
-    fail(op, fmt::format("x has T = {} tokens; accepted: at most 2^31 - 1", p.tokens));
-  }
-  check_weights_and_pool(op, x, weight, bias, state, &prep);
-  check_out(op, x, out, &p);
-  p.out = out.dtype;
+  check_token_rows(op, x, "[T, D]: the tokens of all rows, delimited by query_start_loc", weight,
+                   bias, state, out, &prep);
   require_rank(op, "state_indices", indices, 1, "[B]");
   require_index(op, "state_indices", indices);
   require_memory(op, "state_indices", indices);
