@@ -19,6 +19,8 @@ The uneven lengths come from the same rule as bench/harness.hpp's uneven_offsets
 shuffled, here by Python's random with seed 7, so the lengths differ from the C++ bench's) and
 are printed. FlashQLA JIT-compiles its kernels on first use (printed as "first call").
 
+FlashQLA on the GPU machine: scripts/fetch_flashqla.sh packs its wheels here.
+
 Usage: python bench/python/bench_gdn_prefill_anchors.py [--quick] [--reps N] [--json PATH]
 """
 
