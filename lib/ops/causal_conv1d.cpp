@@ -368,6 +368,27 @@ void check_out(Op op, const TensorView& x, const TensorView& out, Problem* p) {
   }
 }
 
+/// The launch parameters every form shares: x and out (their last two dimensions are tokens
+/// and channels: [T, D] or the [S, D] of each [B, S, D] row), the state indices, the padding
+/// rule and the sizes.
+void fill_common_params(const TensorView& x, const TensorView& out, const TensorView& indices,
+                        const CausalConv1dOptions& options, const Problem& p,
+                        CausalConv1dParams* k) {
+  const int last = x.rank - 1;
+  k->x = x.data;
+  k->out = out.data;
+  k->state_indices = indices.data;
+  k->x_token_stride = x.strides[last - 1];
+  k->x_channel_stride = x.strides[last];
+  k->out_token_stride = out.strides[last - 1];
+  k->out_channel_stride = out.strides[last];
+  k->index_stride = indices.strides[0];
+  k->index_bytes = static_cast<u32>(size_of(indices.dtype));
+  k->nonpositive_invalid = options.invalid_index == ConvInvalidIndex::nonpositive ? 1 : 0;
+  k->num_tokens = p.tokens;
+  k->num_seqs = p.seqs;
+}
+
 /// x [T, D] (tokens of every sequence or row back to back) and what is checked against it:
 /// weights, bias, pool and out. Shared by the prefill and the varlen update.
 void check_token_rows(Op op, const TensorView& x, const char* x_shape, const TensorView& weight,
@@ -432,21 +453,10 @@ Prepared prepare_prefill(const TensorView& x, const TensorView& weight, const Te
     k.has_initial_stride = has_initial.strides[0];
   }
   choose_max_vec(&p, x, out, 1);
-  k.x = x.data;
-  k.out = out.data;
+  fill_common_params(x, out, indices, options, p, &k);
   k.cu_seqlens = cu_seqlens.data;
-  k.state_indices = indices.data;
-  k.x_token_stride = x.strides[0];
-  k.x_channel_stride = x.strides[1];
-  k.out_token_stride = out.strides[0];
-  k.out_channel_stride = out.strides[1];
   k.cu_stride = cu_seqlens.strides[0];
-  k.index_stride = indices.strides[0];
   k.cu_bytes = static_cast<u32>(size_of(cu_seqlens.dtype));
-  k.index_bytes = static_cast<u32>(size_of(indices.dtype));
-  k.nonpositive_invalid = options.invalid_index == ConvInvalidIndex::nonpositive ? 1 : 0;
-  k.num_tokens = p.tokens;
-  k.num_seqs = p.seqs;
   prep.cu_seqlens = cu_seqlens;
   prep.indices = indices;
   return prep;
@@ -507,20 +517,9 @@ Prepared prepare_update(const TensorView& x_in, const TensorView& weight, const 
   }
   check_accepted(op, accepted, &prep);
   choose_max_vec(&p, x, out, 2);
-  k.x = x.data;
-  k.out = out.data;
-  k.state_indices = indices.data;
+  fill_common_params(x, out, indices, options, p, &k);
   k.x_row_stride = x.strides[0];
-  k.x_token_stride = x.strides[1];
-  k.x_channel_stride = x.strides[2];
   k.out_row_stride = out.strides[0];
-  k.out_token_stride = out.strides[1];
-  k.out_channel_stride = out.strides[2];
-  k.index_stride = indices.strides[0];
-  k.index_bytes = static_cast<u32>(size_of(indices.dtype));
-  k.nonpositive_invalid = options.invalid_index == ConvInvalidIndex::nonpositive ? 1 : 0;
-  k.num_tokens = p.tokens;
-  k.num_seqs = p.seqs;
   prep.indices = indices;
   prep.accepted = accepted;
   return prep;
@@ -558,21 +557,10 @@ Prepared prepare_update_varlen(const TensorView& x, const TensorView& weight,
   }
   check_accepted(op, accepted, &prep);
   choose_max_vec(&p, x, out, 1);
-  k.x = x.data;
-  k.out = out.data;
-  k.state_indices = indices.data;
+  fill_common_params(x, out, indices, options, p, &k);
   k.query_start_loc = query_start_loc.data;
   k.query_start_stride = query_start_loc.strides[0];
   k.query_start_bytes = static_cast<u32>(size_of(query_start_loc.dtype));
-  k.x_token_stride = x.strides[0];
-  k.x_channel_stride = x.strides[1];
-  k.out_token_stride = out.strides[0];
-  k.out_channel_stride = out.strides[1];
-  k.index_stride = indices.strides[0];
-  k.index_bytes = static_cast<u32>(size_of(indices.dtype));
-  k.nonpositive_invalid = options.invalid_index == ConvInvalidIndex::nonpositive ? 1 : 0;
-  k.num_tokens = p.tokens;
-  k.num_seqs = p.seqs;
   prep.indices = indices;
   prep.accepted = accepted;
   prep.query_start_loc = query_start_loc;
