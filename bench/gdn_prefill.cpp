@@ -17,6 +17,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "anchor_library.hpp"
@@ -360,7 +361,8 @@ struct FewShape {
 // bytes that must move (q, k, v, gates read, out written, states read and written) over a
 // same-run cold copy of that size, and FLOPs (6KV + 4 * 64 (K + V) per token and value head)
 // over the ~790 TFLOP/s measured bf16 GEMM rate. KJIT_PREFILL_BENCH_CP="16,32,64": also each
-// segment length forced (chunked_cp<L>).
+// segment length forced (chunked_cp<L>); KJIT_PREFILL_BENCH_TILES="16,32,64,128": each value
+// tile of the sequential chunked path (chunked_bv<N>), on more pair counts.
 void few_sequences_table(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& options,
                          const std::optional<PrefillAnchor>& anchor, FILE* json) {
   const std::vector<FewShape> shapes = {
@@ -368,14 +370,30 @@ void few_sequences_table(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& o
       {16, 16, 8, 4096, 209, 331},   {16, 16, 1, 131072, 6502, 1362}, {16, 32, 1, 32768, 1547, 821},
       {16, 16, 16, 8192, 787, 0},
   };
-  // Entries are mode suffixes: "32" runs chunked_cp32, "63_s2" chunked_cp63_s2.
-  std::vector<std::string> sweep;
-  if (const char* env = std::getenv("KJIT_PREFILL_BENCH_CP"); env != nullptr) {
-    for (std::string rest = env; !rest.empty();) {
+  // With a tile sweep, pair counts between the rows above too (the value tile's crossovers
+  // lie between 32 and 128 (sequence, value head) pairs on 132 SMs).
+  const std::vector<FewShape> crossover_shapes = {
+      {16, 16, 3, 8192, 0, 0}, {16, 32, 2, 16384, 0, 0}, {16, 16, 6, 8192, 0, 0},
+      {16, 32, 4, 8192, 0, 0}, {16, 16, 12, 4096, 0, 0},
+  };
+  // Extra columns, each a forced mode: KJIT_PREFILL_BENCH_CP entries are segment lengths ("32"
+  // runs chunked_cp32, "63_s2" chunked_cp63_s2), KJIT_PREFILL_BENCH_TILES entries value tiles
+  // of the sequential chunked path ("64" runs chunked_bv64).
+  std::vector<std::pair<std::string, std::string>> sweep;  // column label, force_mode
+  const auto add_sweep = [&](const char* variable, const char* label, const char* mode) {
+    const char* env = std::getenv(variable);
+    for (std::string rest = env != nullptr ? env : ""; !rest.empty();) {
       const std::size_t comma = rest.find(',');
-      sweep.push_back(rest.substr(0, comma));
+      const std::string entry = rest.substr(0, comma);
+      sweep.emplace_back(label + entry, mode + entry);
       rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
     }
+  };
+  add_sweep("KJIT_PREFILL_BENCH_CP", "cp", "chunked_cp");
+  add_sweep("KJIT_PREFILL_BENCH_TILES", "bv", "chunked_bv");
+  std::vector<FewShape> table = shapes;
+  if (std::getenv("KJIT_PREFILL_BENCH_TILES") != nullptr) {
+    table.insert(table.end(), crossover_shapes.begin(), crossover_shapes.end());
   }
   // Without an anchor library: the FlashInfer figures (quoted, marked *).
   std::printf(
@@ -383,9 +401,9 @@ void few_sequences_table(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& o
       "%8s %6s | %9s %9s %7s %9s | %9s",
       "H", "HV", "seqs x len", "planner's mode", "GPU us", "chunked", "gain", "floor", "of it",
       "anchor", "+norm", "anch/kj", "diff", "FlashQLA*");
-  for (const std::string& l : sweep) std::printf(" %9s", ("cp" + l).c_str());
+  for (const auto& [label, mode] : sweep) std::printf(" %9s", label.c_str());
   std::printf("\n");
-  for (const FewShape& s : shapes) {
+  for (const FewShape& s : table) {
     const std::int64_t tokens = s.seqs * s.length;
     Inputs in = make_inputs(tokens, s.seqs, s.heads, s.value_heads, true);
     const kjit::Plan plan = plan_of(gpu, in, options);
@@ -422,9 +440,9 @@ void few_sequences_table(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& o
                   kernel_us(gpu, in, options, 0), kernel_us(gpu, in, options, 1),
                   kernel_us(gpu, in, options, 2), kernel_us(gpu, in, options, 3));
     }
-    for (const std::string& l : sweep) {
+    for (const auto& [label, mode] : sweep) {
       kjit::GdnPrefillOptions forced = options;
-      forced.force_mode = "chunked_cp" + l;
+      forced.force_mode = mode;
       kjit::bench::flush_l2(gpu);
       std::printf(" %9.1f",
                   kjit::bench::median_gpu_us(

@@ -463,17 +463,17 @@ Choice choose_path(const Problem& pr, const std::string& force, const DeviceLimi
     why_not = fmt::format("its chunk kernel needs {} bytes of shared memory > {} per block on {}",
                           chunk_smem, device.max_smem_per_block_optin, device.name);
   } else {
-    // Preference: all of V in one block of 8 warps (each chunk's q, k, T' and P cross into
-    // shared memory once per (sequence, value head), not once per tile) when there are at least
-    // 3 (sequence, value head) pairs per 4 SMs; otherwise 32 rows (two blocks per SM at K =
-    // 128), or 16 when 32 still leaves SMs idle; 64 last (the crossovers measured on the H200:
-    // docs/performance.md, "gdn_prefill"). Between 64 and 128 pairs it is not measured: bv32's
-    // four blocks per pair no longer run in one wave above half the SM count.
+    // Preference, from a sweep of every tile over 16..256 (sequence, value head) pairs on the
+    // H200 (docs/performance.md, "The state kernel's value tile"): the smallest tile whose
+    // blocks still fit one wave of one block per SM, since a chain split over more SMs walks
+    // its chunks faster; 16 rows when even those fit, else 64 (32 never won); all of V in one
+    // block of 8 warps once the 64-row blocks would double up on SMs (each chunk's q, k, T' and
+    // P then cross into shared memory once per pair, not once per tile).
     const std::int64_t pairs = pr.seqs * pr.value_heads;
-    const std::int64_t blocks32 = pairs * (pr.v / 32);
-    std::vector<int> order =
-        blocks32 < device.sm_count ? std::vector<int>{16, 32, 64} : std::vector<int>{32, 16, 64};
-    if (4 * pairs >= 3 * std::int64_t{device.sm_count}) order.insert(order.begin(), 128);
+    const std::int64_t sms = device.sm_count;
+    std::vector<int> order = pairs * (pr.v / 16) <= sms   ? std::vector<int>{16, 32, 64}
+                             : pairs * (pr.v / 64) <= sms ? std::vector<int>{64, 32, 16}
+                                                          : std::vector<int>{128, 64, 32, 16};
     if (forced_bv != 0) order = {forced_bv};
     for (int bv : order) {
       if (pr.v % bv != 0 || bv * pr.k > state_tile_limit(bv)) continue;
@@ -512,10 +512,11 @@ Choice choose_path(const Problem& pr, const std::string& force, const DeviceLimi
       "state kernel value tile {}{}: {} blocks ({} sequences x {} value heads x {} tiles), {} "
       "bytes of shared memory each",
       choice.bv,
-      forced_bv != 0     ? " (forced)"
-      : choice.bv == 128 ? fmt::format(" (all of V: {} pairs >= 3/4 of {} SMs)",
-                                       pr.seqs * pr.value_heads, device.sm_count)
-                         : std::string(),
+      forced_bv != 0 ? " (forced)"
+      : choice.bv == 128 && pr.seqs * pr.value_heads * (pr.v / 64) > device.sm_count
+          ? fmt::format(" (all of V: the 64-row blocks of {} pairs would not fit {} SMs one each)",
+                        pr.seqs * pr.value_heads, device.sm_count)
+          : std::string(),
       pr.seqs * pr.value_heads * (pr.v / choice.bv), pr.seqs, pr.value_heads, pr.v / choice.bv,
       smem_of(choice.bv)));
   return choice;

@@ -444,14 +444,18 @@ TEST_CASE("gdn_prefill plans are legal for every shape, N = 4096 and T = 100k in
         CHECK(launch.shape.dynamic_smem == gdn_prefill_smem(static_cast<int>(s.k), fbv).total);
       }
     }
-    // Few (sequence, value head) pairs take the state kernel's smaller tile; many take all of V
-    // (from 3 pairs per 4 SMs on).
+    // The smallest tile whose blocks fit one per SM: 16 rows while 8 blocks per (sequence,
+    // value head) pair fit, then 64 rows while 2 do, then all of V.
     CHECK(plan_for({100000, 1, 1, 1, 128, 128}, device, DType::f32, "chunked").mode ==
           "chunked_bv16");
     if (whole_v_fits) {
-      const std::int64_t from = (3 * device.sm_count + 3) / 4;
-      CHECK(plan_for({8192, from, 1, 1, 128, 128}, device).mode == "chunked_bv128");
-      CHECK(plan_for({8192, from - 1, 1, 1, 128, 128}, device).mode != "chunked_bv128");
+      const std::int64_t sms = device.sm_count;
+      CHECK(plan_for({8192, sms / 8, 1, 1, 128, 128}, device, DType::f32, "chunked").mode ==
+            "chunked_bv16");
+      CHECK(plan_for({8192, sms / 8 + 1, 1, 1, 128, 128}, device, DType::f32, "chunked").mode ==
+            "chunked_bv64");
+      CHECK(plan_for({8192, sms / 2, 1, 1, 128, 128}, device).mode == "chunked_bv64");
+      CHECK(plan_for({8192, sms / 2 + 1, 1, 1, 128, 128}, device).mode == "chunked_bv128");
     }
     if (whole_v_fits) {
       CHECK(plan_for({100000, 4096, 16, 32, 128, 128}, device).mode == "chunked_bv128");
