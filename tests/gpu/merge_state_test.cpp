@@ -322,6 +322,26 @@ TEST_CASE("gpu merge_state: every grid mode on a few shapes") {
   }
 }
 
+TEST_CASE("gpu merge_state: geometries forced by force_mode suffixes (A/B variants)") {
+  for (const char* mode :
+       {"token_major:c1", "flat:t512", "flat:c1:t128", "token_major:c4:t64", "flat:c2:t32"}) {
+    for (std::int64_t h : {1, 33, 128}) {
+      for (std::int64_t d : {64, 512, 576}) {
+        PairCase c;
+        c.tokens = 19;
+        c.heads = h;
+        c.head_dim = d;
+        c.mode = mode;
+        run_pair(c);
+        // The layout the vLLM anchor of bench_merge_state reads.
+        c.layout = LseLayout::head_major;
+        c.base = LseBase::e;
+        run_pair(c);
+      }
+    }
+  }
+}
+
 TEST_CASE("gpu merge_state: padded strides, head-major LSE, misaligned views, options") {
   SUBCASE("padded token and head strides, different per tensor") {
     PairCase c;

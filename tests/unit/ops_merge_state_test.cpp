@@ -127,6 +127,46 @@ TEST_CASE("merge_state plans FlashInfer's failing shapes, both modes, all ops") 
   }
 }
 
+TEST_CASE("merge_state plan: force_mode suffixes force the geometry, the default is unchanged") {
+  const PairViews p = pair_views(DType::bf16, DType::bf16, 4096, 128, 512);
+  const auto planned = [&](const char* mode) {
+    MergeStateOptions options = base2();
+    options.force_mode = mode;
+    const Plan plan = plan_pair(p, options);
+    require_all_legal(plan);
+    return plan;
+  };
+  // The planner's choice at D = 512, H = 128: 2 vectors per thread, blocks of 32 x 16.
+  const Plan planner = planned("");
+  CHECK(planner.mode == "token_major");
+  CHECK(planner.launches[0].spec.get("chunks") == "2");
+  CHECK(planner.launches[0].shape.block.x == 32);
+  CHECK(planner.launches[0].shape.block.y == 16);
+  CHECK(planned("token_major").launches[0].shape.block.y == 16);
+  // vLLM's geometry: one vector per thread, two rows per 128-thread block.
+  const Plan vllm_like = planned("flat:c1:t128");
+  CHECK(vllm_like.mode == "flat");
+  CHECK(vllm_like.launches[0].spec.get("chunks") == "1");
+  CHECK(vllm_like.launches[0].shape.block.x == 64);
+  CHECK(vllm_like.launches[0].shape.block.y == 2);
+  CHECK(vllm_like.launches[0].shape.grid.x == 4096 * 128 / 2);
+  const Plan small_blocks = planned("token_major:t128");
+  CHECK(small_blocks.launches[0].spec.get("chunks") == "2");
+  CHECK(small_blocks.launches[0].shape.block.y == 4);
+  CHECK(small_blocks.launches[0].shape.grid.y == 32);
+  const Plan one_vector = planned("token_major:c1");
+  CHECK(one_vector.launches[0].shape.block.x == 64);
+  CHECK(one_vector.launches[0].shape.block.y == 8);
+  CHECK(planned("token_major:c4:t256").launches[0].spec.get("chunks") == "4");
+  for (const char* bad : {"token_major:c3", "flat:t100", "flat:t1024", "flat:x1", "flat:", ":c1",
+                          "flat:c1:", "flat:c"}) {
+    CAPTURE(bad);
+    MergeStateOptions options = base2();
+    options.force_mode = bad;
+    CHECK_THROWS_AS(plan_pair(p, options), InvalidArgument);
+  }
+}
+
 TEST_CASE("merge_state plan: f32 output, base e, layout and the spec parameters") {
   MergeStateOptions options;
   options.lse_base = LseBase::e;

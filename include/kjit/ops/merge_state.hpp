@@ -42,7 +42,10 @@ struct MergeStateOptions {
   /// and the merged LSE is +inf.
   bool pos_inf_as_empty = true;
   /// Empty: the planner picks the fastest legal grid mode. Otherwise "token_major" or "flat"
-  /// (for tests and benchmarks); PlanError if that mode is not legal for the problem.
+  /// (for tests and benchmarks); PlanError if that mode is not legal for the problem. Either
+  /// may be followed by ":c<n>" (n vectors per thread: 1, 2, 4) and ":t<n>" (blocks of n
+  /// threads, a power of 2 in 32..512; a block still holds at least one row), e.g.
+  /// "flat:c1:t128", to A/B a geometry the planner would not pick.
   std::string force_mode;
   /// CUDA device ordinal; -1: the stream's device (for the default stream, the calling
   /// thread's current device). A device other than the stream's is an InvalidArgument.

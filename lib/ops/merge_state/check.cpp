@@ -148,15 +148,40 @@ void check_common_options(Entry op, const MergeStateOptions& options, Problem* p
   problem->base = *options.lse_base;
   problem->pos_inf_as_empty = options.pos_inf_as_empty;
   problem->forced_mode = ForcedMode::planner;
+  problem->forced_chunks = 0;
+  problem->forced_block_log2 = 0;
   if (!options.force_mode.empty()) {
+    // "<mode>[:c<chunks>][:t<threads>]": the suffixes force the geometry too (A/B runs).
+    const std::string& text = options.force_mode;
+    const std::size_t colon = text.find(':');
+    const std::string mode = text.substr(0, colon);
     for (int i = 0; i < static_cast<int>(std::size(kMergeStateModes)); ++i) {
-      if (options.force_mode == kMergeStateModes[i]) {
-        problem->forced_mode = static_cast<ForcedMode>(i + 1);
+      if (mode == kMergeStateModes[i]) problem->forced_mode = static_cast<ForcedMode>(i + 1);
+    }
+    bool bad = problem->forced_mode == ForcedMode::planner;
+    for (std::size_t at = colon; !bad && at != std::string::npos;) {
+      const std::size_t next = text.find(':', at + 1);
+      const std::string part =
+          text.substr(at + 1, next == std::string::npos ? next : next - at - 1);
+      at = next;
+      const bool digits = part.size() >= 2 && part.size() <= 4 &&
+                          part.find_first_not_of("0123456789", 1) == std::string::npos;
+      const int value = digits ? std::stoi(part.substr(1)) : 0;
+      if (digits && part[0] == 'c' && (value == 1 || value == 2 || value == 4)) {
+        problem->forced_chunks = static_cast<std::uint8_t>(value);
+      } else if (digits && part[0] == 't' && value >= 32 && value <= 512 &&
+                 (value & (value - 1)) == 0) {
+        problem->forced_block_log2 =
+            static_cast<std::uint8_t>(std::countr_zero(static_cast<unsigned>(value)));
+      } else {
+        bad = true;
       }
     }
-    if (problem->forced_mode == ForcedMode::planner) {
+    if (bad) {
       fail(op, fmt::format("options.force_mode = '{}' is not a mode; accepted: '' (planner "
-                           "picks), 'token_major', 'flat'",
+                           "picks), 'token_major', 'flat', each optionally followed by ':c<n>' "
+                           "(vectors per thread: 1, 2, 4) and ':t<n>' (threads per block: a "
+                           "power of 2 in 32..512)",
                            options.force_mode));
     }
   }

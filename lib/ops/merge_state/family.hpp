@@ -63,8 +63,11 @@ struct Problem {
   LseBase base = LseBase::two;
   bool pos_inf_as_empty = true;
   ForcedMode forced_mode = ForcedMode::planner;
-  /// Keeps the size a multiple of 8 with every byte a member (the memo hashes the bytes).
-  std::uint8_t unused[2] = {};
+  /// Vectors per thread forced by a ":c<n>" suffix of options.force_mode; 0: the planner's.
+  std::uint8_t forced_chunks = 0;
+  /// log2 of the threads per block forced by a ":t<n>" suffix; 0: the planner's. These two
+  /// bytes keep the size a multiple of 8 with every byte a member (the memo hashes the bytes).
+  std::uint8_t forced_block_log2 = 0;
 };
 static_assert(std::has_unique_object_representations_v<Problem> && sizeof(Problem) % 8 == 0);
 

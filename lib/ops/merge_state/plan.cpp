@@ -64,10 +64,17 @@ struct ModeChoice {
   std::string summary;
 };
 
+/// Threads per block a ":t<n>" suffix of force_mode asks for, or `planner_default`.
+std::int64_t block_threads(const Problem& problem, std::int64_t planner_default) {
+  return problem.forced_block_log2 == 0 ? planner_default
+                                        : std::int64_t{1} << problem.forced_block_log2;
+}
+
 ModeChoice token_major_shape(const Problem& problem, const Geometry& g,
                              const DeviceLimits& limits) {
   ModeChoice c;
-  const std::int64_t cap = std::max<std::int64_t>(1, kMaxBlockThreads / g.lanes);
+  const std::int64_t cap =
+      std::max<std::int64_t>(1, block_threads(problem, kMaxBlockThreads) / g.lanes);
   const std::int64_t groups = (problem.heads + cap - 1) / cap;
   const std::int64_t per_group = (problem.heads + groups - 1) / groups;
   const std::int64_t idle = groups * per_group - problem.heads;
@@ -100,7 +107,8 @@ ModeChoice token_major_shape(const Problem& problem, const Geometry& g,
 
 ModeChoice flat_shape(const Problem& problem, const Geometry& g, const DeviceLimits& limits) {
   ModeChoice c;
-  const std::int64_t rows_per_block = std::max<std::int64_t>(1, kFlatBlockThreads / g.lanes);
+  const std::int64_t rows_per_block =
+      std::max<std::int64_t>(1, block_threads(problem, kFlatBlockThreads) / g.lanes);
   const std::int64_t rows = problem.tokens * problem.heads;
   const std::int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
   c.shape.block =
@@ -155,6 +163,23 @@ Planned<Choice> make_plan(const Problem& problem, const DeviceLimits& limits) {
     g.chunks = chunks;
     break;
   }
+  if (problem.forced_chunks != 0) {
+    // A/B runs: the vectors per thread a ":c<n>" suffix of force_mode asks for.
+    const std::int64_t forced = problem.forced_chunks;
+    if (vectors % forced != 0 || vectors / forced > kMaxBlockThreads) {
+      throw PlanError(
+          fmt::format("{}: forced {} vector(s) per thread do not split D = {} into "
+                      "{} vectors of {} elements with <= {} lanes",
+                      plan.op, forced, problem.head_dim, vectors, g.vec, kMaxBlockThreads));
+    }
+    g.chunks = forced;
+    plan.reasons.push_back(
+        fmt::format("{} vector(s) per thread forced by options.force_mode", forced));
+  }
+  if (problem.forced_block_log2 != 0) {
+    plan.reasons.push_back(fmt::format("blocks of (up to) {} threads forced by options.force_mode",
+                                       std::int64_t{1} << problem.forced_block_log2));
+  }
   g.lanes = vectors / g.chunks;
   plan.reasons.push_back(fmt::format(
       "vec = {} ({} bytes of {}): widest access all pointers and strides allow (inputs aligned "
@@ -179,6 +204,11 @@ Planned<Choice> make_plan(const Problem& problem, const DeviceLimits& limits) {
     }
     plan.reasons.push_back(
         fmt::format("mode {} forced by options.force_mode", kMergeStateModes[chosen]));
+    if (problem.forced_block_log2 != 0 &&
+        (std::int64_t{1} << problem.forced_block_log2) < g.lanes) {
+      plan.reasons.push_back(fmt::format(
+          "(a row needs {} lanes: blocks hold one row, more than the forced threads)", g.lanes));
+    }
   } else if (token_major.legal && tm_threads >= kMinTokenMajorThreads &&
              tm_idle * 16 <= problem.heads) {
     chosen = 0;
