@@ -222,7 +222,7 @@ Planned<Choice> Family::plan(const Problem& problem, const DeviceLimits& limits)
       blocks < blocks_needed
           ? fmt::format("capped at {} waves of {} resident blocks, the blocks stride over rows",
                         kWaves, resident)
-          : std::string("one row per thread group")));
+          : std::string("one pass: every row group of every block normalizes one row")));
 
   PlannedLaunch launch;
   launch.spec = KernelSpec::make("qk_l2norm",
