@@ -60,8 +60,10 @@ test::HostTensor make(DType dtype, const Layout& l, std::int64_t heads) {
                           l.offset);
 }
 
+/// Relative L2 error allowed: the output's rounding (bf16 2^-9, f16 2^-12 per element), and for
+/// f32 the f32 sum over up to 512 elements and rsqrt's approximation.
 double tolerance(DType dtype) {
-  return dtype == DType::f32 ? 1e-6 : dtype == DType::f16 ? 2e-3 : 1.6e-2;
+  return dtype == DType::f32 ? 1e-5 : dtype == DType::f16 ? 2e-3 : 1.6e-2;
 }
 
 /// Runs one call and checks every output row against the reference and the padding bytes.
@@ -82,10 +84,13 @@ void check_case(DType dtype, const Layout& l, float eps, std::uint64_t seed) {
   test::HostTensor k_in(dtype, {0});
   if (l.k_heads > 0) {
     k = std::make_unique<Mirrored>(make(dtype, l, l.k_heads));
-    // k rows of another scale than q's, and one all-zero row (eps keeps it zero).
+    // k rows of another scale than q's, and one all-zero row (eps > 0 keeps it zero; with
+    // eps = 0 it would be 0 * inf = NaN, in the reference too).
     k->host.fill(rng);
     for (std::int64_t i = 0; i < k->host.elements(); ++i) k->host.set(i, k->host.get(i) * 40.0);
-    for (std::int64_t i = 0; i < l.head_dim; ++i) k->host.set(k->at(0, 0, i), 0.0);
+    if (eps > 0) {
+      for (std::int64_t i = 0; i < l.head_dim; ++i) k->host.set(k->at(0, 0, i), 0.0);
+    }
     k_in = k->host;
   }
   q.upload();
