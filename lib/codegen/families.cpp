@@ -3,25 +3,63 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
+
 #include "codegen/family_decls.hpp"
 #include "kjit/error.hpp"
 
 namespace kjit::codegen {
+namespace {
+
+struct Registry {
+  std::vector<FamilyDecl (*)()> makers;
+  bool sealed = false;
+};
+
+Registry& registry() {
+  static Registry instance;
+  return instance;
+}
+
+}  // namespace
+
+FamilyRegistration::FamilyRegistration(FamilyDecl (*make)()) {
+  Registry& r = registry();
+  if (r.sealed) {
+    std::fputs("kjit: a kernel family was registered after families() was first called\n", stderr);
+    std::abort();
+  }
+  r.makers.push_back(make);
+}
 
 const std::vector<FamilyDecl>& families() {
-  static const std::vector<FamilyDecl> table = {
-      probe_family(),
-      merge_state_family(),
-      gdn_decode_family(),
-      gdn_decode_order_family(),
-      bench_family(),
-      gdn_prefill_family(),
-      gdn_prefill_chunk_family(),
-      gdn_prefill_state_family(),
-      gdn_prefill_state_cp_family(),
-      gdn_prefill_cp_scan_family(),
-      causal_conv1d_family(),
-  };
+  static const std::vector<FamilyDecl> table = [] {
+    std::vector<FamilyDecl> all = {
+        probe_family(),
+        merge_state_family(),
+        gdn_decode_family(),
+        gdn_decode_order_family(),
+        bench_family(),
+        gdn_prefill_family(),
+        gdn_prefill_chunk_family(),
+        gdn_prefill_state_family(),
+        gdn_prefill_state_cp_family(),
+        gdn_prefill_cp_scan_family(),
+        causal_conv1d_family(),
+    };
+    // Registered families in name order: static initialization order across files is not
+    // something a listing should depend on.
+    std::vector<FamilyDecl> registered;
+    registry().sealed = true;
+    for (auto* make : registry().makers) registered.push_back(make());
+    std::sort(registered.begin(), registered.end(),
+              [](const FamilyDecl& a, const FamilyDecl& b) { return a.name < b.name; });
+    for (FamilyDecl& family : registered) all.push_back(std::move(family));
+    return all;
+  }();
   return table;
 }
 

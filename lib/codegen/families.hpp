@@ -73,8 +73,18 @@ struct FamilyDecl {
   std::string (*check)(const KernelSpec& spec) = nullptr;
 };
 
-/// Every declared family.
+/// Every declared family: the built-in table (families.cpp), then the registered ones in name
+/// order.
 const std::vector<FamilyDecl>& families();
+
+/// Declares a family from outside this layer: a namespace-scope object in an op family's own
+/// folder (lib/ops/<op>/), so that a new family edits no shared list. It runs while libkjit
+/// loads, before anything can call families(); registering later is a logic error (the table
+/// is built once) and aborts with a message.
+class FamilyRegistration {
+ public:
+  explicit FamilyRegistration(FamilyDecl (*make)());
+};
 /// The family of that name; throws InvalidArgument listing the known families.
 const FamilyDecl& find_family(std::string_view name);
 

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// One function per kernel family, each defined in family_<name>.cpp next to this file, so that
-// adding a family touches its own file and one line of families.cpp.
+// One function per kernel family written before families could register themselves, each
+// defined in family_<name>.cpp next to this file and listed in families.cpp. A new family
+// registers from its op folder instead (codegen::FamilyRegistration, lib/ops/<op>/catalog.cpp)
+// and touches neither file.
 #pragma once
 
 #include "codegen/families.hpp"

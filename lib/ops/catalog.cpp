@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 #include "kjit/error.hpp"
 #include "ops/catalog_entries.hpp"
@@ -40,6 +42,30 @@ SizeRule one_of(std::vector<std::int64_t> values) {
   return SizeRule{.min = values.front(), .max = values.back(), .only = std::move(values)};
 }
 SizeRule dividing(std::string other) { return SizeRule{.divides = std::move(other)}; }
+
+namespace {
+
+struct Registry {
+  std::vector<std::vector<OpInfo> (*)()> entries;
+  bool sealed = false;
+};
+
+Registry& registry() {
+  static Registry instance;
+  return instance;
+}
+
+}  // namespace
+
+CatalogRegistration::CatalogRegistration(std::vector<OpInfo> (*entries)()) {
+  Registry& r = registry();
+  if (r.sealed) {
+    std::fputs("kjit: op catalog entries were registered after op_catalog() was first called\n",
+               stderr);
+    std::abort();
+  }
+  r.entries.push_back(entries);
+}
 
 namespace {
 
@@ -101,6 +127,18 @@ const std::vector<OpInfo>& op_catalog() {
          {&catalog_detail::merge_state_entries, &catalog_detail::gdn_decode_entries,
           &catalog_detail::gdn_prefill_entries, &catalog_detail::causal_conv1d_entries}) {
       for (OpInfo& op : entries()) all.push_back(std::move(op));
+    }
+    // Registered families by their first op's name: static initialization order across files
+    // is not something `kjit plan --help` should depend on.
+    std::vector<std::vector<OpInfo>> registered;
+    catalog_detail::registry().sealed = true;
+    for (auto* entries : catalog_detail::registry().entries) registered.push_back(entries());
+    std::sort(registered.begin(), registered.end(), [](const auto& a, const auto& b) {
+      return (a.empty() ? std::string() : a.front().name) <
+             (b.empty() ? std::string() : b.front().name);
+    });
+    for (std::vector<OpInfo>& family : registered) {
+      for (OpInfo& op : family) all.push_back(std::move(op));
     }
     return all;
   }();

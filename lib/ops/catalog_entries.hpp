@@ -46,7 +46,17 @@ std::int64_t get_int(const ShapeValues& values, const std::string& name);
 DType get_dtype(const ShapeValues& values, const std::string& name);
 bool get_bool(const ShapeValues& values, const std::string& name);
 
-/// The entries of each family, in catalog order.
+/// Adds a family's entries to op_catalog() from a namespace-scope object in the family's own
+/// catalog.cpp, so that a new family edits no shared list: registered families follow the
+/// listed ones below, ordered by their first op's name. It runs while libkjit loads, before
+/// anything can call op_catalog(); registering later is a logic error and aborts.
+class CatalogRegistration {
+ public:
+  explicit CatalogRegistration(std::vector<OpInfo> (*entries)());
+};
+
+/// The entries of each family listed by hand (the families written before registration), in
+/// catalog order.
 std::vector<OpInfo> merge_state_entries();
 std::vector<OpInfo> gdn_decode_entries();
 std::vector<OpInfo> gdn_prefill_entries();
