@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kjit/catalog.hpp"
 #include "kjit/error.hpp"
 #include "kjit/ops/gdn_decode.hpp"
 #include "kjit/plan.hpp"
@@ -115,6 +116,29 @@ TEST_CASE("gdn_decode fused conv plan: too much shared memory is a PlanError") {
   // 2*256 + 128*258 floats = 134 KB, over sm_86's opt-in limit (99 KiB).
   const Views w = views(1, 1, 128, 256, 256);
   CHECK_THROWS_AS(plan(w, conv_options(w), DeviceLimits::for_arch(Arch{8, 6})), PlanError);
+}
+
+TEST_CASE("gdn_decode fused conv in the op catalog: kjit plan and manifests reach its kernel") {
+  const OpInfo& op = find_op("gdn_decode_conv");
+  const ShapeValues values = complete_shape_values(
+      op, {{"batch", "1"}, {"heads", "16"}, {"v_heads", "32"}, {"k", "128"}, {"v", "128"}}, true);
+  CHECK(values.at("width") == "4");
+  CHECK(values.at("conv_state_dtype") == "bf16");
+  const Plan p = plan_from_shape(op, values, DeviceLimits::for_arch(Arch{9, 0}));
+  REQUIRE(p.launches.size() == 1);
+  CHECK(p.launches[0].spec.str() ==
+        "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=bf16,state=f32,out=bf16,index=i32,"
+        "weight=bf16,conv_state=bf16,k=128,v=128,width=4,warps=32,gated=0,l2norm=1,"
+        "invalid=negative,silu=1@sm_90");
+  ShapeValues gated = values;
+  gated["gated"] = "1";
+  gated["silu"] = "0";
+  gated["width"] = "2";
+  CHECK(plan_from_shape(op, gated, DeviceLimits::for_arch(Arch{8, 0}))
+            .launches[0]
+            .spec.get("gated") == "1");
+  gated["width"] = "9";
+  CHECK_THROWS_AS(plan_from_shape(op, gated, DeviceLimits::for_arch(Arch{9, 0})), InvalidArgument);
 }
 
 TEST_CASE("gdn_decode fused conv validation names the argument, its value and what is accepted") {
