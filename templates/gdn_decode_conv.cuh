@@ -10,9 +10,12 @@
 // other reader anywhere in the grid (a split over V tiles or value heads would have several
 // blocks read q/k history that one of them overwrites: a race without a grid-wide barrier).
 //
-// Phase 1 (every thread, channels strided by the block size): conv output of the group's
-// 2K + G V channels into shared memory, rounded to mixed_qkv's dtype (as the two-kernel
-// sequence stores it), and the new pool columns; threads < G also compute the gates.
+// Phase 1 (every thread, channels strided by the block size): with the slot's load in flight,
+// the slot-independent loads (bias + w[W-1] x of each channel, the gates); then, with the first
+// pass's state rows loading, the history, the conv output of the group's 2K + G V channels into
+// shared memory, rounded to mixed_qkv's dtype (as the two-kernel sequence stores it), and the
+// new pool columns. Three dependent round trips to memory before the first arithmetic on the
+// state become two.
 // Phase 2 (each warp, state rows strided by the warps): q and k norms and k.q per warp from
 // shared memory, then per state row H.k and H.q (warp sums), u = beta (v - alpha H.k), the new
 // row alpha H + u k and out = alpha H.q + u k.q, kRows rows' loads issued before their
@@ -35,8 +38,8 @@ __device__ __forceinline__ bool invalid_slot(long long slot, long long num_slots
 
 /// The body of gdn_decode_conv_kernel for block blockIdx.x = n * H + h, with `smem` the block's
 /// shared memory (gdn_decode_conv_smem_floats floats: q [K], k [K], v [G V], alpha [G],
-/// beta [G]). Separate from the __global__ entry so a
-/// host test can run it with memory of its own.
+/// beta [G]). Separate from the __global__ entry so a host test can run it with memory of its
+/// own.
 template <typename QkvT, typename GateT, typename ALogT, typename DtBiasT, typename StateT,
           typename OutT, typename IndexT, typename WeightT, typename ConvT, int kK, int kV,
           int kWidth, int kWarps, bool kGated, bool kL2Norm, int kInvalidRule, bool kSilu>
@@ -57,59 +60,34 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
   const int tid = static_cast<int>(threadIdx.x);
   const int threads = kWarps * 32;
 
-  const long long slot = static_cast<long long>(
-      static_cast<const IndexT*>(p.indices)[static_cast<i64>(n) * p.index_stride]);
-  OutT* out = static_cast<OutT*>(p.out) + static_cast<i64>(n) * p.out_row_stride +
-              static_cast<i64>(h) * rows;
-  if (gdn_decode_conv_detail::invalid_slot<kInvalidRule>(slot, p.num_slots)) {
-    // No state in either pool: zeros out, both pools untouched (every thread returns here).
-    for (int r = tid; r < rows; r += threads) out[r] = gdn::from_f32<OutT>(0.0f);
-    return;
-  }
-
   float* q_s = smem;
   float* k_s = smem + kK;
   float* v_s = smem + 2 * kK;
   float* alpha_s = v_s + rows;
   float* beta_s = alpha_s + group;
 
-  // Phase 1: the conv update of the group's channels. Channel t of the block is global channel
-  // h K + t (q), H K + h K + t - K (k) or 2 H K + h G V + t - 2K (v).
+  // Channel t of the block is global channel h K + t (q), H K + h K + t - K (k) or
+  // 2 H K + h G V + t - 2K (v).
+  const auto channel = [&](int t) -> i64 {
+    if (t < kK) return static_cast<i64>(h) * kK + t;
+    if (t < 2 * kK) return static_cast<i64>(p.num_heads + h) * kK + (t - kK);
+    return static_cast<i64>(2 * p.num_heads) * kK + static_cast<i64>(h) * rows + (t - 2 * kK);
+  };
   const QkvT* x_row = static_cast<const QkvT*>(p.qkv) + static_cast<i64>(n) * p.qkv_row_stride;
   const WeightT* weight = static_cast<const WeightT*>(p.conv_weight);
   const WeightT* bias = static_cast<const WeightT*>(p.conv_bias);
-  ConvT* pool = static_cast<ConvT*>(p.conv_state) + slot * p.conv_slot_stride;
+
+  // Everything that does not depend on the slot is loaded in the same round trip as the slot:
+  // the conv's first term bias + w[W-1] x per channel (into shared memory; the same thread adds
+  // the history below, in causal_conv1d's order) and the gates.
+  const long long slot = static_cast<long long>(
+      static_cast<const IndexT*>(p.indices)[static_cast<i64>(n) * p.index_stride]);
   for (int t = tid; t < channels; t += threads) {
-    i64 c;
-    if (t < kK) {
-      c = static_cast<i64>(h) * kK + t;
-    } else if (t < 2 * kK) {
-      c = static_cast<i64>(p.num_heads + h) * kK + (t - kK);
-    } else {
-      c = static_cast<i64>(2 * p.num_heads) * kK + static_cast<i64>(h) * rows + (t - 2 * kK);
-    }
-    float w[kWidth];
-#pragma unroll
-    for (int j = 0; j < kWidth; ++j) {
-      w[j] = gdn::to_f32(weight[c * p.weight_channel_stride + j * p.weight_tap_stride]);
-    }
-    const float x = gdn::to_f32(x_row[c]);
-    ConvT* column = pool + c * p.conv_channel_stride;
-    float hist[kWidth - 1];
-#pragma unroll
-    for (int j = 0; j < kWidth - 1; ++j) hist[j] = gdn::to_f32(column[j * p.conv_column_stride]);
-    // The order of causal_conv1d's update: bias + tap W-1 times the input, then the history.
-    float acc = (bias != nullptr ? gdn::to_f32(bias[c * p.bias_stride]) : 0.0f) + w[kWidth - 1] * x;
-#pragma unroll
-    for (int j = 0; j < kWidth - 1; ++j) acc += w[j] * hist[j];
-    if constexpr (kSilu) acc = __fdividef(acc, 1.0f + __expf(-acc));
-      // This thread is the channel's only reader, so it may overwrite the columns it read.
-#pragma unroll
-    for (int j = 0; j + 1 < kWidth - 1; ++j) {
-      column[j * p.conv_column_stride] = gdn::from_f32<ConvT>(hist[j + 1]);
-    }
-    column[(kWidth - 2) * p.conv_column_stride] = gdn::from_f32<ConvT>(x);
-    smem[t] = gdn::to_f32(gdn::from_f32<QkvT>(acc));
+    const i64 c = channel(t);
+    const float w_last =
+        gdn::to_f32(weight[c * p.weight_channel_stride + (kWidth - 1) * p.weight_tap_stride]);
+    smem[t] = (bias != nullptr ? gdn::to_f32(bias[c * p.bias_stride]) : 0.0f) +
+              w_last * gdn::to_f32(x_row[c]);
   }
   for (int t = tid; t < static_cast<int>(group); t += threads) {
     const u32 hv = h * group + static_cast<u32>(t);
@@ -130,11 +108,60 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
     alpha_s[t] = expf(g);
     beta_s[t] = beta;
   }
+
+  OutT* out = static_cast<OutT*>(p.out) + static_cast<i64>(n) * p.out_row_stride +
+              static_cast<i64>(h) * rows;
+  if (gdn_decode_conv_detail::invalid_slot<kInvalidRule>(slot, p.num_slots)) {
+    // No state in either pool: zeros out, both pools untouched (every thread returns here).
+    for (int r = tid; r < rows; r += threads) out[r] = gdn::from_f32<OutT>(0.0f);
+    return;
+  }
+
+  // The first pass's state rows are loaded now, in the same round trip as the conv history, so
+  // their latency overlaps the conv and the barrier instead of following them.
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  StateT* state =
+      static_cast<StateT*>(p.state) + slot * p.state_slot_stride + static_cast<i64>(h) * rows * kK;
+  float x[kRows][kPer];
+  const auto load_rows = [&](int base) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int r = base + i * kWarps + warp;
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) {
+        const int col = lane + 32 * e;
+        x[i][e] = r < rows && col < kK ? gdn::to_f32(state[static_cast<i64>(r) * kK + col]) : 0.0f;
+      }
+    }
+  };
+  load_rows(0);
+
+  // Phase 1, the history: the conv output of the group's channels and their new pool columns.
+  ConvT* pool = static_cast<ConvT*>(p.conv_state) + slot * p.conv_slot_stride;
+  for (int t = tid; t < channels; t += threads) {
+    const i64 c = channel(t);
+    ConvT* column = pool + c * p.conv_channel_stride;
+    float hist[kWidth - 1];
+#pragma unroll
+    for (int j = 0; j < kWidth - 1; ++j) hist[j] = gdn::to_f32(column[j * p.conv_column_stride]);
+    float acc = smem[t];
+#pragma unroll
+    for (int j = 0; j < kWidth - 1; ++j) {
+      acc += gdn::to_f32(weight[c * p.weight_channel_stride + j * p.weight_tap_stride]) * hist[j];
+    }
+    if constexpr (kSilu) acc = __fdividef(acc, 1.0f + __expf(-acc));
+      // This thread is the channel's only reader, so it may overwrite the columns it read.
+#pragma unroll
+    for (int j = 0; j + 1 < kWidth - 1; ++j) {
+      column[j * p.conv_column_stride] = gdn::from_f32<ConvT>(hist[j + 1]);
+    }
+    column[(kWidth - 2) * p.conv_column_stride] = gdn::from_f32<ConvT>(gdn::to_f32(x_row[c]));
+    smem[t] = gdn::to_f32(gdn::from_f32<QkvT>(acc));
+  }
   __syncthreads();
 
   // Phase 2: norms and k.q, per warp (K / 32 elements per lane).
-  const int lane = tid & 31;
-  const int warp = tid >> 5;
   float q[kPer], k[kPer];
   float q_sq = 0.0f, k_sq = 0.0f;
 #pragma unroll
@@ -160,21 +187,10 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
   }
   kq = gdn::group_sum<32>(kq);
 
-  StateT* state =
-      static_cast<StateT*>(p.state) + slot * p.state_slot_stride + static_cast<i64>(h) * rows * kK;
   // Block-uniform trip counts: every warp runs the same shuffles (rows past the group's are
   // zeros and stored nowhere), which also keeps the host emulation's block-wide exchanges in step.
   for (int base = 0; base < rows; base += kWarps * kRows) {
-    float x[kRows][kPer];
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      const int r = base + i * kWarps + warp;
-#pragma unroll
-      for (int e = 0; e < kPer; ++e) {
-        const int col = lane + 32 * e;
-        x[i][e] = r < rows && col < kK ? gdn::to_f32(state[static_cast<i64>(r) * kK + col]) : 0.0f;
-      }
-    }
+    if (base > 0) load_rows(base);
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
       const int r = base + i * kWarps + warp;
