@@ -262,15 +262,18 @@ void run_case(const Case& c) {
     }
     CHECK(bad_out == 0);
     CHECK(bad_state == 0);
+    std::int64_t nonzero = 0;
     for (std::int64_t n = 0; n < c.batch; ++n) {
       if (!padding[static_cast<std::size_t>(n)]) continue;
       for (std::int64_t i = 0; i < c.value_heads * c.v; ++i) {
-        CHECK(out_fused.get(n * c.value_heads * c.v + i) == 0.0);
+        if (out_fused.get(n * c.value_heads * c.v + i) != 0.0) ++nonzero;
       }
     }
+    CHECK(nonzero == 0);
   }
   // Slots no valid row owns: bytewise what they were, in both pools of the fused step.
   const std::size_t esize = size_of(c.state), cesize = size_of(c.conv);
+  const std::vector<unsigned char> pool = conv_fused.download();
   for (std::int64_t s = 0; s < slots; ++s) {
     if (owned[static_cast<std::size_t>(s)]) continue;
     CAPTURE(s);
@@ -280,15 +283,18 @@ void run_case(const Case& c) {
         begin + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(slot_elems) * esize);
     CHECK(std::equal(state_fused.host.begin() + begin, state_fused.host.begin() + end,
                      state_initial.begin() + begin));
-    const std::vector<unsigned char> pool = conv_fused.download();
+    std::int64_t changed = 0;
     for (std::int64_t ch = 0; ch < d; ++ch) {
       for (std::int64_t col = 0; col < c.columns; ++col) {
         const std::int64_t e = s * pool_strides[0] + ch * pool_strides[1] + col * pool_strides[2];
         const auto at = static_cast<std::ptrdiff_t>(static_cast<std::size_t>(e) * cesize);
-        CHECK(std::equal(pool.begin() + at, pool.begin() + at + static_cast<std::ptrdiff_t>(cesize),
-                         conv_initial.begin() + at));
+        if (!std::equal(pool.begin() + at, pool.begin() + at + static_cast<std::ptrdiff_t>(cesize),
+                        conv_initial.begin() + at)) {
+          ++changed;
+        }
       }
     }
+    CHECK(changed == 0);
   }
 }
 
