@@ -108,9 +108,11 @@ struct GdnDecodeOptions {
   GdnRowOrder row_order = GdnRowOrder::automatic;
   /// Set: the fused decode step (conv update + delta rule in one kernel; see GdnDecodeConv).
   /// It runs its own kernel (gdn_decode_conv: one block per (row, q/k head), which owns every
-  /// channel it convolves, so each conv-pool column has one reader and writer), a K-contiguous
-  /// state pool only; force_mode, force_bv, force_stages, force_blocks_per_sm,
-  /// force_cache_hints and row_order = by_slot do not apply to it (InvalidArgument).
+  /// channel it convolves, so each conv-pool column has one reader and writer; B * H blocks, at
+  /// most 2^31 - 1, and the conv output of a block's channels in shared memory, else a
+  /// PlanError), a K-contiguous state pool only; force_mode, force_bv, force_stages,
+  /// force_blocks_per_sm, force_cache_hints and row_order = by_slot do not apply to it
+  /// (InvalidArgument).
   std::optional<GdnDecodeConv> conv;
 };
 
