@@ -16,6 +16,9 @@
 // KJIT_GDN_BENCH_STATE_LAYOUT=kv passes every pool K-major (fla's layout: each slot [HV, K, V],
 // V contiguous, as its transposed view; the state_layout=kv kernels), "vk" or unset the V-major
 // pool; the slot bytes, the calls and the copies they are compared with are the same.
+// KJIT_GDN_BENCH_FUSED_CONV=1 adds the fused decode step's table (fused_conv_table: gdn_decode
+// with options.conv against causal_conv1d_update + gdn_decode, and gdn_decode alone, W = 4,
+// bf16 conv weights and pool, SiLU), "only" runs it alone.
 //
 //   bench_gdn_decode [results.jsonl]
 #include <fmt/format.h>
@@ -34,6 +37,7 @@
 #include "activity_timer.hpp"
 #include "harness.hpp"
 #include "kjit/error.hpp"
+#include "kjit/ops/causal_conv1d.hpp"
 #include "kjit/ops/gdn_decode.hpp"
 #include "ops/gdn_reference.hpp"
 #include "support/numeric.hpp"
@@ -307,6 +311,172 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
   return all_ok;
 }
 
+// KJIT_GDN_BENCH_FUSED_CONV=1 ("only": this table alone): issue 22's fused decode step. HV = 32,
+// H = 16, K = V = 128, W = 4, bf16 mixed_qkv / weights / conv pool, f32 state pool, SiLU, at
+// B = 1 and 256; median GPU us (cold: L2 flushed once, both pools rotated through >= 512 MB of
+// state slots as the main table does) of gdn_decode alone (on an already convolved mixed_qkv),
+// the two-kernel sequence (kjit's causal_conv1d_update into a conv-output buffer, then
+// gdn_decode on it) and the fused step, beside an empty kernel. Before timing, the sequence and
+// the fused step run once on identical copies of both pools: the conv pools must be bytewise
+// equal and out / the state of the sampled rows within rounding ("check"). The issue's target:
+// the fused step at B = 1 no slower than gdn_decode alone + 1 us.
+bool fused_conv_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& base,
+                      kjit::bench::ActivityTimer* durations, std::FILE* json) {
+  constexpr std::int64_t value_heads = 32, conv_width = 4;
+  const std::int64_t width = 2 * kHeads * kDim + value_heads * kDim;
+  const std::size_t slot_bytes = static_cast<std::size_t>(value_heads * kDim * kDim * 4);
+  const std::size_t conv_slot_bytes = static_cast<std::size_t>(width * (conv_width - 1) * 2);
+  const double empty_us = kjit::bench::empty_kernel_us(gpu);
+  std::printf(
+      "\nfused decode step (gdn_decode + options.conv) HV=32 H=16 K=V=128 W=4 bf16, f32 state; "
+      "median GPU us, cold; empty kernel %.2f us\n%6s | %12s | %18s | %12s | %8s | %s\n",
+      empty_us, "B", "gdn_decode", "conv + gdn_decode", "fused", "check", "fused vs alone + 1 us");
+  bool all_ok = true;
+  for (std::int64_t batch : {1, 256}) {
+    const std::size_t step_bytes = slot_bytes * static_cast<std::size_t>(batch);
+    const std::int64_t rotations =
+        std::max<std::int64_t>(1, static_cast<std::int64_t>(kRotationBytes / step_bytes));
+    const std::int64_t slots = rotations * batch;
+    DeviceBuffer x(static_cast<std::size_t>(batch * width * 2));
+    DeviceBuffer y(static_cast<std::size_t>(batch * width * 2));
+    DeviceBuffer ab(static_cast<std::size_t>(2 * batch * value_heads * 2));
+    DeviceBuffer params(static_cast<std::size_t>(2 * value_heads * 4));
+    DeviceBuffer weight(static_cast<std::size_t>(width * (conv_width + 1) * 2));
+    DeviceBuffer indices(static_cast<std::size_t>(slots * 4));
+    DeviceBuffer out_seq(static_cast<std::size_t>(batch * value_heads * kDim * 2));
+    DeviceBuffer out_fused(static_cast<std::size_t>(batch * value_heads * kDim * 2));
+    // Pools "a" (sequence, gdn_decode alone) and "b" (fused): the same contents to begin with.
+    DeviceBuffer pool_a(static_cast<std::size_t>(slots) * slot_bytes);
+    DeviceBuffer pool_b(static_cast<std::size_t>(slots) * slot_bytes);
+    DeviceBuffer conv_a(static_cast<std::size_t>(slots) * conv_slot_bytes);
+    DeviceBuffer conv_b(static_cast<std::size_t>(slots) * conv_slot_bytes);
+    const std::uint64_t seed = 0xf0c5u + static_cast<std::uint64_t>(batch);
+    kjit::bench::fill_random(x, DType::bf16, x.bytes() / 2, seed);
+    kjit::bench::fill_random(ab, DType::bf16, ab.bytes() / 2, seed + 1);
+    kjit::bench::fill_random(params, DType::f32, params.bytes() / 4, seed + 2, 0.5);
+    kjit::bench::fill_random(weight, DType::bf16, weight.bytes() / 2, seed + 3, 0.5);
+    for (DeviceBuffer* pool : {&pool_a, &pool_b}) {
+      kjit::bench::fill_random(*pool, DType::f32, pool->bytes() / 4, seed + 4, 0.1);
+    }
+    for (DeviceBuffer* pool : {&conv_a, &conv_b}) {
+      kjit::bench::fill_random(*pool, DType::bf16, pool->bytes() / 2, seed + 5);
+    }
+    std::vector<std::int32_t> perm(static_cast<std::size_t>(slots));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937_64(seed + 6));
+    indices.upload(perm.data(), perm.size() * 4);
+
+    auto indices_for = [&](std::int64_t rotation) {
+      return view(indices, DType::i32, {batch}, static_cast<std::size_t>(rotation * batch * 4));
+    };
+    const TensorView v_x = view(x, DType::bf16, {batch, width});
+    const TensorView v_y = view(y, DType::bf16, {batch, width});
+    const TensorView v_a = view(ab, DType::bf16, {batch, value_heads});
+    const TensorView v_b = view(ab, DType::bf16, {batch, value_heads},
+                                static_cast<std::size_t>(batch * value_heads * 2));
+    const TensorView v_alog = view(params, DType::f32, {value_heads});
+    const TensorView v_dtb =
+        view(params, DType::f32, {value_heads}, static_cast<std::size_t>(value_heads * 4));
+    const TensorView v_weight = view(weight, DType::bf16, {width, conv_width});
+    const TensorView v_bias =
+        view(weight, DType::bf16, {width}, static_cast<std::size_t>(width * conv_width * 2));
+    const TensorView v_out_seq = view(out_seq, DType::bf16, {batch, value_heads, kDim});
+    const TensorView v_out_fused = view(out_fused, DType::bf16, {batch, value_heads, kDim});
+    const TensorView v_pool_a = pool_at(pool_a.get(), slots, value_heads);
+    const TensorView v_pool_b = pool_at(pool_b.get(), slots, value_heads);
+    const TensorView v_conv_a = view(conv_a, DType::bf16, {slots, width, conv_width - 1});
+    const TensorView v_conv_b = view(conv_b, DType::bf16, {slots, width, conv_width - 1});
+    kjit::CausalConv1dOptions conv_options;
+    conv_options.activation = kjit::ConvActivation::silu;
+    conv_options.runtime = base.runtime;
+    conv_options.device = base.device;
+    kjit::GdnDecodeOptions fused = base;
+    fused.conv = kjit::GdnDecodeConv{v_weight, v_bias, v_conv_b, kjit::ConvActivation::silu};
+
+    const auto sequence = [&](std::int64_t rotation, kjit::Stream stream) {
+      kjit::causal_conv1d_update(v_x, v_weight, v_bias, v_conv_a, indices_for(rotation),
+                                 TensorView{}, v_y, conv_options, stream);
+      kjit::gdn_decode(v_y, v_a, v_b, v_alog, v_dtb, v_pool_a, indices_for(rotation), v_out_seq,
+                       base, stream);
+    };
+    const auto fused_step = [&](std::int64_t rotation, kjit::Stream stream) {
+      kjit::gdn_decode(v_x, v_a, v_b, v_alog, v_dtb, v_pool_b, indices_for(rotation), v_out_fused,
+                       fused, stream);
+    };
+
+    // Check: one call of each on identical pools.
+    sequence(0, gpu.stream);
+    fused_step(0, gpu.stream);
+    gpu.synchronize();
+    bool ok = download<std::uint8_t>(conv_a, 0, conv_a.bytes()) ==
+              download<std::uint8_t>(conv_b, 0, conv_b.bytes());
+    double max_err = 0;
+    {
+      const auto got = download<std::uint16_t>(out_fused, 0, out_fused.bytes() / 2);
+      const auto want = download<std::uint16_t>(out_seq, 0, out_seq.bytes() / 2);
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        const double g = kjit::support::bf16_to_float(got[i]);
+        const double w = kjit::support::bf16_to_float(want[i]);
+        max_err = std::max(max_err, std::fabs(g - w));
+        if (!(std::fabs(g - w) <= 2e-2 + 1e-2 * std::fabs(w))) ok = false;
+      }
+      for (std::int64_t n : {std::int64_t{0}, batch - 1}) {
+        const std::size_t at =
+            static_cast<std::size_t>(perm[static_cast<std::size_t>(n)]) * slot_bytes;
+        const auto sa = download<float>(pool_a, at, slot_bytes / 4);
+        const auto sb = download<float>(pool_b, at, slot_bytes / 4);
+        for (std::size_t i = 0; i < sa.size(); ++i) {
+          if (!(std::fabs(sa[i] - sb[i]) <= 1e-4 + 1e-4 * std::fabs(sa[i]))) ok = false;
+        }
+      }
+    }
+    all_ok = all_ok && ok;
+
+    std::int64_t call = 0;
+    kjit::bench::flush_l2(gpu);
+    const double alone_us = kjit::bench::median_gpu_us(gpu, [&](kjit::Stream stream) {
+      kjit::gdn_decode(v_y, v_a, v_b, v_alog, v_dtb, v_pool_a, indices_for(call++ % rotations),
+                       v_out_seq, base, stream);
+    });
+    kjit::bench::flush_l2(gpu);
+    const double seq_us = kjit::bench::median_gpu_us(
+        gpu, [&](kjit::Stream stream) { sequence(call++ % rotations, stream); });
+    kjit::bench::flush_l2(gpu);
+    const double fused_us = kjit::bench::median_gpu_us(
+        gpu, [&](kjit::Stream stream) { fused_step(call++ % rotations, stream); });
+    const bool target = fused_us <= alone_us + 1.0;
+    std::printf("%6lld | %12.2f | %18.2f | %12.2f | %8s | %s (%+.2f us)\n",
+                static_cast<long long>(batch), alone_us, seq_us, fused_us, ok ? "ok" : "FAILED",
+                batch == 1 ? (target ? "met" : "MISSED") : "-", fused_us - alone_us);
+    if (batch == 1 && durations != nullptr) {
+      const auto timed = durations->beside_empty_and_copy(
+          gpu, [&](kjit::Stream stream) { fused_step(call++ % rotations, stream); },
+          "gdn_decode_conv_kernel", 2 * step_bytes);
+      const auto alone = durations->beside_empty_and_copy(
+          gpu,
+          [&](kjit::Stream stream) {
+            kjit::gdn_decode(v_y, v_a, v_b, v_alog, v_dtb, v_pool_a,
+                             indices_for(call++ % rotations), v_out_seq, base, stream);
+          },
+          "gdn_decode_kernel", 2 * step_bytes);
+      std::printf(
+          "B=1 kernel durations (CUPTI): fused %.2f us, gdn_decode alone %.2f us, empty kernel "
+          "%.2f us\n",
+          timed.call, alone.call, timed.empty);
+    }
+    std::fflush(stdout);
+    if (json != nullptr) {
+      std::fprintf(json,
+                   "{\"op\":\"gdn_decode_fused_conv\",\"H\":16,\"HV\":32,\"K\":128,\"V\":128,"
+                   "\"W\":4,\"B\":%lld,\"alone_us\":%.3f,\"sequence_us\":%.3f,"
+                   "\"fused_us\":%.3f,\"empty_us\":%.3f,\"check\":%s,\"max_err\":%.3e}\n",
+                   static_cast<long long>(batch), alone_us, seq_us, fused_us, empty_us,
+                   ok ? "true" : "false", max_err);
+    }
+  }
+  return all_ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -330,6 +500,12 @@ int main(int argc, char** argv) {
     std::string cupti_why;
     durations = kjit::bench::ActivityTimer::get(&cupti_why);
     if (durations == nullptr) std::printf("kernel durations unavailable: %s\n", cupti_why.c_str());
+  }
+  const char* fused_conv = std::getenv("KJIT_GDN_BENCH_FUSED_CONV");
+  if (fused_conv != nullptr && std::string(fused_conv) == "only") {
+    const bool ok = fused_conv_table(*gpu, base, durations, json);
+    if (json != nullptr) std::fclose(json);
+    return ok ? 0 : 1;
   }
   const char* serving = std::getenv("KJIT_GDN_BENCH_SERVING");
   if (serving != nullptr && std::string(serving) == "only") {
@@ -495,6 +671,9 @@ int main(int argc, char** argv) {
   }
   if (serving != nullptr && std::string(serving) == "1") {
     all_ok = serving_table(*gpu, base, json) && all_ok;
+  }
+  if (fused_conv != nullptr && std::string(fused_conv) == "1") {
+    all_ok = fused_conv_table(*gpu, base, durations, json) && all_ok;
   }
   if (json != nullptr) std::fclose(json);
   return all_ok ? 0 : 1;

@@ -42,6 +42,7 @@ const std::vector<FamilyDecl>& families() {
         merge_state_family(),
         gdn_decode_family(),
         gdn_decode_order_family(),
+        gdn_decode_conv_family(),
         bench_family(),
         gdn_prefill_family(),
         gdn_prefill_chunk_family(),

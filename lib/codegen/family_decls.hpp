@@ -13,6 +13,7 @@ FamilyDecl probe_family();
 FamilyDecl merge_state_family();
 FamilyDecl gdn_decode_family();
 FamilyDecl gdn_decode_order_family();
+FamilyDecl gdn_decode_conv_family();
 FamilyDecl bench_family();
 FamilyDecl gdn_prefill_family();
 FamilyDecl gdn_prefill_chunk_family();

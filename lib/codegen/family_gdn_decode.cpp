@@ -268,4 +268,88 @@ FamilyDecl gdn_decode_order_family() {
   };
 }
 
+// The fused decode step (conv update + delta rule, templates/gdn_decode_conv.cuh). Order = the
+// template parameters of kjit::gdn_decode_conv_kernel; the ops layer
+// (lib/ops/gdn_decode/conv.cpp) builds specs by these names.
+FamilyDecl gdn_decode_conv_family() {
+  const std::vector<std::string_view> floats = {"f16", "bf16", "f32"};
+  return FamilyDecl{
+      .name = "gdn_decode_conv",
+      .include = "kjit/gdn_decode_conv.cuh",
+      .kernel = "kjit::gdn_decode_conv_kernel",
+      .params =
+          {
+              ParamDecl{.name = "qkv",
+                        .kind = ParamKind::dtype,
+                        .choices = floats,
+                        .doc = "element type of mixed_qkv (before the convolution)"},
+              ParamDecl{.name = "gate",
+                        .kind = ParamKind::dtype,
+                        .choices = floats,
+                        .doc = "element type of a and b (f32 g and beta in the gated form)"},
+              ParamDecl{.name = "a_log",
+                        .kind = ParamKind::dtype,
+                        .choices = floats,
+                        .doc = "element type of A_log (f32 in the gated form, unused)"},
+              ParamDecl{.name = "dt_bias",
+                        .kind = ParamKind::dtype,
+                        .choices = floats,
+                        .doc = "element type of dt_bias (f32 in the gated form, unused)"},
+              ParamDecl{.name = "state",
+                        .kind = ParamKind::dtype,
+                        .choices = floats,
+                        .doc = "element type of the state pool"},
+              ParamDecl{.name = "out",
+                        .kind = ParamKind::dtype,
+                        .choices = floats,
+                        .doc = "element type of out"},
+              index_dtype_param(),
+              ParamDecl{.name = "weight",
+                        .kind = ParamKind::dtype,
+                        .choices = floats,
+                        .doc = "element type of the conv weight and bias"},
+              ParamDecl{.name = "conv_state",
+                        .kind = ParamKind::dtype,
+                        .choices = floats,
+                        .doc = "element type of the conv-state pool"},
+              ParamDecl{.name = "k",
+                        .kind = ParamKind::integer,
+                        .min = 16,
+                        .max = 256,
+                        .multiple_of = 16,
+                        .doc = "key head dim K"},
+              ParamDecl{.name = "v",
+                        .kind = ParamKind::integer,
+                        .min = 16,
+                        .max = 256,
+                        .multiple_of = 16,
+                        .doc = "value head dim V"},
+              ParamDecl{.name = "width",
+                        .kind = ParamKind::integer,
+                        .min = 2,
+                        .max = 8,
+                        .doc = "conv taps W"},
+              ParamDecl{.name = "warps",
+                        .kind = ParamKind::integer,
+                        .min = 1,
+                        .max = 32,
+                        .doc = "warps per block (one block per row and q/k head)"},
+              ParamDecl{.name = "gated",
+                        .kind = ParamKind::boolean,
+                        .doc = "1: a/b hold precomputed f32 g (log decay) and beta"},
+              ParamDecl{
+                  .name = "l2norm", .kind = ParamKind::boolean, .doc = "1: L2-normalize q and k"},
+              invalid_rule_param(),
+              ParamDecl{
+                  .name = "silu", .kind = ParamKind::boolean, .doc = "1: SiLU on the conv output"},
+          },
+      .min_sm = 80,
+      .doc =
+          "Gated DeltaNet fused decode step: causal conv update of mixed_qkv (both pools in "
+          "place) and the delta rule in one launch",
+      // What the planner emits for Qwen3-Next at small B: 32 warps, W = 4, SiLU.
+      .typical = {{"width", "4"}, {"warps", "32"}, {"silu", "1"}},
+  };
+}
+
 }  // namespace kjit::codegen

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "ops/causal_conv1d_reference.hpp"
 #include "support/numeric.hpp"
 
 namespace kjit::reference {
@@ -147,6 +148,35 @@ void gdn_decode_gated_reference(const TensorView& mixed_qkv, const TensorView& g
          [&](std::int64_t n, std::int64_t hv) {
            return Gates{at(g, n, hv), at(beta, n, hv)};
          });
+}
+
+void gdn_decode_conv_reference(const TensorView& mixed_qkv, const TensorView& a,
+                               const TensorView& b, const TensorView* a_log,
+                               const TensorView* dt_bias, const TensorView& state,
+                               const TensorView& state_indices, const TensorView& out,
+                               const GdnDecodeOptions& options, std::span<double> out_f64) {
+  const GdnDecodeConv& conv = *options.conv;
+  CausalConv1dOptions conv_options;
+  conv_options.activation = conv.activation;
+  conv_options.invalid_index = options.invalid_index == GdnInvalidIndex::nonpositive
+                                   ? ConvInvalidIndex::nonpositive
+                                   : ConvInvalidIndex::negative;
+  const std::vector<double> y =
+      causal_conv1d_update(mixed_qkv, conv.weight, conv.bias, conv.conv_state, state_indices,
+                           TensorView{}, conv_options);
+  const std::int64_t rows = mixed_qkv.shape[0], width = mixed_qkv.shape[1];
+  std::vector<unsigned char> bytes(static_cast<std::size_t>(rows * width) *
+                                   size_of(mixed_qkv.dtype));
+  for (std::int64_t i = 0; i < rows * width; ++i) {
+    store_from_double(bytes.data(), mixed_qkv.dtype, i, y[static_cast<std::size_t>(i)]);
+  }
+  const TensorView conv_out = TensorView::contiguous(bytes.data(), mixed_qkv.dtype, {rows, width});
+  if (a_log != nullptr) {
+    gdn_decode_reference(conv_out, a, b, *a_log, *dt_bias, state, state_indices, out, options,
+                         out_f64);
+  } else {
+    gdn_decode_gated_reference(conv_out, a, b, state, state_indices, out, options, out_f64);
+  }
 }
 
 }  // namespace kjit::reference

@@ -41,4 +41,16 @@ void gdn_decode_gated_reference(const TensorView& mixed_qkv, const TensorView& g
                                 const TensorView& state_indices, const TensorView& out,
                                 const GdnDecodeOptions& options, std::span<double> out_f64 = {});
 
+/// The fused decode step (options.conv set) on host memory, composed of the two references it
+/// fuses: causal_conv1d_update's on mixed_qkv (as x [B, D]; options.conv's weight, bias,
+/// conv_state and activation, options.invalid_index, state_indices), whose output is rounded to
+/// mixed_qkv's dtype (as the two-kernel sequence stores it), then gdn_decode's (a_log and
+/// dt_bias non-null) or gdn_decode_gated's (a, b = g, beta; a_log and dt_bias null) on that
+/// output. Updates both pools in place.
+void gdn_decode_conv_reference(const TensorView& mixed_qkv, const TensorView& a,
+                               const TensorView& b, const TensorView* a_log,
+                               const TensorView* dt_bias, const TensorView& state,
+                               const TensorView& state_indices, const TensorView& out,
+                               const GdnDecodeOptions& options, std::span<double> out_f64 = {});
+
 }  // namespace kjit::reference

@@ -518,21 +518,39 @@ PyObject* merge_state_in_place(PyObject*, PyObject* const* call_args, Py_ssize_t
   });
 }
 
-FastSignature g_gdn_decode_sig{
-    "gdn_decode",
-    {"mixed_qkv", "a", "b", "a_log", "dt_bias", "state", "state_indices", "out", "scale",
-     "l2norm_qk", "softplus_threshold", "invalid_index", "mode", "debug_check_indices", "row_order",
-     "stream", "_plan", "_arch"},
-    8,
-    7,
-    {}};
+FastSignature g_gdn_decode_sig{"gdn_decode",
+                               {"mixed_qkv",
+                                "a",
+                                "b",
+                                "a_log",
+                                "dt_bias",
+                                "state",
+                                "state_indices",
+                                "out",
+                                "scale",
+                                "l2norm_qk",
+                                "softplus_threshold",
+                                "invalid_index",
+                                "mode",
+                                "debug_check_indices",
+                                "row_order",
+                                "stream",
+                                "_plan",
+                                "_arch",
+                                "conv_weight",
+                                "conv_bias",
+                                "conv_state",
+                                "conv_activation"},
+                               8,
+                               7,
+                               {}};
 
 PyObject* gdn_decode(PyObject*, PyObject* const* call_args, Py_ssize_t nargsf,
                      PyObject* kwnames) noexcept {
   return guarded([&]() -> nb::object {
     const FastSignature& sig = g_gdn_decode_sig;
     const char* op = sig.op;
-    PyObject* a[18];
+    PyObject* a[22];
     match_arguments(sig, call_args, nargsf, kwnames, a);
     const bool plan = flag_arg(op, "_plan", a[16], false);
     std::optional<double> scale;
@@ -559,8 +577,27 @@ PyObject* gdn_decode(PyObject*, PyObject* const* call_args, Py_ssize_t nargsf,
       out = allocate_like(a[0], shape_view({qkv.shape[0], st.shape[1], st.shape[2]}), Py_None);
     }
     const TensorView o = args.get("out", out);
-    const GdnDecodeOptions opt = decode_options(op, scale, l2norm, threshold, invalid, mode,
-                                                debug_check, row_order, args.device());
+    GdnDecodeOptions opt = decode_options(op, scale, l2norm, threshold, invalid, mode, debug_check,
+                                          row_order, args.device());
+    if (!absent(a[18]) || !absent(a[20])) {
+      // The fused decode step (GdnDecodeOptions::conv): mixed_qkv before the convolution.
+      if (absent(a[18]) || absent(a[20])) {
+        throw InvalidArgument(std::string(op) +
+                              ": conv_weight and conv_state go together (the fused decode step "
+                              "needs both; conv_bias may be None)");
+      }
+      const std::string act = text_arg(op, "conv_activation", a[21], "silu");
+      ConvActivation activation = ConvActivation::silu;
+      if (act == "none") {
+        activation = ConvActivation::none;
+      } else if (act != "silu" && act != "swish") {
+        throw InvalidArgument(std::string(op) + ": conv_activation = '" + act +
+                              "' is not an activation; accepted: 'silu' (or 'swish'), 'none'");
+      }
+      opt.conv = GdnDecodeConv{args.get("conv_weight", a[18]),
+                               args.optional("conv_bias", given_or_none(a[19])),
+                               args.get("conv_state", a[20]), activation};
+    }
     if (plan) {
       const OptStr arch = optional_text_arg(op, "_arch", a[17]);
       return nb::cast(

@@ -36,6 +36,12 @@ run 0 plan gdn_decode --batch 3 --heads 16 --v-heads 32 --k 128 --v 128 --row-or
 contains "$OUT" "forced by options.row_order"
 usage_error plan gdn_decode --batch 3 --heads 16 --v-heads 32 --k 128 --v 128 --row-order sorted --arch h200
 contains "$ERR" "row_order must be auto, by_slot or as_given, got 'sorted'"
+# The fused decode step (gdn_decode with options.conv): one launch of its own kernel.
+run 0 plan gdn_decode_conv --batch 1 --heads 16 --v-heads 32 --k 128 --v 128 --arch h200
+contains "$OUT" "launch 1 of 1: gdn_decode_conv:"
+contains "$OUT" "width=4,warps=32"
+usage_error plan gdn_decode_conv --batch 1 --heads 16 --v-heads 32 --k 128 --v 128 --width 9 --arch h200
+contains "$ERR" "options.conv->weight"
 # causal_conv1d: one 1-D launch at Qwen3-Next's width, in place the sequential mode, and the
 # update past grid-y sizes of B and D.
 run 0 plan causal_conv1d --tokens 131072 --seqs 16 --dim 8192 --arch h200

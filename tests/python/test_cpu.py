@@ -361,6 +361,33 @@ def test_gdn_decode_allocates_out_and_plans_with_options():
         kjit.plan_call("gdn_decode", *decode_args(), arch="sm_90", invalid_index="zero")
 
 
+def test_gdn_decode_fused_conv_plans_its_own_kernel():
+    # conv_weight and conv_state make gdn_decode the fused decode step (issue 22): mixed_qkv
+    # before the convolution, one gdn_decode_conv launch.
+    args = decode_args(b=3)
+    d = args[0].shape[1]
+    weight, pool = np.zeros((d, 4), np.float16), np.zeros((3, d, 3), np.float16)
+    plan = kjit.plan_call("gdn_decode", *args, arch="h200", conv_weight=weight, conv_state=pool)
+    assert len(plan.launches) == 1 and plan.mode == "fused_conv"
+    spec = plan.launches[0].spec
+    assert spec.startswith("gdn_decode_conv:") and "silu=1" in spec
+    plan = kjit.plan_call("gdn_decode", *args, arch="h200", conv_weight=weight,
+                          conv_bias=np.zeros(d, np.float16), conv_state=pool,
+                          conv_activation="none")
+    assert "silu=0" in plan.launches[0].spec
+    with pytest.raises(kjit.InvalidArgument, match="conv_weight and conv_state go together"):
+        kjit.plan_call("gdn_decode", *args, arch="h200", conv_weight=weight)
+    with pytest.raises(kjit.InvalidArgument, match="conv_activation = 'relu'"):
+        kjit.plan_call("gdn_decode", *args, arch="h200", conv_weight=weight, conv_state=pool,
+                       conv_activation="relu")
+    with pytest.raises(kjit.InvalidArgument, match="options.conv->conv_state"):
+        kjit.plan_call("gdn_decode", *args, arch="h200", conv_weight=weight,
+                       conv_state=np.zeros((4, d, 3), np.float16))
+    by_shape = kjit.plan("gdn_decode_conv", batch=1, heads=16, v_heads=32, k=128, v=128,
+                         arch="h200")
+    assert by_shape.launches[0].spec.startswith("gdn_decode_conv:")
+
+
 def test_gdn_prefill_checkpoint_starts():
     assert kjit.gdn_prefill_checkpoint_starts([0, 0, 70, 270, 400], 64) == [0, 0, 1, 4, 6]
     assert kjit.gdn_prefill_checkpoint_starts([0, 127, 383], 128) == [0, 0, 2]

@@ -311,6 +311,46 @@ TEST_CASE("gdn_decode's K-major specializations compile for every shipped target
   CHECK(codegen::name_expression(specs.front()).ends_with(", true, 0, false, 1>"));
 }
 
+TEST_CASE("gdn_decode_conv (the fused decode step) compiles for every shipped target") {
+  // What the planner emits: Qwen3-Next's shape in 32-warp blocks (small grids: at most 64
+  // registers a thread) and 8-warp blocks, K = 256 (two rows in flight), K = 16 (half the lanes
+  // idle), the gated form, f32 weights and pools, W = 2 and 8. None spills. The GPU suite runs
+  // them against the two-kernel sequence.
+  const Compiler& c = nvrtc();
+  const std::string base =
+      "gdn_decode_conv:qkv={0},gate={1},a_log=f32,dt_bias={0},state={2},out={0},index=i32,"
+      "weight={3},conv_state={3},k={4},v={5},width={6},warps={7},gated={8},l2norm=1,"
+      "invalid=negative,silu={9}@{10}";
+  struct Shape {
+    const char *qkv, *gate, *state, *weight;
+    int k, v, width, warps, gated, silu;
+  };
+  const Shape shapes[] = {
+      {"bf16", "bf16", "f32", "bf16", 128, 128, 4, 32, 0, 1},
+      {"bf16", "bf16", "f32", "bf16", 128, 128, 4, 8, 0, 1},
+      {"f16", "f16", "bf16", "f32", 256, 64, 8, 32, 0, 1},
+      {"f32", "f32", "f32", "f32", 16, 256, 2, 8, 1, 0},
+  };
+  std::vector<KernelSpec> specs;
+  for (const char* arch : {"sm_80", "sm_90", "sm_100a"}) {
+    for (const Shape& s : shapes) {
+      specs.push_back(
+          KernelSpec::parse(fmt::format(fmt::runtime(base), s.qkv, s.gate, s.state, s.weight, s.k,
+                                        s.v, s.width, s.warps, s.gated, s.silu, arch)));
+    }
+  }
+  std::vector<std::string> errors;
+  const std::vector<CompiledKernel> kernels = compile_on_two_threads(c, specs, errors);
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    CAPTURE(specs[i].str());
+    REQUIRE_MESSAGE(errors[i].empty(), errors[i]);
+    CHECK(is_elf(kernels[i].cubin));
+    CHECK(kernels[i].resources.spill_store_bytes == 0);
+    CHECK(kernels[i].resources.registers > 0);
+    MESSAGE(specs[i].str() << ": " << kernels[i].resources.registers << " registers");
+  }
+}
+
 TEST_CASE("gdn_prefill's K-major specializations compile for every shipped target") {
   // The kernels that touch the pool, final states and checkpoints, with state_layout=kv: the
   // fused kernel, the state kernel's narrow and wide tiles, the context-parallel passes; with

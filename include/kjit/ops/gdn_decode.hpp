@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kjit/device.hpp"
+#include "kjit/ops/causal_conv1d.hpp"
 #include "kjit/plan.hpp"
 #include "kjit/types.hpp"
 
@@ -36,6 +37,31 @@ enum class GdnRowOrder {
   by_slot,
   /// In the order given: one kernel, no scratch memory.
   as_given,
+};
+
+/// The causal conv update the fused decode step runs before the delta rule
+/// (GdnDecodeOptions::conv): mixed_qkv is then the projection *before* the convolution, and the
+/// step computes, per row n with a valid index and channel c of [q | k | v],
+///   y[n, c] = act(bias[c] + sum_{i<W-1} weight[c, i] * conv_state[slot, c, i]
+///                 + weight[c, W-1] * mixed_qkv[n, c])
+/// (causal_conv1d_update with S = 1), rounds y to mixed_qkv's dtype (as the two-kernel sequence
+/// stores its conv output) and uses it as q, k, v; columns 0..W-2 of the conv slot then hold
+/// the last W-1 inputs (columns 1..W-2, then mixed_qkv[n]); other columns are untouched. One
+/// launch reads mixed_qkv once; the conv output is not written anywhere.
+///
+/// Both pools are indexed by state_indices (one slot number per request for both caches, as in
+/// vLLM and SGLang), under options.invalid_index: a padding row (or an index >= slots) writes
+/// zeros to out and leaves both pools untouched.
+struct GdnDecodeConv {
+  /// [D, W] (mixed_qkv's dtype or f32), D = 2*H*K + HV*V, any strides, W in 2..8.
+  TensorView weight;
+  /// [D] (weight's dtype), any stride, or a view with data == nullptr (no bias).
+  TensorView bias;
+  /// [slots, D, L] (f16, bf16, f32), L >= W-1, any strides; the same slot count as the state
+  /// pool; updated in place.
+  TensorView conv_state;
+  /// silu (Qwen3-Next's layers) or none.
+  ConvActivation activation = ConvActivation::silu;
 };
 
 /// Options of gdn_decode / gdn_decode_gated and their plan twins.
@@ -80,6 +106,14 @@ struct GdnDecodeOptions {
   bool debug_check_indices = false;
   /// Row order of the step; results are the same in every order (rows are independent).
   GdnRowOrder row_order = GdnRowOrder::automatic;
+  /// Set: the fused decode step (conv update + delta rule in one kernel; see GdnDecodeConv).
+  /// It runs its own kernel (gdn_decode_conv: one block per (row, q/k head), which owns every
+  /// channel it convolves, so each conv-pool column has one reader and writer; B * H blocks, at
+  /// most 2^31 - 1, and the conv output of a block's channels in shared memory, else a
+  /// PlanError), a K-contiguous state pool only; force_mode, force_bv, force_stages,
+  /// force_blocks_per_sm, force_cache_hints and row_order = by_slot do not apply to it
+  /// (InvalidArgument).
+  std::optional<GdnDecodeConv> conv;
 };
 
 /// One decode step, raw gate form.

@@ -92,11 +92,69 @@ Plan plan_decode(const OpInfo&, const ShapeValues& values, const DeviceLimits& d
   return plan_gdn_decode(qkv, a, bt, a_log, dt_bias, state, indices, out, options, device);
 }
 
+/// The fused decode step (gdn_decode with options.conv): gdn_decode's shapes and dtypes without
+/// its forcing options, and the convolution's.
+std::vector<OpParam> gdn_decode_conv_params() {
+  std::vector<OpParam> params = gdn_decode_params();
+  std::erase_if(params, [](const OpParam& p) { return p.name == "mode" || p.name == "row_order"; });
+  params.push_back(option("width", "4", "conv taps W (2..8)"));
+  params.push_back(option("weight_dtype", "=dtype", "dtype of the conv weight and bias"));
+  params.push_back(option("conv_state_dtype", "=dtype", "dtype of the conv-state pool"));
+  params.push_back(option("silu", "1", "1: SiLU on the conv output"));
+  return params;
+}
+
+Plan plan_decode_conv(const OpInfo&, const ShapeValues& values, const DeviceLimits& device) {
+  const std::int64_t b = get_int(values, "batch");
+  const std::int64_t h = get_int(values, "heads");
+  const std::int64_t hv = get_int(values, "v_heads");
+  const std::int64_t k = get_int(values, "k");
+  const std::int64_t v = get_int(values, "v");
+  const std::int64_t w = get_int(values, "width");
+  GdnDecodeOptions options;
+  options.l2norm_qk = get_bool(values, "l2norm");
+  const std::string& invalid = values.at("invalid");
+  if (invalid == "negative") {
+    options.invalid_index = GdnInvalidIndex::negative;
+  } else if (invalid == "nonpositive") {
+    options.invalid_index = GdnInvalidIndex::nonpositive;
+  } else {
+    throw InvalidArgument(
+        fmt::format("invalid must be negative or nonpositive, got '{}'", invalid));
+  }
+  FakeMemory memory;
+  const std::int64_t d = row_width(h, k, hv, v);
+  const TensorView qkv = memory.tensor(get_dtype(values, "dtype"), {b, d});
+  const TensorView state = memory.tensor(get_dtype(values, "state_dtype"), {b + 1, hv, v, k});
+  const TensorView indices = memory.tensor(get_dtype(values, "index_dtype"), {b});
+  const TensorView out = memory.tensor(get_dtype(values, "out_dtype"), {b, hv, v});
+  const DType weight_dtype = get_dtype(values, "weight_dtype");
+  options.conv = GdnDecodeConv{
+      memory.tensor(weight_dtype, {d, w}), memory.tensor(weight_dtype, {d}),
+      memory.tensor(get_dtype(values, "conv_state_dtype"), {b + 1, d, w < 2 ? 1 : w - 1}),
+      get_bool(values, "silu") ? ConvActivation::silu : ConvActivation::none};
+  if (get_bool(values, "gated")) {
+    const TensorView g = memory.tensor(DType::f32, {b, hv});
+    const TensorView beta = memory.tensor(DType::f32, {b, hv});
+    return plan_gdn_decode_gated(qkv, g, beta, state, indices, out, options, device);
+  }
+  const DType gate = get_dtype(values, "gate_dtype");
+  const TensorView a = memory.tensor(gate, {b, hv});
+  const TensorView bt = memory.tensor(gate, {b, hv});
+  const TensorView a_log = memory.tensor(get_dtype(values, "a_log_dtype"), {hv});
+  const TensorView dt_bias = memory.tensor(get_dtype(values, "dt_bias_dtype"), {hv});
+  return plan_gdn_decode(qkv, a, bt, a_log, dt_bias, state, indices, out, options, device);
+}
+
 }  // namespace
 
 std::vector<OpInfo> gdn_decode_entries() {
   return {{"gdn_decode", gdn_decode_params(), "Gated DeltaNet decode step over a state pool",
-           plan_decode}};
+           plan_decode},
+          {"gdn_decode_conv", gdn_decode_conv_params(),
+           "Gated DeltaNet fused decode step: causal conv update of mixed_qkv and the delta rule "
+           "in one launch (gdn_decode with options.conv)",
+           plan_decode_conv}};
 }
 
 }  // namespace kjit::catalog_detail

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "kjit/device.hpp"
+#include "kjit/gdn_decode_conv_params.h"
 #include "kjit/gdn_decode_params.h"
 #include "kjit/ops/gdn_decode.hpp"
 #include "kjit/types.hpp"
@@ -108,6 +109,41 @@ struct Family {
   static bool launches_nothing(const Problem&) { return false; }
   static GdnDecodeParams params(const Args& args, const Problem& problem, const Choice& choice,
                                 void* workspace);
+};
+
+/// The fused decode step (options.conv set): the conv update and the delta rule in one kernel
+/// (templates/gdn_decode_conv.cuh). Its own family, so the plain step's problems, plans and
+/// memo entries are what they were without it.
+struct ConvProblem {
+  /// The step's problem, checked as without the conv (mixed_qkv has the same [B, D] shape
+  /// before the convolution as after it).
+  Problem step;
+  std::int64_t weight_channel_stride = 0, weight_tap_stride = 0, bias_stride = 0;
+  std::int64_t conv_slot_stride = 0, conv_channel_stride = 0, conv_column_stride = 0;
+  std::int32_t width = 0;
+  DType weight = DType::f32, conv_state = DType::f32;
+  bool has_bias = false;
+  bool silu = true;
+};
+static_assert(std::has_unique_object_representations_v<ConvProblem> &&
+              sizeof(ConvProblem) % 8 == 0);
+
+struct ConvChoice {
+  /// Warps per block (one block per (row, q/k head)).
+  std::int32_t warps = 0;
+};
+
+struct ConvFamily {
+  static constexpr const char* kName = "gdn_decode_conv";
+  using Problem = decode::ConvProblem;
+  using Choice = decode::ConvChoice;
+
+  static ConvProblem check(const Args& args);
+  static Planned<ConvChoice> plan(const ConvProblem& problem, const DeviceLimits& device);
+  static std::size_t workspace_bytes(const ConvProblem&, const ConvChoice&) { return 0; }
+  static bool launches_nothing(const ConvProblem&) { return false; }
+  static GdnDecodeConvParams params(const Args& args, const ConvProblem& problem,
+                                    const ConvChoice& choice, void* workspace);
 };
 
 }  // namespace kjit::ops::decode

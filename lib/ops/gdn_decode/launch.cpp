@@ -91,8 +91,27 @@ using ops::decode::Args;
 using ops::decode::Family;
 using ops::decode::Form;
 
+using ops::decode::ConvFamily;
+
+/// The fused step (options.conv): its own family, the same debug index check (both pools are
+/// indexed by state_indices).
+void call_fused(const Args& args, Stream stream) {
+  const GdnDecodeOptions& options = *args.options;
+  const ops::decode::ConvProblem problem = ConvFamily::check(args);
+  ops::run<ConvFamily>(args, problem, {options.device, options.runtime}, stream,
+                       [&](Runtime& runtime, Stream on) {
+                         if (options.debug_check_indices || runtime.settings().debug_checks) {
+                           ops::decode::check_indices(runtime, problem.step, *args.indices, on);
+                         }
+                       });
+}
+
 void call(const Args& args, Stream stream) {
   const GdnDecodeOptions& options = *args.options;
+  if (options.conv) {
+    call_fused(args, stream);
+    return;
+  }
   const ops::decode::Problem problem = Family::check(args);
   ops::run<Family>(
       args, problem, {options.device, options.runtime}, stream,
@@ -105,6 +124,7 @@ void call(const Args& args, Stream stream) {
 }
 
 Plan plan_of(const Args& args, const DeviceLimits& device) {
+  if (args.options->conv) return ConvFamily::plan(ConvFamily::check(args), device).plan;
   return Family::plan(Family::check(args), device).plan;
 }
 

@@ -1,0 +1,243 @@
+// SPDX-License-Identifier: Apache-2.0
+// gdn_decode with options.conv: the fused decode step (causal conv update + delta rule in one
+// kernel, templates/gdn_decode_conv.cuh). Checks, planner and parameters of its family.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kjit/error.hpp"
+#include "kjit/spec.hpp"
+#include "ops/gdn_decode/family.hpp"
+
+namespace kjit::ops::decode {
+namespace {
+
+/// Blocks per SM from which a block has 8 warps instead of 32: below, a small batch spreads
+/// each block's state rows over as many warps as a block holds.
+constexpr std::int64_t kManyBlocksPerSm = 4;
+
+bool is_float_type(DType d) { return d == DType::f16 || d == DType::bf16 || d == DType::f32; }
+
+[[noreturn]] void fail(Form form, std::string_view argument, const TensorView& view,
+                       std::string_view accepted) {
+  throw InvalidArgument(
+      fmt::format("{}: {} is {}; {}", op_name(form), argument, view.str(), accepted));
+}
+
+void require_aligned(Form form, std::string_view name, const TensorView& view) {
+  const auto address = reinterpret_cast<std::uintptr_t>(view.data);
+  if (address % size_of(view.dtype) != 0) {
+    fail(form, name, view,
+         fmt::format("its data pointer {:#x} must be aligned to its element size {}", address,
+                     size_of(view.dtype)));
+  }
+}
+
+/// Options that choose among the plain step's kernels have no meaning for the fused one.
+void reject_plain_options(Form form, const GdnDecodeOptions& options) {
+  const auto refuse = [&](std::string_view what) {
+    throw InvalidArgument(fmt::format(
+        "{}: {} does not apply with options.conv (the fused step has one kernel shape); leave "
+        "it at its default",
+        op_name(form), what));
+  };
+  if (!options.force_mode.empty())
+    refuse(fmt::format("options.force_mode = '{}'", options.force_mode));
+  if (options.force_bv != 0) refuse(fmt::format("options.force_bv = {}", options.force_bv));
+  if (options.force_stages != 0) {
+    refuse(fmt::format("options.force_stages = {}", options.force_stages));
+  }
+  if (options.force_blocks_per_sm != 0) {
+    refuse(fmt::format("options.force_blocks_per_sm = {}", options.force_blocks_per_sm));
+  }
+  if (!options.force_cache_hints.empty()) {
+    refuse(fmt::format("options.force_cache_hints = '{}'", options.force_cache_hints));
+  }
+  if (options.row_order == GdnRowOrder::by_slot) refuse("options.row_order = by_slot");
+}
+
+}  // namespace
+
+ConvProblem ConvFamily::check(const Args& args) {
+  const GdnDecodeOptions& options = *args.options;
+  const GdnDecodeConv& conv = *options.conv;
+  reject_plain_options(args.form, options);
+  ConvProblem cp;
+  cp.step = Family::check(args);
+  const decode::Problem& p = cp.step;
+  const Form form = p.form;
+  if (p.state_layout != StateLayout::vk) {
+    fail(form, "state", *args.state,
+         "with options.conv the [HV, V, K] block must be K contiguous (strides [*, V*K, K, 1]); "
+         "V-contiguous pools run only without the conv");
+  }
+  const std::int64_t channels = 2 * p.heads * p.k + p.value_heads * p.v;
+
+  const TensorView& weight = conv.weight;
+  if (weight.rank != 2) fail(form, "options.conv->weight", weight, "expected rank 2 [D, W]");
+  if (!is_float_type(weight.dtype) || (weight.dtype != p.qkv && weight.dtype != DType::f32)) {
+    fail(form, "options.conv->weight", weight,
+         fmt::format("its dtype must be mixed_qkv's ({}) or f32", to_string(p.qkv)));
+  }
+  if (weight.shape[0] != channels || weight.shape[1] < 2 || weight.shape[1] > 8) {
+    fail(form, "options.conv->weight", weight,
+         fmt::format("expected shape [D, W] with D = 2*H*K + HV*V = {} and W in 2..8", channels));
+  }
+  if (weight.data == nullptr)
+    fail(form, "options.conv->weight", weight, "its data pointer is null");
+  require_aligned(form, "options.conv->weight", weight);
+  cp.width = static_cast<std::int32_t>(weight.shape[1]);
+  cp.weight = weight.dtype;
+  cp.weight_channel_stride = weight.strides[0];
+  cp.weight_tap_stride = weight.strides[1];
+
+  const TensorView& bias = conv.bias;
+  if (bias.data != nullptr) {
+    if (bias.rank != 1 || bias.shape[0] != channels) {
+      fail(form, "options.conv->bias", bias,
+           fmt::format("expected shape [D] = [{}] (or data == nullptr: no bias)", channels));
+    }
+    if (bias.dtype != weight.dtype) {
+      fail(form, "options.conv->bias", bias,
+           fmt::format("its dtype must equal the weight's ({})", to_string(weight.dtype)));
+    }
+    require_aligned(form, "options.conv->bias", bias);
+    cp.has_bias = true;
+    cp.bias_stride = bias.strides[0];
+  }
+
+  const TensorView& pool = conv.conv_state;
+  if (pool.rank != 3) {
+    fail(form, "options.conv->conv_state", pool, "expected rank 3 [slots, D, L]");
+  }
+  if (!is_float_type(pool.dtype)) {
+    fail(form, "options.conv->conv_state", pool, "its dtype must be f16, bf16 or f32");
+  }
+  if (pool.shape[0] != p.slots || pool.shape[1] != channels || pool.shape[2] < cp.width - 1) {
+    fail(form, "options.conv->conv_state", pool,
+         fmt::format("expected shape [slots, D, L] with slots = {} (the state pool's: both pools "
+                     "are indexed by state_indices), D = {} and L >= W - 1 = {}",
+                     p.slots, channels, cp.width - 1));
+  }
+  if (pool.data == nullptr) {
+    fail(form, "options.conv->conv_state", pool, "its data pointer is null");
+  }
+  require_aligned(form, "options.conv->conv_state", pool);
+  cp.conv_state = pool.dtype;
+  cp.conv_slot_stride = pool.strides[0];
+  cp.conv_channel_stride = pool.strides[1];
+  cp.conv_column_stride = pool.strides[2];
+
+  if (conv.activation != ConvActivation::none && conv.activation != ConvActivation::silu) {
+    throw InvalidArgument(
+        fmt::format("{}: options.conv->activation = {} is not accepted; accepted: none, silu",
+                    op_name(form), static_cast<int>(conv.activation)));
+  }
+  cp.silu = conv.activation == ConvActivation::silu;
+  return cp;
+}
+
+Planned<ConvChoice> ConvFamily::plan(const ConvProblem& cp, const DeviceLimits& device) {
+  const decode::Problem& p = cp.step;
+  Planned<ConvChoice> planned;
+  Plan& plan = planned.plan;
+  plan.op = std::string(op_name(p.form));
+  plan.device = device;
+  plan.mode = "fused_conv";
+  const std::int64_t group = p.value_heads / p.heads;
+  const std::int64_t rows = group * p.v;
+  const std::int64_t blocks = p.batch * p.heads;
+  const std::int64_t sms = std::max(device.sm_count, 1);
+  plan.reasons.push_back(fmt::format(
+      "fused conv update + delta rule: one block per (row, q/k head) = {} blocks; a block owns "
+      "the {} channels it convolves (q and k of its head, v of its {} value heads), so each "
+      "conv-pool column has one reader and writer",
+      blocks, 2 * p.k + rows, group));
+  int warps = blocks >= kManyBlocksPerSm * sms ? 8 : 32;
+  while (warps > 1 && warps > rows) warps /= 2;
+  plan.reasons.push_back(
+      blocks >= kManyBlocksPerSm * sms
+          ? fmt::format("{} warps per block: {} blocks >= {} per SM ({} SMs)", warps, blocks,
+                        kManyBlocksPerSm, sms)
+          : fmt::format("{} warps per block: {} blocks < {} per SM ({} SMs), so each block spreads "
+                        "its {} state rows over as many warps as it holds",
+                        warps, blocks, kManyBlocksPerSm, sms, rows));
+
+  const auto dtype = [](DType d) { return std::string(to_string(d)); };
+  const bool gated = p.form == Form::gated;
+  KernelSpec spec = KernelSpec::make(
+      "gdn_decode_conv",
+      {{"qkv", dtype(p.qkv)},
+       {"gate", dtype(gated ? DType::f32 : p.gate)},
+       {"a_log", dtype(gated ? DType::f32 : p.a_log)},
+       {"dt_bias", dtype(gated ? DType::f32 : p.dt_bias)},
+       {"state", dtype(p.state)},
+       {"out", dtype(p.out)},
+       {"index", dtype(p.index)},
+       {"weight", dtype(cp.weight)},
+       {"conv_state", dtype(cp.conv_state)},
+       {"k", std::to_string(p.k)},
+       {"v", std::to_string(p.v)},
+       {"width", std::to_string(cp.width)},
+       {"warps", std::to_string(warps)},
+       {"gated", gated ? "1" : "0"},
+       {"l2norm", p.l2norm ? "1" : "0"},
+       {"invalid", p.invalid_index == GdnInvalidIndex::nonpositive ? "nonpositive" : "negative"},
+       {"silu", cp.silu ? "1" : "0"}},
+      device.arch);
+  LaunchShape shape;
+  shape.block = Dim3{static_cast<std::uint32_t>(warps * 32), 1, 1};
+  shape.grid = Dim3{static_cast<std::uint32_t>(std::min<std::int64_t>(blocks, 0xFFFFFFFFll)), 1, 1};
+  const std::int64_t smem = gdn_decode_conv_smem_floats(p.k, p.v, group) * 4;
+  shape.dynamic_smem = static_cast<std::uint32_t>(std::min<std::int64_t>(smem, 0xFFFFFFFFll));
+  plan.reasons.push_back(fmt::format(
+      "{} B of shared memory per block: the conv output of its channels and its gates", smem));
+  PlannedLaunch launch{std::move(spec), shape, check_launch(shape, device)};
+  require_legal(launch.checks, fmt::format("{} (fused conv step)", plan.op));
+  plan.launches.push_back(std::move(launch));
+  planned.choice = ConvChoice{warps};
+  return planned;
+}
+
+GdnDecodeConvParams ConvFamily::params(const Args& args, const ConvProblem& cp, const ConvChoice&,
+                                       void*) {
+  const decode::Problem& p = cp.step;
+  const GdnDecodeConv& conv = *args.options->conv;
+  GdnDecodeConvParams params{};
+  params.qkv = args.qkv->data;
+  params.a = args.a->data;
+  params.b = args.b->data;
+  params.a_log = args.a_log != nullptr ? args.a_log->data : nullptr;
+  params.dt_bias = args.dt_bias != nullptr ? args.dt_bias->data : nullptr;
+  params.state = args.state->data;
+  params.indices = args.indices->data;
+  params.out = args.out->data;
+  params.conv_weight = conv.weight.data;
+  params.conv_bias = cp.has_bias ? conv.bias.data : nullptr;
+  params.conv_state = conv.conv_state.data;
+  params.qkv_row_stride = p.qkv_row_stride;
+  params.a_row_stride = p.a_row_stride;
+  params.b_row_stride = p.b_row_stride;
+  params.state_slot_stride = p.slot_stride;
+  params.index_stride = p.index_stride;
+  params.out_row_stride = p.out_row_stride;
+  params.weight_channel_stride = cp.weight_channel_stride;
+  params.weight_tap_stride = cp.weight_tap_stride;
+  params.bias_stride = cp.bias_stride;
+  params.conv_slot_stride = cp.conv_slot_stride;
+  params.conv_channel_stride = cp.conv_channel_stride;
+  params.conv_column_stride = cp.conv_column_stride;
+  params.num_slots = p.slots;
+  params.batch = static_cast<u32>(p.batch);
+  params.num_heads = static_cast<u32>(p.heads);
+  params.num_value_heads = static_cast<u32>(p.value_heads);
+  params.heads_per_group = static_cast<u32>(p.value_heads / p.heads);
+  params.scale = p.scale();
+  params.softplus_threshold = args.options->softplus_threshold;
+  return params;
+}
+
+}  // namespace kjit::ops::decode

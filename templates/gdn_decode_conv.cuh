@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: Apache-2.0
+// The fused Gated DeltaNet decode step (issue 22): the causal conv update (S = 1, optional
+// SiLU) of mixed_qkv and the delta-rule step in one kernel, so a decode step reads mixed_qkv
+// once and launches once instead of causal_conv1d_update + gdn_decode.
+//
+// One block per (row n, q/k head h). A value head needs the conv output of its own V channels
+// and of its q/k head's 2K channels, which the HV / H value heads of the group and all their V
+// tiles share; a block that owns the whole group owns every channel it convolves, so each
+// channel's conv-pool columns are read and then written by one thread of one block, with no
+// other reader anywhere in the grid (a split over V tiles or value heads would have several
+// blocks read q/k history that one of them overwrites: a race without a grid-wide barrier).
+//
+// Phase 1 (every thread, channels strided by the block size): with the slot's load in flight,
+// the slot-independent loads (bias + w[W-1] x of each channel, the gates); then, with the first
+// pass's state rows loading, the history, the conv output of the group's 2K + G V channels into
+// shared memory, rounded to mixed_qkv's dtype (as the two-kernel sequence stores it), and the
+// new pool columns. Three dependent round trips to memory before the first arithmetic on the
+// state become two.
+// Phase 2 (each warp, state rows strided by the warps): q and k norms and k.q per warp from
+// shared memory, then per state row H.k and H.q (warp sums), u = beta (v - alpha H.k), the new
+// row alpha H + u k and out = alpha H.q + u k.q, kRows rows' loads issued before their
+// arithmetic. A padding row writes zeros to its G V outputs and touches neither pool.
+#pragma once
+
+#include "kjit/common/gdn_math.cuh"
+#include "kjit/gdn_decode_conv_params.h"
+
+namespace kjit {
+namespace gdn_decode_conv_detail {
+
+template <int kInvalidRule>
+__device__ __forceinline__ bool invalid_slot(long long slot, long long num_slots) {
+  const bool below = kInvalidRule == kGdnInvalidNonpositive ? slot <= 0 : slot < 0;
+  return below || slot >= num_slots;
+}
+
+}  // namespace gdn_decode_conv_detail
+
+/// The body of gdn_decode_conv_kernel for block blockIdx.x = n * H + h, with `smem` the block's
+/// shared memory (gdn_decode_conv_smem_floats floats: q [K], k [K], v [G V], alpha [G],
+/// beta [G]). Separate from the __global__ entry so a host test can run it with memory of its
+/// own.
+template <typename QkvT, typename GateT, typename ALogT, typename DtBiasT, typename StateT,
+          typename OutT, typename IndexT, typename WeightT, typename ConvT, int kK, int kV,
+          int kWidth, int kWarps, bool kGated, bool kL2Norm, int kInvalidRule, bool kSilu>
+__device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams& p, float* smem) {
+  static_assert(kK % 16 == 0 && kK >= 16 && kK <= 256, "K: a multiple of 16 in 16..256");
+  static_assert(kV % 16 == 0 && kV >= 16 && kV <= 256, "V: a multiple of 16 in 16..256");
+  static_assert(kWidth >= 2 && kWidth <= 8, "conv width in 2..8");
+  static_assert(kWarps >= 1 && kWarps <= 32, "1..32 warps");
+  constexpr int kPer = (kK + 31) / 32;      // q/k/state elements per lane (k = lane + 32 e)
+  constexpr int kRows = kK <= 128 ? 4 : 2;  // state rows whose loads a warp issues at once
+
+  const u32 group = p.heads_per_group;
+  const u64 block = blockIdx.x;
+  const u32 n = static_cast<u32>(block / p.num_heads);
+  const u32 h = static_cast<u32>(block % p.num_heads);
+  const int rows = static_cast<int>(group) * kV;  // state rows (and v channels) of the group
+  const int channels = 2 * kK + rows;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int threads = kWarps * 32;
+
+  float* q_s = smem;
+  float* k_s = smem + kK;
+  float* v_s = smem + 2 * kK;
+  float* alpha_s = v_s + rows;
+  float* beta_s = alpha_s + group;
+
+  // Channel t of the block is global channel h K + t (q), H K + h K + t - K (k) or
+  // 2 H K + h G V + t - 2K (v).
+  const auto channel = [&](int t) -> i64 {
+    if (t < kK) return static_cast<i64>(h) * kK + t;
+    if (t < 2 * kK) return static_cast<i64>(p.num_heads + h) * kK + (t - kK);
+    return static_cast<i64>(2 * p.num_heads) * kK + static_cast<i64>(h) * rows + (t - 2 * kK);
+  };
+  const QkvT* x_row = static_cast<const QkvT*>(p.qkv) + static_cast<i64>(n) * p.qkv_row_stride;
+  const WeightT* weight = static_cast<const WeightT*>(p.conv_weight);
+  const WeightT* bias = static_cast<const WeightT*>(p.conv_bias);
+
+  // Everything that does not depend on the slot is loaded in the same round trip as the slot:
+  // the conv's first term bias + w[W-1] x per channel (into shared memory; the same thread adds
+  // the history below, in causal_conv1d's order) and the gates.
+  const long long slot = static_cast<long long>(
+      static_cast<const IndexT*>(p.indices)[static_cast<i64>(n) * p.index_stride]);
+  for (int t = tid; t < channels; t += threads) {
+    const i64 c = channel(t);
+    const float w_last =
+        gdn::to_f32(weight[c * p.weight_channel_stride + (kWidth - 1) * p.weight_tap_stride]);
+    smem[t] = (bias != nullptr ? gdn::to_f32(bias[c * p.bias_stride]) : 0.0f) +
+              w_last * gdn::to_f32(x_row[c]);
+  }
+  for (int t = tid; t < static_cast<int>(group); t += threads) {
+    const u32 hv = h * group + static_cast<u32>(t);
+    float g, beta;
+    const float a =
+        gdn::to_f32(static_cast<const GateT*>(p.a)[static_cast<i64>(n) * p.a_row_stride + hv]);
+    const float b =
+        gdn::to_f32(static_cast<const GateT*>(p.b)[static_cast<i64>(n) * p.b_row_stride + hv]);
+    if constexpr (kGated) {
+      g = a;
+      beta = b;
+    } else {
+      g = gdn::log_decay(a, gdn::to_f32(static_cast<const ALogT*>(p.a_log)[hv]),
+                         gdn::to_f32(static_cast<const DtBiasT*>(p.dt_bias)[hv]),
+                         p.softplus_threshold);
+      beta = gdn::sigmoid(b);
+    }
+    alpha_s[t] = expf(g);
+    beta_s[t] = beta;
+  }
+
+  OutT* out = static_cast<OutT*>(p.out) + static_cast<i64>(n) * p.out_row_stride +
+              static_cast<i64>(h) * rows;
+  if (gdn_decode_conv_detail::invalid_slot<kInvalidRule>(slot, p.num_slots)) {
+    // No state in either pool: zeros out, both pools untouched (every thread returns here).
+    for (int r = tid; r < rows; r += threads) out[r] = gdn::from_f32<OutT>(0.0f);
+    return;
+  }
+
+  // The first pass's state rows are loaded now, in the same round trip as the conv history, so
+  // their latency overlaps the conv and the barrier instead of following them.
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  StateT* state =
+      static_cast<StateT*>(p.state) + slot * p.state_slot_stride + static_cast<i64>(h) * rows * kK;
+  float x[kRows][kPer];
+  const auto load_rows = [&](int base) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int r = base + i * kWarps + warp;
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) {
+        const int col = lane + 32 * e;
+        x[i][e] = r < rows && col < kK ? gdn::to_f32(state[static_cast<i64>(r) * kK + col]) : 0.0f;
+      }
+    }
+  };
+  load_rows(0);
+
+  // Phase 1, the history: the conv output of the group's channels and their new pool columns.
+  ConvT* pool = static_cast<ConvT*>(p.conv_state) + slot * p.conv_slot_stride;
+  for (int t = tid; t < channels; t += threads) {
+    const i64 c = channel(t);
+    ConvT* column = pool + c * p.conv_channel_stride;
+    float hist[kWidth - 1];
+#pragma unroll
+    for (int j = 0; j < kWidth - 1; ++j) hist[j] = gdn::to_f32(column[j * p.conv_column_stride]);
+    float acc = smem[t];
+#pragma unroll
+    for (int j = 0; j < kWidth - 1; ++j) {
+      acc += gdn::to_f32(weight[c * p.weight_channel_stride + j * p.weight_tap_stride]) * hist[j];
+    }
+    if constexpr (kSilu) acc = __fdividef(acc, 1.0f + __expf(-acc));
+      // This thread is the channel's only reader, so it may overwrite the columns it read.
+#pragma unroll
+    for (int j = 0; j + 1 < kWidth - 1; ++j) {
+      column[j * p.conv_column_stride] = gdn::from_f32<ConvT>(hist[j + 1]);
+    }
+    column[(kWidth - 2) * p.conv_column_stride] = gdn::from_f32<ConvT>(gdn::to_f32(x_row[c]));
+    smem[t] = gdn::to_f32(gdn::from_f32<QkvT>(acc));
+  }
+  __syncthreads();
+
+  // Phase 2: norms and k.q, per warp (K / 32 elements per lane).
+  float q[kPer], k[kPer];
+  float q_sq = 0.0f, k_sq = 0.0f;
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    const int i = lane + 32 * e;
+    q[e] = i < kK ? q_s[i] : 0.0f;
+    k[e] = i < kK ? k_s[i] : 0.0f;
+    q_sq += q[e] * q[e];
+    k_sq += k[e] * k[e];
+  }
+  float q_factor = p.scale;
+  if constexpr (kL2Norm) {
+    q_factor *= gdn::l2_inv_norm(gdn::group_sum<32>(q_sq));
+    const float k_factor = gdn::l2_inv_norm(gdn::group_sum<32>(k_sq));
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) k[e] *= k_factor;
+  }
+  float kq = 0.0f;
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    q[e] *= q_factor;
+    kq += k[e] * q[e];
+  }
+  kq = gdn::group_sum<32>(kq);
+
+  // Block-uniform trip counts: every warp runs the same shuffles (rows past the group's are
+  // zeros and stored nowhere), which also keeps the host emulation's block-wide exchanges in step.
+  for (int base = 0; base < rows; base += kWarps * kRows) {
+    if (base > 0) load_rows(base);
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int r = base + i * kWarps + warp;
+      float dk = 0.0f, dq = 0.0f;
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) {
+        dk += x[i][e] * k[e];
+        dq += x[i][e] * q[e];
+      }
+      dk = gdn::group_sum<32>(dk);
+      dq = gdn::group_sum<32>(dq);
+      if (r >= rows) continue;
+      const int head = r / kV;
+      const float alpha = alpha_s[head];
+      const float u = beta_s[head] * (v_s[r] - alpha * dk);
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) {
+        const int col = lane + 32 * e;
+        if (col < kK) {
+          state[static_cast<i64>(r) * kK + col] = gdn::from_f32<StateT>(alpha * x[i][e] + u * k[e]);
+        }
+      }
+      if (lane == 0) out[r] = gdn::from_f32<OutT>(alpha * dq + u * kq);
+    }
+  }
+}
+
+template <typename QkvT, typename GateT, typename ALogT, typename DtBiasT, typename StateT,
+          typename OutT, typename IndexT, typename WeightT, typename ConvT, int kK, int kV,
+          int kWidth, int kWarps, bool kGated, bool kL2Norm, int kInvalidRule, bool kSilu>
+__global__ void __launch_bounds__(kWarps * 32) gdn_decode_conv_kernel(GdnDecodeConvParams p) {
+  extern __shared__ __align__(16) float gdn_decode_conv_smem[];
+  gdn_decode_conv_block<QkvT, GateT, ALogT, DtBiasT, StateT, OutT, IndexT, WeightT, ConvT, kK, kV,
+                        kWidth, kWarps, kGated, kL2Norm, kInvalidRule, kSilu>(p,
+                                                                              gdn_decode_conv_smem);
+}
+
+}  // namespace kjit

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0
+// Parameter block of the fused Gated DeltaNet decode step (templates/gdn_decode_conv.cuh: the
+// causal conv update and the delta rule in one kernel), shared with host code
+// (lib/ops/gdn_decode/conv.cpp).
+#pragma once
+
+#include "kjit/common/types.h"
+#include "kjit/gdn_decode_params.h"
+
+namespace kjit {
+
+/// Arguments of one fused decode step. Pointers are typed by the kernel's template parameters;
+/// strides are in elements of the tensor they belong to.
+struct GdnDecodeConvParams {
+  /// [B, D] rows of [q | k | v] *before* the convolution, D = 2*H*K + HV*V; last dim contiguous.
+  const void* qkv;
+  /// As GdnDecodeParams: a, b [B, HV] (raw form) or g, beta (gated form); a_log, dt_bias [HV].
+  const void* a;
+  const void* b;
+  const void* a_log;
+  const void* dt_bias;
+  /// [num_slots, HV, V, K] pool, inner [HV, V, K] contiguous; updated in place.
+  void* state;
+  /// [B] slot of each row, in both pools.
+  const void* indices;
+  /// [B, HV, V]; inner [HV, V] contiguous.
+  void* out;
+  /// [D, W] conv weight, [D] bias (nullptr: none), [num_slots, D, L] conv pool (in place).
+  const void* conv_weight;
+  const void* conv_bias;
+  void* conv_state;
+  i64 qkv_row_stride;
+  i64 a_row_stride;
+  i64 b_row_stride;
+  i64 state_slot_stride;
+  i64 index_stride;
+  i64 out_row_stride;
+  i64 weight_channel_stride;
+  i64 weight_tap_stride;
+  i64 bias_stride;
+  i64 conv_slot_stride;
+  i64 conv_channel_stride;
+  i64 conv_column_stride;
+  /// Slots in each pool: an index >= num_slots is treated as invalid (neither pool written).
+  i64 num_slots;
+  u32 batch;
+  u32 num_heads;
+  u32 num_value_heads;
+  /// HV / H: value heads per q/k head (the value heads of one block).
+  u32 heads_per_group;
+  float scale;
+  float softplus_threshold;
+};
+
+#ifndef __CUDACC_RTC__
+/// Shared-memory floats of one block of the fused step: q [K], k [K], v [G V], alpha [G],
+/// beta [G] (G = HV / H).
+constexpr long long gdn_decode_conv_smem_floats(long long k, long long v, long long group) {
+  return 2 * k + group * (v + 2);
+}
+#endif
+
+}  // namespace kjit

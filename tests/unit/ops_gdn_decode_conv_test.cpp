@@ -1,0 +1,255 @@
+// SPDX-License-Identifier: Apache-2.0
+// gdn_decode with options.conv (the fused decode step, issue 22): its plan (one launch of the
+// gdn_decode_conv kernel, legal at every batch), that the plain step's plan is what it was
+// without the option, the validation messages of every conv argument and refused option, and
+// the composed reference against a hand computation of one row.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kjit/catalog.hpp"
+#include "kjit/error.hpp"
+#include "kjit/ops/gdn_decode.hpp"
+#include "kjit/plan.hpp"
+#include "ops/gdn_reference.hpp"
+
+namespace kjit {
+namespace {
+
+/// Fake, 256-byte aligned device addresses: planning only looks at their alignment.
+void* fake(std::uintptr_t n) { return reinterpret_cast<void*>((n + 1) << 28); }
+
+struct Views {
+  TensorView qkv, a, b, a_log, dt_bias, state, indices, out, weight, bias, pool;
+};
+
+/// Qwen3-Next's layer at TP1 by default: H = 16, HV = 32, K = V = 128, W = 4.
+Views views(std::int64_t batch, std::int64_t heads = 16, std::int64_t value_heads = 32,
+            std::int64_t k = 128, std::int64_t v = 128, std::int64_t width = 4,
+            std::int64_t slots = 8) {
+  Views w;
+  const std::int64_t d = 2 * heads * k + value_heads * v;
+  w.qkv = TensorView::contiguous(fake(0), DType::bf16, {batch, d});
+  w.a = TensorView::contiguous(fake(1), DType::bf16, {batch, value_heads});
+  w.b = TensorView::contiguous(fake(2), DType::bf16, {batch, value_heads});
+  w.a_log = TensorView::contiguous(fake(3), DType::f32, {value_heads});
+  w.dt_bias = TensorView::contiguous(fake(4), DType::bf16, {value_heads});
+  w.state = TensorView::contiguous(fake(5), DType::f32, {slots, value_heads, v, k});
+  w.indices = TensorView::contiguous(fake(6), DType::i32, {batch});
+  w.out = TensorView::contiguous(fake(7), DType::bf16, {batch, value_heads, v});
+  w.weight = TensorView::contiguous(fake(8), DType::bf16, {d, width});
+  w.bias = TensorView::contiguous(fake(9), DType::bf16, {d});
+  w.pool = TensorView::contiguous(fake(10), DType::bf16, {slots, d, width - 1});
+  return w;
+}
+
+GdnDecodeOptions conv_options(const Views& w) {
+  GdnDecodeOptions options;
+  options.conv = GdnDecodeConv{w.weight, w.bias, w.pool, ConvActivation::silu};
+  return options;
+}
+
+Plan plan(const Views& w, const GdnDecodeOptions& options,
+          const DeviceLimits& device = DeviceLimits::for_arch(Arch{9, 0})) {
+  return plan_gdn_decode(w.qkv, w.a, w.b, w.a_log, w.dt_bias, w.state, w.indices, w.out, options,
+                         device);
+}
+
+std::string rejection(const Views& w, const GdnDecodeOptions& options) {
+  try {
+    plan(w, options);
+  } catch (const InvalidArgument& error) {
+    return error.what();
+  }
+  return {};
+}
+
+TEST_CASE("gdn_decode fused conv plan: one gdn_decode_conv launch per (row, q/k head)") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  for (std::int64_t batch : {1, 3, 256, 4096, 1 << 20}) {
+    CAPTURE(batch);
+    const Views w = views(batch);
+    const Plan p = plan(w, conv_options(w), h200);
+    REQUIRE(p.launches.size() == 1);
+    const PlannedLaunch& launch = p.launches[0];
+    CHECK(p.mode == "fused_conv");
+    CHECK(launch.spec.family == "gdn_decode_conv");
+    CHECK(launch.shape.grid.x == batch * 16);
+    CHECK(launch.shape.block.x == (batch * 16 >= 4 * 132 ? 256u : 1024u));
+    // q, k [128] each, v of 2 value heads [256], 2 alphas and betas: 516 floats.
+    CHECK(launch.shape.dynamic_smem == 516 * 4);
+    for (const LimitCheck& check : launch.checks) CHECK(check.ok());
+  }
+  const Views w = views(1);
+  CHECK(plan(w, conv_options(w), h200).launches[0].spec.str() ==
+        "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=bf16,state=f32,out=bf16,index=i32,"
+        "weight=bf16,conv_state=bf16,k=128,v=128,width=4,warps=32,gated=0,l2norm=1,"
+        "invalid=negative,silu=1@sm_90");
+  // Without the option the plain step's plan (and spec) is untouched.
+  CHECK(plan(w, {}, h200).launches.back().spec.family == "gdn_decode");
+}
+
+TEST_CASE("gdn_decode fused conv plan: the gated form, f32 weights, no bias, no activation") {
+  Views w = views(2, 4, 16, 64, 64, 2);
+  w.weight.dtype = DType::f32;
+  w.bias = TensorView{};
+  GdnDecodeOptions options = conv_options(w);
+  options.conv->activation = ConvActivation::none;
+  options.invalid_index = GdnInvalidIndex::nonpositive;
+  TensorView g = TensorView::contiguous(fake(11), DType::f32, {2, 16});
+  const Plan p = plan_gdn_decode_gated(w.qkv, g, g, w.state, w.indices, w.out, options,
+                                       DeviceLimits::for_arch(Arch{8, 0}));
+  REQUIRE(p.launches.size() == 1);
+  CHECK(p.op == "gdn_decode_gated");
+  CHECK(p.launches[0].spec.get("gated") == "1");
+  CHECK(p.launches[0].spec.get("silu") == "0");
+  CHECK(p.launches[0].spec.get("weight") == "f32");
+  CHECK(p.launches[0].spec.get("width") == "2");
+  CHECK(p.launches[0].spec.get("invalid") == "nonpositive");
+}
+
+TEST_CASE("gdn_decode fused conv plan: too much shared memory is a PlanError") {
+  // H = 1, HV = 128, K = V = 256: one block holds the conv output of all 128 value heads,
+  // 2*256 + 128*258 floats = 134 KB, over sm_86's opt-in limit (99 KiB).
+  const Views w = views(1, 1, 128, 256, 256);
+  CHECK_THROWS_AS(plan(w, conv_options(w), DeviceLimits::for_arch(Arch{8, 6})), PlanError);
+}
+
+TEST_CASE("gdn_decode fused conv in the op catalog: kjit plan and manifests reach its kernel") {
+  const OpInfo& op = find_op("gdn_decode_conv");
+  const ShapeValues values = complete_shape_values(
+      op, {{"batch", "1"}, {"heads", "16"}, {"v_heads", "32"}, {"k", "128"}, {"v", "128"}}, true);
+  CHECK(values.at("width") == "4");
+  CHECK(values.at("conv_state_dtype") == "bf16");
+  const Plan p = plan_from_shape(op, values, DeviceLimits::for_arch(Arch{9, 0}));
+  REQUIRE(p.launches.size() == 1);
+  CHECK(p.launches[0].spec.str() ==
+        "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=bf16,state=f32,out=bf16,index=i32,"
+        "weight=bf16,conv_state=bf16,k=128,v=128,width=4,warps=32,gated=0,l2norm=1,"
+        "invalid=negative,silu=1@sm_90");
+  ShapeValues gated = values;
+  gated["gated"] = "1";
+  gated["silu"] = "0";
+  gated["width"] = "2";
+  CHECK(plan_from_shape(op, gated, DeviceLimits::for_arch(Arch{8, 0}))
+            .launches[0]
+            .spec.get("gated") == "1");
+  gated["width"] = "9";
+  CHECK_THROWS_AS(plan_from_shape(op, gated, DeviceLimits::for_arch(Arch{9, 0})), InvalidArgument);
+}
+
+TEST_CASE("gdn_decode fused conv validation names the argument, its value and what is accepted") {
+  Views w = views(4);
+  w.weight.shape[1] = 9;
+  CHECK(rejection(w, conv_options(w)).find("options.conv->weight") != std::string::npos);
+
+  w = views(4);
+  w.weight.shape[0] -= 8;
+  CHECK(rejection(w, conv_options(w)).find("D = 2*H*K + HV*V = 8192") != std::string::npos);
+
+  w = views(4);
+  w.weight.dtype = DType::f16;
+  CHECK(rejection(w, conv_options(w)).find("mixed_qkv's (bf16) or f32") != std::string::npos);
+
+  w = views(4);
+  w.bias.dtype = DType::f32;
+  CHECK(rejection(w, conv_options(w)).find("options.conv->bias") != std::string::npos);
+
+  w = views(4);
+  w.pool.shape[2] = 2;
+  CHECK(rejection(w, conv_options(w)).find("L >= W - 1 = 3") != std::string::npos);
+
+  w = views(4);
+  w.pool.shape[0] = 9;
+  CHECK(rejection(w, conv_options(w)).find("slots = 8") != std::string::npos);
+
+  w = views(4);
+  w.pool.dtype = DType::i32;
+  CHECK(rejection(w, conv_options(w)).find("conv_state") != std::string::npos);
+
+  w = views(4);
+  w.pool.data = nullptr;
+  CHECK(rejection(w, conv_options(w)).find("null") != std::string::npos);
+
+  w = views(4);
+  GdnDecodeOptions options = conv_options(w);
+  options.force_mode = "flat";
+  CHECK(rejection(w, options).find("options.force_mode = 'flat' does not apply") !=
+        std::string::npos);
+  options = conv_options(w);
+  options.row_order = GdnRowOrder::by_slot;
+  CHECK(rejection(w, options).find("by_slot") != std::string::npos);
+  options = conv_options(w);
+  options.force_bv = 4;
+  CHECK(rejection(w, options).find("force_bv") != std::string::npos);
+
+  // A V-contiguous state pool runs only without the conv.
+  w = views(4);
+  w.state.strides[2] = 1;
+  w.state.strides[3] = 128;
+  CHECK(rejection(w, conv_options(w)).find("K contiguous") != std::string::npos);
+  // The step's own checks still apply.
+  w = views(4);
+  w.out.shape[2] = 64;
+  CHECK(rejection(w, conv_options(w)).find("out") != std::string::npos);
+}
+
+TEST_CASE("gdn reference: the fused step by hand (one row, W = 2, K = V = 16)") {
+  const std::int64_t k = 16, v = 16, d = 2 * k + v;
+  std::vector<float> qkv(d), weight(d * 2), bias(d), pool(2 * d), state(2 * v * k), out(v);
+  std::vector<float> a{0.3f}, b{-0.2f}, a_log{0.1f}, dt_bias{0.05f};
+  std::vector<std::int32_t> index{1};
+  for (std::int64_t i = 0; i < d; ++i) {
+    qkv[i] = std::sin(0.7f * static_cast<float>(i));
+    weight[2 * i] = 0.3f + 0.01f * static_cast<float>(i);
+    weight[2 * i + 1] = -0.2f + 0.02f * static_cast<float>(i % 5);
+    bias[i] = 0.01f * static_cast<float>(i % 3);
+    pool[i] = 9.0f;  // slot 0: untouched
+    pool[d + i] = std::cos(0.3f * static_cast<float>(i));
+  }
+  for (std::size_t i = 0; i < state.size(); ++i) state[i] = 0.01f * static_cast<float>(i % 7);
+  const std::vector<float> pool_before = pool, state_before = state;
+  auto view = [](std::vector<float>& x, std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(x.data(), DType::f32, shape);
+  };
+  GdnDecodeOptions options;
+  options.conv = GdnDecodeConv{view(weight, {d, 2}), view(bias, {d}), view(pool, {2, d, 1}),
+                               ConvActivation::silu};
+  const TensorView v_qkv = view(qkv, {1, d}), v_a = view(a, {1, 1}), v_b = view(b, {1, 1}),
+                   v_alog = view(a_log, {1}), v_dt = view(dt_bias, {1});
+  std::vector<double> got(v);
+  reference::gdn_decode_conv_reference(v_qkv, v_a, v_b, &v_alog, &v_dt, view(state, {2, 1, v, k}),
+                                       TensorView::contiguous(index.data(), DType::i32, {1}),
+                                       view(out, {1, 1, v}), options, got);
+
+  // By hand: y = silu(bias + w0 * history + w1 * x), rounded to f32, then one gdn_step.
+  std::vector<double> y(d);
+  for (std::int64_t c = 0; c < d; ++c) {
+    const double acc =
+        static_cast<double>(bias[c]) +
+        static_cast<double>(weight[2 * c]) * static_cast<double>(pool_before[d + c]) +
+        static_cast<double>(weight[2 * c + 1]) * static_cast<double>(qkv[c]);
+    y[c] = static_cast<double>(static_cast<float>(acc / (1.0 + std::exp(-acc))));
+  }
+  std::vector<double> h(state_before.begin() + v * k, state_before.end());
+  std::vector<double> want(v);
+  const double g =
+      reference::gdn_log_decay(static_cast<double>(a[0]), static_cast<double>(a_log[0]),
+                               static_cast<double>(dt_bias[0]), 20.0);
+  reference::gdn_step(
+      h, std::span<const double>(y.data(), k), std::span<const double>(y.data() + k, k),
+      std::span<const double>(y.data() + 2 * k, v), g,
+      reference::gdn_sigmoid(static_cast<double>(b[0])), 1.0 / std::sqrt(16.0), true, want);
+  for (std::int64_t i = 0; i < v; ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-12));
+  for (std::int64_t c = 0; c < d; ++c) {
+    CHECK(pool[d + c] == qkv[c]);  // W - 1 = 1 column: the new input
+    CHECK(pool[c] == 9.0f);
+  }
+  for (std::int64_t i = 0; i < v * k; ++i) CHECK(state[i] == state_before[i]);  // slot 0
+}
+
+}  // namespace
+}  // namespace kjit
