@@ -29,19 +29,20 @@ def test_plan_by_shape_names_matches_the_issue_example():
                      arch="sm_90")
     assert isinstance(plan, kjit.Plan)
     assert plan.op == "merge_state"
-    assert plan.mode == "token_major"
+    # flat: a token's 256 heads would span 8 token_major blocks (rows out of memory order).
+    assert plan.mode == "flat"
     assert plan.arch == "sm_90"
     assert len(plan.launches) == 1
     launch = plan.launches[0]
     assert launch.spec.startswith("merge_state:in=bf16,out=bf16,head_dim=128,vec=8,")
     assert launch.spec.endswith("@sm_90")
-    assert launch.grid == (64, 8, 1) and launch.block == (16, 32, 1)
+    assert launch.grid == (1024, 1, 1) and launch.block == (16, 16, 1)
     assert all(check.ok for check in launch.checks)
     text = plan.explain()
-    assert text.startswith("op merge_state: mode token_major")
+    assert text.startswith("op merge_state: mode flat")
     assert "launch 1 of 1: " + launch.spec in text
     assert str(plan) == text
-    assert '"mode":"token_major"' in plan.to_json().replace(" ", "")
+    assert '"mode":"flat"' in plan.to_json().replace(" ", "")
 
 
 def test_plan_explain_equals_the_kjit_tool():

@@ -127,7 +127,7 @@ TEST_CASE("merge_state plans FlashInfer's failing shapes, both modes, all ops") 
   }
 }
 
-TEST_CASE("merge_state plan: force_mode suffixes force the geometry, the default is unchanged") {
+TEST_CASE("merge_state plan: force_mode suffixes force the geometry") {
   const PairViews p = pair_views(DType::bf16, DType::bf16, 4096, 128, 512);
   const auto planned = [&](const char* mode) {
     MergeStateOptions options = base2();
@@ -136,12 +136,13 @@ TEST_CASE("merge_state plan: force_mode suffixes force the geometry, the default
     require_all_legal(plan);
     return plan;
   };
-  // The planner's choice at D = 512, H = 128: 2 vectors per thread, blocks of 32 x 16.
+  // The planner's choice at D = 512, H = 128: 2 vectors per thread; a token's 128 heads would
+  // span 8 token_major blocks, so flat rows in memory order, 8 per block of 32 x 8.
   const Plan planner = planned("");
-  CHECK(planner.mode == "token_major");
+  CHECK(planner.mode == "flat");
   CHECK(planner.launches[0].spec.get("chunks") == "2");
   CHECK(planner.launches[0].shape.block.x == 32);
-  CHECK(planner.launches[0].shape.block.y == 16);
+  CHECK(planner.launches[0].shape.block.y == 8);
   CHECK(planned("token_major").launches[0].shape.block.y == 16);
   // vLLM's geometry: one vector per thread, two rows per 128-thread block.
   const Plan vllm_like = planned("flat:c1:t128");

@@ -210,21 +210,28 @@ Planned<Choice> make_plan(const Problem& problem, const DeviceLimits& limits) {
           "(a row needs {} lanes: blocks hold one row, more than the forced threads)", g.lanes));
     }
   } else if (token_major.legal && tm_threads >= kMinTokenMajorThreads &&
-             tm_idle * 16 <= problem.heads) {
+             tm_idle * 16 <= problem.heads && token_major.shape.grid.y == 1) {
     chosen = 0;
     plan.reasons.push_back(fmt::format(
         "token_major: blocks of {} threads with {} idle head rows per token: no division per "
         "thread, consecutive heads of a token read contiguously",
         tm_threads, tm_idle));
   } else if (flat.legal) {
+    // A token whose heads span several blocks is read out of memory order under token_major
+    // (blockIdx.x walks tokens, so consecutive blocks are a whole token row apart): 2.7-4.7%
+    // slower than flat at T*H*D >= 2^26 on the H200, vLLM's kernel in between
+    // (docs/performance.md, "merge_state beside vLLM's CUDA kernel").
     chosen = 1;
     plan.reasons.push_back(
-        token_major.legal
-            ? fmt::format("flat: token_major would use blocks of {} threads with {} idle head "
+        !token_major.legal ? fmt::format("flat: token_major is not legal: {}", token_major.why_not)
+        : token_major.shape.grid.y > 1
+            ? fmt::format("flat: a token's {} heads span {} token_major blocks, which would read "
+                          "rows out of memory order; flat walks them in order",
+                          problem.heads, token_major.shape.grid.y)
+            : fmt::format("flat: token_major would use blocks of {} threads with {} idle head "
                           "rows per token (needs >= {} threads and <= 1/16 idle); flat packs "
                           "rows densely",
-                          tm_threads, tm_idle, kMinTokenMajorThreads)
-            : fmt::format("flat: token_major is not legal: {}", token_major.why_not));
+                          tm_threads, tm_idle, kMinTokenMajorThreads));
   } else if (token_major.legal) {
     chosen = 0;
     plan.reasons.push_back(
