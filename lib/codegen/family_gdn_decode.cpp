@@ -115,6 +115,32 @@ ParamDecl index_dtype_param() {
                    .doc = "element type of state_indices"};
 }
 
+// An element type of f16, bf16 or f32.
+ParamDecl float_param(std::string_view name, std::string_view doc) {
+  return ParamDecl{
+      .name = name, .kind = ParamKind::dtype, .choices = {"f16", "bf16", "f32"}, .doc = doc};
+}
+
+// A head dim: 16..256 in steps of 16.
+ParamDecl head_dim_param(std::string_view name, std::string_view doc) {
+  return ParamDecl{.name = name,
+                   .kind = ParamKind::integer,
+                   .min = 16,
+                   .max = 256,
+                   .multiple_of = 16,
+                   .doc = doc};
+}
+
+ParamDecl gated_param() {
+  return ParamDecl{.name = "gated",
+                   .kind = ParamKind::boolean,
+                   .doc = "1: a/b hold precomputed f32 g (log decay) and beta"};
+}
+
+ParamDecl l2norm_param() {
+  return ParamDecl{.name = "l2norm", .kind = ParamKind::boolean, .doc = "1: L2-normalize q and k"};
+}
+
 ParamDecl invalid_rule_param() {
   return ParamDecl{.name = "invalid",
                    .kind = ParamKind::choice,
@@ -128,50 +154,21 @@ ParamDecl invalid_rule_param() {
 // The order is the template parameter order of kjit::gdn_decode_kernel (templates/
 // gdn_decode.cuh); the ops layer (lib/ops/gdn_decode/plan.cpp) builds specs by these names.
 FamilyDecl gdn_decode_family() {
-  const std::vector<std::string_view> floats = {"f16", "bf16", "f32"};
   return FamilyDecl{
       .name = "gdn_decode",
       .include = "kjit/gdn_decode.cuh",
       .kernel = "kjit::gdn_decode_kernel",
       .params =
           {
-              ParamDecl{.name = "qkv",
-                        .kind = ParamKind::dtype,
-                        .choices = floats,
-                        .doc = "element type of mixed_qkv"},
-              ParamDecl{.name = "gate",
-                        .kind = ParamKind::dtype,
-                        .choices = floats,
-                        .doc = "element type of a and b (f32 g and beta in the gated form)"},
-              ParamDecl{.name = "a_log",
-                        .kind = ParamKind::dtype,
-                        .choices = floats,
-                        .doc = "element type of A_log (f32 in the gated form, unused)"},
-              ParamDecl{.name = "dt_bias",
-                        .kind = ParamKind::dtype,
-                        .choices = floats,
-                        .doc = "element type of dt_bias (f32 in the gated form, unused)"},
-              ParamDecl{.name = "state",
-                        .kind = ParamKind::dtype,
-                        .choices = floats,
-                        .doc = "element type of the state pool"},
-              ParamDecl{.name = "out",
-                        .kind = ParamKind::dtype,
-                        .choices = floats,
-                        .doc = "element type of out"},
+              float_param("qkv", "element type of mixed_qkv"),
+              float_param("gate", "element type of a and b (f32 g and beta in the gated form)"),
+              float_param("a_log", "element type of A_log (f32 in the gated form, unused)"),
+              float_param("dt_bias", "element type of dt_bias (f32 in the gated form, unused)"),
+              float_param("state", "element type of the state pool"),
+              float_param("out", "element type of out"),
               index_dtype_param(),
-              ParamDecl{.name = "k",
-                        .kind = ParamKind::integer,
-                        .min = 16,
-                        .max = 256,
-                        .multiple_of = 16,
-                        .doc = "key head dim K"},
-              ParamDecl{.name = "v",
-                        .kind = ParamKind::integer,
-                        .min = 16,
-                        .max = 256,
-                        .multiple_of = 16,
-                        .doc = "value head dim V"},
+              head_dim_param("k", "key head dim K"),
+              head_dim_param("v", "value head dim V"),
               ParamDecl{.name = "bv",
                         .kind = ParamKind::integer,
                         .min = 1,
@@ -216,11 +213,8 @@ FamilyDecl gdn_decode_family() {
                         .choices = {"stream", "plain"},
                         .rendered = {"0", "1"},
                         .doc = "state stores: .cs (evict first) or no hint"},
-              ParamDecl{.name = "gated",
-                        .kind = ParamKind::boolean,
-                        .doc = "1: a/b hold precomputed f32 g (log decay) and beta"},
-              ParamDecl{
-                  .name = "l2norm", .kind = ParamKind::boolean, .doc = "1: L2-normalize q and k"},
+              gated_param(),
+              l2norm_param(),
               invalid_rule_param(),
               ParamDecl{.name = "ordered",
                         .kind = ParamKind::boolean,
@@ -272,58 +266,23 @@ FamilyDecl gdn_decode_order_family() {
 // template parameters of kjit::gdn_decode_conv_kernel; the ops layer
 // (lib/ops/gdn_decode/conv.cpp) builds specs by these names.
 FamilyDecl gdn_decode_conv_family() {
-  const std::vector<std::string_view> floats = {"f16", "bf16", "f32"};
   return FamilyDecl{
       .name = "gdn_decode_conv",
       .include = "kjit/gdn_decode_conv.cuh",
       .kernel = "kjit::gdn_decode_conv_kernel",
       .params =
           {
-              ParamDecl{.name = "qkv",
-                        .kind = ParamKind::dtype,
-                        .choices = floats,
-                        .doc = "element type of mixed_qkv (before the convolution)"},
-              ParamDecl{.name = "gate",
-                        .kind = ParamKind::dtype,
-                        .choices = floats,
-                        .doc = "element type of a and b (f32 g and beta in the gated form)"},
-              ParamDecl{.name = "a_log",
-                        .kind = ParamKind::dtype,
-                        .choices = floats,
-                        .doc = "element type of A_log (f32 in the gated form, unused)"},
-              ParamDecl{.name = "dt_bias",
-                        .kind = ParamKind::dtype,
-                        .choices = floats,
-                        .doc = "element type of dt_bias (f32 in the gated form, unused)"},
-              ParamDecl{.name = "state",
-                        .kind = ParamKind::dtype,
-                        .choices = floats,
-                        .doc = "element type of the state pool"},
-              ParamDecl{.name = "out",
-                        .kind = ParamKind::dtype,
-                        .choices = floats,
-                        .doc = "element type of out"},
+              float_param("qkv", "element type of mixed_qkv (before the convolution)"),
+              float_param("gate", "element type of a and b (f32 g and beta in the gated form)"),
+              float_param("a_log", "element type of A_log (f32 in the gated form, unused)"),
+              float_param("dt_bias", "element type of dt_bias (f32 in the gated form, unused)"),
+              float_param("state", "element type of the state pool"),
+              float_param("out", "element type of out"),
               index_dtype_param(),
-              ParamDecl{.name = "weight",
-                        .kind = ParamKind::dtype,
-                        .choices = floats,
-                        .doc = "element type of the conv weight and bias"},
-              ParamDecl{.name = "conv_state",
-                        .kind = ParamKind::dtype,
-                        .choices = floats,
-                        .doc = "element type of the conv-state pool"},
-              ParamDecl{.name = "k",
-                        .kind = ParamKind::integer,
-                        .min = 16,
-                        .max = 256,
-                        .multiple_of = 16,
-                        .doc = "key head dim K"},
-              ParamDecl{.name = "v",
-                        .kind = ParamKind::integer,
-                        .min = 16,
-                        .max = 256,
-                        .multiple_of = 16,
-                        .doc = "value head dim V"},
+              float_param("weight", "element type of the conv weight and bias"),
+              float_param("conv_state", "element type of the conv-state pool"),
+              head_dim_param("k", "key head dim K"),
+              head_dim_param("v", "value head dim V"),
               ParamDecl{.name = "width",
                         .kind = ParamKind::integer,
                         .min = 2,
@@ -334,11 +293,8 @@ FamilyDecl gdn_decode_conv_family() {
                         .min = 1,
                         .max = 32,
                         .doc = "warps per block (one block per row and q/k head)"},
-              ParamDecl{.name = "gated",
-                        .kind = ParamKind::boolean,
-                        .doc = "1: a/b hold precomputed f32 g (log decay) and beta"},
-              ParamDecl{
-                  .name = "l2norm", .kind = ParamKind::boolean, .doc = "1: L2-normalize q and k"},
+              gated_param(),
+              l2norm_param(),
               invalid_rule_param(),
               ParamDecl{
                   .name = "silu", .kind = ParamKind::boolean, .doc = "1: SiLU on the conv output"},
