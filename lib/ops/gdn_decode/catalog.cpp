@@ -47,12 +47,8 @@ std::int64_t row_width(std::int64_t h, std::int64_t k, std::int64_t hv, std::int
   return width;
 }
 
-Plan plan_decode(const OpInfo&, const ShapeValues& values, const DeviceLimits& device) {
-  const std::int64_t b = get_int(values, "batch");
-  const std::int64_t h = get_int(values, "heads");
-  const std::int64_t hv = get_int(values, "v_heads");
-  const std::int64_t k = get_int(values, "k");
-  const std::int64_t v = get_int(values, "v");
+/// The options both decode steps read from their shape values: the q/k norm and the index rule.
+GdnDecodeOptions step_options(const ShapeValues& values) {
   GdnDecodeOptions options;
   options.l2norm_qk = get_bool(values, "l2norm");
   const std::string& invalid = values.at("invalid");
@@ -64,6 +60,16 @@ Plan plan_decode(const OpInfo&, const ShapeValues& values, const DeviceLimits& d
     throw InvalidArgument(
         fmt::format("invalid must be negative or nonpositive, got '{}'", invalid));
   }
+  return options;
+}
+
+Plan plan_decode(const OpInfo&, const ShapeValues& values, const DeviceLimits& device) {
+  const std::int64_t b = get_int(values, "batch");
+  const std::int64_t h = get_int(values, "heads");
+  const std::int64_t hv = get_int(values, "v_heads");
+  const std::int64_t k = get_int(values, "k");
+  const std::int64_t v = get_int(values, "v");
+  GdnDecodeOptions options = step_options(values);
   options.force_mode = values.at("mode");
   const std::string& row_order = values.at("row_order");
   if (row_order == "by_slot") {
@@ -111,17 +117,7 @@ Plan plan_decode_conv(const OpInfo&, const ShapeValues& values, const DeviceLimi
   const std::int64_t k = get_int(values, "k");
   const std::int64_t v = get_int(values, "v");
   const std::int64_t w = get_int(values, "width");
-  GdnDecodeOptions options;
-  options.l2norm_qk = get_bool(values, "l2norm");
-  const std::string& invalid = values.at("invalid");
-  if (invalid == "negative") {
-    options.invalid_index = GdnInvalidIndex::negative;
-  } else if (invalid == "nonpositive") {
-    options.invalid_index = GdnInvalidIndex::nonpositive;
-  } else {
-    throw InvalidArgument(
-        fmt::format("invalid must be negative or nonpositive, got '{}'", invalid));
-  }
+  GdnDecodeOptions options = step_options(values);
   FakeMemory memory;
   const std::int64_t d = row_width(h, k, hv, v);
   const TensorView qkv = memory.tensor(get_dtype(values, "dtype"), {b, d});

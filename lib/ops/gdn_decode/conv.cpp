@@ -166,28 +166,13 @@ Planned<ConvChoice> ConvFamily::plan(const ConvProblem& cp, const DeviceLimits& 
                         "its {} state rows over as many warps as it holds",
                         warps, blocks, kManyBlocksPerSm, sms, rows));
 
-  const auto dtype = [](DType d) { return std::string(to_string(d)); };
-  const bool gated = p.form == Form::gated;
-  KernelSpec spec = KernelSpec::make(
-      "gdn_decode_conv",
-      {{"qkv", dtype(p.qkv)},
-       {"gate", dtype(gated ? DType::f32 : p.gate)},
-       {"a_log", dtype(gated ? DType::f32 : p.a_log)},
-       {"dt_bias", dtype(gated ? DType::f32 : p.dt_bias)},
-       {"state", dtype(p.state)},
-       {"out", dtype(p.out)},
-       {"index", dtype(p.index)},
-       {"weight", dtype(cp.weight)},
-       {"conv_state", dtype(cp.conv_state)},
-       {"k", std::to_string(p.k)},
-       {"v", std::to_string(p.v)},
-       {"width", std::to_string(cp.width)},
-       {"warps", std::to_string(warps)},
-       {"gated", gated ? "1" : "0"},
-       {"l2norm", p.l2norm ? "1" : "0"},
-       {"invalid", p.invalid_index == GdnInvalidIndex::nonpositive ? "nonpositive" : "negative"},
-       {"silu", cp.silu ? "1" : "0"}},
-      device.arch);
+  std::vector<std::pair<std::string, std::string>> spec_params = step_spec_params(p);
+  spec_params.insert(spec_params.end(), {{"weight", std::string(to_string(cp.weight))},
+                                         {"conv_state", std::string(to_string(cp.conv_state))},
+                                         {"width", std::to_string(cp.width)},
+                                         {"warps", std::to_string(warps)},
+                                         {"silu", cp.silu ? "1" : "0"}});
+  KernelSpec spec = KernelSpec::make("gdn_decode_conv", std::move(spec_params), device.arch);
   LaunchShape shape;
   shape.block = Dim3{static_cast<std::uint32_t>(warps * 32), 1, 1};
   shape.grid = Dim3{static_cast<std::uint32_t>(std::min<std::int64_t>(blocks, 0xFFFFFFFFll)), 1, 1};

@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "kjit/device.hpp"
 #include "kjit/gdn_decode_conv_params.h"
@@ -110,6 +112,10 @@ struct Family {
   static GdnDecodeParams params(const Args& args, const Problem& problem, const Choice& choice,
                                 void* workspace);
 };
+
+/// The spec parameters the plain and the fused step share (element types, head dims, form, the
+/// q/k norm and the index rule); KernelSpec::make puts them in the family's order.
+std::vector<std::pair<std::string, std::string>> step_spec_params(const Problem& p);
 
 /// The fused decode step (options.conv set): the conv update and the delta rule in one kernel
 /// (templates/gdn_decode_conv.cuh). Its own family, so the plain step's problems, plans and

@@ -387,6 +387,28 @@ bool choose_row_order(const Problem& p, const Forced& options, const std::string
   return ordered;
 }
 
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> step_spec_params(const Problem& p) {
+  const auto dtype = [](DType d) { return std::string(to_string(d)); };
+  const bool gated = p.form == Form::gated;
+  return {
+      {"qkv", dtype(p.qkv)},
+      {"gate", dtype(gated ? DType::f32 : p.gate)},
+      {"a_log", dtype(gated ? DType::f32 : p.a_log)},
+      {"dt_bias", dtype(gated ? DType::f32 : p.dt_bias)},
+      {"state", dtype(p.state)},
+      {"out", dtype(p.out)},
+      {"index", dtype(p.index)},
+      {"k", std::to_string(p.k)},
+      {"v", std::to_string(p.v)},
+      {"gated", gated ? "1" : "0"},
+      {"l2norm", p.l2norm ? "1" : "0"},
+      {"invalid", p.invalid_index == GdnInvalidIndex::nonpositive ? "nonpositive" : "negative"}};
+}
+
+namespace {
+
 Planned<Choice> make_plan(const Problem& p, const DeviceLimits& device) {
   const Forced options = forced_of(p);
   Planned<Choice> planned;
@@ -514,20 +536,10 @@ Planned<Choice> make_plan(const Problem& p, const DeviceLimits& device) {
   }
   plan.mode = mode;
 
-  const auto dtype = [](DType d) { return std::string(to_string(d)); };
-  const bool gated = p.form == Form::gated;
-  KernelSpec spec = KernelSpec::make(
-      "gdn_decode",
-      {{"qkv", dtype(p.qkv)},
-       {"gate", dtype(gated ? DType::f32 : p.gate)},
-       {"a_log", dtype(gated ? DType::f32 : p.a_log)},
-       {"dt_bias", dtype(gated ? DType::f32 : p.dt_bias)},
-       {"state", dtype(p.state)},
-       {"out", dtype(p.out)},
-       {"index", dtype(p.index)},
-       {"k", std::to_string(p.k)},
-       {"v", std::to_string(p.v)},
-       {"bv", std::to_string(tile.bv)},
+  std::vector<std::pair<std::string, std::string>> spec_params = step_spec_params(p);
+  spec_params.insert(
+      spec_params.end(),
+      {{"bv", std::to_string(tile.bv)},
        {"warps", std::to_string(tile.warps)},
        {"vec_bytes", std::to_string(p.vec_bytes)},
        {"mode", mode},
@@ -535,21 +547,17 @@ Planned<Choice> make_plan(const Problem& p, const DeviceLimits& device) {
        {"min_blocks", std::to_string(resident.blocks_per_sm)},
        {"load_hint", hints.load},
        {"store_hint", hints.store},
-       {"gated", gated ? "1" : "0"},
-       {"l2norm", options.l2norm_qk ? "1" : "0"},
-       {"invalid",
-        options.invalid_index == GdnInvalidIndex::nonpositive ? "nonpositive" : "negative"},
        {"ordered", ordered ? "1" : "0"},
        // Left out of the spec when vk (the family's omitted default): V-major specs, and so
        // their cache keys, are what they were before K-major pools were accepted.
-       {"state_layout", kStateLayoutNames[static_cast<int>(p.state_layout)]}},
-      device.arch);
+       {"state_layout", kStateLayoutNames[static_cast<int>(p.state_layout)]}});
+  KernelSpec spec = KernelSpec::make("gdn_decode", std::move(spec_params), device.arch);
   plan.reasons.push_back(fmt::format(
       "state vectors of {} B: the widest the pool base and slot stride allow", p.vec_bytes));
   if (ordered) {
     KernelSpec order_spec = KernelSpec::make(
         "gdn_decode_order",
-        {{"index", dtype(p.index)},
+        {{"index", std::string(to_string(p.index))},
          {"invalid",
           options.invalid_index == GdnInvalidIndex::nonpositive ? "nonpositive" : "negative"}},
         device.arch);
