@@ -30,6 +30,7 @@ from ._api import (
     plan,
     plan_call,
     prewarm,
+    qk_l2norm,
     settings,
     shape_names,
     source,

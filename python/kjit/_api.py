@@ -244,6 +244,28 @@ def causal_conv1d_update(x, weight, conv_state, state_indices, *, bias=None,
     return result if _plan else out
 
 
+# ---------------------------------------------------------------------------------------------
+# qk_l2norm
+
+
+def qk_l2norm(q, k=None, *, q_out=None, k_out=None, eps=1e-6, stream=None, _plan=False,
+              _arch=None):
+    """L2-normalizes the rows of q [T, Hq, D] and k [T, Hk, D] (or q alone) in one launch
+    (kjit/ops/qk_l2norm.hpp): x / sqrt(sum x^2 + eps) in f32, eps inside the root as in fla's
+    l2norm_fwd. f16/bf16/f32; D a multiple of 8 up to 512; any token and head strides (last
+    dimension contiguous). q_out / k_out default to new tensors; pass q_out=q (k_out=k) to
+    normalize in place. Returns (q_out, k_out), or q_out when k is None."""
+    _check_arch("qk_l2norm", _arch)
+    if q_out is None:
+        q_out = _empty(q, tuple(q.shape))
+    if k is not None and k_out is None:
+        k_out = _empty(k, tuple(k.shape))
+    result = _kjit._qk_l2norm(q, k, q_out, k_out, float(eps), stream, _plan, _arch)
+    if _plan:
+        return result
+    return q_out if k is None else (q_out, k_out)
+
+
 def gdn_prefill_workspace_bytes(tokens, value_heads):
     """Bytes of the workspace a gdn_prefill call over `tokens` tokens and `value_heads` value
     heads needs on its chunked path (what its workspace argument must hold at least)."""
@@ -289,6 +311,7 @@ _OPS = {
     "gdn_prefill": gdn_prefill,
     "causal_conv1d": causal_conv1d,
     "causal_conv1d_update": causal_conv1d_update,
+    "qk_l2norm": qk_l2norm,
 }
 
 

@@ -33,6 +33,7 @@
 #include "kjit/ops/gdn_decode.hpp"
 #include "kjit/ops/gdn_prefill.hpp"
 #include "kjit/ops/merge_state.hpp"
+#include "kjit/ops/qk_l2norm.hpp"
 #include "torch_fastpath.hpp"
 
 namespace nb = nanobind;
@@ -194,6 +195,8 @@ nb::object causal_conv1d_update(nb::handle x, nb::handle weight, nb::handle bias
                                 const OptStr& activation, const std::string& invalid,
                                 const std::string& mode, bool debug_check, nb::handle stream,
                                 bool plan, const OptStr& arch, nb::handle query_start_loc);
+nb::object qk_l2norm(nb::handle q, nb::handle k, nb::handle q_out, nb::handle k_out, double eps,
+                     nb::handle stream, bool plan, const OptStr& arch);
 
 // The METH_FASTCALL per-step ops (ops.cpp)
 

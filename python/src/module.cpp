@@ -385,6 +385,8 @@ NB_MODULE(_kjit, m) {
         "invalid_index"_a.none(), "mode"_a.none(), "debug_check_indices"_a.none(),
         "stream"_a.none(), "plan"_a.none(), "arch"_a.none(),
         "query_start_loc"_a.none() = nb::none());
+  m.def("_qk_l2norm", &kjit::python::qk_l2norm, "q"_a.none(), "k"_a.none(), "q_out"_a.none(),
+        "k_out"_a.none(), "eps"_a, "stream"_a.none(), "plan"_a, "arch"_a.none());
   m.def("_gdn_prefill_workspace_bytes", &gdn_prefill_workspace_bytes);
   m.def("_gdn_prefill_checkpoint_starts",
         [](const std::vector<std::int64_t>& cu_seqlens, std::int64_t every) {

@@ -258,6 +258,24 @@ nb::object causal_conv1d_update(nb::handle x, nb::handle weight, nb::handle bias
   kjit::causal_conv1d_update(tx, tw, tb, st, idx, acc, o, opt, args.stream(stream));
   return nb::none();
 }
+
+nb::object qk_l2norm(nb::handle q, nb::handle k, nb::handle q_out, nb::handle k_out, double eps,
+                     nb::handle stream, bool plan, const OptStr& arch) {
+  Args args("qk_l2norm", !plan);
+  const TensorView tq = args.get("q", q), tq_out = args.get("q_out", q_out);
+  const TensorView tk = args.optional("k", k), tk_out = args.optional("k_out", k_out);
+  QkL2NormOptions opt;
+  // The op checks eps (finite, >= 0); a double that does not survive the narrowing is refused
+  // by that same check (inf).
+  opt.eps = static_cast<float>(eps);
+  opt.device = args.device();
+  opt.runtime = &runtime();
+  if (plan) {
+    return nb::cast(plan_qk_l2norm(tq, tk, tq_out, tk_out, opt, plan_limits(arch, args.device())));
+  }
+  kjit::qk_l2norm(tq, tk, tq_out, tk_out, opt, args.stream(stream));
+  return nb::none();
+}
 // ---------------------------------------------------------------------------------------------
 // The per-step ops (merge_state, merge_state_in_place, gdn_decode) are METH_FASTCALL functions
 // that parse their own arguments: a serving engine calls them every decode step, and a Python

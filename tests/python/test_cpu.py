@@ -815,3 +815,18 @@ def test_torch_custom_ops_gdn_prefill_reach_kjit_with_defaults_left_out():
         torch.ops.kjit.gdn_prefill_with_checkpoints(
             q, q, q, cu, state, idx, torch.zeros(1, h, k, k), torch.tensor([0, 1]), 64,
             g=g, beta=beta)
+
+
+def test_plan_call_qk_l2norm_and_its_errors():
+    q = np.zeros((64, 16, 128), np.float16)
+    k = np.zeros((64, 4, 128), np.float16)
+    plan = kjit.plan_call("qk_l2norm", q, k, arch="sm_90")
+    assert plan.op == "qk_l2norm" and len(plan.launches) == 1
+    assert plan.launches[0].spec.startswith("qk_l2norm:dtype=f16,head_dim=128,")
+    alone = kjit.plan_call(kjit.qk_l2norm, q, arch="sm_90")
+    assert alone.launches[0].grid[0] < plan.launches[0].grid[0]  # 1024 rows instead of 1280
+    assert kjit.plan("qk_l2norm", tokens=64, heads=16, head_dim=128, arch="sm_90").op == "qk_l2norm"
+    with pytest.raises(kjit.InvalidArgument, match="D = 100 is not supported"):
+        kjit.plan_call("qk_l2norm", np.zeros((4, 2, 100), np.float32), arch="sm_90")
+    with pytest.raises(kjit.InvalidArgument, match="eps"):
+        kjit.plan_call("qk_l2norm", q, eps=-1.0, arch="sm_90")

@@ -575,3 +575,34 @@ def test_causal_conv1d_update_speculative_chain():
             both = torch.cat([hist, x[r].T], dim=1)
             assert torch.equal(pool[r + 1][:, :w - 2 + s], both[:, 1:w - 1 + s])
         accepted = torch.randint(1, s + 1, (b,), dtype=torch.int32, device=DEV)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_qk_l2norm_against_float64(dtype):
+    t, hq, hk, d = 37, 6, 2, 128
+    # Strided views: q rows are heads of a wider projection row, k rows every other head.
+    q_buf = torch.randn(t, hq + 3, d, device=DEV, dtype=dtype) * 3
+    k_buf = torch.randn(t, 2 * hk, d, device=DEV, dtype=dtype)
+    q, k = q_buf[:, 1:hq + 1], k_buf[:, ::2]
+    q_out, k_out = poison((t, hq, d), dtype), poison((t, hk, d), dtype)
+    got_q, got_k = kjit.qk_l2norm(q, k, q_out=q_out, k_out=k_out)
+    torch.cuda.synchronize()
+    assert got_q is q_out and got_k is k_out
+
+    def want(x):
+        x = x.double()
+        return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}[dtype]
+    close(q_out, want(q), tol, tol)
+    close(k_out, want(k), tol, tol)
+    # q alone, allocated, and in place on k.
+    alone = kjit.qk_l2norm(q)
+    close(alone, want(q), tol, tol)
+    before, others = k.clone(), k_buf[:, 1::2].clone()
+    kjit.qk_l2norm(k, q_out=k)
+    torch.cuda.synchronize()
+    close(k, want(before), tol, tol)
+    assert torch.equal(k_buf[:, 1::2], others)  # the heads between k's are not written
+    with pytest.raises(kjit.InvalidArgument, match="D = 100"):
+        kjit.qk_l2norm(torch.randn(2, 1, 100, device=DEV, dtype=dtype))
