@@ -42,7 +42,7 @@ for stage in $stages; do
       configure tsan build-tsan
       cmake --build --preset tsan -j "$jobs"
       # The subset, by source file (`ctest --preset tsan` runs every unit test instead).
-      export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1 second_deadlock_stack=1}
+      export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1 second_deadlock_stack=1 suppressions=$KJIT_ROOT/scripts/tsan_suppressions.txt}
       KJIT_LOG=error build-tsan/tests/kjit_unit_tests \
         -sf='*cache_*,*bundle_*,*compile_nvrtc*,*plan_multi_device*'
       KJIT_LOG=error build-tsan/tests/kjit_stress_tests
