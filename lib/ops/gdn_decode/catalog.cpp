@@ -63,24 +63,16 @@ GdnDecodeOptions step_options(const ShapeValues& values) {
   return options;
 }
 
-Plan plan_decode(const OpInfo&, const ShapeValues& values, const DeviceLimits& device) {
+/// Plans either step (options.conv decides which) on fake tensors of the shape values: mixed_qkv,
+/// a pool of B + 1 slots, indices, out and the gates of the form. `memory` also holds any conv
+/// tensors the caller made, so that no two fake tensors overlap.
+Plan plan_step(const ShapeValues& values, FakeMemory& memory, const GdnDecodeOptions& options,
+               const DeviceLimits& device) {
   const std::int64_t b = get_int(values, "batch");
   const std::int64_t h = get_int(values, "heads");
   const std::int64_t hv = get_int(values, "v_heads");
   const std::int64_t k = get_int(values, "k");
   const std::int64_t v = get_int(values, "v");
-  GdnDecodeOptions options = step_options(values);
-  options.force_mode = values.at("mode");
-  const std::string& row_order = values.at("row_order");
-  if (row_order == "by_slot") {
-    options.row_order = GdnRowOrder::by_slot;
-  } else if (row_order == "as_given") {
-    options.row_order = GdnRowOrder::as_given;
-  } else if (row_order != "auto") {
-    throw InvalidArgument(
-        fmt::format("row_order must be auto, by_slot or as_given, got '{}'", row_order));
-  }
-  FakeMemory memory;
   const TensorView qkv = memory.tensor(get_dtype(values, "dtype"), {b, row_width(h, k, hv, v)});
   const TensorView state = memory.tensor(get_dtype(values, "state_dtype"), {b + 1, hv, v, k});
   const TensorView indices = memory.tensor(get_dtype(values, "index_dtype"), {b});
@@ -96,6 +88,22 @@ Plan plan_decode(const OpInfo&, const ShapeValues& values, const DeviceLimits& d
   const TensorView a_log = memory.tensor(get_dtype(values, "a_log_dtype"), {hv});
   const TensorView dt_bias = memory.tensor(get_dtype(values, "dt_bias_dtype"), {hv});
   return plan_gdn_decode(qkv, a, bt, a_log, dt_bias, state, indices, out, options, device);
+}
+
+Plan plan_decode(const OpInfo&, const ShapeValues& values, const DeviceLimits& device) {
+  GdnDecodeOptions options = step_options(values);
+  options.force_mode = values.at("mode");
+  const std::string& row_order = values.at("row_order");
+  if (row_order == "by_slot") {
+    options.row_order = GdnRowOrder::by_slot;
+  } else if (row_order == "as_given") {
+    options.row_order = GdnRowOrder::as_given;
+  } else if (row_order != "auto") {
+    throw InvalidArgument(
+        fmt::format("row_order must be auto, by_slot or as_given, got '{}'", row_order));
+  }
+  FakeMemory memory;
+  return plan_step(values, memory, options, device);
 }
 
 /// The fused decode step (gdn_decode with options.conv): gdn_decode's shapes and dtypes without
@@ -120,26 +128,12 @@ Plan plan_decode_conv(const OpInfo&, const ShapeValues& values, const DeviceLimi
   GdnDecodeOptions options = step_options(values);
   FakeMemory memory;
   const std::int64_t d = row_width(h, k, hv, v);
-  const TensorView qkv = memory.tensor(get_dtype(values, "dtype"), {b, d});
-  const TensorView state = memory.tensor(get_dtype(values, "state_dtype"), {b + 1, hv, v, k});
-  const TensorView indices = memory.tensor(get_dtype(values, "index_dtype"), {b});
-  const TensorView out = memory.tensor(get_dtype(values, "out_dtype"), {b, hv, v});
   const DType weight_dtype = get_dtype(values, "weight_dtype");
   options.conv = GdnDecodeConv{
       memory.tensor(weight_dtype, {d, w}), memory.tensor(weight_dtype, {d}),
       memory.tensor(get_dtype(values, "conv_state_dtype"), {b + 1, d, w < 2 ? 1 : w - 1}),
       get_bool(values, "silu") ? ConvActivation::silu : ConvActivation::none};
-  if (get_bool(values, "gated")) {
-    const TensorView g = memory.tensor(DType::f32, {b, hv});
-    const TensorView beta = memory.tensor(DType::f32, {b, hv});
-    return plan_gdn_decode_gated(qkv, g, beta, state, indices, out, options, device);
-  }
-  const DType gate = get_dtype(values, "gate_dtype");
-  const TensorView a = memory.tensor(gate, {b, hv});
-  const TensorView bt = memory.tensor(gate, {b, hv});
-  const TensorView a_log = memory.tensor(get_dtype(values, "a_log_dtype"), {hv});
-  const TensorView dt_bias = memory.tensor(get_dtype(values, "dt_bias_dtype"), {hv});
-  return plan_gdn_decode(qkv, a, bt, a_log, dt_bias, state, indices, out, options, device);
+  return plan_step(values, memory, options, device);
 }
 
 }  // namespace

@@ -192,36 +192,16 @@ GdnDecodeConvParams ConvFamily::params(const Args& args, const ConvProblem& cp, 
   const decode::Problem& p = cp.step;
   const GdnDecodeConv& conv = *args.options->conv;
   GdnDecodeConvParams params{};
-  params.qkv = args.qkv->data;
-  params.a = args.a->data;
-  params.b = args.b->data;
-  params.a_log = args.a_log != nullptr ? args.a_log->data : nullptr;
-  params.dt_bias = args.dt_bias != nullptr ? args.dt_bias->data : nullptr;
-  params.state = args.state->data;
-  params.indices = args.indices->data;
-  params.out = args.out->data;
+  fill_step_params(params, args, p);
   params.conv_weight = conv.weight.data;
   params.conv_bias = cp.has_bias ? conv.bias.data : nullptr;
   params.conv_state = conv.conv_state.data;
-  params.qkv_row_stride = p.qkv_row_stride;
-  params.a_row_stride = p.a_row_stride;
-  params.b_row_stride = p.b_row_stride;
-  params.state_slot_stride = p.slot_stride;
-  params.index_stride = p.index_stride;
-  params.out_row_stride = p.out_row_stride;
   params.weight_channel_stride = cp.weight_channel_stride;
   params.weight_tap_stride = cp.weight_tap_stride;
   params.bias_stride = cp.bias_stride;
   params.conv_slot_stride = cp.conv_slot_stride;
   params.conv_channel_stride = cp.conv_channel_stride;
   params.conv_column_stride = cp.conv_column_stride;
-  params.num_slots = p.slots;
-  params.batch = static_cast<u32>(p.batch);
-  params.num_heads = static_cast<u32>(p.heads);
-  params.num_value_heads = static_cast<u32>(p.value_heads);
-  params.heads_per_group = static_cast<u32>(p.value_heads / p.heads);
-  params.scale = p.scale();
-  params.softplus_threshold = args.options->softplus_threshold;
   return params;
 }
 

@@ -117,6 +117,33 @@ struct Family {
 /// q/k norm and the index rule); KernelSpec::make puts them in the family's order.
 std::vector<std::pair<std::string, std::string>> step_spec_params(const Problem& p);
 
+/// The fields GdnDecodeParams and GdnDecodeConvParams share (pointers, strides, sizes, scale),
+/// from the call's arguments and its checked problem.
+template <typename Params>
+void fill_step_params(Params& params, const Args& args, const Problem& p) {
+  params.qkv = args.qkv->data;
+  params.a = args.a->data;
+  params.b = args.b->data;
+  params.a_log = args.a_log != nullptr ? args.a_log->data : nullptr;
+  params.dt_bias = args.dt_bias != nullptr ? args.dt_bias->data : nullptr;
+  params.state = args.state->data;
+  params.indices = args.indices->data;
+  params.out = args.out->data;
+  params.qkv_row_stride = p.qkv_row_stride;
+  params.a_row_stride = p.a_row_stride;
+  params.b_row_stride = p.b_row_stride;
+  params.state_slot_stride = p.slot_stride;
+  params.index_stride = p.index_stride;
+  params.out_row_stride = p.out_row_stride;
+  params.num_slots = p.slots;
+  params.batch = static_cast<u32>(p.batch);
+  params.num_heads = static_cast<u32>(p.heads);
+  params.num_value_heads = static_cast<u32>(p.value_heads);
+  params.heads_per_group = static_cast<u32>(p.value_heads / p.heads);
+  params.scale = p.scale();
+  params.softplus_threshold = args.options->softplus_threshold;
+}
+
 /// The fused decode step (options.conv set): the conv update and the delta rule in one kernel
 /// (templates/gdn_decode_conv.cuh). Its own family, so the plain step's problems, plans and
 /// memo entries are what they were without it.

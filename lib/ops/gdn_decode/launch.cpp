@@ -56,28 +56,8 @@ void check_indices(Runtime& runtime, const Problem& p, const TensorView& indices
 GdnDecodeParams Family::params(const Args& args, const Problem& p, const Choice& choice,
                                void* workspace) {
   GdnDecodeParams params{};
-  params.qkv = args.qkv->data;
-  params.a = args.a->data;
-  params.b = args.b->data;
-  params.a_log = args.a_log != nullptr ? args.a_log->data : nullptr;
-  params.dt_bias = args.dt_bias != nullptr ? args.dt_bias->data : nullptr;
-  params.state = args.state->data;
-  params.indices = args.indices->data;
-  params.out = args.out->data;
-  params.qkv_row_stride = p.qkv_row_stride;
-  params.a_row_stride = p.a_row_stride;
-  params.b_row_stride = p.b_row_stride;
-  params.state_slot_stride = p.slot_stride;
-  params.index_stride = p.index_stride;
-  params.out_row_stride = p.out_row_stride;
-  params.num_slots = p.slots;
+  fill_step_params(params, args, p);
   params.total_tiles = static_cast<u64>(p.batch * p.value_heads * (p.v / choice.bv));
-  params.batch = static_cast<u32>(p.batch);
-  params.num_heads = static_cast<u32>(p.heads);
-  params.num_value_heads = static_cast<u32>(p.value_heads);
-  params.heads_per_group = static_cast<u32>(p.value_heads / p.heads);
-  params.scale = p.scale();
-  params.softplus_threshold = args.options->softplus_threshold;
   // Rows in slot order: the ranking kernel writes B keys here, the step reads them.
   params.order = static_cast<i64*>(workspace);
   return params;
