@@ -12,6 +12,7 @@ steady-state path is then one vectorcall plus the C++ op (a memoized plan and cu
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 
 from . import _kjit
@@ -256,6 +257,9 @@ def qk_l2norm(q, k=None, *, q_out=None, k_out=None, eps=1e-6, stream=None, _plan
     dimension contiguous). q_out / k_out default to new tensors; pass q_out=q (k_out=k) to
     normalize in place. Returns (q_out, k_out), or q_out when k is None."""
     _check_arch("qk_l2norm", _arch)
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise _kjit.InvalidArgument(
+            f"qk_l2norm: eps = {eps!r} is a {type(eps).__name__}; accepted: a finite number >= 0")
     if q_out is None:
         q_out = _empty(q, tuple(q.shape))
     if k is not None and k_out is None:

@@ -830,3 +830,5 @@ def test_plan_call_qk_l2norm_and_its_errors():
         kjit.plan_call("qk_l2norm", np.zeros((4, 2, 100), np.float32), arch="sm_90")
     with pytest.raises(kjit.InvalidArgument, match="eps"):
         kjit.plan_call("qk_l2norm", q, eps=-1.0, arch="sm_90")
+    with pytest.raises(kjit.InvalidArgument, match="eps = 'x' is a str"):
+        kjit.plan_call("qk_l2norm", q, eps="x", arch="sm_90")
