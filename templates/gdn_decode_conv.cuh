@@ -18,8 +18,11 @@
 // state become two.
 // Phase 2 (each warp, state rows strided by the warps): q and k norms and k.q per warp from
 // shared memory, then per state row H.k and H.q (warp sums), u = beta (v - alpha H.k), the new
-// row alpha H + u k and out = alpha H.q + u k.q, kRows rows' loads issued before their
-// arithmetic. A padding row writes zeros to its G V outputs and touches neither pool.
+// row alpha H + u k and out = alpha H.q + u k.q. The state moves in kStateVec-element vectors
+// (one 16-byte access per lane and row for an f32 state at K = 128), in two register sets of
+// kRows rows: the next set's loads are issued before the current set's reductions, so a warp's
+// loads stay in flight while it computes. A padding row writes zeros to its G V outputs and
+// touches neither pool.
 #pragma once
 
 #include "kjit/common/gdn_math.cuh"
@@ -34,6 +37,83 @@ __device__ __forceinline__ bool invalid_slot(long long slot, long long num_slots
   return below || slot >= num_slots;
 }
 
+/// Overloads by element type (no <type_traits> under NVRTC).
+template <typename T>
+struct Tag {};
+
+/// An element's bits (a 16-bit type's in the low half) as f32, and f32 rounded to T as bits.
+__device__ __forceinline__ float bits_to_f32(u32 bits, Tag<float>) { return __uint_as_float(bits); }
+__device__ __forceinline__ float bits_to_f32(u32 bits, Tag<__nv_bfloat16>) {
+  return __uint_as_float(bits << 16);
+}
+__device__ __forceinline__ float bits_to_f32(u32 bits, Tag<__half>) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+}
+__device__ __forceinline__ u32 f32_to_bits(float x, Tag<float>) { return __float_as_uint(x); }
+__device__ __forceinline__ u32 f32_to_bits(float x, Tag<__nv_bfloat16>) {
+  return __bfloat16_as_ushort(gdn::from_f32<__nv_bfloat16>(x));
+}
+__device__ __forceinline__ u32 f32_to_bits(float x, Tag<__half>) {
+  return __half_as_ushort(gdn::from_f32<__half>(x));
+}
+
+/// kVec state elements at `src` (aligned to their size, 4..16 bytes, or one element) as f32, in
+/// one load instruction: the state is most of the bytes a step moves, and scalar accesses
+/// issue a load per element.
+template <typename T, int kVec>
+__device__ __forceinline__ void load_state_vec(const T* src, float (&dst)[kVec]) {
+  constexpr int kBytes = kVec * static_cast<int>(sizeof(T));
+  if constexpr (kVec == 1) {
+    dst[0] = gdn::to_f32(*src);
+  } else {
+    static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "4-, 8- or 16-byte vectors");
+    u32 w[kBytes / 4];
+    if constexpr (kBytes == 16) {
+      const uint4 x = *reinterpret_cast<const uint4*>(src);
+      w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
+    } else if constexpr (kBytes == 8) {
+      const uint2 x = *reinterpret_cast<const uint2*>(src);
+      w[0] = x.x, w[1] = x.y;
+    } else {
+      w[0] = *reinterpret_cast<const u32*>(src);
+    }
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      if constexpr (sizeof(T) == 4) {
+        dst[i] = bits_to_f32(w[i], Tag<T>{});
+      } else {
+        dst[i] = bits_to_f32((w[i / 2] >> (16 * (i % 2))) & 0xffffu, Tag<T>{});
+      }
+    }
+  }
+}
+
+/// The inverse of load_state_vec: kVec floats rounded to T, stored in one instruction.
+template <typename T, int kVec>
+__device__ __forceinline__ void store_state_vec(T* dst, const float (&src)[kVec]) {
+  constexpr int kBytes = kVec * static_cast<int>(sizeof(T));
+  if constexpr (kVec == 1) {
+    *dst = gdn::from_f32<T>(src[0]);
+  } else {
+    u32 w[kBytes / 4];
+#pragma unroll
+    for (int i = 0; i < kBytes / 4; ++i) {
+      if constexpr (sizeof(T) == 4) {
+        w[i] = f32_to_bits(src[i], Tag<T>{});
+      } else {
+        w[i] = f32_to_bits(src[2 * i], Tag<T>{}) | (f32_to_bits(src[2 * i + 1], Tag<T>{}) << 16);
+      }
+    }
+    if constexpr (kBytes == 16) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else if constexpr (kBytes == 8) {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+    } else {
+      *reinterpret_cast<u32*>(dst) = w[0];
+    }
+  }
+}
+
 }  // namespace gdn_decode_conv_detail
 
 /// The body of gdn_decode_conv_kernel for block blockIdx.x = n * H + h, with `smem` the block's
@@ -42,14 +122,22 @@ __device__ __forceinline__ bool invalid_slot(long long slot, long long num_slots
 /// own.
 template <typename QkvT, typename GateT, typename ALogT, typename DtBiasT, typename StateT,
           typename OutT, typename IndexT, typename WeightT, typename ConvT, int kK, int kV,
-          int kWidth, int kWarps, bool kGated, bool kL2Norm, int kInvalidRule, bool kSilu>
+          int kWidth, int kWarps, bool kGated, bool kL2Norm, int kInvalidRule, bool kSilu,
+          int kStateVec>
 __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams& p, float* smem) {
   static_assert(kK % 16 == 0 && kK >= 16 && kK <= 256, "K: a multiple of 16 in 16..256");
   static_assert(kV % 16 == 0 && kV >= 16 && kV <= 256, "V: a multiple of 16 in 16..256");
   static_assert(kWidth >= 2 && kWidth <= 8, "conv width in 2..8");
   static_assert(kWarps >= 1 && kWarps <= 32, "1..32 warps");
-  constexpr int kPer = (kK + 31) / 32;      // q/k/state elements per lane (k = lane + 32 e)
-  constexpr int kRows = kK <= 128 ? 4 : 2;  // state rows whose loads a warp issues at once
+  static_assert(kStateVec == 1 || kK % (32 * kStateVec) == 0,
+                "state vectors: a warp covers 32 x kStateVec columns of a row per access");
+  // q/k/state elements per lane: element i = e kStateVec + j is column
+  // 32 kStateVec e + kStateVec lane + j (so each access is one kStateVec vector per lane).
+  constexpr int kPer = (kK + 31) / 32;
+  constexpr int kAccesses = kPer / kStateVec;
+  // State rows per register set (two sets: 2 kRows rows in flight per warp); K = 256 holds one
+  // (64 registers a thread in 32-warp blocks).
+  constexpr int kRows = kK <= 128 ? 4 : 1;
 
   const u32 group = p.heads_per_group;
   const u64 block = blockIdx.x;
@@ -123,19 +211,30 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
   const int warp = tid >> 5;
   StateT* state =
       static_cast<StateT*>(p.state) + slot * p.state_slot_stride + static_cast<i64>(h) * rows * kK;
-  float x[kRows][kPer];
-  const auto load_rows = [&](int base) {
+  const auto state_col = [&](int e) { return 32 * kStateVec * e + kStateVec * lane; };
+  // Two register sets of kRows rows: the loads of the next pass are issued before the current
+  // pass's reductions, so a warp always has state loads in flight.
+  float xa[kRows][kPer], xb[kRows][kPer];
+  const auto load_rows = [&](float(&x)[kRows][kPer], int base) {
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
       const int r = base + i * kWarps + warp;
 #pragma unroll
-      for (int e = 0; e < kPer; ++e) {
-        const int col = lane + 32 * e;
-        x[i][e] = r < rows && col < kK ? gdn::to_f32(state[static_cast<i64>(r) * kK + col]) : 0.0f;
+      for (int e = 0; e < kAccesses; ++e) {
+        float v[kStateVec];
+        if (r < rows && state_col(e) < kK) {
+          gdn_decode_conv_detail::load_state_vec<StateT, kStateVec>(
+              state + static_cast<i64>(r) * kK + state_col(e), v);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kStateVec; ++j) v[j] = 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < kStateVec; ++j) x[i][e * kStateVec + j] = v[j];
       }
     }
   };
-  load_rows(0);
+  load_rows(xa, 0);
 
   // Phase 1, the history: the conv output of the group's channels and their new pool columns.
   ConvT* pool = static_cast<ConvT*>(p.conv_state) + slot * p.conv_slot_stride;
@@ -166,7 +265,7 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
   float q_sq = 0.0f, k_sq = 0.0f;
 #pragma unroll
   for (int e = 0; e < kPer; ++e) {
-    const int i = lane + 32 * e;
+    const int i = state_col(e / kStateVec) + e % kStateVec;
     q[e] = i < kK ? q_s[i] : 0.0f;
     k[e] = i < kK ? k_s[i] : 0.0f;
     q_sq += q[e] * q[e];
@@ -189,8 +288,7 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
 
   // Block-uniform trip counts: every warp runs the same shuffles (rows past the group's are
   // zeros and stored nowhere), which also keeps the host emulation's block-wide exchanges in step.
-  for (int base = 0; base < rows; base += kWarps * kRows) {
-    if (base > 0) load_rows(base);
+  const auto update_rows = [&](const float(&x)[kRows][kPer], int base) {
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
       const int r = base + i * kWarps + warp;
@@ -207,25 +305,39 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
       const float alpha = alpha_s[head];
       const float u = beta_s[head] * (v_s[r] - alpha * dk);
 #pragma unroll
-      for (int e = 0; e < kPer; ++e) {
-        const int col = lane + 32 * e;
-        if (col < kK) {
-          state[static_cast<i64>(r) * kK + col] = gdn::from_f32<StateT>(alpha * x[i][e] + u * k[e]);
+      for (int e = 0; e < kAccesses; ++e) {
+        if (state_col(e) < kK) {
+          float nv[kStateVec];
+#pragma unroll
+          for (int j = 0; j < kStateVec; ++j) {
+            nv[j] = alpha * x[i][e * kStateVec + j] + u * k[e * kStateVec + j];
+          }
+          gdn_decode_conv_detail::store_state_vec<StateT, kStateVec>(
+              state + static_cast<i64>(r) * kK + state_col(e), nv);
         }
       }
       if (lane == 0) out[r] = gdn::from_f32<OutT>(alpha * dq + u * kq);
     }
+  };
+  constexpr int kStep = kWarps * kRows;
+  for (int base = 0; base < rows; base += 2 * kStep) {
+    if (base + kStep < rows) load_rows(xb, base + kStep);
+    update_rows(xa, base);
+    if (base + kStep >= rows) break;
+    if (base + 2 * kStep < rows) load_rows(xa, base + 2 * kStep);
+    update_rows(xb, base + kStep);
   }
 }
 
 template <typename QkvT, typename GateT, typename ALogT, typename DtBiasT, typename StateT,
           typename OutT, typename IndexT, typename WeightT, typename ConvT, int kK, int kV,
-          int kWidth, int kWarps, bool kGated, bool kL2Norm, int kInvalidRule, bool kSilu>
+          int kWidth, int kWarps, bool kGated, bool kL2Norm, int kInvalidRule, bool kSilu,
+          int kStateVec>
 __global__ void __launch_bounds__(kWarps * 32) gdn_decode_conv_kernel(GdnDecodeConvParams p) {
   extern __shared__ __align__(16) float gdn_decode_conv_smem[];
   gdn_decode_conv_block<QkvT, GateT, ALogT, DtBiasT, StateT, OutT, IndexT, WeightT, ConvT, kK, kV,
-                        kWidth, kWarps, kGated, kL2Norm, kInvalidRule, kSilu>(p,
-                                                                              gdn_decode_conv_smem);
+                        kWidth, kWarps, kGated, kL2Norm, kInvalidRule, kSilu, kStateVec>(
+      p, gdn_decode_conv_smem);
 }
 
 }  // namespace kjit

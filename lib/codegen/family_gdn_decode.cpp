@@ -298,13 +298,19 @@ FamilyDecl gdn_decode_conv_family() {
               invalid_rule_param(),
               ParamDecl{
                   .name = "silu", .kind = ParamKind::boolean, .doc = "1: SiLU on the conv output"},
+              ParamDecl{.name = "state_vec",
+                        .kind = ParamKind::integer,
+                        .min = 1,
+                        .max = 8,
+                        .doc = "state elements per lane and access (one 4- to 16-byte vector, or "
+                               "1: scalar)"},
           },
       .min_sm = 80,
       .doc =
           "Gated DeltaNet fused decode step: causal conv update of mixed_qkv (both pools in "
           "place) and the delta rule in one launch",
       // What the planner emits for Qwen3-Next at small B: 32 warps, W = 4, SiLU.
-      .typical = {{"width", "4"}, {"warps", "32"}, {"silu", "1"}},
+      .typical = {{"width", "4"}, {"warps", "32"}, {"silu", "1"}, {"state_vec", "4"}},
   };
 }
 

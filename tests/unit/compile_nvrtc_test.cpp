@@ -320,23 +320,24 @@ TEST_CASE("gdn_decode_conv (the fused decode step) compiles for every shipped ta
   const std::string base =
       "gdn_decode_conv:qkv={0},gate={1},a_log=f32,dt_bias={0},state={2},out={0},index=i32,"
       "weight={3},conv_state={3},k={4},v={5},width={6},warps={7},gated={8},l2norm=1,"
-      "invalid=negative,silu={9}@{10}";
+      "invalid=negative,silu={9},state_vec={11}@{10}";
   struct Shape {
     const char *qkv, *gate, *state, *weight;
-    int k, v, width, warps, gated, silu;
+    int k, v, width, warps, gated, silu, state_vec;
   };
   const Shape shapes[] = {
-      {"bf16", "bf16", "f32", "bf16", 128, 128, 4, 32, 0, 1},
-      {"bf16", "bf16", "f32", "bf16", 128, 128, 4, 8, 0, 1},
-      {"f16", "f16", "bf16", "f32", 256, 64, 8, 32, 0, 1},
-      {"f32", "f32", "f32", "f32", 16, 256, 2, 8, 1, 0},
+      {"bf16", "bf16", "f32", "bf16", 128, 128, 4, 32, 0, 1, 4},
+      {"bf16", "bf16", "f32", "bf16", 128, 128, 4, 8, 0, 1, 4},
+      {"f16", "f16", "bf16", "f32", 256, 64, 8, 32, 0, 1, 8},
+      {"f32", "f32", "f32", "f32", 16, 256, 2, 8, 1, 0, 1},
+      {"bf16", "bf16", "bf16", "bf16", 128, 128, 4, 8, 0, 1, 4},
   };
   std::vector<KernelSpec> specs;
   for (const char* arch : {"sm_80", "sm_90", "sm_100a"}) {
     for (const Shape& s : shapes) {
-      specs.push_back(
-          KernelSpec::parse(fmt::format(fmt::runtime(base), s.qkv, s.gate, s.state, s.weight, s.k,
-                                        s.v, s.width, s.warps, s.gated, s.silu, arch)));
+      specs.push_back(KernelSpec::parse(fmt::format(fmt::runtime(base), s.qkv, s.gate, s.state,
+                                                    s.weight, s.k, s.v, s.width, s.warps, s.gated,
+                                                    s.silu, arch, s.state_vec)));
     }
   }
   std::vector<std::string> errors;

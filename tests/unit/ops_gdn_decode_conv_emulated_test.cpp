@@ -47,10 +47,11 @@ std::vector<float> emulated_smem;
 
 template <typename QkvT, typename GateT, typename StateT, typename OutT, typename WeightT,
           typename ConvT, int kK, int kV, int kWidth, int kWarps, bool kGated, int kRule,
-          bool kSilu>
+          bool kSilu, int kStateVec>
 void emulated_conv_kernel(GdnDecodeConvParams p) {
   gdn_decode_conv_block<QkvT, GateT, float, float, StateT, OutT, int, WeightT, ConvT, kK, kV,
-                        kWidth, kWarps, kGated, true, kRule, kSilu>(p, emulated_smem.data());
+                        kWidth, kWarps, kGated, true, kRule, kSilu, kStateVec>(
+      p, emulated_smem.data());
 }
 
 struct Case {
@@ -204,9 +205,9 @@ TEST_CASE("gdn_decode fused conv emulated: bf16 inputs and conv pool, f32 state,
   run(c,
       "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=f32,state=f32,out=bf16,index=i32,"
       "weight=bf16,conv_state=bf16,k=32,v=32,width=4,warps=8,gated=0,l2norm=1,invalid=negative,"
-      "silu=1@sm_90",
+      "silu=1,state_vec=1@sm_90",
       &emulated_conv_kernel<__nv_bfloat16, __nv_bfloat16, float, __nv_bfloat16, __nv_bfloat16,
-                            __nv_bfloat16, 32, 32, 4, 8, false, kGdnInvalidNegative, true>);
+                            __nv_bfloat16, 32, 32, 4, 8, false, kGdnInvalidNegative, true, 1>);
 }
 
 TEST_CASE("gdn_decode fused conv emulated: f32, gated, nonpositive, no bias, no SiLU, W = 2") {
@@ -226,9 +227,9 @@ TEST_CASE("gdn_decode fused conv emulated: f32, gated, nonpositive, no bias, no 
   run(c,
       "gdn_decode_conv:qkv=f32,gate=f32,a_log=f32,dt_bias=f32,state=f32,out=f32,index=i32,"
       "weight=f32,conv_state=f32,k=16,v=16,width=2,warps=32,gated=1,l2norm=1,"
-      "invalid=nonpositive,silu=0@sm_90",
+      "invalid=nonpositive,silu=0,state_vec=1@sm_90",
       &emulated_conv_kernel<float, float, float, float, float, float, 16, 16, 2, 32, true,
-                            kGdnInvalidNonpositive, false>);
+                            kGdnInvalidNonpositive, false, 1>);
 }
 
 TEST_CASE("gdn_decode fused conv emulated: f16 state, f32 weights, channel-major pool, L > W-1") {
@@ -246,9 +247,25 @@ TEST_CASE("gdn_decode fused conv emulated: f16 state, f32 weights, channel-major
   run(c,
       "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=f32,state=f16,out=bf16,index=i32,"
       "weight=f32,conv_state=f32,k=64,v=16,width=4,warps=8,gated=0,l2norm=1,invalid=negative,"
-      "silu=1@sm_90",
+      "silu=1,state_vec=2@sm_90",
       &emulated_conv_kernel<__nv_bfloat16, __nv_bfloat16, __half, __nv_bfloat16, float, float, 64,
-                            16, 4, 8, false, kGdnInvalidNegative, true>);
+                            16, 4, 8, false, kGdnInvalidNegative, true, 2>);
+}
+
+TEST_CASE("gdn_decode fused conv emulated: f32 state in 16-byte vectors over three passes") {
+  Case c;
+  c.k = 128;  // 32 lanes x 4 floats: one float4 per lane and row
+  c.v = 16;
+  c.heads = 1;
+  c.value_heads = 5;  // 80 rows over 8 warps of 4 rows: both register sets, then the first again
+  c.batch = 4;
+  c.sm_count = 1;  // 4 blocks >= 4 per SM: 8 warps
+  run(c,
+      "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=f32,state=f32,out=bf16,index=i32,"
+      "weight=bf16,conv_state=bf16,k=128,v=16,width=4,warps=8,gated=0,l2norm=1,invalid=negative,"
+      "silu=1,state_vec=4@sm_90",
+      &emulated_conv_kernel<__nv_bfloat16, __nv_bfloat16, float, __nv_bfloat16, __nv_bfloat16,
+                            __nv_bfloat16, 128, 16, 4, 8, false, kGdnInvalidNegative, true, 4>);
 }
 
 }  // namespace

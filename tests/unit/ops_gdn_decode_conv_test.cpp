@@ -87,7 +87,7 @@ TEST_CASE("gdn_decode fused conv plan: one gdn_decode_conv launch per (row, q/k 
   CHECK(plan(w, conv_options(w), h200).launches[0].spec.str() ==
         "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=bf16,state=f32,out=bf16,index=i32,"
         "weight=bf16,conv_state=bf16,k=128,v=128,width=4,warps=32,gated=0,l2norm=1,"
-        "invalid=negative,silu=1@sm_90");
+        "invalid=negative,silu=1,state_vec=4@sm_90");
   // Without the option the plain step's plan (and spec) is untouched.
   CHECK(plan(w, {}, h200).launches.back().spec.family == "gdn_decode");
 }
@@ -129,7 +129,7 @@ TEST_CASE("gdn_decode fused conv in the op catalog: kjit plan and manifests reac
   CHECK(p.launches[0].spec.str() ==
         "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=bf16,state=f32,out=bf16,index=i32,"
         "weight=bf16,conv_state=bf16,k=128,v=128,width=4,warps=32,gated=0,l2norm=1,"
-        "invalid=negative,silu=1@sm_90");
+        "invalid=negative,silu=1,state_vec=4@sm_90");
   ShapeValues gated = values;
   gated["gated"] = "1";
   gated["silu"] = "0";

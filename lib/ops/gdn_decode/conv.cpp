@@ -166,12 +166,31 @@ Planned<ConvChoice> ConvFamily::plan(const ConvProblem& cp, const DeviceLimits& 
                         "its {} state rows over as many warps as it holds",
                         warps, blocks, kManyBlocksPerSm, sms, rows));
 
+  // State vectors: the widest access (<= 16 bytes) the pool's alignment allows such that a warp's
+  // 32 vectors tile whole rows of K.
+  int state_vec = 1;
+  const int state_bytes = static_cast<int>(size_of(p.state));
+  for (int vec : {8, 4, 2}) {
+    if (vec * state_bytes <= p.vec_bytes && vec * state_bytes >= 4 && p.k % (32 * vec) == 0) {
+      state_vec = vec;
+      break;
+    }
+  }
+  plan.reasons.push_back(
+      state_vec > 1
+          ? fmt::format("state accessed {} elements ({} bytes) per lane and instruction", state_vec,
+                        state_vec * state_bytes)
+          : fmt::format("state accessed one element per lane and instruction: K = {} is not a "
+                        "multiple of 32 vectors of >= 4 bytes, or the pool is aligned to {} bytes",
+                        p.k, p.vec_bytes));
+
   std::vector<std::pair<std::string, std::string>> spec_params = step_spec_params(p);
   spec_params.insert(spec_params.end(), {{"weight", std::string(to_string(cp.weight))},
                                          {"conv_state", std::string(to_string(cp.conv_state))},
                                          {"width", std::to_string(cp.width)},
                                          {"warps", std::to_string(warps)},
-                                         {"silu", cp.silu ? "1" : "0"}});
+                                         {"silu", cp.silu ? "1" : "0"},
+                                         {"state_vec", std::to_string(state_vec)}});
   KernelSpec spec = KernelSpec::make("gdn_decode_conv", std::move(spec_params), device.arch);
   LaunchShape shape;
   shape.block = Dim3{static_cast<std::uint32_t>(warps * 32), 1, 1};
