@@ -177,7 +177,7 @@ kjit::Plan plan_of(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOpti
 
 /// The chunk kernel (kernel 1 of the chunked path) alone, launched through the runtime from the
 /// plan gdn_prefill would run, to split the call's time between its two kernels. The parameter
-/// block is packed as lib/ops/gdn_prefill.cpp does for this bench's contiguous inputs.
+/// block is packed as lib/ops/gdn_prefill/launch.cpp does for this bench's contiguous inputs.
 // GPU us of one of the chunked path's two kernels launched alone (launch 0: the chunk kernel;
 // 1: the state kernel, after one chunk-kernel launch filled the workspace). 0 on the fused path.
 double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOptions& options,

@@ -15,11 +15,6 @@ FamilyDecl gdn_decode_family();
 FamilyDecl gdn_decode_order_family();
 FamilyDecl gdn_decode_conv_family();
 FamilyDecl bench_family();
-FamilyDecl gdn_prefill_family();
-FamilyDecl gdn_prefill_chunk_family();
-FamilyDecl gdn_prefill_state_family();
-FamilyDecl gdn_prefill_state_cp_family();
-FamilyDecl gdn_prefill_cp_scan_family();
 FamilyDecl causal_conv1d_family();
 
 }  // namespace kjit::codegen

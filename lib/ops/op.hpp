@@ -15,6 +15,19 @@
 //                                           the by-value parameter block of every launch.
 //   bool launches_nothing(Problem)          a call that touches no device (empty problems).
 //
+// and optionally:
+//
+//   Problem memo_problem(Problem, limits)   the memo key of a call on a device, when the plans
+//                                           of many problems are one (gdn_prefill: its plans
+//                                           depend on the token count only through a decision
+//                                           that needs the device, so the key holds that
+//                                           decision instead of T); a miss plans the call's own
+//                                           problem. Without it the key is the problem.
+//   std::string workspace_hint(bytes)       what a failed workspace allocation's message adds
+//                                           (in place of run()'s workspace_hint argument).
+//
+// Every launch of a plan takes the same parameter block.
+//
 // run<Family>() does the rest, the same way for every family: picks the runtime and the
 // device, looks the plan up in the memo (planning and resolving it on a miss), obtains the
 // workspace from the runtime (stream-ordered, also under graph capture) and launches.
@@ -26,6 +39,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -100,7 +114,10 @@ void run(const Args& args, const typename Family::Problem& problem, Target targe
   if (Family::launches_nothing(problem)) return;
   Runtime& runtime = target.runtime != nullptr ? *target.runtime : Runtime::global();
   const int device = runtime.device_of(stream, target.device);
-  const MemoKey<Problem> key{family_tag(Family::kName), device, problem};
+  MemoKey<Problem> key{family_tag(Family::kName), device, problem};
+  if constexpr (requires { Family::memo_problem(problem, runtime.device_limits(device)); }) {
+    key.problem = Family::memo_problem(problem, runtime.device_limits(device));
+  }
   const Runtime::ResolvedPlan& resolved = runtime.memoized(key, stream, [&] {
     Planned<Choice> planned = Family::plan(problem, runtime.device_limits(device));
     return Runtime::PlannedOn{std::move(planned.plan), device,
@@ -115,9 +132,12 @@ void run(const Args& args, const typename Family::Problem& problem, Target targe
     try {
       workspace = runtime.workspace(resolved, bytes, stream, Family::kName);
     } catch (const DriverError& error) {
-      if (workspace_hint.empty()) throw;
-      throw DriverError(fmt::format("{}; {}", error.what(), workspace_hint), error.result(),
-                        error.call());
+      std::string hint(workspace_hint);
+      if constexpr (requires { Family::workspace_hint(bytes); }) {
+        hint = Family::workspace_hint(bytes);
+      }
+      if (hint.empty()) throw;
+      throw DriverError(fmt::format("{}; {}", error.what(), hint), error.result(), error.call());
     }
   }
   const auto params = Family::params(args, problem, choice, workspace.data());

@@ -1,0 +1,665 @@
+// SPDX-License-Identifier: Apache-2.0
+// gdn_prefill's planner: the path (fused, chunked, context-parallel), the value tile, the
+// launches of each path and their specs. Pure: a function of the Problem and the device.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "codegen/families.hpp"
+#include "kjit/error.hpp"
+#include "kjit/spec.hpp"
+#include "ops/gdn_prefill/family.hpp"
+
+namespace kjit::ops::prefill {
+namespace {
+
+// What the planner decided and why: the typed Choice's values (chunked: the two-kernel path,
+// else the fused kernel; cp_chunks > 0: its context-parallel variant) and the plan's reasons.
+struct Decision {
+  bool chunked = false;
+  int bv = 0;
+  bool wgmma = false;
+  std::int64_t cp_chunks = 0;
+  int cp_stages = 2;
+  std::vector<std::string> reasons;
+};
+
+// `forced_bv`: the value tile options.force_mode names (0: the planner's).
+Decision choose_tile(const Problem& pr, int forced_bv, const DeviceLimits& device) {
+  Decision choice;
+  if (forced_bv != 0) {
+    // (parse_mode checked that the tile is one of value_tiles.)
+    choice.bv = forced_bv;
+    choice.reasons.push_back(fmt::format("value tile {} forced by options.force_mode", forced_bv));
+    return choice;
+  }
+  std::vector<int> tiles = value_tiles(pr.k, pr.v);
+  // A tile whose shared memory the device cannot give one block is no choice at all (sm_86 and
+  // sm_89 opt in to 99 KiB: bv64 at K = 128 needs 105.5 KiB there). Forced tiles are left to
+  // the launch check, which names the limit.
+  std::erase_if(tiles, [&](int bv) {
+    const std::int64_t smem = gdn_prefill_smem(static_cast<int>(pr.k), bv).total;
+    if (smem <= device.max_smem_per_block_optin) return false;
+    choice.reasons.push_back(
+        fmt::format("value tile {} rejected: {} bytes of shared memory > {} per block on {}", bv,
+                    smem, device.max_smem_per_block_optin, device.name));
+    return true;
+  });
+  if (tiles.empty()) {
+    throw PlanError(fmt::format(
+        "{}: no value tile fits the {} bytes of shared memory a block may use on {} (K = {}, "
+        "V = {})",
+        kOp, device.max_smem_per_block_optin, device.name, pr.k, pr.v));
+  }
+  // Blocks are (sequence, value head, value tile); each walks its sequence's chunks. A smaller
+  // tile recomputes the chunk's A, T and P once more per extra tile but multiplies the blocks:
+  // take the largest tile that still gives two blocks per SM, never below 32.
+  const std::int64_t want = 2 * std::int64_t{device.sm_count};
+  for (int bv : tiles) {
+    const std::int64_t blocks = pr.seqs * pr.value_heads * (pr.v / bv);
+    if (blocks >= want || bv == 32 || bv == tiles.back()) {
+      choice.bv = bv;
+      choice.reasons.push_back(fmt::format(
+          "value tile {}: {} blocks ({} sequences x {} value heads x {} tiles){}", bv, blocks,
+          pr.seqs, pr.value_heads, pr.v / bv,
+          blocks >= want ? fmt::format(" >= 2 per SM ({})", want)
+                         : fmt::format(" < 2 per SM ({}); smaller tiles are not worth the "
+                                       "recompute",
+                                       want)));
+      return choice;
+    }
+    choice.reasons.push_back(
+        fmt::format("value tile {} rejected: {} blocks < 2 per SM ({})", bv, blocks, want));
+  }
+  fail("no value tile fits");  // unreachable: 16 divides every accepted V
+}
+
+// The path and, on the chunked path, the state kernel's value tile. The chunked path takes the
+// chunk-local work (A, its inverse, P, the decays) off the sequential path; it needs bf16
+// inputs, 16-byte v rows and the shared memory of both kernels. `forced_chunked`: a chunked
+// mode (forced_bv: its tile, 0: the planner's); `shown`: the mode as the caller spelled it, for
+// messages.
+Decision choose_path(const Problem& pr, bool forced_chunked, int forced_bv,
+                     const DeviceLimits& device, std::string_view shown) {
+  const auto smem_of = [&](int bv) {
+    return std::int64_t{gdn_prefill_state_smem(static_cast<int>(pr.k), bv).total};
+  };
+  const std::int64_t chunk_smem = gdn_prefill_chunk_smem(static_cast<int>(pr.k)).total;
+  std::string why_not;
+  std::vector<std::string> reasons;
+  std::vector<int> tiles;
+  if (!pr.bf16) {
+    why_not = "q/k/v are f16, and the chunked path's state kernel multiplies raw bf16 rows";
+  } else if (!pr.v16) {
+    why_not =
+        "v is not 16-byte aligned with token and head strides that are multiples of 8 elements "
+        "(the chunked path copies v rows 16 bytes at a time)";
+  } else if (chunk_smem > device.max_smem_per_block_optin) {
+    why_not = fmt::format("its chunk kernel needs {} bytes of shared memory > {} per block on {}",
+                          chunk_smem, device.max_smem_per_block_optin, device.name);
+  } else {
+    // Preference, from a sweep of every tile over 16..256 (sequence, value head) pairs on the
+    // H200 (docs/performance.md, "The state kernel's value tile"): the smallest tile whose
+    // blocks still fit one wave of one block per SM, since a chain split over more SMs walks
+    // its chunks faster; 16 rows when even those fit, else 64 (32 never won); all of V in one
+    // block of 8 warps once the 64-row blocks would double up on SMs (each chunk's q, k, T' and
+    // P then cross into shared memory once per pair, not once per tile).
+    const std::int64_t pairs = pr.seqs * pr.value_heads;
+    const std::int64_t sms = device.sm_count;
+    std::vector<int> order = pairs * (pr.v / 16) <= sms   ? std::vector<int>{16, 32, 64}
+                             : pairs * (pr.v / 64) <= sms ? std::vector<int>{64, 32, 16}
+                                                          : std::vector<int>{128, 64, 32, 16};
+    if (forced_bv != 0) order = {forced_bv};
+    for (int bv : order) {
+      if (pr.v % bv != 0 || bv * pr.k > state_tile_limit(bv)) continue;
+      if (smem_of(bv) > device.max_smem_per_block_optin) {
+        reasons.push_back(fmt::format(
+            "chunked value tile {} rejected: {} bytes of shared memory > {} per block on {}", bv,
+            smem_of(bv), device.max_smem_per_block_optin, device.name));
+        continue;
+      }
+      tiles.push_back(bv);
+    }
+    if (tiles.empty()) why_not = "no value tile of its state kernel fits the shared memory";
+  }
+  if (!why_not.empty()) {
+    if (forced_chunked) {
+      throw PlanError(fmt::format("{}: options.force_mode '{}': the chunked path cannot run: {}",
+                                  kOp, shown, why_not));
+    }
+    Decision fused = choose_tile(pr, 0, device);
+    fused.reasons.insert(
+        fused.reasons.begin(),
+        fmt::format("fused single-kernel path: the chunked path is out, {}", why_not));
+    return fused;
+  }
+  Decision choice;
+  choice.chunked = true;
+  choice.bv = tiles.front();
+  choice.reasons = std::move(reasons);
+  choice.reasons.insert(
+      choice.reasons.begin(),
+      fmt::format("chunked path{}: kernel 1 computes every chunk's T' = (I + A)^-1 diag(beta), "
+                  "P and decay scales at once; kernel 2 walks each sequence's chunks with only "
+                  "the state-dependent products on the sequential path",
+                  forced_chunked ? " (forced by options.force_mode)" : ""));
+  choice.reasons.push_back(fmt::format(
+      "state kernel value tile {}{}: {} blocks ({} sequences x {} value heads x {} tiles), {} "
+      "bytes of shared memory each",
+      choice.bv,
+      forced_bv != 0 ? " (forced)"
+      : choice.bv == 128 && pr.seqs * pr.value_heads * (pr.v / 64) > device.sm_count
+          ? fmt::format(" (all of V: the 64-row blocks of {} pairs would not fit {} SMs one each)",
+                        pr.seqs * pr.value_heads, device.sm_count)
+          : std::string(),
+      pr.seqs * pr.value_heads * (pr.v / choice.bv), pr.seqs, pr.value_heads, pr.v / choice.bv,
+      smem_of(choice.bv)));
+  return choice;
+}
+
+// The context-parallel path (few long sequences). A sequence's chunks are cut into segments of
+// L chunks; the state recurrence is affine in the state, so segment s's end state is X_s M_s +
+// B_s with M_s [K, K] its end state from the identity (v = 0) and B_s its end state from zero.
+// A segment pass computes M_s, B_s of the middle segments in parallel (and segment 0 exactly), a
+// scan walks X_{s+1} = X_s M_s + B_s per sequence in f32, and a resume pass reruns segments 1 ..
+// S - 1 from their exact X_s with outputs. Exact (no state is assumed), at about 2.2x the state
+// kernel's work, in exchange for parallelism: it pays when the (sequence, value head) pairs
+// leave most SMs idle.
+struct CpDecision {
+  std::int64_t chunks = 0;  // L; 0: not taken
+  int bv = 0;
+  int stages = 2;
+  std::string reason;   // why taken (chunks > 0)
+  std::string why_not;  // why not (an empty string with chunks == 0: not considered)
+};
+
+// The state rows per block of the context-parallel passes: the widest wide tile that divides K
+// and V and whose shared memory a block may have (0: none).
+int cp_tile(const Problem& pr, const DeviceLimits& device) {
+  for (int bv : {128, 64}) {
+    if (pr.k % bv != 0 || pr.v % bv != 0 || bv * pr.k > state_tile_limit(bv)) continue;
+    if (gdn_prefill_state_smem(static_cast<int>(pr.k), bv).total <=
+        device.max_smem_per_block_optin) {
+      return bv;
+    }
+  }
+  return 0;
+}
+
+// `forced_chunks`: L from the mode (0: the planner's). `user_workspace`: bytes of the caller's
+// options.workspace (-1: kjit allocates it). The rule, from the H200 (docs/performance.md):
+// the sequential state kernel takes (longest sequence) x t per chunk; the context-parallel
+// passes about 2.2 x (all chunks x HV x V / bv) / SMs x t. With P (sequence, value head) pairs
+// of equal length that is a gain of SMs / (2.2 P): taken when 3 P <= SMs. L spreads the resume
+// pass over about one wave of blocks, at least kCpMinChunks so the scan stays short.
+// `explain`: format the reason texts (plans); a launch's memo key needs only the numbers.
+CpDecision decide_cp(const Problem& pr, const DeviceLimits& device, std::int64_t user_workspace,
+                     std::int64_t forced_chunks, bool forced, int forced_stages, bool explain) {
+  constexpr std::int64_t kCpMinChunks = 16;
+  CpDecision d;
+  if (pr.k > 128) {
+    if (explain)
+      d.why_not = fmt::format(
+          "context-parallel path out: K = {} > 128 (its passes use the wide state tiles)", pr.k);
+    return d;
+  }
+  d.bv = cp_tile(pr, device);
+  if (d.bv == 0) {
+    if (explain)
+      d.why_not = fmt::format(
+          "context-parallel path out: no state tile of 64 or 128 rows fits the {} bytes of shared "
+          "memory a block may use on {}",
+          device.max_smem_per_block_optin, device.name);
+    return d;
+  }
+  const std::int64_t tiles = pr.v / d.bv;
+  const std::int64_t pairs = pr.seqs * pr.value_heads;
+  const std::int64_t work = pr.tokens / kGdnPrefillChunk * pr.value_heads * tiles;
+  std::int64_t chunks = forced_chunks;
+  if (chunks == 0) {
+    chunks = std::max<std::int64_t>(kCpMinChunks, (work + device.sm_count - 1) / device.sm_count);
+  }
+  if (!forced) {
+    if (3 * pairs > std::int64_t{device.sm_count}) {
+      if (explain)
+        d.why_not = fmt::format(
+            "no context-parallel path: {} (sequence, value head) pairs, 3 x {} > {} SMs (it does "
+            "~2.2x the state work; it pays when the pairs leave most SMs idle)",
+            pairs, pairs, device.sm_count);
+      return d;
+    }
+    if (pr.tokens < 3 * kGdnPrefillChunk * chunks * pr.seqs) {
+      if (explain)
+        d.why_not = fmt::format(
+            "no context-parallel path: {} tokens over {} sequences are fewer than 3 segments of {} "
+            "chunks each",
+            pr.tokens, pr.seqs, chunks);
+      return d;
+    }
+  }
+  const std::int64_t need = cp_workspace_bytes(pr, chunks);
+  if (user_workspace >= 0 && user_workspace < need) {
+    if (explain)
+      d.why_not = fmt::format(
+          "{}context-parallel path: options.workspace holds {} bytes, it needs {} (segments of {} "
+          "chunks)",
+          forced ? "" : "no ", user_workspace, need, chunks);
+    return d;
+  }
+  const std::int64_t segments = cp_segments(pr, chunks);
+  const std::int64_t resume_blocks = segments * pr.value_heads * tiles;
+  if (resume_blocks + segments * pr.value_heads * (pr.k / d.bv) >
+      std::int64_t{device.max_grid_dim[0]}) {
+    if (explain)
+      d.why_not =
+          fmt::format("context-parallel path out: {} segment ids x {} value heads exceed grid x",
+                      segments, pr.value_heads);
+    return d;
+  }
+  // Two input stages unless forced: a third (where the shared memory holds it) was no faster on
+  // the H200 (docs/performance.md, "Few long sequences").
+  const auto stage_fits = [&](int stages) {
+    return gdn_prefill_state_smem(static_cast<int>(pr.k), d.bv, stages).total <=
+           device.max_smem_per_block_optin;
+  };
+  d.stages = forced_stages > 0 ? forced_stages : 2;
+  if (!stage_fits(d.stages)) {
+    if (explain)
+      d.why_not = fmt::format(
+          "context-parallel path out: {} input stages of the {}-row tile need {} bytes of shared "
+          "memory > {} per block on {}",
+          d.stages, d.bv, gdn_prefill_state_smem(static_cast<int>(pr.k), d.bv, d.stages).total,
+          device.max_smem_per_block_optin, device.name);
+    return d;
+  }
+  d.chunks = chunks;
+  if (explain)
+    d.reason = fmt::format(
+        "context-parallel state{}: segments of {} chunks ({} tokens), {} segment ids; {} "
+        "(sequence, "
+        "value head) pairs would leave {} of {} SMs idle. Segment pass: end states from zero and "
+        "the identity (the segment's linear map M) in parallel; scan: X_(s+1) = X_s M_s + B_s in "
+        "f32; resume pass: each segment from its exact initial state, value tile {}, {} input "
+        "stages",
+        forced ? " (forced by options.force_mode)" : "", chunks, chunks * kGdnPrefillChunk,
+        segments, pairs, std::max<std::int64_t>(0, device.sm_count - pairs * tiles),
+        device.sm_count, d.bv, d.stages);
+  return d;
+}
+
+// The context-parallel decision for a call: the one the plan takes (choose) and, without
+// texts, the memo key's (it depends on T and the caller's workspace, which the key does not
+// hold). chunks == 0 when not taken or not considered (only auto and the context-parallel modes
+// consider it).
+CpDecision cp_decision(const Problem& pr, const DeviceLimits& device, bool explain) {
+  if (pr.forced_kind == ModeKind::automatic) {
+    return decide_cp(pr, device, pr.user_workspace, 0, false, 0, explain);
+  }
+  if (pr.forced_kind != ModeKind::context_parallel) return {};
+  return decide_cp(pr, device, pr.user_workspace, pr.forced_cp_chunks, true, pr.forced_stages,
+                   explain);
+}
+
+// The path and tiles of a call. The state kernel's wide tiles (value tile >= 64, K <= 128) can
+// multiply on warpgroup wgmma, which reads each chunk's k, q, T' and P from shared memory once
+// per four warps instead of once per warp. It exists only in the arch-specific target sm_90a
+// (not on sm_100 and later), and on the H200 it was slower than mma.sync
+// (docs/performance.md), so it is never chosen, only asked for (a "_wgmma" mode).
+Decision choose(const Problem& pr, const DeviceLimits& device) {
+  const std::string_view force = pr.mode();
+  switch (pr.forced_kind) {
+    case ModeKind::automatic: {
+      Decision choice = choose_path(pr, false, 0, device, force);
+      if (choice.chunked) {
+        const CpDecision cp = cp_decision(pr, device, true);
+        if (cp.chunks > 0) {
+          choice.cp_chunks = cp.chunks;
+          choice.cp_stages = cp.stages;
+          choice.bv = cp.bv;
+          choice.reasons.back() = cp.reason;  // in place of the sequential state kernel's tile
+        } else {
+          choice.reasons.push_back(cp.why_not);
+        }
+      }
+      return choice;
+    }
+    case ModeKind::fused:
+      return choose_tile(pr, pr.forced_bv, device);
+    case ModeKind::context_parallel: {
+      Decision choice = choose_path(pr, true, 0, device, force);
+      const CpDecision cp = cp_decision(pr, device, true);
+      if (!cp.why_not.empty()) {
+        throw PlanError(
+            fmt::format("{}: options.force_mode '{}': the context-parallel path cannot run: {}",
+                        kOp, force, cp.why_not));
+      }
+      choice.cp_chunks = cp.chunks;
+      choice.cp_stages = cp.stages;
+      choice.bv = cp.bv;
+      choice.reasons.back() = cp.reason;  // in place of the sequential state kernel's tile
+      return choice;
+    }
+    case ModeKind::chunked:
+      break;
+  }
+  Decision choice = choose_path(pr, true, pr.forced_bv, device, force);
+  if (!pr.forced_wgmma) return choice;
+  // (A wide tile at K > 128 never gets here: state_tile_limit refuses it in parse_mode.)
+  if (!(device.arch.major == 9 && device.arch.minor == 0) || !gdn_prefill_state_wide(choice.bv)) {
+    throw PlanError(fmt::format(
+        "{}: options.force_mode '{}': warpgroup wgmma needs compute capability 9.0 (sm_90a), a "
+        "value tile of 64 or 128 and K <= 128; here {}, value tile {}, K = {}",
+        kOp, force, device.arch.str(), choice.bv, pr.k));
+  }
+  choice.wgmma = true;
+  choice.reasons.push_back(fmt::format(
+      "state kernel on warpgroup wgmma (forced by options.force_mode '{}'): compiled for sm_90a",
+      force));
+  return choice;
+}
+
+std::string checkpoint_reason(std::int64_t every) {
+  return every > 0 ? fmt::format(
+                         "state checkpoints every {} tokens ({} chunks of {}): each sequence "
+                         "writes floor(length / {}) states to options.state_checkpoints from "
+                         "row checkpoint_cu_starts[n] (kernel ckpt=1)",
+                         every, every / kGdnPrefillChunk, kGdnPrefillChunk, every)
+                   : std::string("no state checkpoints (kernel ckpt=0)");
+}
+
+// Blocks of the chunk kernel along x: a grid-stride loop covers the floor(T / 64) + N chunk ids,
+// so the launch shape (and the memoized plan) does not depend on T. About 32 blocks per SM in
+// all, whatever H is: ~10 waves of the 3 resident blocks, so the last wave's imbalance is
+// small, while blocks past the chunk count of a short call exit at once.
+std::int64_t chunk_grid_x(const Problem& pr, const DeviceLimits& device) {
+  return std::max<std::int64_t>(1, (32 * std::int64_t{device.sm_count} + pr.heads - 1) / pr.heads);
+}
+
+// Every specialization value of the three gdn_prefill families for a problem, by parameter
+// name, computed once: each family's spec (family_spec) keeps the ones it declares.
+using SpecValues = std::vector<std::pair<std::string, std::string>>;
+
+SpecValues spec_values(const Problem& pr, int bv) {
+  return {{"qkv", std::string(to_string(pr.qkv))},
+          {"gate", std::string(to_string(pr.gate))},
+          {"param", std::string(to_string(pr.param))},
+          {"state", std::string(to_string(pr.state))},
+          {"out", std::string(to_string(pr.out))},
+          {"cu", std::string(to_string(pr.cu))},
+          {"index", std::string(to_string(pr.index))},
+          {"k", std::to_string(pr.k)},
+          {"v", std::to_string(pr.v)},
+          {"bv", std::to_string(bv)},
+          {"gated", pr.gated ? "1" : "0"},
+          {"l2norm", pr.l2norm ? "1" : "0"},
+          {"ckpt", pr.checkpoint_every > 0 ? "1" : "0"},
+          {"phase", "1"},
+          {"stages", "2"},
+          // Left out of V-major specs (the families' omitted default): their text is unchanged.
+          {"state_layout", pr.k_major ? "kv" : "vk"}};
+}
+
+KernelSpec family_spec(std::string_view family, const SpecValues& values, Arch arch) {
+  SpecValues params;
+  for (const codegen::ParamDecl& decl : codegen::find_family(family).params) {
+    for (const auto& value : values) {
+      if (value.first == decl.name) params.push_back(value);
+    }
+  }
+  return KernelSpec::make(family, std::move(params), arch);
+}
+
+// The context-parallel plan: the chunk kernel, the segment pass (starting during the chunk
+// kernel's tail when each of its blocks fills an SM), the scan, the resume pass.
+Plan make_cp_plan(const Problem& pr, Plan plan, KernelSpec chunk_spec, LaunchShape chunk_shape,
+                  SpecValues values, const Decision& choice, const DeviceLimits& device) {
+  const std::int64_t segments = cp_segments(pr, choice.cp_chunks);
+  const std::int64_t v_tiles = pr.v / choice.bv, k_tiles = pr.k / choice.bv;
+  for (auto& value : values) {
+    if (value.first == "stages") value.second = std::to_string(choice.cp_stages);
+  }
+  KernelSpec segment_spec = family_spec("gdn_prefill_state_cp", values, device.arch);
+  // (A std::string built first and moved in: assigning the literal made GCC 12 at -O3 report a
+  // false -Wrestrict overlap, which failed Release builds with KJIT_WERROR.)
+  for (auto& value : values) {
+    if (value.first == "phase") value.second = std::string(1, '2');
+  }
+  KernelSpec resume_spec = family_spec("gdn_prefill_state_cp", values, device.arch);
+  KernelSpec scan_spec = family_spec("gdn_prefill_cp_scan", values, device.arch);
+  const auto state_shape = [&](std::int64_t blocks) {
+    if (blocks > device.max_grid_dim[0]) {
+      throw PlanError(fmt::format("{}: grid x is {}, a context-parallel pass needs {} blocks", kOp,
+                                  device.max_grid_dim[0], blocks));
+    }
+    LaunchShape shape;
+    shape.grid = Dim3{static_cast<std::uint32_t>(blocks), 1, 1};
+    shape.block = Dim3{static_cast<std::uint32_t>(32 * gdn_prefill_state_warps(choice.bv)), 1, 1};
+    shape.dynamic_smem =
+        gdn_prefill_state_smem(static_cast<int>(pr.k), choice.bv, choice.cp_stages).total;
+    return shape;
+  };
+  LaunchShape segment_shape = state_shape(segments * pr.value_heads * (v_tiles + k_tiles));
+  segment_shape.overlaps_previous =
+      supports_programmatic_launch(device.arch) &&
+      occupancy_blocks_per_sm(segment_shape, device, FunctionLimits{}) == 1;
+  const LaunchShape resume_shape = state_shape(segments * pr.value_heads * v_tiles);
+  const std::int64_t scan_blocks = pr.seqs * pr.value_heads * (pr.v / kGdnPrefillCpScanRows);
+  if (scan_blocks > device.max_grid_dim[0]) {
+    throw PlanError(fmt::format("{}: grid x is {}, the context-parallel scan needs {} blocks", kOp,
+                                device.max_grid_dim[0], scan_blocks));
+  }
+  LaunchShape scan_shape;
+  scan_shape.grid = Dim3{static_cast<std::uint32_t>(scan_blocks), 1, 1};
+  scan_shape.block = Dim3{kGdnPrefillCpScanThreads, 1, 1};
+  scan_shape.dynamic_smem = gdn_prefill_cp_scan_smem(static_cast<int>(pr.k));
+  plan.reasons.push_back(fmt::format(
+      "chunk kernel: {} x {} blocks; segment pass: {} blocks ({} segment ids x {} value heads x "
+      "({} state + {} identity tiles)){}; scan: {} blocks of {} rows; resume pass: {} blocks",
+      chunk_shape.grid.x, chunk_shape.grid.y, segment_shape.grid.x, segments, pr.value_heads,
+      v_tiles, k_tiles,
+      segment_shape.overlaps_previous ? ", started during the chunk kernel's tail" : "",
+      scan_shape.grid.x, kGdnPrefillCpScanRows, resume_shape.grid.x));
+  plan.reasons.push_back(
+      fmt::format("workspace: T x HV x {} bytes plus {} bytes of segment states and maps",
+                  2 * kGdnPrefillWsRowBytes + kGdnPrefillWsScaleBytes,
+                  cp_workspace_bytes(pr, choice.cp_chunks) -
+                      gdn_prefill_workspace_bytes(pr.tokens, pr.value_heads)));
+  for (auto [spec, shape] :
+       {std::pair{&chunk_spec, chunk_shape}, std::pair{&segment_spec, segment_shape},
+        std::pair{&scan_spec, scan_shape}, std::pair{&resume_spec, resume_shape}}) {
+    PlannedLaunch launch{std::move(*spec), shape, check_launch(shape, device)};
+    require_legal(launch.checks, fmt::format("{} ({})", kOp, launch.spec.str()));
+    plan.launches.push_back(std::move(launch));
+  }
+  return plan;
+}
+
+Plan make_chunked_plan(const Problem& pr, Decision choice, const DeviceLimits& device) {
+  const std::int64_t every = pr.checkpoint_every;
+  Plan plan;
+  plan.op = kOp;
+  plan.mode = choice.cp_chunks > 0 ? fmt::format("chunked_cp{}_bv{}", choice.cp_chunks, choice.bv)
+                                   : fmt::format("chunked_bv{}", choice.bv);
+  plan.reasons = std::move(choice.reasons);
+  plan.device = device;
+  plan.reasons.push_back(checkpoint_reason(every));
+  plan.reasons.push_back(
+      fmt::format("workspace: T x HV x {} bytes (T' and P rows, scales; options.workspace, else "
+                  "cuMemAllocAsync on the call's stream)",
+                  2 * kGdnPrefillWsRowBytes + kGdnPrefillWsScaleBytes));
+  if (pr.seqs == 0) {
+    plan.reasons.push_back("no sequences: nothing to launch");
+    return plan;
+  }
+  const SpecValues values = spec_values(pr, choice.bv);
+  KernelSpec chunk_spec = family_spec("gdn_prefill_chunk", values, device.arch);
+  KernelSpec state_spec =
+      family_spec("gdn_prefill_state", values, choice.wgmma ? Arch{9, 0, 'a'} : device.arch);
+  if (pr.heads > device.max_grid_dim[1]) {
+    throw PlanError(fmt::format("{}: grid y is {}, the chunk kernel needs H = {}", kOp,
+                                device.max_grid_dim[1], pr.heads));
+  }
+  LaunchShape chunk_shape;
+  chunk_shape.grid = Dim3{static_cast<std::uint32_t>(chunk_grid_x(pr, device)),
+                          static_cast<std::uint32_t>(pr.heads), 1};
+  chunk_shape.block = Dim3{kGdnPrefillThreads, 1, 1};
+  chunk_shape.dynamic_smem = gdn_prefill_chunk_smem(static_cast<int>(pr.k)).total;
+  if (choice.cp_chunks > 0) {
+    return make_cp_plan(pr, std::move(plan), chunk_spec, chunk_shape, values, choice, device);
+  }
+  const std::int64_t blocks = pr.seqs * pr.value_heads * (pr.v / choice.bv);
+  if (blocks > device.max_grid_dim[0]) {
+    throw PlanError(fmt::format("{}: grid x is {}, the state kernel needs {} blocks", kOp,
+                                device.max_grid_dim[0], blocks));
+  }
+  LaunchShape state_shape;
+  state_shape.grid = Dim3{static_cast<std::uint32_t>(blocks), 1, 1};
+  state_shape.block =
+      Dim3{static_cast<std::uint32_t>(32 * gdn_prefill_state_warps(choice.bv)), 1, 1};
+  state_shape.dynamic_smem = gdn_prefill_state_smem(static_cast<int>(pr.k), choice.bv).total;
+  // The state kernel's blocks take the SMs the chunk kernel's last blocks leave, and find their
+  // sequence and load their initial state before they wait for its results.
+  // Started early, the blocks land on the SMs the chunk kernel frees first, as many per SM as
+  // fit, so the longest sequences (the first blocks) would share SMs while others idle. So the
+  // overlap is taken only where each block gets an SM of its own: when one block's shared
+  // memory already fills more than half an SM (the value tile of 128), or when the grid fits
+  // the SMs and asking for just over half an SM's shared memory costs nothing.
+  const bool one_per_sm = occupancy_blocks_per_sm(state_shape, device, FunctionLimits{}) == 1;
+  // The least shared memory (in 128-byte steps) of which an SM holds one block only.
+  const std::int64_t smem_one_per_sm =
+      (device.max_smem_per_sm / 2 - device.reserved_smem_per_block + 1 + 127) / 128 * 128;
+  const bool spread = !one_per_sm && blocks <= device.sm_count &&
+                      smem_one_per_sm <= device.max_smem_per_block_optin;
+  state_shape.overlaps_previous =
+      supports_programmatic_launch(device.arch) && (one_per_sm || spread);
+  if (state_shape.overlaps_previous && spread) {
+    state_shape.dynamic_smem = static_cast<std::uint32_t>(smem_one_per_sm);
+  }
+  plan.reasons.push_back(fmt::format(
+      "chunk kernel: {} x {} blocks of {} threads loop over the floor(T / {}) + N chunk ids, {} "
+      "bytes of shared memory; state kernel: one block per (sequence, value head, value tile), "
+      "{}",
+      chunk_shape.grid.x, chunk_shape.grid.y, kGdnPrefillThreads, kGdnPrefillChunk,
+      chunk_shape.dynamic_smem,
+      orders_longest_first(pr)
+          ? fmt::format("longest sequences first (ranked by chunk count, by the state kernel's "
+                        "blocks up to {} sequences, else by the chunk kernel; a sequence bounds "
+                        "the time once it starts late)",
+                        kGdnPrefillRankInStateMaxSeqs)
+          : fmt::format("in sequence order (longest-first ranking is kept for 2 to {} sequences)",
+                        kGdnPrefillOrderMaxSeqs)));
+  plan.reasons.push_back(
+      state_shape.overlaps_previous
+          ? fmt::format("state kernel starts while the chunk kernel's last blocks run "
+                        "(programmatic dependent launch): it ranks the sequences and loads the "
+                        "initial states, then waits for the chunk kernel's results{}",
+                        spread ? fmt::format("; its {} blocks ask for {} bytes of shared memory "
+                                             "(one block per SM, as on an idle GPU)",
+                                             blocks, smem_one_per_sm)
+                               : std::string())
+      : !supports_programmatic_launch(device.arch)
+          ? fmt::format("state kernel starts after the chunk kernel (programmatic dependent "
+                        "launch needs sm_90 or later; {})",
+                        device.arch.str())
+          : fmt::format("state kernel starts after the chunk kernel: {} blocks, several per "
+                        "SM, would pile onto the SMs the chunk kernel frees first",
+                        blocks));
+  PlannedLaunch chunk{std::move(chunk_spec), chunk_shape, check_launch(chunk_shape, device)};
+  require_legal(chunk.checks, fmt::format("{} ({})", kOp, chunk.spec.str()));
+  PlannedLaunch rec{std::move(state_spec), state_shape, check_launch(state_shape, device)};
+  require_legal(rec.checks, fmt::format("{} ({})", kOp, rec.spec.str()));
+  plan.launches.push_back(std::move(chunk));
+  plan.launches.push_back(std::move(rec));
+  return plan;
+}
+
+Plan make_plan(const Problem& pr, Decision choice, const DeviceLimits& device) {
+  const std::int64_t every = pr.checkpoint_every;
+  const bool ckpt = every > 0;
+  if (pr.k_major) {
+    choice.reasons.push_back(
+        "state layout kv: the pool (and the final states and checkpoints) have V contiguous "
+        "(strides [*, V*K, 1, V]: a transposed [.., HV, K, V] tensor); the state kernels read and "
+        "write element (v, k) at k * V + v (spec state_layout=kv)");
+  }
+  if (choice.chunked) {
+    return make_chunked_plan(pr, std::move(choice), device);
+  }
+  KernelSpec spec = family_spec("gdn_prefill", spec_values(pr, choice.bv), device.arch);
+  Plan plan;
+  plan.op = kOp;
+  plan.mode = fmt::format("bv{}", choice.bv);
+  plan.reasons = std::move(choice.reasons);
+  plan.device = device;
+  plan.reasons.push_back(
+      ckpt
+          ? fmt::format("state checkpoints every {} tokens ({} chunks of {}): each sequence writes "
+                        "floor(length / {}) states to options.state_checkpoints from row "
+                        "checkpoint_cu_starts[n] (kernel ckpt=1)",
+                        every, every / kGdnPrefillChunk, kGdnPrefillChunk, every)
+          : std::string("no state checkpoints (kernel ckpt=0)"));
+  if (pr.seqs == 0) {
+    plan.reasons.push_back("no sequences: nothing to launch");
+    return plan;
+  }
+  const std::int64_t blocks = pr.seqs * pr.value_heads * (pr.v / choice.bv);
+  LaunchShape shape;
+  shape.grid =
+      Dim3{static_cast<std::uint32_t>(std::min<std::int64_t>(blocks, (std::int64_t{1} << 32) - 1)),
+           1, 1};
+  shape.block = Dim3{kGdnPrefillThreads, 1, 1};
+  shape.dynamic_smem = gdn_prefill_smem(static_cast<int>(pr.k), choice.bv).total;
+  if (blocks > device.max_grid_dim[0]) {
+    throw PlanError(fmt::format("{}: grid x is {}, the launch needs {} blocks", kOp,
+                                device.max_grid_dim[0], blocks));
+  }
+  plan.reasons.push_back(fmt::format(
+      "one block of {} threads per (sequence, value head, value tile) walks its chunks of {} "
+      "tokens; {} bytes of dynamic shared memory",
+      kGdnPrefillThreads, kGdnPrefillChunk, shape.dynamic_smem));
+  PlannedLaunch launch{std::move(spec), shape, check_launch(shape, device)};
+  require_legal(launch.checks, fmt::format("{} ({})", kOp, launch.spec.str()));
+  plan.launches.push_back(std::move(launch));
+  return plan;
+}
+
+}  // namespace
+
+std::int64_t cp_workspace_bytes(const Problem& pr, std::int64_t chunks) {
+  const GdnPrefillWorkspace base = gdn_prefill_workspace(
+      static_cast<std::uint64_t>(pr.tokens), static_cast<std::uint64_t>(pr.value_heads));
+  return static_cast<std::int64_t>(
+      gdn_prefill_cp_workspace(base.total, static_cast<std::uint64_t>(cp_segments(pr, chunks)),
+                               static_cast<std::uint64_t>(pr.value_heads),
+                               static_cast<std::uint64_t>(pr.k), static_cast<std::uint64_t>(pr.v))
+          .total);
+}
+
+Problem Family::memo_problem(const Problem& problem, const DeviceLimits& limits) {
+  Problem key = problem;
+  key.cp_chunks = cp_decision(problem, limits, false).chunks;
+  key.tokens = 0;
+  key.user_workspace = -1;
+  key.caller_workspace = false;
+  return key;
+}
+
+Planned<Choice> Family::plan(const Problem& problem, const DeviceLimits& limits) {
+  Decision decision = choose(problem, limits);
+  Choice choice;
+  choice.path = !decision.chunked        ? Path::fused
+                : decision.cp_chunks > 0 ? Path::context_parallel
+                                         : Path::chunked;
+  choice.bv = decision.bv;
+  choice.wgmma = decision.wgmma;
+  choice.cp_chunks = decision.cp_chunks;
+  choice.cp_stages = decision.cp_stages;
+  return {make_plan(problem, std::move(decision), limits), choice};
+}
+
+}  // namespace kjit::ops::prefill
