@@ -49,7 +49,6 @@ const std::vector<FamilyDecl>& families() {
         gdn_prefill_state_family(),
         gdn_prefill_state_cp_family(),
         gdn_prefill_cp_scan_family(),
-        causal_conv1d_family(),
     };
     // Registered families in name order: static initialization order across files is not
     // something a listing should depend on.

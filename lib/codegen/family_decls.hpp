@@ -20,6 +20,5 @@ FamilyDecl gdn_prefill_chunk_family();
 FamilyDecl gdn_prefill_state_family();
 FamilyDecl gdn_prefill_state_cp_family();
 FamilyDecl gdn_prefill_cp_scan_family();
-FamilyDecl causal_conv1d_family();
 
 }  // namespace kjit::codegen
