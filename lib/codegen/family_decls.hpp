@@ -15,6 +15,5 @@ FamilyDecl gdn_decode_family();
 FamilyDecl gdn_decode_order_family();
 FamilyDecl gdn_decode_conv_family();
 FamilyDecl bench_family();
-FamilyDecl causal_conv1d_family();
 
 }  // namespace kjit::codegen

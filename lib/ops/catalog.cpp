@@ -123,9 +123,8 @@ std::string SizeRule::text() const {
 const std::vector<OpInfo>& op_catalog() {
   static const std::vector<OpInfo> ops = [] {
     std::vector<OpInfo> all;
-    for (auto* entries :
-         {&catalog_detail::merge_state_entries, &catalog_detail::gdn_decode_entries,
-          &catalog_detail::gdn_prefill_entries, &catalog_detail::causal_conv1d_entries}) {
+    for (auto* entries : {&catalog_detail::merge_state_entries, &catalog_detail::gdn_decode_entries,
+                          &catalog_detail::gdn_prefill_entries}) {
       for (OpInfo& op : entries()) all.push_back(std::move(op));
     }
     // Registered families by their first op's name: static initialization order across files

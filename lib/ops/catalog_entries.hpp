@@ -60,6 +60,5 @@ class CatalogRegistration {
 std::vector<OpInfo> merge_state_entries();
 std::vector<OpInfo> gdn_decode_entries();
 std::vector<OpInfo> gdn_prefill_entries();
-std::vector<OpInfo> causal_conv1d_entries();
 
 }  // namespace kjit::catalog_detail

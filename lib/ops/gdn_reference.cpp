@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "ops/causal_conv1d_reference.hpp"
+#include "ops/causal_conv1d/family.hpp"
 #include "support/numeric.hpp"
 
 namespace kjit::reference {

@@ -3,6 +3,9 @@
 // reference, shared by the op tests so that every test measures error the same way.
 #pragma once
 
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -100,5 +103,19 @@ struct HostTensor {
     return t;
   }
 };
+
+/// How many elements of `got` are not within atol + rtol * |want| of `want` (a NaN is not);
+/// the first three are reported as "<name>[i]: got .. want ..".
+inline std::int64_t count_mismatches(const char* name, HostTensor& got, HostTensor& want,
+                                     double atol, double rtol) {
+  std::int64_t bad = 0;
+  for (std::int64_t i = 0; i < got.elements(); ++i) {
+    const double g = got.get(i), w = want.get(i);
+    if (!(std::fabs(g - w) <= atol + rtol * std::fabs(w))) {
+      if (bad++ < 3) MESSAGE(fmt::format("{}[{}]: got {} want {}", name, i, g, w));
+    }
+  }
+  return bad;
+}
 
 }  // namespace kjit::test

@@ -23,7 +23,7 @@
 #include "common/gpu.hpp"
 #include "kjit/error.hpp"
 #include "kjit/ops/causal_conv1d.hpp"
-#include "ops/causal_conv1d_reference.hpp"
+#include "ops/causal_conv1d/family.hpp"
 #include "support/numeric.hpp"
 
 namespace kjit {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/gpu.hpp"
+#include "common/gpu_tensor.hpp"
 #include "kjit/error.hpp"
 #include "kjit/ops/causal_conv1d.hpp"
 #include "kjit/ops/gdn_decode.hpp"
@@ -27,61 +28,7 @@
 namespace kjit {
 namespace {
 
-using support::load_as_double;
-using support::store_from_double;
-
-/// A host tensor with explicit strides and its device twin.
-struct Tensor {
-  DType dtype = DType::f32;
-  std::vector<std::int64_t> shape, strides;
-  std::vector<unsigned char> host;
-  test::DeviceBuffer device{1};
-
-  Tensor(DType d, std::vector<std::int64_t> s, std::vector<std::int64_t> st = {})
-      : dtype(d), shape(std::move(s)), strides(std::move(st)) {
-    if (strides.empty()) {
-      strides.assign(shape.size(), 1);
-      for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) {
-        strides[i] = strides[i + 1] * shape[i + 1];
-      }
-    }
-    std::int64_t span = 1;
-    for (std::size_t i = 0; i < shape.size(); ++i) span += (shape[i] - 1) * strides[i];
-    host.assign(static_cast<std::size_t>(span) * size_of(dtype), 0);
-    device = test::DeviceBuffer(host.size());
-  }
-  std::int64_t elements() const { return static_cast<std::int64_t>(host.size() / size_of(dtype)); }
-  double get(std::int64_t i) const { return load_as_double(host.data(), dtype, i); }
-  void set(std::int64_t i, double v) { store_from_double(host.data(), dtype, i, v); }
-  TensorView view(bool on_device) {
-    TensorView t;
-    t.data = on_device ? device.get() : host.data();
-    t.dtype = dtype;
-    t.rank = static_cast<int>(shape.size());
-    for (int i = 0; i < t.rank; ++i) {
-      t.shape[i] = shape[i];
-      t.strides[i] = strides[i];
-    }
-    return t;
-  }
-  void upload() {
-    test::sync();
-    test::check_cu(test::cu().cuMemcpyHtoD(device.ptr(), host.data(), host.size()), "cuMemcpyHtoD");
-  }
-  std::vector<unsigned char> download() const {
-    std::vector<unsigned char> bytes(host.size());
-    test::sync();
-    test::check_cu(test::cu().cuMemcpyDtoH(bytes.data(), device.ptr(), bytes.size()),
-                   "cuMemcpyDtoH");
-    return bytes;
-  }
-  void poison() {
-    test::check_cu(test::cu().cuMemsetD8Async(device.ptr(), 0xFF, host.size(),
-                                              reinterpret_cast<CUstream>(test::stream())),
-                   "cuMemsetD8Async");
-    test::sync();
-  }
-};
+using test::Tensor;
 
 struct Case {
   std::int64_t batch = 5, heads = 16, value_heads = 32, k = 128, v = 128, width = 4;

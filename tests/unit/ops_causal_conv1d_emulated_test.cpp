@@ -4,7 +4,7 @@
 // (chunked, sequential in place, rows), every pool access (block, channels, scalar), the weight
 // block and strided paths, speculative updates over several steps, padding under both rules;
 // outputs within the dtype's rounding, the pool byte for byte. Parameters are built as
-// lib/ops/causal_conv1d.cpp builds them, from the op's own plan (whose spec must match the
+// lib/ops/causal_conv1d/launch.cpp builds them, from the op's own plan (whose spec must match the
 // instantiated kernel). This checks indexing and arithmetic where no GPU exists; races and the
 // memory model are the GPU suite's (tests/gpu/causal_conv1d_test.cpp).
 #include <doctest/doctest.h>
@@ -21,7 +21,7 @@
 #include "kjit/device.hpp"
 #include "kjit/ops/causal_conv1d.hpp"
 #include "kjit/types.hpp"
-#include "ops/causal_conv1d_reference.hpp"
+#include "ops/causal_conv1d/family.hpp"
 // (keep this order: the emulation header defines __device__ & co. for the template)
 #include "common/cuda_host_emulation.hpp"
 // (the host compiler does not know #pragma unroll: tests/CMakeLists.txt silences that here)
@@ -66,7 +66,7 @@ void compare_bytes(const char* what, Host& a, Host& b) {
                     static_cast<std::size_t>(a.elements()) * size_of(a.dtype)) == 0);
 }
 
-// Params as lib/ops/causal_conv1d.cpp's prepare_* and run() build them.
+// Params as lib/ops/causal_conv1d/launch.cpp's Family::params builds them.
 CausalConv1dParams common(const TensorView& w, const TensorView& b, const TensorView& st,
                           const Plan& plan, std::int64_t dim, bool nonpos) {
   CausalConv1dParams k{};

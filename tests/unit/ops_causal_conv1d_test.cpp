@@ -20,7 +20,7 @@
 #include "kjit/ops/causal_conv1d.hpp"
 #include "kjit/plan.hpp"
 #include "kjit/settings.hpp"
-#include "ops/causal_conv1d_reference.hpp"
+#include "ops/causal_conv1d/family.hpp"
 #include "support/numeric.hpp"
 
 namespace kjit {

@@ -158,19 +158,8 @@ void run(const Case& c, const std::string& expected_spec, void (*kernel)(GdnDeco
     CHECK(pool.storage == ref_pool.storage);
     const bool coarse = c.qkv != DType::f32 || c.state != DType::f32 || c.out != DType::f32;
     const double atol = coarse ? 2e-2 : 1e-4, rtol = coarse ? 1e-2 : 1e-4;
-    std::int64_t bad_out = 0, bad_state = 0;
-    for (std::int64_t i = 0; i < out.elements(); ++i) {
-      const double got = out.get(i), want = ref_out.get(i);
-      if (!(std::fabs(got - want) <= atol + rtol * std::fabs(want))) {
-        if (bad_out++ < 3) MESSAGE(fmt::format("out[{}]: got {} want {}", i, got, want));
-      }
-    }
-    for (std::int64_t i = 0; i < state.elements(); ++i) {
-      const double got = state.get(i), want = ref_state.get(i);
-      if (!(std::fabs(got - want) <= atol + rtol * std::fabs(want))) {
-        if (bad_state++ < 3) MESSAGE(fmt::format("state[{}]: got {} want {}", i, got, want));
-      }
-    }
+    const std::int64_t bad_out = test::count_mismatches("out", out, ref_out, atol, rtol);
+    const std::int64_t bad_state = test::count_mismatches("state", state, ref_state, atol, rtol);
     CHECK(bad_out == 0);
     CHECK(bad_state == 0);
     // Padding rows: exact zeros.

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "ops/causal_conv1d_reference.hpp"
+// causal_conv1d's float64 CPU reference (declared in family.hpp).
+#include "ops/causal_conv1d/family.hpp"
 
 #include <algorithm>
 #include <cmath>
