@@ -46,6 +46,16 @@
 #include "kjit/common/gdn_math.cuh"
 #include "kjit/common/grid_dependency.cuh"
 #include "kjit/common/mma.cuh"
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#include "kjit/common/wgmma.cuh"
+// sm_90a (opt-in: force_mode "_wgmma" compiles both kernels for it): the products K K^T and
+// Q K^T run as two warpgroup wgmma reading q and k from shared memory (no-swizzle core
+// matrices) instead of mma.sync with per-warp ldmatrix. Correct, but on the H200 7-9% slower
+// (docs/performance.md, "The chunk kernel's products on wgmma").
+#define KJIT_GDN_CHUNK_WGMMA 1
+#else
+#define KJIT_GDN_CHUNK_WGMMA 0
+#endif
 #include "kjit/gdn_prefill.cuh"
 #include "kjit/gdn_prefill_params.h"
 
@@ -241,6 +251,53 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
   // Raw q and k rows of a chunk into s_q / s_k (rows past the end are zero-filled).
   const Tin* q_head = static_cast<const Tin*>(p.q) + i64(h) * p.q_stride_h;
   const Tin* k_head = static_cast<const Tin*>(p.k) + i64(h) * p.k_stride_h;
+#if KJIT_GDN_CHUNK_WGMMA
+  // Core-matrix tiles for wgmma: eight consecutive threads fill one core matrix (eight rows of
+  // one 16-byte part: no bank conflicts). q's 16-row blocks are stored in reverse order, so that
+  // the product's row block w, which wgmma gives warp w, is Q K^T's block row 3 - w: warp w
+  // then takes G's block row w and Q K^T's 3 - w, the balanced split of the triangles below.
+  // A pass of the block's 128 threads covers kGroupsPerPass 8-row groups (K = 64) or 1 / kSplit
+  // of one (K >= 128); every shared-memory offset is a per-thread base plus a constant, and the
+  // global rows are reached by pointer steps, so no per-copy address stays in a register.
+  constexpr int kGroupCopies = 8 * kRowCopies;  // 16-byte copies per 8-row group
+  static_assert(kGroupCopies % kGdnPrefillThreads == 0 || kGdnPrefillThreads % kGroupCopies == 0);
+  constexpr int kSplit = kGroupCopies >= kGdnPrefillThreads ? kGroupCopies / kGdnPrefillThreads : 1;
+  constexpr int kGroupsPerPass =
+      kGroupCopies >= kGdnPrefillThreads ? 1 : kGdnPrefillThreads / kGroupCopies;
+  static_assert(kGroupsPerPass <= 2, "q's reversed blocks assume at most two groups per pass");
+  const int copy_lane8 = tid & 7;
+  const int copy_group0 = kGroupsPerPass == 1 ? 0 : tid / kGroupCopies;
+  const int copy_part0 =
+      (tid % (kGroupCopies >= kGdnPrefillThreads ? kGdnPrefillThreads : kGroupCopies)) >> 3;
+  const u32 copy_k_base = u32((copy_group0 * kRowCopies + copy_part0) * 128 + copy_lane8 * 16);
+  const u32 copy_q_base = copy_k_base;  // the group's reversed position is in the constant
+  const auto copy_qk = [&](i64 t0, int rows) {
+    const int r0 = copy_group0 * 8 + copy_lane8;
+    const Tin* src_q = q_head + (t0 + r0) * p.q_stride_t + copy_part0 * 8;
+    const Tin* src_k = k_head + (t0 + r0) * p.k_stride_t + copy_part0 * 8;
+    unsigned char* const dst_q = reinterpret_cast<unsigned char*>(s_q) + copy_q_base;
+    unsigned char* const dst_k = reinterpret_cast<unsigned char*>(s_k) + copy_k_base;
+#pragma unroll
+    for (int i = 0; i < 8 / kGroupsPerPass; ++i) {
+      const bool valid = r0 + 8 * kGroupsPerPass * i < rows;
+      // 8-row group of k: copy_group0 + kGroupsPerPass i; of q: its block reversed, the same
+      // half of the block.
+      const int k_group = kGroupsPerPass * i;
+      const int q_group = kGroupsPerPass == 1 ? (3 - (i >> 1)) * 2 + (i & 1) : (3 - i) * 2;
+#pragma unroll
+      for (int sp = 0; sp < kSplit; ++sp) {
+        const int part = 16 * sp;
+        cp_async::copy16(dst_q + (q_group * kRowCopies + part) * 128,
+                         valid ? src_q + part * 8 : q_head, valid);
+        cp_async::copy16(dst_k + (k_group * kRowCopies + part) * 128,
+                         valid ? src_k + part * 8 : k_head, valid);
+      }
+      src_q += 8 * kGroupsPerPass * p.q_stride_t;
+      src_k += 8 * kGroupsPerPass * p.k_stride_t;
+    }
+    cp_async::commit();
+  };
+#else
   // A thread copies the same 16-byte part of every kRowStep-th row: one address computation,
   // then pointer steps.
   constexpr int kRowStep = kGdnPrefillThreads / kRowCopies;
@@ -260,6 +317,7 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
     }
     cp_async::commit();
   };
+#endif
 
   // Every warp holds the raw gates of the next value head in registers, loaded one step ahead,
   // so no gate load latency sits between the barriers.
@@ -295,6 +353,9 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
     // The next chunk of this block (its cu_seqlens loads overlap the wait for this one's rows).
     const i64 b_next = find_chunk(b + gridDim.x);
     cp_async::wait<0>();
+#if KJIT_GDN_CHUNK_WGMMA
+    wgmma::fence_shared_writes();  // the rows this thread copied, before wgmma reads them
+#endif
     __syncthreads();
 
     // 1. Raw G = K K^T and Q K^T, lower block triangles, balanced: warp w takes G's block row w
@@ -309,6 +370,41 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
       for (int e = 0; e < 4; ++e) acc_g[i][e] = acc_p[i][e] = 0.f;
     }
     zero_acc(acc_qq);
+#if KJIT_GDN_CHUNK_WGMMA
+    {
+      // Whole 64 x 64 products (the blocks above the diagonal are computed and never read).
+      const u32 k_addr = mma::smem_addr(s_k), q_addr = mma::smem_addr(s_q);
+      constexpr u32 kRowGroup = kK * 16;  // bytes between 8-row groups of the q and k tiles
+      wgmma::hold_registers(acc_g);
+      wgmma::hold_registers(acc_p);
+      // Step ks starts 256 bytes further: 16 in the descriptor's address field (addresses stay
+      // below 2^18, so the field never carries).
+      const u64 kd0 = wgmma::descriptor(k_addr, 128, kRowGroup);
+      const u64 qd0 = wgmma::descriptor(q_addr, 128, kRowGroup);
+      wgmma::fence();
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        const u64 kd = kd0 + u64(16 * ks);
+        wgmma::mma_m64n64k16_ss<0>(acc_g, kd, kd);
+        wgmma::mma_m64n64k16_ss<0>(acc_p, qd0 + u64(16 * ks), kd);
+      }
+      wgmma::commit();
+      // The diagonal block of Q Q^T of block row rp (stored at block position 3 - rp = warp) on
+      // mma.sync while the products run: its A fragment is also its B fragment.
+      if constexpr (kL2Norm) {
+#pragma unroll
+        for (int ks = 0; ks < kKSteps; ++ks) {
+          u32 aq[4];
+          mma::load_a_core(aq, q_addr, 16 * warp, 16 * ks, kRowCopies);
+          mma::mma_bf16(acc_qq[0], aq, aq[0], aq[2]);
+          mma::mma_bf16(acc_qq[1], aq, aq[1], aq[3]);
+        }
+      }
+      wgmma::wait<0>();
+      wgmma::hold_registers(acc_g);
+      wgmma::hold_registers(acc_p);
+    }
+#else
 #pragma unroll 2
     for (int ks = 0; ks < kKSteps; ++ks) {
       u32 ak[4], aq[4];
@@ -336,6 +432,7 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
         }
       }
     }
+#endif
     // 2. Inverse norms from the diagonals: row g of a 16x16 accumulator block sits in n-tile 0,
     // row g + 8 in n-tile 1, at lane 4 g' + t4 with 2 t4 + (e & 1) = g; a quad sum gathers them.
     {

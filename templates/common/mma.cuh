@@ -79,6 +79,21 @@ __device__ __forceinline__ void load_a_trans(u32 (&a)[4], const __nv_bfloat16* b
   ldmatrix_x4_trans(a, smem_addr(base + (i + 8 * (m >> 1)) * ld + 8 * (m & 1)));
 }
 
+/// Byte offset of the 16-byte row segment (row, col .. col + 7) in a bf16 tile of no-swizzle core
+/// matrices (wgmma.cuh's layout: 8 rows x 16 bytes, 128 contiguous bytes each; `parts` 16-byte
+/// parts per row, core (row / 8, col / 8) at ((row / 8) parts + col / 8) 128).
+__device__ __forceinline__ u32 core_offset(int row, int col, int parts) {
+  return u32(((row >> 3) * parts + (col >> 3)) * 128 + (row & 7) * 16);
+}
+
+/// load_a from a core-matrix tile at shared address `tile`: rows row0 .. row0 + 15, columns
+/// col0 .. col0 + 15. Each 8 x 8 matrix is one core matrix: no bank conflicts.
+__device__ __forceinline__ void load_a_core(u32 (&a)[4], u32 tile, int row0, int col0, int parts) {
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int m = lane >> 3, i = lane & 7;
+  ldmatrix_x4(a, tile + core_offset(row0 + i + 8 * (m & 1), col0 + 8 * (m >> 1), parts));
+}
+
 /// A fragment from an f32 row-major tile (element (r, c) at base[r * ld + c]), rounded to
 /// bf16. base and ld * 4 bytes must be 8-byte aligned.
 __device__ __forceinline__ void load_a_f32(u32 (&a)[4], const float* base, int ld) {

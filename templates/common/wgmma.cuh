@@ -32,6 +32,13 @@ __device__ __forceinline__ void fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
 
+/// Makes this thread's generic-proxy writes to shared memory (st.shared, cp.async) visible to
+/// the async proxy that wgmma reads its shared-memory operands through; every writer fences
+/// before the barrier that precedes the wgmma.
+__device__ __forceinline__ void fence_shared_writes() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 /// Closes the group of wgmma issued since the previous commit.
 __device__ __forceinline__ void commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -72,6 +79,26 @@ __device__ __forceinline__ void mma_m64n64k16(float (&d)[8][4], const u32 (&a)[4
         "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
         "+f"(d[7][2]), "+f"(d[7][3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransB));
+}
+
+/// d (64 x 64) += a (64 x 16, bf16, K-major in shared memory behind the descriptor `a`: warp w's
+/// accumulator rows are a's rows 16 w .. 16 w + 15) * b (16 x 64, as in mma_m64n64k16). No
+/// registers hold operands, so nothing but the accumulators waits for the product.
+template <int kTransB>
+__device__ __forceinline__ void mma_m64n64k16_ss(float (&d)[8][4], u64 a, u64 b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+      "}, %32, %33, p, 1, 1, 0, %34;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(a), "l"(b), "n"(kTransB));
 }
 
 /// d (64 x 128, f32, d[nt][e] as in mma.cuh's C fragments of n-tile nt) += a (64 x 16,

@@ -786,6 +786,22 @@ TEST_CASE("gdn_prefill context-parallel: chosen for 1 and 2 long sequences, up t
   run_case(few);
 }
 
+// The plan memo keys the context-parallel path by its segment length, not by T: 2 x 40000 and
+// 2 x 50000 tokens (H = HV = 1) both take segments of 16 chunks, but 80 and 99 segment ids size
+// the passes' grids. Run back to back in one runtime (the second from the memo's point of view
+// a hit on the first's key, before the key held the segment ids), each against the reference.
+TEST_CASE("gdn_prefill context-parallel: one segment length, two token counts, one runtime") {
+  for (const std::int64_t length : {40000, 50000, 40000}) {
+    CAPTURE(length);
+    Case c;
+    c.lengths = {length, length};
+    c.heads = 1;
+    c.value_heads = 1;
+    c.expect_mode = "chunked_cp16";
+    run_case(c);
+  }
+}
+
 // g close to 0 over 100k tokens: every segment's initial state matters to the end. A segment
 // started from zero (or from any assumed state) would miss the carried state by far more than
 // the tolerance (the float64 algebra test in tests/unit shows the size of that miss).

@@ -9,6 +9,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <span>
@@ -19,6 +20,7 @@
 #include "kjit/error.hpp"
 #include "kjit/gdn_prefill_params.h"
 #include "kjit/ops/gdn_prefill.hpp"
+#include "ops/gdn_prefill/family.hpp"
 #include "ops/gdn_prefill_reference.hpp"
 
 namespace kjit {
@@ -475,13 +477,41 @@ TEST_CASE("gdn_prefill plans are legal for every shape, N = 4096 and T = 100k in
   }
 }
 
+// The memo key stands in the context-parallel decision for T. Segment ids (floor(T / 64 L) + N)
+// size the passes' grids, so two token counts with one segment length must not share a key:
+// 2 x 40000 and 2 x 50000 tokens (H = HV = 1) both take L = 16 on an H200, with 80 and 99 ids.
+TEST_CASE("gdn_prefill: the plan memo's key holds the context-parallel segment ids") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  const auto key = [&](std::int64_t tokens) {
+    ops::prefill::Problem p;
+    p.tokens = tokens;
+    p.seqs = 2;
+    p.heads = p.value_heads = 1;
+    p.k = p.v = 128;
+    p.bf16 = p.v16 = true;
+    return ops::prefill::Family::memo_problem(p, h200);
+  };
+  const ops::prefill::Problem a = key(80000), b = key(100000), c = key(80000 + 63);
+  CHECK(a.cp_chunks == 16);
+  CHECK(b.cp_chunks == 16);
+  CHECK(a.cp_segment_ids == 80);
+  CHECK(b.cp_segment_ids == 99);
+  CHECK(std::memcmp(&a, &b, sizeof a) != 0);
+  // T itself is not in the key: a token count with the same decision and ids shares it.
+  CHECK(std::memcmp(&a, &c, sizeof a) == 0);
+  // Off the context-parallel path the key holds neither.
+  const ops::prefill::Problem seq = key(64);
+  CHECK(seq.cp_chunks == 0);
+  CHECK(seq.cp_segment_ids == 0);
+}
+
 TEST_CASE("gdn_prefill: force_mode '_wgmma' compiles the wide state tile for sm_90a, only there") {
   const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
   for (const std::string mode : {"chunked_bv128_wgmma", "chunked_bv64_wgmma", "chunked_wgmma"}) {
     CAPTURE(mode);
     const Plan plan = plan_for({100000, 4096, 16, 32, 128, 128}, h200, DType::f32, mode);
     REQUIRE(plan.launches.size() == 2);
-    CHECK(plan.launches[0].spec.arch == Arch{9, 0});
+    CHECK(plan.launches[0].spec.arch == Arch{9, 0, 'a'});  // the chunk kernel's products too
     CHECK(plan.launches[1].spec.arch == Arch{9, 0, 'a'});
     CHECK(plan.launches[1].spec.str().ends_with("@sm_90a"));
     bool said = false;
@@ -493,6 +523,14 @@ TEST_CASE("gdn_prefill: force_mode '_wgmma' compiles the wide state tile for sm_
   const Plan plain = plan_for({100000, 4096, 16, 32, 128, 128}, h200);
   REQUIRE(plain.launches.size() == 2);
   CHECK(plain.launches[1].spec.arch == Arch{9, 0});
+  // Without the suffix the chunk kernel stays on mma.sync too, on every target.
+  CHECK(plain.launches[0].spec.arch == Arch{9, 0});
+  for (const Arch arch : {Arch{8, 0}, Arch{8, 9}, Arch{10, 0}, Arch{12, 0}}) {
+    CAPTURE(arch.str());
+    const Plan other = plan_for({100000, 4096, 16, 32, 128, 128}, DeviceLimits::for_arch(arch));
+    REQUIRE(other.launches.size() == 2);
+    CHECK(other.launches[0].spec.arch == arch);
+  }
   // Refused where it cannot run: other archs, tiles under 64 rows, K = 256.
   // (A tile the problem cannot take is an InvalidArgument, as without the suffix.)
   const auto refused = [&](const Shapes& s, const DeviceLimits& d, const std::string& mode,

@@ -56,8 +56,8 @@ inline constexpr std::size_t kModeTextBytes = 24;
 ///
 /// It is the plan memo's key after memo_problem(): the plans of one sequence count do not
 /// depend on the token count T (the chunk kernel's grid strides over the chunk ids), except
-/// through the context-parallel decision, so the key holds that decision (its segment length)
-/// in place of T and of the caller's workspace size.
+/// through the context-parallel decision, so the key holds that decision (its segment length
+/// and segment ids) in place of T and of the caller's workspace size.
 struct Problem {
   std::int64_t tokens = 0, seqs = 0, heads = 0, value_heads = 0, k = 0, v = 0;
   /// options.checkpoint_every_n_tokens (the plan's text names the interval).
@@ -66,8 +66,10 @@ struct Problem {
   /// needs its segment states to fit there).
   std::int64_t user_workspace = -1;
   /// Filled by memo_problem (0 in a checked problem): the context-parallel segment length L the
-  /// call takes on its device, or 0.
+  /// call takes on its device, or 0, and then its segment ids (floor(T / 64 L) + N), which size
+  /// the segment and resume passes' grids: two token counts with one L can differ there.
   std::int64_t cp_chunks = 0;
+  std::int64_t cp_segment_ids = 0;
   /// The forced mode: its segment length L (0: the planner's), value tile (0: the planner's),
   /// input stages of the context-parallel passes (0: the planner's).
   std::int64_t forced_cp_chunks = 0;

@@ -358,7 +358,8 @@ Decision choose(const Problem& pr, const DeviceLimits& device) {
   }
   choice.wgmma = true;
   choice.reasons.push_back(fmt::format(
-      "state kernel on warpgroup wgmma (forced by options.force_mode '{}'): compiled for sm_90a",
+      "state kernel (and the chunk kernel's K K^T and Q K^T) on warpgroup wgmma (forced by "
+      "options.force_mode '{}'): both compiled for sm_90a",
       force));
   return choice;
 }
@@ -497,7 +498,11 @@ Plan make_chunked_plan(const Problem& pr, Decision choice, const DeviceLimits& d
     return plan;
   }
   const SpecValues values = spec_values(pr, choice.bv);
-  KernelSpec chunk_spec = family_spec("gdn_prefill_chunk", values, device.arch);
+  // With "_wgmma" both kernels multiply on warpgroup wgmma (sm_90a): the chunk kernel's K K^T
+  // and Q K^T too. Opt-in: on the H200 the chunk kernel was 7-9% slower on wgmma than on
+  // mma.sync (docs/performance.md, "The chunk kernel's products on wgmma").
+  KernelSpec chunk_spec =
+      family_spec("gdn_prefill_chunk", values, choice.wgmma ? Arch{9, 0, 'a'} : device.arch);
   KernelSpec state_spec =
       family_spec("gdn_prefill_state", values, choice.wgmma ? Arch{9, 0, 'a'} : device.arch);
   if (pr.heads > device.max_grid_dim[1]) {
@@ -643,6 +648,7 @@ std::int64_t cp_workspace_bytes(const Problem& pr, std::int64_t chunks) {
 Problem Family::memo_problem(const Problem& problem, const DeviceLimits& limits) {
   Problem key = problem;
   key.cp_chunks = cp_decision(problem, limits, false).chunks;
+  key.cp_segment_ids = key.cp_chunks > 0 ? cp_segments(problem, key.cp_chunks) : 0;
   key.tokens = 0;
   key.user_workspace = -1;
   key.caller_workspace = false;
