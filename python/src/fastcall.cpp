@@ -350,6 +350,18 @@ void register_ops(nb::module_& m) {
       if (param.kind == ParamKind::arch || param.kind == ParamKind::checked_arch) op.arch_at = i;
       if (name == "stream") op.stream_at = i;
     }
+    // The generic path reads these three by position (plan_at, arch_at, stream_at): a row
+    // without one would read another parameter in its place.
+    bool has_plan = false, has_arch = false, has_stream = false;
+    for (const Param& param : op.params) {
+      has_plan = has_plan || param.kind == ParamKind::plan;
+      has_arch = has_arch || param.kind == ParamKind::arch || param.kind == ParamKind::checked_arch;
+      has_stream = has_stream || std::string_view(param.name) == "stream";
+    }
+    if (!has_plan || !has_arch || !has_stream) {
+      throw std::logic_error(std::string(op.name) +
+                             ": an op-table row needs a _plan, an _arch and a stream parameter");
+    }
     op.docstring += std::string(")\n--\n\n") + op.doc;
     op.method =
         PyMethodDef{op.name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&entry)),
