@@ -19,18 +19,12 @@ from ._api import (
     compile,
     configure,
     driver_available,
-    gdn_decode,
-    gdn_decode_gated,
     gdn_prefill,
     gdn_prefill_checkpoint_starts,
     gdn_prefill_workspace_bytes,
-    merge_state,
-    merge_state_in_place,
-    merge_states,
     plan,
     plan_call,
     prewarm,
-    qk_l2norm,
     settings,
     shape_names,
     source,
@@ -47,6 +41,12 @@ from ._kjit import (
     PlanError,
     PlannedLaunch,
 )
+
+# Every op of the extension's op table (merge_state, merge_state_in_place, gdn_decode,
+# qk_l2norm, ...): kjit.<name> is the extension's function itself, so an op added to the table
+# (python/src/ops.cpp) is callable here with no line in this package.
+globals().update({_name: getattr(_kjit, _name) for _name in _kjit._bound_ops()
+                  if not _name.startswith("_")})
 
 __version__ = "0.1.0"
 

@@ -4,15 +4,19 @@
 Each op takes device tensors (torch tensors, or any object with ``__dlpack__``: CuPy, JAX),
 allocates the outputs it is not given (with torch when the inputs are torch tensors), and
 enqueues the kernel on ``stream``: None means torch's current stream on the tensors' device.
-merge_state, merge_state_in_place and gdn_decode (called every decode step) are the extension's
-METH_FASTCALL functions; the other ops pass their arguments positionally to the extension. The
-steady-state path is then one vectorcall plus the C++ op (a memoized plan and cuLaunchKernelEx).
+Every op is a row of the extension's op table (``_kjit._bound_ops()``, python/src/ops.cpp): a
+METH_FASTCALL function whose arguments one generic C++ reader matches and converts from the
+row (keywords, defaults, output allocation), exported here as it is. gdn_prefill,
+causal_conv1d and causal_conv1d_update are Python functions here around their positional rows
+(gdn_prefill copies cu_seqlens to the host to size checkpoints; kjit.compat.vllm calls the
+conv rows with its own layouts).
+The steady-state path is then one vectorcall plus the C++ op (a memoized plan and
+cuLaunchKernelEx).
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 import sys
 
 from . import _kjit
@@ -95,55 +99,20 @@ def _empty_states(pool, rows):
 
 
 # ---------------------------------------------------------------------------------------------
-# merge_state
+# The ops
 
 
-# merge_state and merge_state_in_place are the extension's own METH_FASTCALL functions (their
-# keywords, defaults and output allocation are handled in C++: a Python wrapper would cost
-# ~0.5 us of a call's ~5 us); help() shows their signatures and documentation.
-merge_state = _kjit.merge_state
-merge_state_in_place = _kjit.merge_state_in_place
-
-
-def merge_states(v, s, v_out=None, s_out=None, *, lse_base=None, lse_layout="token_major",
-                 pos_inf_as_empty=True, return_lse=True, out_dtype=None, mode="", stream=None,
-                 _plan=False, _arch=None):
-    """Merges S states per (token, head): v [T, S, H, D], s f32 [T, S, H] (token_major) or
-    [H, T, S] (head_major) -> (v_out [T, H, D], s_out [T, H] / [H, T])."""
-    if v_out is None:
-        v_out = _empty(v, (v.shape[0], v.shape[2], v.shape[3]), out_dtype)
-    if s_out is None and return_lse:
-        token_major = lse_layout == "token_major"
-        shape = (s.shape[0], s.shape[2]) if token_major else (s.shape[0], s.shape[1])
-        s_out = _empty(s, shape, "float32")
-    result = _kjit._merge_states(v, s, v_out, s_out, _base(lse_base), lse_layout,
-                                 pos_inf_as_empty, mode, stream, _plan, _arch)
-    return result if _plan else (v_out, s_out)
-
-
-# ---------------------------------------------------------------------------------------------
-# Gated DeltaNet
-
-
-# One packed GDN decode step: like merge_state, a METH_FASTCALL function of the extension.
-gdn_decode = _kjit.gdn_decode
-
-
-def gdn_decode_gated(mixed_qkv, g, beta, state, state_indices, out=None, *, scale=None,
-                     l2norm_qk=True, invalid_index="negative", mode="", debug_check_indices=False,
-                     row_order="auto", stream=None, _plan=False, _arch=None):
-    """gdn_decode with precomputed f32 gates: g [B, HV] (log decay) and beta [B, HV].
-
-    invalid_index defaults to 'negative' (index < 0 is padding, slot 0 is real: SGLang's
-    pools); with vLLM's pools, whose slot 0 is a null block, pass 'nonpositive' (see
-    gdn_decode)."""
-    _check_arch("gdn_decode_gated", _arch)
-    if out is None:
-        out = _empty(mixed_qkv, (mixed_qkv.shape[0], state.shape[1], state.shape[2]))
-    result = _kjit._gdn_decode_gated(mixed_qkv, g, beta, state, state_indices, out, scale,
-                                     l2norm_qk, invalid_index, mode, debug_check_indices,
-                                     row_order, stream, _plan, _arch)
-    return result if _plan else out
+# Every op of the extension's op table (python/src/ops.cpp) is its own METH_FASTCALL function
+# (keywords, defaults and output allocation are handled in C++: a Python wrapper would cost
+# ~0.5 us of a call's ~5 us); help() shows its signature and documentation. Exported as they
+# are: an op added to the table needs nothing here. A row named with a leading '_' is wrapped
+# by the Python function below of the name without it (gdn_prefill: checkpoints made from a
+# host copy of cu_seqlens; causal_conv1d and causal_conv1d_update: kjit.compat.vllm calls their
+# positional rows too).
+for _name in _kjit._bound_ops():
+    if not _name.startswith("_"):
+        globals()[_name] = getattr(_kjit, _name)
+del _name
 
 
 def gdn_prefill(q, k, v, cu_seqlens, state, state_indices, *, a=None, b=None, a_log=None,
@@ -245,31 +214,6 @@ def causal_conv1d_update(x, weight, conv_state, state_indices, *, bias=None,
     return result if _plan else out
 
 
-# ---------------------------------------------------------------------------------------------
-# qk_l2norm
-
-
-def qk_l2norm(q, k=None, *, q_out=None, k_out=None, eps=1e-6, stream=None, _plan=False,
-              _arch=None):
-    """L2-normalizes the rows of q [T, Hq, D] and k [T, Hk, D] (or q alone) in one launch
-    (kjit/ops/qk_l2norm.hpp): x / sqrt(sum x^2 + eps) in f32, eps inside the root as in fla's
-    l2norm_fwd. f16/bf16/f32; D a multiple of 8 up to 512; any token and head strides (last
-    dimension contiguous). q_out / k_out default to new tensors; pass q_out=q (k_out=k) to
-    normalize in place. Returns (q_out, k_out), or q_out when k is None."""
-    _check_arch("qk_l2norm", _arch)
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise _kjit.InvalidArgument(
-            f"qk_l2norm: eps = {eps!r} is a {type(eps).__name__}; accepted: a finite number >= 0")
-    if q_out is None:
-        q_out = _empty(q, tuple(q.shape))
-    if k is not None and k_out is None:
-        k_out = _empty(k, tuple(k.shape))
-    result = _kjit._qk_l2norm(q, k, q_out, k_out, float(eps), stream, _plan, _arch)
-    if _plan:
-        return result
-    return q_out if k is None else (q_out, k_out)
-
-
 def gdn_prefill_workspace_bytes(tokens, value_heads):
     """Bytes of the workspace a gdn_prefill call over `tokens` tokens and `value_heads` value
     heads needs on its chunked path (what its workspace argument must hold at least)."""
@@ -306,17 +250,8 @@ def _like_ints(like, values):
     return xp.asarray(values, dtype=xp.int64)
 
 
-_OPS = {
-    "merge_state": merge_state,
-    "merge_state_in_place": merge_state_in_place,
-    "merge_states": merge_states,
-    "gdn_decode": gdn_decode,
-    "gdn_decode_gated": gdn_decode_gated,
-    "gdn_prefill": gdn_prefill,
-    "causal_conv1d": causal_conv1d,
-    "causal_conv1d_update": causal_conv1d_update,
-    "qk_l2norm": qk_l2norm,
-}
+# Every op by name, in the op table's order (plan_call accepts these).
+_OPS = {name.lstrip("_"): globals()[name.lstrip("_")] for name in _kjit._bound_ops()}
 
 
 # ---------------------------------------------------------------------------------------------

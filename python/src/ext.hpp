@@ -2,7 +2,9 @@
 // kjit._kjit's private declarations, shared by the parts of the extension (not installed):
 //   tensors.cpp  the torch registration (the attribute path and kjit._kjit_torch's fast path),
 //                the torch / DLPack argument readers, torch's current stream, the debug readers;
-//   ops.cpp      option parsing, the op bindings and the METH_FASTCALL per-step op path;
+//   fastcall.cpp the op table's generic path: argument matching and conversion by a row's
+//                parameters, output allocation, registration of one function per row;
+//   ops.cpp      the op table: one row per op (parameters, documentation, the library call);
 //   tools.cpp    plans by shape names (the `kjit plan` vocabulary), prewarm, source, compile;
 //   module.cpp   the runtime and its settings, the Python exception classes and their
 //                translator, and the NB_MODULE body that registers all of the above.
@@ -165,61 +167,144 @@ nb::tuple read_tensor(nb::handle obj);
 std::size_t read_args_for_bench(nb::args args);
 
 // ---------------------------------------------------------------------------------------------
-// Ops (ops.cpp): the op bindings registered by nanobind, positional arguments only; each
-// returns the Plan without launching when `plan` is true.
+// The op table (fastcall.cpp reads arguments, ops.cpp holds the rows): every op a row binds is a
+// METH_FASTCALL function kjit.<name> whose arguments one generic reader matches and converts
+// from the row's parameter list; the row's `run` reads the tensors and calls the library.
 
-nb::object merge_states(nb::handle v, nb::handle s, nb::handle v_out, nb::handle s_out,
-                        const OptStr& base, const std::string& layout, bool pos_inf,
-                        const std::string& mode, nb::handle stream, bool plan, const OptStr& arch);
-nb::object gdn_decode_gated(nb::handle mixed_qkv, nb::handle g, nb::handle beta, nb::handle state,
-                            nb::handle state_indices, nb::handle out, std::optional<double> scale,
-                            bool l2norm, const std::string& invalid, const std::string& mode,
-                            bool debug_check, const std::string& row_order, nb::handle stream,
-                            bool plan, const OptStr& arch);
-nb::object gdn_prefill(nb::handle q, nb::handle k, nb::handle v, nb::handle a, nb::handle b,
-                       nb::handle a_log, nb::handle dt_bias, nb::handle g, nb::handle beta,
-                       nb::handle cu_seqlens, nb::handle state, nb::handle state_indices,
-                       nb::handle has_initial_state, nb::handle out, nb::handle final_state,
-                       double scale, bool l2norm, double threshold,
-                       std::int64_t checkpoint_every_n_tokens, nb::handle state_checkpoints,
-                       nb::handle checkpoint_cu_starts, nb::handle workspace,
-                       const std::string& mode, nb::handle stream, bool plan, const OptStr& arch);
-nb::object causal_conv1d(nb::handle x, nb::handle weight, nb::handle bias, nb::handle conv_state,
-                         nb::handle cu_seqlens, nb::handle state_indices,
-                         nb::handle has_initial_state, nb::handle out, const OptStr& activation,
-                         const std::string& invalid, const std::string& mode, bool debug_check,
-                         nb::handle stream, bool plan, const OptStr& arch);
-nb::object causal_conv1d_update(nb::handle x, nb::handle weight, nb::handle bias,
-                                nb::handle conv_state, nb::handle state_indices,
-                                nb::handle num_accepted_tokens, nb::handle out,
-                                const OptStr& activation, const std::string& invalid,
-                                const std::string& mode, bool debug_check, nb::handle stream,
-                                bool plan, const OptStr& arch, nb::handle query_start_loc);
-nb::object qk_l2norm(nb::handle q, nb::handle k, nb::handle q_out, nb::handle k_out, double eps,
-                     nb::handle stream, bool plan, const OptStr& arch);
+/// How the generic reader takes one parameter.
+enum class ParamKind {
+  /// A tensor, the stream or an output: passed on as it is (None when not given); the row's
+  /// run reads it (tensors through Args, in the order their errors should be reported).
+  object,
+  /// True or False; a TypeError names anything else.
+  flag,
+  /// A str (None: the default); a TypeError names anything else.
+  text,
+  /// A str or None.
+  opt_text,
+  /// An int or float (None: the default); a TypeError names anything else.
+  number,
+  /// A number or None.
+  opt_number,
+  /// An int (None: the default); a TypeError names anything else.
+  integer,
+  /// A real number that is not a bool (numbers.Real): an InvalidArgument names anything else
+  /// ("<op>: <name> = <repr> is a <type>; accepted: a finite number >= 0").
+  real,
+  /// lse_base: '2', 'e' or a number (2, 2.0, math.e); anything else goes on as its str().
+  lse_base,
+  /// _plan: return the Plan without launching (True or False).
+  plan,
+  /// _arch: a str or None, read only when planning (a TypeError names anything else).
+  arch,
+  /// _arch, checked on every call as kjit.plan checks its arch (an InvalidArgument).
+  checked_arch,
+};
 
-// The METH_FASTCALL per-step ops (ops.cpp)
+/// One parameter of an op binding.
+struct Param {
+  const char* name;
+  ParamKind kind;
+  /// The default as Python spells it in the signature ("None", "'token_major'", "True", "20.0");
+  /// nullptr: required. The reader's typed default is parsed from it once, at import.
+  const char* fallback = nullptr;
+};
 
-/// A fixed parameter list: the first `positional` may be passed by position, the first
-/// `required` must be given; the rest are keyword-only.
-struct FastSignature {
-  const char* op;
-  std::vector<const char*> names;
+/// One argument after the generic reader: the object (borrowed; Py_None when not given) and,
+/// for the option kinds, its converted value.
+struct Value {
+  PyObject* obj = nullptr;
+  bool flag = false;
+  double number = 0.0;
+  std::int64_t integer = 0;
+  bool none = true;       // opt_text / opt_number / lse_base / arch: None
+  std::string_view text;  // text kinds: a view of the str's UTF-8 (or of the default)
+};
+
+struct OpBinding;
+
+/// The arguments of one call of an op binding.
+class Call {
+ public:
+  static constexpr std::size_t kMaxParams = 32;
+  Call(const OpBinding& op, bool plan) : op_(op), plan_(plan), args_(op_name(op), !plan) {}
+
+  const char* op() const { return op_name(op_); }
+  /// The object of parameter i: Py_None when it was not given.
+  nb::handle obj(std::size_t i) const { return values_[i].obj; }
+  bool given(std::size_t i) const { return values_[i].obj != Py_None; }
+  bool flag(std::size_t i) const { return values_[i].flag; }
+  double number(std::size_t i) const { return values_[i].number; }
+  std::int64_t integer(std::size_t i) const { return values_[i].integer; }
+  std::optional<double> opt_number(std::size_t i) const {
+    if (values_[i].none) return std::nullopt;
+    return values_[i].number;
+  }
+  std::string text(std::size_t i) const { return std::string(values_[i].text); }
+  OptStr opt_text(std::size_t i) const {
+    if (values_[i].none) return std::nullopt;
+    return text(i);
+  }
+  /// Parameter i (an `object` parameter) read as a str now, `fallback` when None or not given:
+  /// for an option that only matters with others (a TypeError names anything but a str).
+  std::string text_or(std::size_t i, const char* fallback) const;
+  bool plan() const { return plan_; }
+  /// The tensors of the call (on one CUDA device unless planning).
+  Args& args() { return args_; }
+  /// The device limits a plan is made for: _arch, else the tensors' device.
+  DeviceLimits limits();
+  /// The stream argument (stream), as Args::stream reads it.
+  Stream stream();
+
+ private:
+  friend PyObject* call_op(const OpBinding&, PyObject* const*, Py_ssize_t, PyObject*) noexcept;
+  static const char* op_name(const OpBinding& op);
+  const OpBinding& op_;
+  bool plan_;
+  Value values_[kMaxParams];
+  /// str() of an lse_base given as another object, alive for the call.
+  nb::object keep_;
+  Args args_;
+};
+
+/// An op as Python calls it: kjit.<name>(...).
+struct OpBinding {
+  const char* name;
+  std::vector<Param> params;
+  /// The first `positional` parameters may be passed by position; the first `required` must be
+  /// given; the rest are keyword-only.
   std::size_t positional;
   std::size_t required;
-  std::vector<PyObject*> interned;  // filled at module import
-};
-extern FastSignature g_merge_state_sig;
-extern FastSignature g_merge_state_in_place_sig;
-extern FastSignature g_gdn_decode_sig;
+  /// The documentation after the signature (which is made from `params`).
+  const char* doc;
+  /// Reads the tensors and calls the library: the Plan when planning, else the outputs.
+  nb::object (*run)(Call& call);
 
-PyObject* merge_state(PyObject*, PyObject* const* call_args, Py_ssize_t nargsf,
-                      PyObject* kwnames) noexcept;
-PyObject* merge_state_in_place(PyObject*, PyObject* const* call_args, Py_ssize_t nargsf,
-                               PyObject* kwnames) noexcept;
-PyObject* gdn_decode(PyObject*, PyObject* const* call_args, Py_ssize_t nargsf,
-                     PyObject* kwnames) noexcept;
+  // Filled at import (register_ops).
+  std::size_t plan_at = 0, arch_at = 0, stream_at = 0;
+  std::vector<PyObject*> interned;
+  std::vector<Value> defaults;
+  std::string docstring;
+  PyMethodDef method{};
+};
+
+/// Every op binding. A row whose name starts with '_' is the extension's own (a Python function
+/// of the package wraps it); the others are kjit.<name> as they are.
+std::vector<OpBinding>& op_bindings();
+/// Matches and converts the arguments of one call by `op`'s parameters and runs it.
+PyObject* call_op(const OpBinding& op, PyObject* const* args, Py_ssize_t nargsf,
+                  PyObject* kwnames) noexcept;
+/// Adds one METH_FASTCALL function per row to the module, and _bound_ops() listing the rows'
+/// names in the table's order.
+void register_ops(nb::module_& m);
+
+/// An output the caller did not give: on `like`'s device and from its library, of `shape_of`'s
+/// shape, of dtype `forced` when given, else `dtype` (None: like's; a torch dtype; a name).
+nb::object allocate_like(nb::handle like, const TensorView& shape_of, nb::handle dtype,
+                         std::optional<DType> forced = std::nullopt);
 void register_allocator(nb::handle allocate);
+/// A plan target: arch text (offline, built-in limits) or None for the tensors' device.
+DeviceLimits plan_limits(const std::optional<std::string>& arch, int device);
 
 // ---------------------------------------------------------------------------------------------
 // Plans by shape names, prewarm, source, compile (tools.cpp)

@@ -2,9 +2,9 @@
 // kjit._kjit: the Python extension. Tensors come in as torch tensors (read through libtorch's C++
 // API by kjit._kjit_torch when it was built, torch_fastpath.hpp, else through their C-level
 // attributes: torch's __dlpack__ is a Python method that costs microseconds per tensor) or as
-// any DLPack / buffer-protocol object (through nanobind's ndarray import). Every op entry point
-// takes positional arguments only, so that nanobind's vectorcall path stays cheap; the Python
-// package (python/kjit) adds keywords, defaults and output allocation.
+// any DLPack / buffer-protocol object (through nanobind's ndarray import). Every op is a row of
+// the op table (ops.cpp): a METH_FASTCALL function whose keywords, defaults and outputs one
+// generic reader handles (fastcall.cpp), exported by the package as kjit.<op> as it is.
 // This file: the runtime and its settings, the exception classes and the module body (ext.hpp).
 #include "ext.hpp"
 
@@ -298,95 +298,10 @@ NB_MODULE(_kjit, m) {
     const bool ok = runtime().driver_available(&why);
     return nb::make_tuple(ok, why);
   });
-  // Every argument accepts None (an optional tensor or option left out): nanobind refuses None
-  // for an argument unless it is annotated so.
-  // The per-step ops: METH_FASTCALL entry points (see FastSignature). Their docstrings carry
-  // the signature, so inspect.signature() and help() show the keywords.
-  static PyMethodDef fast_methods[] = {
-      {"merge_state",
-       reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&kjit::python::merge_state)),
-       METH_FASTCALL | METH_KEYWORDS,
-       "merge_state($module, v_a, s_a, v_b, s_b, v_out=None, s_out=None, *, lse_base=None, "
-       "lse_layout='token_major', pos_inf_as_empty=True, return_lse=True, out_dtype=None, "
-       "mode='', stream=None, _plan=False, _arch=None)\n--\n\n"
-       "Merges two partial attention states: (v_a, s_a) + (v_b, s_b) -> (v_out, s_out).\n\n"
-       "v_*: [T, H, D] f16/bf16/f32, last dim contiguous. s_*: f32 LSE [T, H] (lse_layout\n"
-       "'token_major') or [H, T] ('head_major'). lse_base is required: 2 (FlashInfer) or 'e'\n"
-       "(FlashAttention, SGLang, vLLM). v_out defaults to a new tensor of v_a's shape in\n"
-       "out_dtype (default v_a's dtype), s_out to a new f32 tensor of s_a's shape;\n"
-       "return_lse=False skips writing the merged LSE. stream: None (torch's current stream on\n"
-       "the tensors' device), an int (cudaStream_t), a torch or CuPy stream. Returns\n"
-       "(v_out, s_out) (s_out None when not written)."},
-      {"merge_state_in_place",
-       reinterpret_cast<PyCFunction>(
-           reinterpret_cast<void (*)()>(&kjit::python::merge_state_in_place)),
-       METH_FASTCALL | METH_KEYWORDS,
-       "merge_state_in_place($module, v, s, v_other, s_other, mask=None, *, lse_base=None, "
-       "lse_layout='token_major', pos_inf_as_empty=True, mode='', stream=None, _plan=False, "
-       "_arch=None)\n--\n\n"
-       "(v, s) <- merge((v, s), (v_other, s_other)) for the tokens whose mask[t] is nonzero.\n\n"
-       "mask: [T] bool/uint8, or None for every token. Returns (v, s)."},
-      {"gdn_decode",
-       reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&kjit::python::gdn_decode)),
-       METH_FASTCALL | METH_KEYWORDS,
-       "gdn_decode($module, mixed_qkv, a, b, a_log, dt_bias, state, state_indices, out=None, *, "
-       "scale=None, l2norm_qk=True, softplus_threshold=20.0, invalid_index='negative', mode='', "
-       "debug_check_indices=False, row_order='auto', stream=None, _plan=False, _arch=None, "
-       "conv_weight=None, conv_bias=None, conv_state=None, conv_activation='silu')\n"
-       "--\n\n"
-       "One packed GDN decode step (raw gates), state updated in place in its pool slots.\n\n"
-       "With conv_weight [D, W] and conv_state [slots, D, L] (conv_bias [D] or None): the fused\n"
-       "decode step (GdnDecodeOptions::conv): mixed_qkv is taken before the causal conv update,\n"
-       "which runs in the same kernel (conv_activation 'silu' or 'none'); both pools are\n"
-       "indexed by state_indices and updated in place.\n\n"
-       "Padding rows: invalid_index defaults to 'negative': index < 0 is padding and slot 0\n"
-       "is a real slot (SGLang's pools). vLLM's pools reserve slot 0 as a null block: pass\n"
-       "invalid_index='nonpositive' (index <= 0 is padding) there, or rows padded with 0 read\n"
-       "and update slot 0 as if it were a sequence's state. The default stays because it is\n"
-       "kjit's one pool convention: gdn_prefill (which has no option) and the C++\n"
-       "GdnDecodeOptions treat index 0 as a real slot too, so a vLLM integration maps its\n"
-       "indices (or passes 'nonpositive' here) in any case, and the same call means the same\n"
-       "in C++ and Python.\n\n"
-       "mixed_qkv [B, 2*H*K + HV*V]; a, b [B, HV]; a_log, dt_bias [HV]; state [slots, HV, V, K]\n"
-       "with K contiguous, or V contiguous (a [slots, HV, K, V] pool as .transpose(-1, -2), fla's\n"
-       "layout, updated in place); state_indices [B] int32/int64. out defaults to [B, HV, V] of\n"
-       "mixed_qkv's dtype.\n"
-       "row_order: 'auto' (slot order for steps reading >= 512 MiB of state), 'by_slot' or\n"
-       "'as_given' (GdnDecodeOptions::row_order; results are the same). Returns out."},
-      {nullptr, nullptr, 0, nullptr}};
-  for (FastSignature* sig : {&g_merge_state_sig, &g_merge_state_in_place_sig, &g_gdn_decode_sig}) {
-    for (const char* name : sig->names) sig->interned.push_back(PyUnicode_InternFromString(name));
-  }
-  if (PyModule_AddFunctions(m.ptr(), fast_methods) != 0) throw nb::python_error();
+  // The op table (ops.cpp): one METH_FASTCALL function per row, its signature line made from
+  // the row's parameters (inspect.signature() and help() show the keywords).
+  register_ops(m);
   m.def("_register_allocator", &register_allocator);
-  m.def("_merge_states", &kjit::python::merge_states, "v"_a.none(), "s"_a.none(), "v_out"_a.none(),
-        "s_out"_a.none(), "lse_base"_a.none(), "lse_layout"_a.none(), "pos_inf_as_empty"_a.none(),
-        "mode"_a.none(), "stream"_a.none(), "plan"_a.none(), "arch"_a.none());
-  m.def("_gdn_decode_gated", &kjit::python::gdn_decode_gated, "mixed_qkv"_a.none(), "g"_a.none(),
-        "beta"_a.none(), "state"_a.none(), "state_indices"_a.none(), "out"_a.none(),
-        "scale"_a.none(), "l2norm_qk"_a.none(), "invalid_index"_a.none(), "mode"_a.none(),
-        "debug_check_indices"_a.none(), "row_order"_a.none(), "stream"_a.none(), "plan"_a.none(),
-        "arch"_a.none());
-  m.def("_gdn_prefill", &kjit::python::gdn_prefill, "q"_a.none(), "k"_a.none(), "v"_a.none(),
-        "a"_a.none(), "b"_a.none(), "a_log"_a.none(), "dt_bias"_a.none(), "g"_a.none(),
-        "beta"_a.none(), "cu_seqlens"_a.none(), "state"_a.none(), "state_indices"_a.none(),
-        "has_initial_state"_a.none(), "out"_a.none(), "final_state"_a.none(), "scale"_a.none(),
-        "l2norm_qk"_a.none(), "softplus_threshold"_a.none(), "checkpoint_every_n_tokens"_a,
-        "state_checkpoints"_a.none(), "checkpoint_cu_starts"_a.none(), "workspace"_a.none(),
-        "mode"_a.none(), "stream"_a.none(), "plan"_a.none(), "arch"_a.none());
-  m.def("_causal_conv1d", &kjit::python::causal_conv1d, "x"_a.none(), "weight"_a.none(),
-        "bias"_a.none(), "conv_state"_a.none(), "cu_seqlens"_a.none(), "state_indices"_a.none(),
-        "has_initial_state"_a.none(), "out"_a.none(), "activation"_a.none(),
-        "invalid_index"_a.none(), "mode"_a.none(), "debug_check_indices"_a.none(),
-        "stream"_a.none(), "plan"_a.none(), "arch"_a.none());
-  m.def("_causal_conv1d_update", &kjit::python::causal_conv1d_update, "x"_a.none(),
-        "weight"_a.none(), "bias"_a.none(), "conv_state"_a.none(), "state_indices"_a.none(),
-        "num_accepted_tokens"_a.none(), "out"_a.none(), "activation"_a.none(),
-        "invalid_index"_a.none(), "mode"_a.none(), "debug_check_indices"_a.none(),
-        "stream"_a.none(), "plan"_a.none(), "arch"_a.none(),
-        "query_start_loc"_a.none() = nb::none());
-  m.def("_qk_l2norm", &kjit::python::qk_l2norm, "q"_a.none(), "k"_a.none(), "q_out"_a.none(),
-        "k_out"_a.none(), "eps"_a, "stream"_a.none(), "plan"_a, "arch"_a.none());
   m.def("_gdn_prefill_workspace_bytes", &gdn_prefill_workspace_bytes);
   m.def("_gdn_prefill_checkpoint_starts",
         [](const std::vector<std::int64_t>& cu_seqlens, std::int64_t every) {
