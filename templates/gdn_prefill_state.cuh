@@ -762,6 +762,9 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     const i64 ta = t0 + i64(kStages - 1) * kGdnPrefillChunk;
     const int sa = st == 0 ? kStages - 1 : st - 1;
     cp_async::wait<kStages - 2>();
+#if KJIT_GDN_STATE_WGMMA
+    wgmma::fence_shared_writes();  // this thread's copies, before wgmma reads them
+#endif
     __syncthreads();
     if (ta < eos) fill(sa, ta);
     cp_async::commit();
