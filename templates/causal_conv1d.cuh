@@ -35,6 +35,7 @@ struct Elem<float> {
   static __device__ __forceinline__ float to_f32(float v) { return v; }
   static __device__ __forceinline__ float from_bits(unsigned int w) { return __uint_as_float(w); }
   static __device__ __forceinline__ float from_f32(float v) { return v; }
+  static __device__ __forceinline__ unsigned int to_bits(float v) { return __float_as_uint(v); }
 };
 template <>
 struct Elem<__half> {
@@ -205,39 +206,80 @@ __device__ __forceinline__ bool slot_valid(i64 slot, const CausalConv1dParams& p
 }
 
 /// Per-thread state of one (run of tokens, channel group): weights, bias and the W-1 previous
-/// inputs of each of its kVec channels, oldest first.
-template <int kWidth, int kVec, bool kSilu>
+/// inputs of each of its kVec channels, oldest first. kPacked (the update's rows): 16-bit
+/// weights stay in TW's raw words, two a register, widened by a shift at each use: a row has
+/// one or a few tokens, and registers bound how many threads, and so how many loads, an SM
+/// keeps in flight (docs/performance.md, "The update's registers"). The prefill modes keep
+/// them as floats, converted once, for the many tokens of a span.
+template <typename TW, int kWidth, int kVec, bool kSilu, bool kPacked>
 struct Conv {
-  float w[kWidth][kVec];
+  /// Weight (channel k, tap j) is element k * kWidth + j of w_raw; w_f[j][k] when not packed.
+  static constexpr int kWeights = kWidth * kVec;
+  static constexpr int kWeightWords = (kWeights * static_cast<int>(sizeof(TW)) + 3) / 4;
+  unsigned int w_raw[kPacked ? kWeightWords : 1];
+  float w_f[kPacked ? 1 : kWidth][kVec];
   float b[kVec];
   float h[kWidth - 1][kVec];
+
+  __device__ __forceinline__ float w(int j, int k) const {
+    if constexpr (!kPacked) {
+      return w_f[j][k];
+    } else {
+      const int e = k * kWidth + j;
+      if constexpr (sizeof(TW) == 4) {
+        return Elem<TW>::from_bits(w_raw[e]);
+      } else {
+        return Elem<TW>::from_bits((w_raw[e / 2] >> (16 * (e % 2))) & 0xffffu);
+      }
+    }
+  }
 
   /// Weights and bias of channels c0..c0+kVec-1: one contiguous [kVec, W] block of 16-byte
   /// vectors and one bias vector where the launch's flags say the layout allows (a scalar load
   /// per element, each lane 2 W bytes from the next, costs a wavefront per lane), else element
   /// by element through the strides.
-  template <typename TW>
   __device__ __forceinline__ void load_weights(const CausalConv1dParams& p, i64 c0) {
     const TW* weight = static_cast<const TW*>(p.weight);
     bool done = false;
-    if constexpr ((kVec * kWidth * sizeof(TW)) % 16 == 0) {
+    if constexpr ((kWeights * sizeof(TW)) % 16 == 0) {
       if ((p.vector_flags & kConvWeightBlock) != 0) {
-        Block<TW, kVec * kWidth> blk;
+        Block<TW, kWeights> blk;
         blk.load(weight + c0 * kWidth);
+        if constexpr (kPacked) {
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) {
+          for (int i = 0; i < kWeightWords; ++i) w_raw[i] = blk.w[i];
+        } else {
 #pragma unroll
-          for (int j = 0; j < kWidth; ++j) w[j][k] = blk.get(k * kWidth + j);
+          for (int k = 0; k < kVec; ++k) {
+#pragma unroll
+            for (int j = 0; j < kWidth; ++j) w_f[j][k] = blk.get(k * kWidth + j);
+          }
         }
         done = true;
       }
     }
     if (!done) {
+      if constexpr (kPacked) {
+#pragma unroll
+        for (int i = 0; i < kWeightWords; ++i) w_raw[i] = 0u;
+      }
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
 #pragma unroll
         for (int j = 0; j < kWidth; ++j) {
-          w[j][k] = load1(weight + (c0 + k) * p.weight_channel_stride + j * p.weight_tap_stride);
+          const float x =
+              load1(weight + (c0 + k) * p.weight_channel_stride + j * p.weight_tap_stride);
+          if constexpr (!kPacked) {
+            w_f[j][k] = x;
+          } else {
+            const int e = k * kWidth + j;
+            const unsigned int bits = Elem<TW>::to_bits(x);
+            if constexpr (sizeof(TW) == 4) {
+              w_raw[e] = bits;
+            } else {
+              w_raw[e / 2] |= bits << (16 * (e % 2));
+            }
+          }
         }
       }
     }
@@ -258,9 +300,9 @@ struct Conv {
   __device__ __forceinline__ void step(const float (&in)[kVec], float (&y)[kVec]) {
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      float acc = b[k] + w[kWidth - 1][k] * in[k];
+      float acc = b[k] + w(kWidth - 1, k) * in[k];
 #pragma unroll
-      for (int j = 0; j < kWidth - 1; ++j) acc += w[j][k] * h[j][k];
+      for (int j = 0; j < kWidth - 1; ++j) acc += w(j, k) * h[j][k];
       // SiLU with the fast division (2 ulp, div.full.f32 as Triton's `/` on f32): IEEE
       // division expands to ~10 instructions with a slow-path branch, per channel and token, in
       // a kernel whose instruction issue is close to its bandwidth's budget. For acc < -87
@@ -312,9 +354,10 @@ __device__ __forceinline__ void load_batch(const CausalConv1dParams& p,
 
 /// Runs the loaded tokens [t0, min(t0 + kChunk, count)) through `conv` and stores their outputs
 /// (token offsets o_off + i * o_ts).
-template <typename TIn, typename TOut, int kWidth, int kVec, int kChunk, bool kSilu>
+template <typename TIn, typename TOut, int kWidth, int kVec, int kChunk, bool kSilu, typename TW,
+          bool kPacked>
 __device__ __forceinline__ void compute_batch(const CausalConv1dParams& p,
-                                              Conv<kWidth, kVec, kSilu>& conv,
+                                              Conv<TW, kWidth, kVec, kSilu, kPacked>& conv,
                                               const Raw<TIn, kVec> (&xs)[kChunk], i64 o_off,
                                               i64 o_ts, i64 t0, i64 count, i64 c0) {
 #pragma unroll
@@ -336,10 +379,12 @@ __device__ __forceinline__ void compute_batch(const CausalConv1dParams& p,
 
 /// Runs tokens [begin, count) through `conv`, kChunk tokens' loads at a time before their
 /// arithmetic.
-template <typename TIn, typename TOut, int kWidth, int kVec, int kChunk, bool kSilu>
+template <typename TIn, typename TOut, int kWidth, int kVec, int kChunk, bool kSilu, typename TW,
+          bool kPacked>
 __device__ __forceinline__ void run_tokens(const CausalConv1dParams& p,
-                                           Conv<kWidth, kVec, kSilu>& conv, i64 x_off, i64 x_ts,
-                                           i64 o_off, i64 o_ts, i64 begin, i64 count, i64 c0) {
+                                           Conv<TW, kWidth, kVec, kSilu, kPacked>& conv, i64 x_off,
+                                           i64 x_ts, i64 o_off, i64 o_ts, i64 begin, i64 count,
+                                           i64 c0) {
   for (i64 t0 = begin; t0 < count; t0 += kChunk) {
     Raw<TIn, kVec> xs[kChunk];
     load_batch<TIn, kVec, kChunk>(p, xs, x_off, x_ts, t0, count, c0);
@@ -353,9 +398,10 @@ __device__ __forceinline__ void run_tokens(const CausalConv1dParams& p,
 /// already issued by the caller (its loads overlap the caller's pool / halo reads). In place
 /// (out == x, sequential mode) this is still exact: the rows loaded ahead are later rows than
 /// the ones stored, and each thread owns its channels.
-template <typename TIn, typename TOut, int kWidth, int kVec, int kChunk, bool kSilu>
+template <typename TIn, typename TOut, int kWidth, int kVec, int kChunk, bool kSilu, typename TW,
+          bool kPacked>
 __device__ __forceinline__ void run_tokens_pipelined(const CausalConv1dParams& p,
-                                                     Conv<kWidth, kVec, kSilu>& conv,
+                                                     Conv<TW, kWidth, kVec, kSilu, kPacked>& conv,
                                                      Raw<TIn, kVec> (&first)[kChunk], i64 x_off,
                                                      i64 o_off, i64 count, i64 c0) {
   const i64 x_ts = p.x_token_stride, o_ts = p.out_token_stride;
@@ -474,7 +520,9 @@ __device__ __forceinline__ void column_entry(const CausalConv1dParams& p,
 /// other modes).
 template <typename TIn, typename TOut, typename TW, typename TState, int kWidth, int kVec,
           int kChunk, int kSpan, ConvMode kMode, ConvStateAccess kAccess, bool kSilu>
-__global__ void __launch_bounds__(kConvBlockThreads)
+// Single-token rows (the decode update, chunk 1) at 5 blocks per SM: 94 registers, no spills
+// (128 and 4 blocks before); the other modes at the compiler's choice (0: no minimum), as before.
+__global__ void __launch_bounds__(kConvBlockThreads, kMode == ConvMode::rows && kChunk == 1 ? 5 : 0)
     causal_conv1d_kernel(const CausalConv1dParams p) {
   using namespace conv_detail;
   static_assert(kWidth >= 2 && kWidth <= 8, "W in 2..8");
@@ -488,7 +536,7 @@ __global__ void __launch_bounds__(kConvBlockThreads)
        item += stride) {
     const u64 unit = item / groups;
     const i64 c0 = static_cast<i64>(item - unit * groups) * kVec;
-    Conv<kWidth, kVec, kSilu> conv;
+    Conv<TW, kWidth, kVec, kSilu, kMode == ConvMode::rows> conv;
 
     if constexpr (kMode == ConvMode::rows) {
       const i64 row = static_cast<i64>(unit);
@@ -497,7 +545,7 @@ __global__ void __launch_bounds__(kConvBlockThreads)
       i64 o_off = row * p.out_row_stride;
       // Weights and the first tokens do not depend on the slot: loaded before the index, their
       // latency overlaps the index -> pool chain (a decode step is that chain at small B).
-      conv.template load_weights<TW>(p, c0);
+      conv.load_weights(p, c0);
       if (p.query_start_loc != nullptr) {
         // Varlen rows: x is [T, D] and the row's tokens are query_start_loc[row]..[row + 1],
         // clamped into 0..T so that bad offsets can never address outside x.
@@ -528,37 +576,42 @@ __global__ void __launch_bounds__(kConvBlockThreads)
         first = (a < 1 ? 1 : (a > most ? most : a)) - 1;
       }
       Pool::read(p, slot, c0, first, conv.h);
-      // The new columns before any output: x may be out (in place), and every column read is
-      // in registers already. Column k takes entry e of (history ++ x): e = k + 1 when
-      // speculative (the next step picks its history by its acceptance count), else S + k (the
-      // last W - 1 inputs).
       const bool spec = p.num_accepted != nullptr;
-      const i64 cols = spec ? ((kWidth - 2 + S) < p.state_len ? (kWidth - 2 + S) : p.state_len)
-                            : static_cast<i64>(kWidth - 1);
-      // Columns 0..W-2 always (cols >= W - 1 since L >= W - 1 and S >= 1), the speculative
-      // extra ones (L > W - 1, never the block access) after them.
-      float nv[kWidth - 1][kVec];
+      if (spec) {
+        // Speculative: column k of the slot takes entry k + 1 of (history ++ x) (the next step
+        // picks its history by its acceptance count), k < min(W - 2 + S, L). Written before any
+        // output: x may be out (in place), and these read the history as it was loaded.
+        const i64 cols = (kWidth - 2 + S) < p.state_len ? (kWidth - 2 + S) : p.state_len;
+        if constexpr (kAccess == ConvStateAccess::block) {
+          // (The block access moves whole [vec, W-1] blocks: columns 0..W-2 together.)
+          float nv[kWidth - 1][kVec];
 #pragma unroll
-      for (int col = 0; col < kWidth - 1; ++col) {
-        column_entry<TIn, kVec, kWidth>(p, conv.h, spec ? col + 1 : S + col, x_off, c0, nv[col]);
-      }
-      Pool::write(p, slot, c0, nv);
-      if constexpr (kAccess != ConvStateAccess::block) {
-        for (i64 col = kWidth - 1; col < cols; ++col) {
-          float v[kVec];
-          column_entry<TIn, kVec, kWidth>(p, conv.h, spec ? col + 1 : S + col, x_off, c0, v);
-          Pool::write_column(p, slot, c0, col, v);
+          for (int col = 0; col < kWidth - 1; ++col) {
+            column_entry<TIn, kVec, kWidth>(p, conv.h, col + 1, x_off, c0, nv[col]);
+          }
+          Pool::write(p, slot, c0, nv);
+        } else {
+          for (i64 col = 0; col < cols; ++col) {
+            float v[kVec];
+            column_entry<TIn, kVec, kWidth>(p, conv.h, col + 1, x_off, c0, v);
+            Pool::write_column(p, slot, c0, col, v);
+          }
         }
       }
-      // Outputs only now: out may be x (in place), and the columns above read x.
       compute_batch<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, first_batch, o_off,
                                                             p.out_token_stride, 0, S, c0);
       run_tokens<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, x_off, p.x_token_stride, o_off,
                                                          p.out_token_stride, kChunk, S, c0);
+      // Not speculative: the slot takes the last W - 1 inputs of (history ++ x), which is what
+      // the steps leave in conv.h (each token's input was loaded before its output was stored,
+      // so this is exact in place too). Written from registers after the outputs, no column
+      // array is held beside the history (fewer registers: more threads per SM, more loads in
+      // flight).
+      if (!spec) Pool::write(p, slot, c0, conv.h);
     } else {
       // Prefill: which sequence and which tokens of it. The weights first: they do not depend on
       // the answer, so their loads overlap the search's.
-      conv.template load_weights<TW>(p, c0);
+      conv.load_weights(p, c0);
       i64 n = 0, first_token = 0;
       if constexpr (kMode == ConvMode::chunked) {
         // The largest n with floor(cu[n] / kSpan) + n <= unit (non-decreasing in n).
