@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Parameter block of the causal_conv1d kernels (templates/causal_conv1d.cuh), shared with host
-// code (lib/ops/causal_conv1d.cpp). Plain data only: passed by value as the one kernel argument.
+// code (lib/ops/causal_conv1d/). Plain data only: passed by value as the one kernel argument.
 #pragma once
 
 #include "kjit/common/types.h"

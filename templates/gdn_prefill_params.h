@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Parameter block and shared-memory layout of the Gated DeltaNet chunked prefill kernel
-// (templates/gdn_prefill.cuh), shared with host code (lib/ops/gdn_prefill.cpp): the host sizes
+// (templates/gdn_prefill.cuh), shared with host code (lib/ops/gdn_prefill/): the host sizes
 // the dynamic shared memory with the same function the kernel carves it with.
 #pragma once
 
