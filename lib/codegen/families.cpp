@@ -38,8 +38,9 @@ FamilyRegistration::FamilyRegistration(FamilyDecl (*make)()) {
 const std::vector<FamilyDecl>& families() {
   static const std::vector<FamilyDecl> table = [] {
     std::vector<FamilyDecl> all = {
-        probe_family(),           merge_state_family(),     gdn_decode_family(),
-        gdn_decode_order_family(), gdn_decode_conv_family(), bench_family(),
+        probe_family(),           merge_state_family(),
+        gdn_decode_family(),      gdn_decode_order_family(),
+        gdn_decode_conv_family(), bench_family(),
     };
     // Registered families in name order: static initialization order across files is not
     // something a listing should depend on.
