@@ -20,6 +20,7 @@
 #include <cuda_fp16.h>
 
 #include "kjit/causal_conv1d_params.h"
+#include "kjit/common/vec.cuh"
 
 namespace kjit {
 
@@ -28,87 +29,18 @@ inline constexpr int kConvBlockThreads = 128;
 
 namespace conv_detail {
 
-template <typename T>
-struct Elem;
-template <>
-struct Elem<float> {
-  static __device__ __forceinline__ float to_f32(float v) { return v; }
-  static __device__ __forceinline__ float from_bits(unsigned int w) { return __uint_as_float(w); }
-  static __device__ __forceinline__ float from_f32(float v) { return v; }
-  static __device__ __forceinline__ unsigned int to_bits(float v) { return __float_as_uint(v); }
-};
-template <>
-struct Elem<__half> {
-  static __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-  static __device__ __forceinline__ float from_bits(unsigned int w) {
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(w)));
-  }
-  static __device__ __forceinline__ __half from_f32(float v) { return __float2half_rn(v); }
-  static __device__ __forceinline__ unsigned int to_bits(float v) {
-    return __half_as_ushort(__float2half_rn(v));
-  }
-};
-template <>
-struct Elem<__nv_bfloat16> {
-  static __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-  // bf16 is the high half of an f32: widening is a shift.
-  static __device__ __forceinline__ float from_bits(unsigned int w) {
-    return __uint_as_float(w << 16);
-  }
-  static __device__ __forceinline__ __nv_bfloat16 from_f32(float v) {
-    return __float2bfloat16_rn(v);
-  }
-  static __device__ __forceinline__ unsigned int to_bits(float v) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-  }
-};
+using vec::Bits;
+using vec::Block;
+using vec::Raw;
 
 template <typename T>
 __device__ __forceinline__ float load1(const T* p) {
-  return Elem<T>::to_f32(*p);
+  return vec::to_f32(*p);
 }
 template <typename T>
 __device__ __forceinline__ void store1(T* p, float v) {
-  *p = Elem<T>::from_f32(v);
+  *p = vec::from_f32<T>(v);
 }
-
-/// kVec elements of T held as raw 32-bit words until used: a batch of loads in flight then costs
-/// half the registers of the same values as floats (16-bit types). The planner guarantees that
-/// a vector (kVec > 1) is contiguous and aligned to kVec * sizeof(T) <= 16 bytes. Loaded as
-/// integer words: the compiler turns those into single vector instructions, arrays of 16-bit
-/// floating types it does not.
-template <typename T, int kVec>
-struct Raw {
-  static constexpr int kBytes = kVec * static_cast<int>(sizeof(T));
-  static_assert(kBytes <= 16, "at most 16 bytes per access");
-  static constexpr int kWords = kBytes >= 4 ? kBytes / 4 : 1;
-  unsigned int w[kWords];
-
-  __device__ __forceinline__ void load(const T* p) {
-    if constexpr (kBytes == 16) {
-      const uint4 r = *reinterpret_cast<const uint4*>(p);
-      w[0] = r.x;
-      w[1] = r.y;
-      w[2] = r.z;
-      w[3] = r.w;
-    } else if constexpr (kBytes == 8) {
-      const uint2 r = *reinterpret_cast<const uint2*>(p);
-      w[0] = r.x;
-      w[1] = r.y;
-    } else if constexpr (kBytes == 4) {
-      w[0] = *reinterpret_cast<const unsigned int*>(p);
-    } else {
-      w[0] = *reinterpret_cast<const unsigned short*>(p);
-    }
-  }
-  __device__ __forceinline__ float get(int k) const {
-    if constexpr (sizeof(T) == 4) {
-      return Elem<T>::from_bits(w[k]);
-    } else {
-      return Elem<T>::from_bits((w[k / 2] >> (16 * (k % 2))) & 0xffffu);
-    }
-  }
-};
 
 template <typename T, int kVec>
 __device__ __forceinline__ void load_vec(const T* p, float (&v)[kVec]) {
@@ -118,57 +50,8 @@ __device__ __forceinline__ void load_vec(const T* p, float (&v)[kVec]) {
   for (int k = 0; k < kVec; ++k) v[k] = raw.get(k);
 }
 
-/// One 16-byte store as one instruction. A plain `*p = v` through uint4* is split by NVVM into
-/// four 4-byte stores for most tokens of an unrolled batch (PTX of the bf16 prefill kernel: 6 of
-/// every 8 output rows), four times the store instructions and L2 requests of the output;
-/// __stwb is the default write-back store (st.global.wb) and always stays one v4 store.
-__device__ __forceinline__ void store16(uint4* p, uint4 v) { __stwb(p, v); }
-__device__ __forceinline__ void store8(uint2* p, uint2 v) { __stwb(p, v); }
-
-/// kElems contiguous elements of T (a multiple of 16 bytes, 16-byte aligned: the planner's
-/// block access) held as raw words.
-template <typename T, int kElems>
-struct Block {
-  static constexpr int kBytes = kElems * static_cast<int>(sizeof(T));
-  static_assert(kBytes % 16 == 0, "a block is whole 16-byte vectors");
-  static constexpr int kWords = kBytes / 4;
-  unsigned int w[kWords];
-
-  __device__ __forceinline__ void load(const T* p) {
-#pragma unroll
-    for (int i = 0; i < kWords / 4; ++i) {
-      const uint4 r = reinterpret_cast<const uint4*>(p)[i];
-      w[4 * i] = r.x;
-      w[4 * i + 1] = r.y;
-      w[4 * i + 2] = r.z;
-      w[4 * i + 3] = r.w;
-    }
-  }
-  __device__ __forceinline__ void store(T* p) const {
-#pragma unroll
-    for (int i = 0; i < kWords / 4; ++i) {
-      store16(reinterpret_cast<uint4*>(p) + i,
-              make_uint4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]));
-    }
-  }
-  __device__ __forceinline__ float get(int e) const {
-    if constexpr (sizeof(T) == 4) {
-      return Elem<T>::from_bits(w[e]);
-    } else {
-      return Elem<T>::from_bits((w[e / 2] >> (16 * (e % 2))) & 0xffffu);
-    }
-  }
-  /// Every element of a word is set before the block is stored (the caller sets all of them).
-  __device__ __forceinline__ void set(int e, float v) {
-    if constexpr (sizeof(T) == 4) {
-      w[e] = __float_as_uint(v);
-    } else {
-      const unsigned int bits = Elem<T>::to_bits(v);
-      w[e / 2] = e % 2 == 0 ? (w[e / 2] & 0xffff0000u) | bits : (w[e / 2] & 0xffffu) | (bits << 16);
-    }
-  }
-};
-
+/// kVec floats rounded to T, stored with one instruction (vec::store16 / store8: a plain 16-byte
+/// store is split by NVVM for most tokens of an unrolled batch).
 template <typename T, int kVec>
 __device__ __forceinline__ void store_vec(T* p, const float (&v)[kVec]) {
   constexpr int kBytes = kVec * static_cast<int>(sizeof(T));
@@ -182,13 +65,13 @@ __device__ __forceinline__ void store_vec(T* p, const float (&v)[kVec]) {
       if constexpr (sizeof(T) == 4) {
         w[i] = __float_as_uint(v[i]);
       } else {
-        w[i] = Elem<T>::to_bits(v[2 * i]) | (Elem<T>::to_bits(v[2 * i + 1]) << 16);
+        w[i] = vec::pack2<T>(v[2 * i], v[2 * i + 1]);
       }
     }
     if constexpr (kWords == 4) {
-      store16(reinterpret_cast<uint4*>(p), make_uint4(w[0], w[1], w[2], w[3]));
+      vec::store16(reinterpret_cast<uint4*>(p), make_uint4(w[0], w[1], w[2], w[3]));
     } else if constexpr (kWords == 2) {
-      store8(reinterpret_cast<uint2*>(p), make_uint2(w[0], w[1]));
+      vec::store8(reinterpret_cast<uint2*>(p), make_uint2(w[0], w[1]));
     } else {
       *reinterpret_cast<unsigned int*>(p) = w[0];
     }
@@ -225,12 +108,7 @@ struct Conv {
     if constexpr (!kPacked) {
       return w_f[j][k];
     } else {
-      const int e = k * kWidth + j;
-      if constexpr (sizeof(TW) == 4) {
-        return Elem<TW>::from_bits(w_raw[e]);
-      } else {
-        return Elem<TW>::from_bits((w_raw[e / 2] >> (16 * (e % 2))) & 0xffffu);
-      }
+      return vec::get<TW>(w_raw, k * kWidth + j);
     }
   }
 
@@ -273,7 +151,7 @@ struct Conv {
             w_f[j][k] = x;
           } else {
             const int e = k * kWidth + j;
-            const unsigned int bits = Elem<TW>::to_bits(x);
+            const unsigned int bits = Bits<TW>::from_f32(x);
             if constexpr (sizeof(TW) == 4) {
               w_raw[e] = bits;
             } else {

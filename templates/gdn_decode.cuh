@@ -38,6 +38,7 @@
 #include "kjit/common/cp_async.cuh"
 #include "kjit/common/gdn_math.cuh"
 #include "kjit/common/grid_dependency.cuh"
+#include "kjit/common/vec.cuh"
 #include "kjit/gdn_decode_params.h"
 
 namespace kjit {
@@ -58,28 +59,6 @@ template <typename A, typename B>
 struct Select<false, A, B> {
   using type = B;
 };
-
-/// f32 <-> 16-bit storage bits, for unpacking raw vector words.
-template <typename T>
-__device__ __forceinline__ float bits16_to_f32(unsigned int bits);
-template <>
-__device__ __forceinline__ float bits16_to_f32<__half>(unsigned int bits) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
-}
-template <>
-__device__ __forceinline__ float bits16_to_f32<__nv_bfloat16>(unsigned int bits) {
-  return __uint_as_float(bits << 16);
-}
-template <typename T>
-__device__ __forceinline__ unsigned int f32_to_bits16(float x);
-template <>
-__device__ __forceinline__ unsigned int f32_to_bits16<__half>(float x) {
-  return __half_as_ushort(__float2half_rn(x));
-}
-template <>
-__device__ __forceinline__ unsigned int f32_to_bits16<__nv_bfloat16>(float x) {
-  return __bfloat16_as_ushort(__float2bfloat16_rn(x));
-}
 
 /// kBytes / 4 raw 32-bit words (kBytes == 2: one 16-bit word) read with one vector load, with
 /// the cache hint kHint (GdnCacheHint): .cs streams (evict first: the state is touched once per
@@ -105,26 +84,9 @@ __device__ __forceinline__ void load_words(const void* ptr,
       w[0] = h;
     }
   } else {
-    constexpr bool kStream = kHint == kGdnHintStream;
-    if constexpr (kBytes == 16) {
-      const uint4* p = static_cast<const uint4*>(ptr);
-      const uint4 v = kStream ? __ldcs(p) : *p;
-      w[0] = v.x;
-      w[1] = v.y;
-      w[2] = v.z;
-      w[3] = v.w;
-    } else if constexpr (kBytes == 8) {
-      const uint2* p = static_cast<const uint2*>(ptr);
-      const uint2 v = kStream ? __ldcs(p) : *p;
-      w[0] = v.x;
-      w[1] = v.y;
-    } else if constexpr (kBytes == 4) {
-      const unsigned int* p = static_cast<const unsigned int*>(ptr);
-      w[0] = kStream ? __ldcs(p) : *p;
-    } else {
-      const unsigned short* p = static_cast<const unsigned short*>(ptr);
-      w[0] = kStream ? __ldcs(p) : *p;
-    }
+    using W = typename vec::Word<kBytes>::type;
+    const W* p = static_cast<const W*>(ptr);
+    vec::to_words(kHint == kGdnHintStream ? __ldcs(p) : *p, w);
   }
 }
 
@@ -132,38 +94,13 @@ __device__ __forceinline__ void load_words(const void* ptr,
 template <int kBytes, int kHint>
 __device__ __forceinline__ void store_words(void* ptr,
                                             const unsigned int (&w)[kBytes >= 4 ? kBytes / 4 : 1]) {
-  constexpr bool kStream = kHint == kGdnHintStream;
-  if constexpr (kBytes == 16) {
-    uint4* p = static_cast<uint4*>(ptr);
-    const uint4 v = make_uint4(w[0], w[1], w[2], w[3]);
-    if constexpr (kStream) {
-      __stcs(p, v);
-    } else {
-      *p = v;
-    }
-  } else if constexpr (kBytes == 8) {
-    uint2* p = static_cast<uint2*>(ptr);
-    const uint2 v = make_uint2(w[0], w[1]);
-    if constexpr (kStream) {
-      __stcs(p, v);
-    } else {
-      *p = v;
-    }
-  } else if constexpr (kBytes == 4) {
-    unsigned int* p = static_cast<unsigned int*>(ptr);
-    if constexpr (kStream) {
-      __stcs(p, w[0]);
-    } else {
-      *p = w[0];
-    }
+  using W = typename vec::Word<kBytes>::type;
+  W* p = static_cast<W*>(ptr);
+  const W v = static_cast<W>(vec::from_words(w));
+  if constexpr (kHint == kGdnHintStream) {
+    __stcs(p, v);
   } else {
-    unsigned short* p = static_cast<unsigned short*>(ptr);
-    const auto h = static_cast<unsigned short>(w[0]);
-    if constexpr (kStream) {
-      __stcs(p, h);
-    } else {
-      *p = h;
-    }
+    *p = v;
   }
 }
 
@@ -178,34 +115,18 @@ struct Chunk {
 
   __device__ __forceinline__ void load(const T* ptr) { load_words<kBytes, kLoadHint>(ptr, w); }
   /// Plain load (no cache hint), for a tile already staged in shared memory.
-  __device__ __forceinline__ void load_plain(const T* ptr) {
-    if constexpr (kBytes == 16) {
-      const uint4 v = *reinterpret_cast<const uint4*>(ptr);
-      w[0] = v.x;
-      w[1] = v.y;
-      w[2] = v.z;
-      w[3] = v.w;
-    } else if constexpr (kBytes == 8) {
-      const uint2 v = *reinterpret_cast<const uint2*>(ptr);
-      w[0] = v.x;
-      w[1] = v.y;
-    } else if constexpr (kBytes == 4) {
-      w[0] = *reinterpret_cast<const unsigned int*>(ptr);
-    } else {
-      w[0] = *reinterpret_cast<const unsigned short*>(ptr);
-    }
-  }
+  __device__ __forceinline__ void load_plain(const T* ptr) { vec::load<kBytes>(ptr, w); }
   __device__ __forceinline__ void unpack(float (&x)[kElems]) const {
     if constexpr (sizeof(T) == 4) {
 #pragma unroll
       for (int i = 0; i < kElems; ++i) x[i] = __uint_as_float(w[i]);
     } else if constexpr (kBytes == 2) {
-      x[0] = bits16_to_f32<T>(w[0] & 0xffffu);
+      x[0] = vec::Bits<T>::to_f32(w[0] & 0xffffu);
     } else {
 #pragma unroll
       for (int i = 0; i < kWords; ++i) {
-        x[2 * i] = bits16_to_f32<T>(w[i] & 0xffffu);
-        x[2 * i + 1] = bits16_to_f32<T>(w[i] >> 16);
+        x[2 * i] = vec::Bits<T>::to_f32(w[i] & 0xffffu);
+        x[2 * i + 1] = vec::Bits<T>::to_f32(w[i] >> 16);
       }
     }
   }
@@ -214,27 +135,15 @@ struct Chunk {
 #pragma unroll
       for (int i = 0; i < kElems; ++i) w[i] = __float_as_uint(x[i]);
     } else if constexpr (kBytes == 2) {
-      w[0] = f32_to_bits16<T>(x[0]);
+      w[0] = vec::Bits<T>::from_f32(x[0]);
     } else {
 #pragma unroll
       for (int i = 0; i < kWords; ++i) {
-        w[i] = f32_to_bits16<T>(x[2 * i]) | (f32_to_bits16<T>(x[2 * i + 1]) << 16);
+        w[i] = vec::pack2<T>(x[2 * i], x[2 * i + 1]);
       }
     }
   }
   __device__ __forceinline__ void store(T* ptr) const { store_words<kBytes, kStoreHint>(ptr, w); }
-};
-
-/// The vector type of a load of kBytes (8 or 16).
-template <int kBytes>
-struct VecOf;
-template <>
-struct VecOf<8> {
-  using type = uint2;
-};
-template <>
-struct VecOf<16> {
-  using type = uint4;
 };
 
 template <int kInvalidRule>
@@ -410,7 +319,7 @@ struct TileDecoder {
       const int pos = chunk_of(j) * kVec;
       if constexpr (kQkVector) {
         if (qk_vector && chunk_live(j)) {
-          using Vec = typename VecOf<kQkBytes>::type;
+          using Vec = typename vec::Word<kQkBytes>::type;
           const Vec qv = *reinterpret_cast<const Vec*>(q_ptr + pos);
           const Vec kv = *reinterpret_cast<const Vec*>(k_ptr + pos);
           memcpy(&in.q[j * kVec], &qv, kQkBytes);

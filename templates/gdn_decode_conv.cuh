@@ -26,6 +26,7 @@
 #pragma once
 
 #include "kjit/common/gdn_math.cuh"
+#include "kjit/common/vec.cuh"
 #include "kjit/gdn_decode_conv_params.h"
 
 namespace kjit {
@@ -37,54 +38,20 @@ __device__ __forceinline__ bool invalid_slot(long long slot, long long num_slots
   return below || slot >= num_slots;
 }
 
-/// Overloads by element type (no <type_traits> under NVRTC).
-template <typename T>
-struct Tag {};
-
-/// An element's bits (a 16-bit type's in the low half) as f32, and f32 rounded to T as bits.
-__device__ __forceinline__ float bits_to_f32(u32 bits, Tag<float>) { return __uint_as_float(bits); }
-__device__ __forceinline__ float bits_to_f32(u32 bits, Tag<__nv_bfloat16>) {
-  return __uint_as_float(bits << 16);
-}
-__device__ __forceinline__ float bits_to_f32(u32 bits, Tag<__half>) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
-}
-__device__ __forceinline__ u32 f32_to_bits(float x, Tag<float>) { return __float_as_uint(x); }
-__device__ __forceinline__ u32 f32_to_bits(float x, Tag<__nv_bfloat16>) {
-  return __bfloat16_as_ushort(gdn::from_f32<__nv_bfloat16>(x));
-}
-__device__ __forceinline__ u32 f32_to_bits(float x, Tag<__half>) {
-  return __half_as_ushort(gdn::from_f32<__half>(x));
-}
-
 /// kVec state elements at `src` (aligned to their size, 4..16 bytes, or one element) as f32, in
 /// one load instruction: the state is most of the bytes a step moves, and scalar accesses
 /// issue a load per element.
 template <typename T, int kVec>
 __device__ __forceinline__ void load_state_vec(const T* src, float (&dst)[kVec]) {
-  constexpr int kBytes = kVec * static_cast<int>(sizeof(T));
   if constexpr (kVec == 1) {
     dst[0] = gdn::to_f32(*src);
   } else {
+    constexpr int kBytes = kVec * static_cast<int>(sizeof(T));
     static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "4-, 8- or 16-byte vectors");
-    u32 w[kBytes / 4];
-    if constexpr (kBytes == 16) {
-      const uint4 x = *reinterpret_cast<const uint4*>(src);
-      w[0] = x.x, w[1] = x.y, w[2] = x.z, w[3] = x.w;
-    } else if constexpr (kBytes == 8) {
-      const uint2 x = *reinterpret_cast<const uint2*>(src);
-      w[0] = x.x, w[1] = x.y;
-    } else {
-      w[0] = *reinterpret_cast<const u32*>(src);
-    }
+    vec::Raw<T, kVec> raw;
+    raw.load(src);
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      if constexpr (sizeof(T) == 4) {
-        dst[i] = bits_to_f32(w[i], Tag<T>{});
-      } else {
-        dst[i] = bits_to_f32((w[i / 2] >> (16 * (i % 2))) & 0xffffu, Tag<T>{});
-      }
-    }
+    for (int i = 0; i < kVec; ++i) dst[i] = raw.get(i);
   }
 }
 
@@ -99,18 +66,12 @@ __device__ __forceinline__ void store_state_vec(T* dst, const float (&src)[kVec]
 #pragma unroll
     for (int i = 0; i < kBytes / 4; ++i) {
       if constexpr (sizeof(T) == 4) {
-        w[i] = f32_to_bits(src[i], Tag<T>{});
+        w[i] = vec::Bits<T>::from_f32(src[i]);
       } else {
-        w[i] = f32_to_bits(src[2 * i], Tag<T>{}) | (f32_to_bits(src[2 * i + 1], Tag<T>{}) << 16);
+        w[i] = vec::pack2<T>(src[2 * i], src[2 * i + 1]);
       }
     }
-    if constexpr (kBytes == 16) {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
-    } else if constexpr (kBytes == 8) {
-      *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
-    } else {
-      *reinterpret_cast<u32*>(dst) = w[0];
-    }
+    vec::store<kBytes>(dst, w);
   }
 }
 

@@ -26,21 +26,11 @@
 
 #include "kjit/common/gdn_math.cuh"
 #include "kjit/common/mma.cuh"
+#include "kjit/common/vec.cuh"
 #include "kjit/gdn_prefill_params.h"
 
 namespace kjit {
 namespace gdn_prefill_detail {
-
-template <typename T>
-__device__ __forceinline__ float bits_to_f32(u32 bits);
-template <>
-__device__ __forceinline__ float bits_to_f32<__nv_bfloat16>(u32 bits) {
-  return __uint_as_float(bits << 16);
-}
-template <>
-__device__ __forceinline__ float bits_to_f32<__half>(u32 bits) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
-}
 
 /// kW 32-bit words (2 kW consecutive 16-bit elements) with one vector load when `valid`, zeros
 /// otherwise (the host checks the alignment).
@@ -66,8 +56,8 @@ template <typename T, int kW>
 __device__ __forceinline__ void unpack_words(const u32 (&w)[kW], float (&x)[2 * kW]) {
 #pragma unroll
   for (int i = 0; i < kW; ++i) {
-    x[2 * i] = bits_to_f32<T>(w[i] & 0xffffu);
-    x[2 * i + 1] = bits_to_f32<T>(w[i] >> 16);
+    x[2 * i] = vec::Bits<T>::to_f32(w[i] & 0xffffu);
+    x[2 * i + 1] = vec::Bits<T>::to_f32(w[i] >> 16);
   }
 }
 
@@ -77,13 +67,7 @@ __device__ __forceinline__ void store_row_bf16(__nv_bfloat16* ptr, const float (
   u32 w[kN / 2];
 #pragma unroll
   for (int i = 0; i < kN / 2; ++i) w[i] = mma::pack_bf16(x[2 * i], x[2 * i + 1]);
-  if constexpr (kN == 8) {
-    *reinterpret_cast<uint4*>(ptr) = make_uint4(w[0], w[1], w[2], w[3]);
-  } else if constexpr (kN == 4) {
-    *reinterpret_cast<uint2*>(ptr) = make_uint2(w[0], w[1]);
-  } else {
-    *reinterpret_cast<u32*>(ptr) = w[0];
-  }
+  vec::store<2 * kN>(ptr, w);
 }
 
 template <typename T>
@@ -526,8 +510,8 @@ __global__ void __launch_bounds__(kGdnPrefillThreads) gdn_prefill_kernel(const G
           const int c = nt * 8 + 2 * t4;
           float r0 = 0.f, r1 = 0.f;
           if (i < rows) {
-            r0 = bi * (bits_to_f32<Tin>(v_raw[hf][nt] & 0xffffu) - eg * acc_r[nt][2 * hf]);
-            r1 = bi * (bits_to_f32<Tin>(v_raw[hf][nt] >> 16) - eg * acc_r[nt][2 * hf + 1]);
+            r0 = bi * (vec::Bits<Tin>::to_f32(v_raw[hf][nt] & 0xffffu) - eg * acc_r[nt][2 * hf]);
+            r1 = bi * (vec::Bits<Tin>::to_f32(v_raw[hf][nt] >> 16) - eg * acc_r[nt][2 * hf + 1]);
           }
           s_r[c * kLd + i] = __float2bfloat16_rn(r0);
           s_r[(c + 1) * kLd + i] = __float2bfloat16_rn(r1);

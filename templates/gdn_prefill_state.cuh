@@ -26,6 +26,7 @@
 #include "kjit/common/cp_async.cuh"
 #include "kjit/common/grid_dependency.cuh"
 #include "kjit/common/mma.cuh"
+#include "kjit/common/vec.cuh"
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #include "kjit/common/wgmma.cuh"
 // sm_90a (the planner compiles for it only when options.force_mode asks for "_wgmma"): the wide
@@ -554,8 +555,8 @@ __device__ __forceinline__ void form_r(const float (&acc_r)[8][4], const __nv_bf
       for (int hf = 0; hf < 2; ++hf) {
         const u32 x = vt[2 * hj + hf];
         ra[jb][2 * hj + hf] =
-            mma::pack_bf16(__uint_as_float(x << 16) - c0.y * acc[2 * hf],
-                           __uint_as_float(x & 0xffff0000u) - c1.y * acc[2 * hf + 1]);
+            mma::pack_bf16(vec::Bits<__nv_bfloat16>::to_f32(x) - c0.y * acc[2 * hf],
+                           vec::Bits<__nv_bfloat16>::to_f32(x >> 16) - c1.y * acc[2 * hf + 1]);
       }
     }
   }

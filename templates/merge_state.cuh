@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kjit/common/vec.cuh"
 #include "kjit/merge_state_params.h"
 
 namespace kjit {
@@ -23,81 +24,10 @@ inline constexpr int kMergeMaxBlockThreads = 512;
 
 namespace merge_detail {
 
-// Fragments hold raw bits (16-bit or 32-bit integers): integer arrays are what the compiler
-// turns into single vector loads and stores; arrays of __half / __nv_bfloat16 are not.
-template <typename T>
-struct Bits;
-template <>
-struct Bits<float> {
-  using type = unsigned int;
-  static __device__ __forceinline__ float to_float(type x) { return __uint_as_float(x); }
-  static __device__ __forceinline__ type from_float(float x) { return __float_as_uint(x); }
-};
-template <>
-struct Bits<__half> {
-  using type = unsigned short;
-  static __device__ __forceinline__ float to_float(type x) {
-    return __half2float(__ushort_as_half(x));
-  }
-  static __device__ __forceinline__ type from_float(float x) {
-    return __half_as_ushort(__float2half_rn(x));
-  }
-};
-template <>
-struct Bits<__nv_bfloat16> {
-  using type = unsigned short;
-  // bf16 is the high half of an f32: widening is a shift.
-  static __device__ __forceinline__ float to_float(type x) {
-    return __uint_as_float(static_cast<unsigned int>(x) << 16);
-  }
-  static __device__ __forceinline__ type from_float(float x) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
-  }
-};
-
-/// Loads kN 32-bit words with the widest vector instructions their count allows (the caller
-/// guarantees min(16, 4 * kN) bytes of alignment). CUDA's vector types are used because the
-/// compiler splits plain array accesses into scalar ones.
-template <int kN>
-__device__ __forceinline__ void load_words(const unsigned int* src, unsigned int (&w)[kN]) {
-  if constexpr (kN % 4 == 0) {
-#pragma unroll
-    for (int k = 0; k < kN; k += 4) {
-      const uint4 v = reinterpret_cast<const uint4*>(src)[k / 4];
-      w[k] = v.x;
-      w[k + 1] = v.y;
-      w[k + 2] = v.z;
-      w[k + 3] = v.w;
-    }
-  } else if constexpr (kN == 2) {
-    const uint2 v = *reinterpret_cast<const uint2*>(src);
-    w[0] = v.x;
-    w[1] = v.y;
-  } else {
-    static_assert(kN == 1, "1, 2 or a multiple of 4 words");
-    w[0] = *src;
-  }
-}
-
-template <int kN>
-__device__ __forceinline__ void store_words(unsigned int* dst, const unsigned int (&w)[kN]) {
-  if constexpr (kN % 4 == 0) {
-#pragma unroll
-    for (int k = 0; k < kN; k += 4) {
-      // __stwb (a plain write-back store) because the compiler otherwise splits the first
-      // of these stores into four scalar ones.
-      __stwb(reinterpret_cast<uint4*>(dst) + k / 4, make_uint4(w[k], w[k + 1], w[k + 2], w[k + 3]));
-    }
-  } else if constexpr (kN == 2) {
-    __stwb(reinterpret_cast<uint2*>(dst), make_uint2(w[0], w[1]));
-  } else {
-    static_assert(kN == 1, "1, 2 or a multiple of 4 words");
-    *dst = w[0];
-  }
-}
-
 /// kN elements of T held as raw 32-bit words (one 16-bit element alone when kN * sizeof(T) is
-/// 2). The planner guarantees min(16, kN * sizeof(T)) bytes of alignment for every access.
+/// 2): integer arrays are what the compiler turns into single vector loads and stores, arrays
+/// of __half / __nv_bfloat16 are not. The planner guarantees min(16, kN * sizeof(T)) bytes of
+/// alignment for every access.
 template <typename T, int kN>
 struct Frag {
   static constexpr int kBytes = kN * static_cast<int>(sizeof(T));
@@ -106,7 +36,7 @@ struct Frag {
 
   __device__ __forceinline__ void load(const T* src) {
     if constexpr (kBytes >= 4) {
-      load_words<kWords>(reinterpret_cast<const unsigned int*>(src), w);
+      vec::load_words<kWords>(src, w);
     } else {
       w[0] = *reinterpret_cast<const unsigned short*>(src);
     }
@@ -122,10 +52,12 @@ struct Frag {
     if constexpr (sizeof(T) == 4) {
       return __uint_as_float(w[k]);
     } else {
+      // The half as an unsigned short (not vec::get's u32): NVVM schedules the unpacking of a
+      // masked fragment (keep_if) differently for the two, and this is the measured order.
       const unsigned int word = w[k / 2];
       const unsigned short half =
           static_cast<unsigned short>((k % 2 == 0) ? (word & 0xffffu) : (word >> 16));
-      return Bits<T>::to_float(half);
+      return vec::Bits<T>::to_f32(half);
     }
   }
 };
@@ -137,18 +69,18 @@ __device__ __forceinline__ void store_frag(T* dst, const float (&x)[kN]) {
     unsigned int w[kN];
 #pragma unroll
     for (int k = 0; k < kN; ++k) w[k] = __float_as_uint(x[k]);
-    store_words<kN>(reinterpret_cast<unsigned int*>(dst), w);
+    vec::store_words_wb<kN>(dst, w);
   } else if constexpr (kN % 2 == 0) {
     unsigned int w[kN / 2];
 #pragma unroll
     for (int k = 0; k < kN / 2; ++k) {
-      w[k] = static_cast<unsigned int>(Bits<T>::from_float(x[2 * k])) |
-             (static_cast<unsigned int>(Bits<T>::from_float(x[2 * k + 1])) << 16);
+      w[k] = vec::pack2<T>(x[2 * k], x[2 * k + 1]);
     }
-    store_words<kN / 2>(reinterpret_cast<unsigned int*>(dst), w);
+    vec::store_words_wb<kN / 2>(dst, w);
   } else {
     static_assert(kN == 1, "odd fragments are single 16-bit elements");
-    *reinterpret_cast<typename Bits<T>::type*>(dst) = Bits<T>::from_float(x[0]);
+    *reinterpret_cast<unsigned short*>(dst) =
+        static_cast<unsigned short>(vec::Bits<T>::from_f32(x[0]));
   }
 }
 

@@ -12,71 +12,11 @@
 #include <cuda_fp16.h>
 
 #include "kjit/common/gdn_math.cuh"
+#include "kjit/common/vec.cuh"
 #include "kjit/qk_l2norm_params.h"
 
 namespace kjit {
 namespace l2norm_detail {
-
-/// The raw word type of one kBytes access (a single vector instruction).
-template <int kBytes>
-struct Raw;
-template <>
-struct Raw<16> {
-  using type = uint4;
-};
-template <>
-struct Raw<8> {
-  using type = uint2;
-};
-template <>
-struct Raw<4> {
-  using type = unsigned int;
-};
-template <>
-struct Raw<2> {
-  using type = unsigned short;
-};
-
-__device__ __forceinline__ void words(const uint4& r, unsigned int (&w)[4]) {
-  w[0] = r.x;
-  w[1] = r.y;
-  w[2] = r.z;
-  w[3] = r.w;
-}
-__device__ __forceinline__ void words(const uint2& r, unsigned int (&w)[2]) {
-  w[0] = r.x;
-  w[1] = r.y;
-}
-__device__ __forceinline__ void words(unsigned int r, unsigned int (&w)[1]) { w[0] = r; }
-__device__ __forceinline__ void words(unsigned short r, unsigned int (&w)[1]) { w[0] = r; }
-
-__device__ __forceinline__ uint4 pack(const unsigned int (&w)[4]) {
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-__device__ __forceinline__ uint2 pack(const unsigned int (&w)[2]) { return make_uint2(w[0], w[1]); }
-__device__ __forceinline__ unsigned int pack(const unsigned int (&w)[1]) { return w[0]; }
-
-/// A 16-bit element's bits -> f32, and f32 -> bits rounded to nearest even.
-template <typename T>
-struct Bits16;
-template <>
-struct Bits16<__half> {
-  static __device__ __forceinline__ float to_f32(unsigned int bits) {
-    return gdn::to_f32(__ushort_as_half(static_cast<unsigned short>(bits)));
-  }
-  static __device__ __forceinline__ unsigned int from_f32(float x) {
-    return __half_as_ushort(gdn::from_f32<__half>(x));
-  }
-};
-template <>
-struct Bits16<__nv_bfloat16> {
-  static __device__ __forceinline__ float to_f32(unsigned int bits) {
-    return gdn::to_f32(__ushort_as_bfloat16(static_cast<unsigned short>(bits)));
-  }
-  static __device__ __forceinline__ unsigned int from_f32(float x) {
-    return __bfloat16_as_ushort(gdn::from_f32<__nv_bfloat16>(x));
-  }
-};
 
 /// kVec elements of T at `src` (aligned to kVec * sizeof(T) bytes) as f32.
 template <typename T, int kVec>
@@ -86,17 +26,17 @@ __device__ __forceinline__ void load(const T* src, float (&x)[kVec]) {
   unsigned int w[kWords];
   // __ldcs / __stwb: with a plain dereference the compiler splits the 16-byte access into
   // narrower ones (every input element is read once, so evict-first costs nothing).
-  words(__ldcs(reinterpret_cast<const typename Raw<kBytes>::type*>(src)), w);
+  vec::to_words(__ldcs(reinterpret_cast<const typename vec::Word<kBytes>::type*>(src)), w);
   if constexpr (sizeof(T) == 4) {
 #pragma unroll
     for (int i = 0; i < kVec; ++i) x[i] = __uint_as_float(w[i]);
   } else if constexpr (kVec == 1) {
-    x[0] = Bits16<T>::to_f32(w[0]);
+    x[0] = vec::to_f32(vec::Bits<T>::elem(w[0]));
   } else {
 #pragma unroll
     for (int i = 0; i < kVec / 2; ++i) {
-      x[2 * i] = Bits16<T>::to_f32(w[i] & 0xffffu);
-      x[2 * i + 1] = Bits16<T>::to_f32(w[i] >> 16);
+      x[2 * i] = vec::to_f32(vec::Bits<T>::elem(w[i] & 0xffffu));
+      x[2 * i + 1] = vec::to_f32(vec::Bits<T>::elem(w[i] >> 16));
     }
   }
 }
@@ -106,10 +46,9 @@ template <typename T, int kVec>
 __device__ __forceinline__ void store(T* dst, const float (&x)[kVec], float scale) {
   constexpr int kBytes = kVec * static_cast<int>(sizeof(T));
   constexpr int kWords = kBytes >= 4 ? kBytes / 4 : 1;
-  using RawT = typename Raw<kBytes>::type;
   if constexpr (sizeof(T) == 2 && kVec == 1) {
     __stwb(reinterpret_cast<unsigned short*>(dst),
-           static_cast<unsigned short>(Bits16<T>::from_f32(x[0] * scale)));
+           static_cast<unsigned short>(vec::Bits<T>::from_f32(x[0] * scale)));
   } else {
     unsigned int w[kWords];
     if constexpr (sizeof(T) == 4) {
@@ -118,11 +57,10 @@ __device__ __forceinline__ void store(T* dst, const float (&x)[kVec], float scal
     } else {
 #pragma unroll
       for (int i = 0; i < kVec / 2; ++i) {
-        w[i] = Bits16<T>::from_f32(x[2 * i] * scale) |
-               (Bits16<T>::from_f32(x[2 * i + 1] * scale) << 16);
+        w[i] = vec::pack2<T>(x[2 * i] * scale, x[2 * i + 1] * scale);
       }
     }
-    __stwb(reinterpret_cast<RawT*>(dst), pack(w));
+    vec::store_wb<kBytes>(dst, w);
   }
 }
 

@@ -7,30 +7,15 @@
 #include <cuda_fp16.h>
 
 #include "kjit/common/types.h"
+#include "kjit/common/vec.cuh"
 
 namespace kjit {
 namespace gdn {
 
-/// Element -> f32 for the storage types kjit's GDN kernels read.
-__device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-/// f32 -> element, round to nearest even (the host reference rounds the same way).
-template <typename T>
-__device__ __forceinline__ T from_f32(float x);
-template <>
-__device__ __forceinline__ float from_f32<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
+/// Element <-> f32 (round to nearest even): common/vec.cuh's, under the names the GDN templates
+/// use.
+using vec::from_f32;
+using vec::to_f32;
 
 /// softplus with the usual linear cut-off: x above `threshold` returns x (log1p(exp(x)) == x
 /// there to f32 precision, and exp would overflow further up).

@@ -62,6 +62,7 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
   return __nv_bfloat16{kjit::support::float_to_bf16(f)};
 }
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.bits; }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short b) { return __nv_bfloat16{b}; }
 
 /// blockIdx & co.: set by emulated_launch before each thread runs (per OS thread, so that
 /// cuda_warp_emulation.hpp can run a block's threads at once).

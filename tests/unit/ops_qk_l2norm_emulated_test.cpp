@@ -22,7 +22,6 @@
 // clang-format off
 #include "common/cuda_warp_emulation.hpp"
 // clang-format on
-inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short b) { return __nv_bfloat16{b}; }
 #include "kjit/qk_l2norm.cuh"
 
 namespace kjit {
