@@ -332,7 +332,7 @@ bool fused_conv_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& base,
       "median GPU us, cold; empty kernel %.2f us\n%6s | %12s | %18s | %12s | %8s | %s\n",
       empty_us, "B", "gdn_decode", "conv + gdn_decode", "fused", "check", "fused vs alone + 1 us");
   bool all_ok = true;
-  for (std::int64_t batch : {1, 256}) {
+  for (std::int64_t batch : {1, 4, 16, 256}) {
     const std::size_t step_bytes = slot_bytes * static_cast<std::size_t>(batch);
     const std::int64_t rotations =
         std::max<std::int64_t>(1, static_cast<std::int64_t>(kRotationBytes / step_bytes));

@@ -23,8 +23,15 @@
 // kRows rows: the next set's loads are issued before the current set's reductions, so a warp's
 // loads stay in flight while it computes. A padding row writes zeros to its G V outputs and
 // touches neither pool.
+//
+// Clustered form (kCluster = C > 1, sm_90, a cluster of C consecutive blocks per (row, q/k
+// head)): block r of the cluster takes the group's state rows [r R / C, (r + 1) R / C) with
+// their v channels, and q/k channels [r 2K / C, (r + 1) 2K / C), so each channel still has one
+// reader and writer; after the cluster barrier every block copies the q/k conv outputs of the
+// others from their shared memory. A small batch then spreads its state over C times more SMs.
 #pragma once
 
+#include "kjit/common/cluster.cuh"
 #include "kjit/common/gdn_math.cuh"
 #include "kjit/common/vec.cuh"
 #include "kjit/gdn_decode_conv_params.h"
@@ -84,7 +91,7 @@ __device__ __forceinline__ void store_state_vec(T* dst, const float (&src)[kVec]
 template <typename QkvT, typename GateT, typename ALogT, typename DtBiasT, typename StateT,
           typename OutT, typename IndexT, typename WeightT, typename ConvT, int kK, int kV,
           int kWidth, int kWarps, bool kGated, bool kL2Norm, int kInvalidRule, bool kSilu,
-          int kStateVec>
+          int kStateVec, int kCluster = 1>
 __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams& p, float* smem) {
   static_assert(kK % 16 == 0 && kK >= 16 && kK <= 256, "K: a multiple of 16 in 16..256");
   static_assert(kV % 16 == 0 && kV >= 16 && kV <= 256, "V: a multiple of 16 in 16..256");
@@ -100,12 +107,23 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
   // (64 registers a thread in 32-warp blocks).
   constexpr int kRows = kK <= 128 ? 4 : 1;
 
+  static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4 || kCluster == 8,
+                "clusters of 1, 2, 4 or 8 blocks");
+  static_assert(2 * kK % kCluster == 0, "q/k channels split evenly over the cluster");
+
   const u32 group = p.heads_per_group;
-  const u64 block = blockIdx.x;
+  const u64 block = blockIdx.x / kCluster;
+  const u32 rank = static_cast<u32>(blockIdx.x % kCluster);  // in the cluster (consecutive x)
   const u32 n = static_cast<u32>(block / p.num_heads);
   const u32 h = static_cast<u32>(block % p.num_heads);
   const int rows = static_cast<int>(group) * kV;  // state rows (and v channels) of the group
-  const int channels = 2 * kK + rows;
+  // This block's part: q/k channels [qk_begin, qk_begin + qk_count) and state rows (v channels)
+  // [row_begin, row_end). The planner clusters only groups whose rows split evenly.
+  constexpr int qk_count = 2 * kK / kCluster;
+  const int qk_begin = static_cast<int>(rank) * qk_count;
+  const int row_begin = static_cast<int>(rank) * (rows / kCluster);
+  const int row_end = row_begin + rows / kCluster;
+  const int channels = qk_count + (row_end - row_begin);
   const int tid = static_cast<int>(threadIdx.x);
   const int threads = kWarps * 32;
 
@@ -115,8 +133,12 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
   float* alpha_s = v_s + rows;
   float* beta_s = alpha_s + group;
 
-  // Channel t of the block is global channel h K + t (q), H K + h K + t - K (k) or
+  // The block's i-th channel is the group's channel t = slot_of(i) (q/k first, then v; also its
+  // float in shared memory), global channel h K + t (q), H K + h K + t - K (k) or
   // 2 H K + h G V + t - 2K (v).
+  const auto slot_of = [&](int i) -> int {
+    return i < qk_count ? qk_begin + i : 2 * kK + row_begin + (i - qk_count);
+  };
   const auto channel = [&](int t) -> i64 {
     if (t < kK) return static_cast<i64>(h) * kK + t;
     if (t < 2 * kK) return static_cast<i64>(p.num_heads + h) * kK + (t - kK);
@@ -131,7 +153,8 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
   // the history below, in causal_conv1d's order) and the gates.
   const long long slot = static_cast<long long>(
       static_cast<const IndexT*>(p.indices)[static_cast<i64>(n) * p.index_stride]);
-  for (int t = tid; t < channels; t += threads) {
+  for (int i = tid; i < channels; i += threads) {
+    const int t = slot_of(i);
     const i64 c = channel(t);
     const float w_last =
         gdn::to_f32(weight[c * p.weight_channel_stride + (kWidth - 1) * p.weight_tap_stride]);
@@ -161,8 +184,9 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
   OutT* out = static_cast<OutT*>(p.out) + static_cast<i64>(n) * p.out_row_stride +
               static_cast<i64>(h) * rows;
   if (gdn_decode_conv_detail::invalid_slot<kInvalidRule>(slot, p.num_slots)) {
-    // No state in either pool: zeros out, both pools untouched (every thread returns here).
-    for (int r = tid; r < rows; r += threads) out[r] = gdn::from_f32<OutT>(0.0f);
+    // No state in either pool: zeros out, both pools untouched (every thread of every block of
+    // the cluster returns here: they share the row).
+    for (int r = row_begin + tid; r < row_end; r += threads) out[r] = gdn::from_f32<OutT>(0.0f);
     return;
   }
 
@@ -183,7 +207,7 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
 #pragma unroll
       for (int e = 0; e < kAccesses; ++e) {
         float v[kStateVec];
-        if (r < rows && state_col(e) < kK) {
+        if (r < row_end && state_col(e) < kK) {
           gdn_decode_conv_detail::load_state_vec<StateT, kStateVec>(
               state + static_cast<i64>(r) * kK + state_col(e), v);
         } else {
@@ -195,11 +219,12 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
       }
     }
   };
-  load_rows(xa, 0);
+  load_rows(xa, row_begin);
 
   // Phase 1, the history: the conv output of the group's channels and their new pool columns.
   ConvT* pool = static_cast<ConvT*>(p.conv_state) + slot * p.conv_slot_stride;
-  for (int t = tid; t < channels; t += threads) {
+  for (int i = tid; i < channels; i += threads) {
+    const int t = slot_of(i);
     const i64 c = channel(t);
     ConvT* column = pool + c * p.conv_channel_stride;
     float hist[kWidth - 1];
@@ -218,6 +243,18 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
     }
     column[(kWidth - 2) * p.conv_column_stride] = gdn::from_f32<ConvT>(gdn::to_f32(x_row[c]));
     smem[t] = gdn::to_f32(gdn::from_f32<QkvT>(acc));
+  }
+  if constexpr (kCluster > 1) {
+    // Every block's q/k conv outputs are in its shared memory once the cluster has met; copy the
+    // other blocks' parts. The second arrival (after the copies) lets each block leave only when
+    // no other block still reads its shared memory (waited for at the end of the kernel).
+    cluster::arrive();
+    cluster::wait();
+    for (int t = tid; t < 2 * kK; t += threads) {
+      const u32 owner = static_cast<u32>(t / qk_count);
+      if (owner != rank) smem[t] = cluster::load_peer(smem + t, owner);
+    }
+    cluster::arrive();
   }
   __syncthreads();
 
@@ -261,7 +298,7 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
       }
       dk = gdn::group_sum<32>(dk);
       dq = gdn::group_sum<32>(dq);
-      if (r >= rows) continue;
+      if (r >= row_end) continue;
       const int head = r / kV;
       const float alpha = alpha_s[head];
       const float u = beta_s[head] * (v_s[r] - alpha * dk);
@@ -281,23 +318,24 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
     }
   };
   constexpr int kStep = kWarps * kRows;
-  for (int base = 0; base < rows; base += 2 * kStep) {
-    if (base + kStep < rows) load_rows(xb, base + kStep);
+  for (int base = row_begin; base < row_end; base += 2 * kStep) {
+    if (base + kStep < row_end) load_rows(xb, base + kStep);
     update_rows(xa, base);
-    if (base + kStep >= rows) break;
-    if (base + 2 * kStep < rows) load_rows(xa, base + 2 * kStep);
+    if (base + kStep >= row_end) break;
+    if (base + 2 * kStep < row_end) load_rows(xa, base + 2 * kStep);
     update_rows(xb, base + kStep);
   }
+  if constexpr (kCluster > 1) cluster::wait();
 }
 
 template <typename QkvT, typename GateT, typename ALogT, typename DtBiasT, typename StateT,
           typename OutT, typename IndexT, typename WeightT, typename ConvT, int kK, int kV,
           int kWidth, int kWarps, bool kGated, bool kL2Norm, int kInvalidRule, bool kSilu,
-          int kStateVec>
+          int kStateVec, int kCluster = 1>
 __global__ void __launch_bounds__(kWarps * 32) gdn_decode_conv_kernel(GdnDecodeConvParams p) {
   extern __shared__ __align__(16) float gdn_decode_conv_smem[];
   gdn_decode_conv_block<QkvT, GateT, ALogT, DtBiasT, StateT, OutT, IndexT, WeightT, ConvT, kK, kV,
-                        kWidth, kWarps, kGated, kL2Norm, kInvalidRule, kSilu, kStateVec>(
+                        kWidth, kWarps, kGated, kL2Norm, kInvalidRule, kSilu, kStateVec, kCluster>(
       p, gdn_decode_conv_smem);
 }
 

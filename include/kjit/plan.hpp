@@ -28,6 +28,11 @@ struct LaunchShape {
   /// before it reads that kernel's results. Set only on a plan's later launches whose kernels
   /// read nothing before that wait that the previous launch of the plan writes.
   bool overlaps_previous = false;
+  /// Thread-block cluster (sm_90 and later): groups of cluster.x x cluster.y x cluster.z
+  /// consecutive blocks that the hardware runs at the same time on one GPC, so they can meet at
+  /// a cluster barrier and read each other's shared memory. (1, 1, 1): no cluster. The grid must
+  /// be a whole number of clusters.
+  Dim3 cluster;
   friend bool operator==(const LaunchShape&, const LaunchShape&) = default;
 };
 

@@ -304,6 +304,13 @@ FamilyDecl gdn_decode_conv_family() {
                         .max = 8,
                         .doc = "state elements per lane and access (one 4- to 16-byte vector, or "
                                "1: scalar)"},
+              ParamDecl{.name = "cluster",
+                        .kind = ParamKind::integer,
+                        .min = 1,
+                        .max = 8,
+                        .doc = "blocks per cluster that share a (row, q/k head) (1: no cluster; "
+                               "2, 4, 8: sm_90 and later)",
+                        .omitted_default = "1"},
           },
       .min_sm = 80,
       .doc =

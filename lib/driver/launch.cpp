@@ -5,6 +5,7 @@
 
 #include <mutex>
 #include <shared_mutex>
+#include <string>
 #include <unordered_map>
 
 #include "kjit/error.hpp"
@@ -88,18 +89,33 @@ void launch(CUfunction function, const LaunchShape& shape, std::uint32_t static_
   config.blockDimZ = shape.block.z;
   config.sharedMemBytes = shape.dynamic_smem;
   config.hStream = stream;
-  CUlaunchAttribute overlap{};
-  overlap.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-  overlap.value.programmaticStreamSerializationAllowed = 1;
-  config.attrs = shape.overlaps_previous ? &overlap : nullptr;
-  config.numAttrs = shape.overlaps_previous ? 1 : 0;
+  CUlaunchAttribute attributes[2]{};
+  unsigned int count = 0;
+  if (shape.overlaps_previous) {
+    attributes[count].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attributes[count].value.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  const bool clustered = shape.cluster.count() > 1;
+  if (clustered) {
+    attributes[count].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attributes[count].value.clusterDim.x = shape.cluster.x;
+    attributes[count].value.clusterDim.y = shape.cluster.y;
+    attributes[count].value.clusterDim.z = shape.cluster.z;
+    ++count;
+  }
+  config.attrs = count > 0 ? attributes : nullptr;
+  config.numAttrs = count;
   const CUresult r = cu.cuLaunchKernelEx(&config, function, args, nullptr);
   if (r != CUDA_SUCCESS) {
     throw DriverError(
         fmt::format("cuLaunchKernelEx failed: {} (grid ({}, {}, {}), block ({}, {}, {}), {} "
-                    "bytes dynamic shared memory{}){}",
+                    "bytes dynamic shared memory{}{}){}",
                     describe(r), shape.grid.x, shape.grid.y, shape.grid.z, shape.block.x,
                     shape.block.y, shape.block.z, shape.dynamic_smem,
+                    clustered ? fmt::format(", cluster ({}, {}, {})", shape.cluster.x,
+                                            shape.cluster.y, shape.cluster.z)
+                              : std::string(),
                     shape.overlaps_previous ? ", programmatic dependent launch" : "",
                     is_sticky(r) ? "; the CUDA context is lost (sticky device fault)" : ""),
         static_cast<int>(r), "cuLaunchKernelEx");

@@ -126,6 +126,24 @@ std::vector<LimitCheck> check_launch(const LaunchShape& shape, const DeviceLimit
 
   checks.push_back(
       {std::string(plan::kOccupancy), 1, occupancy_blocks_per_sm(shape, device, function)});
+
+  // Clusters: only clustered launches get these checks (other plans keep their exact list). A
+  // cluster of at most 8 blocks is the portable size, which the driver guarantees to schedule
+  // on sm_90 and later whenever one block fits on an SM (checked above); earlier archs have none.
+  if (shape.cluster != Dim3{}) {
+    const auto cluster = dims(shape.cluster);
+    for (std::size_t i = 0; i < 3; ++i) {
+      checks.push_back({fmt::format("cluster.{} {}", kAxes[i], plan::kAtLeastOne), 1, cluster[i]});
+    }
+    checks.push_back({std::string(plan::kClusterBlocks),
+                      static_cast<std::int64_t>(shape.cluster.count()),
+                      device.arch.sm() >= 90 ? plan::kMaxPortableClusterBlocks : 1});
+    for (std::size_t i = 0; i < 3; ++i) {
+      // requested <= allowed holds exactly when the grid is a whole number of clusters.
+      checks.push_back({fmt::format("grid.{} modulo cluster.{}", kAxes[i], kAxes[i]),
+                        cluster[i] > 0 ? grid[i] % cluster[i] : 0, 0});
+    }
+  }
   return checks;
 }
 

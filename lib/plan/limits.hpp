@@ -16,6 +16,10 @@ inline constexpr std::string_view kDynamicSmem = "dynamic shared memory";
 inline constexpr std::string_view kRegistersPerBlock = "registers per block";
 /// Requested 1 block per SM, allowed = occupancy_blocks_per_sm().
 inline constexpr std::string_view kOccupancy = "blocks per SM (occupancy)";
+/// Blocks of a cluster (LaunchShape::cluster), against the portable cluster size of the arch.
+inline constexpr std::string_view kClusterBlocks = "blocks per cluster (portable size)";
+/// The cluster size the driver schedules without the non-portable opt-in (sm_90 and later).
+inline constexpr std::int64_t kMaxPortableClusterBlocks = 8;
 
 /// min(device max threads per block, function max threads per block when known).
 std::int64_t thread_limit(const DeviceLimits& device, const FunctionLimits& function);

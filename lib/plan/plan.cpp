@@ -65,8 +65,10 @@ std::string Plan::explain() const {
     const PlannedLaunch& launch = launches[i];
     out += fmt::format("launch {} of {}: {}\n", i + 1, launches.size(), launch.spec.str());
     out += fmt::format(
-        "  grid {} block {} dynamic smem {} bytes{}\n", dim3_text(launch.shape.grid),
+        "  grid {} block {} dynamic smem {} bytes{}{}\n", dim3_text(launch.shape.grid),
         dim3_text(launch.shape.block), launch.shape.dynamic_smem,
+        launch.shape.cluster.count() > 1 ? ", cluster " + dim3_text(launch.shape.cluster)
+                                         : std::string(),
         launch.shape.overlaps_previous
             ? ", starts during launch " + std::to_string(i) + " (programmatic dependent launch)"
             : std::string());
@@ -97,6 +99,11 @@ std::string Plan::to_json() const {
         "\"checks\":[",
         json_string(launch.spec.str()), dim3_json(launch.shape.grid), dim3_json(launch.shape.block),
         launch.shape.dynamic_smem, launch.shape.overlaps_previous ? "true" : "false");
+    // Only clustered launches name their cluster, so the JSON of every other plan stays as it was.
+    if (launch.shape.cluster.count() > 1) {
+      out.insert(out.size() - std::string_view("\"checks\":[").size(),
+                 fmt::format("\"cluster\":{},", dim3_json(launch.shape.cluster)));
+    }
     for (std::size_t j = 0; j < launch.checks.size(); ++j) {
       const LimitCheck& check = launch.checks[j];
       if (j > 0) out += ',';

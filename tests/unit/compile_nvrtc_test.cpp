@@ -340,6 +340,20 @@ TEST_CASE("gdn_decode_conv (the fused decode step) compiles for every shipped ta
                                                     s.silu, arch, s.state_vec)));
     }
   }
+  // Clustered (sm_90 and later, small batches): Qwen3-Next at B = 1 (8 blocks of 32 rows) and
+  // K = V = 16 in clusters of 4 (4 rows, one warp).
+  for (const char* arch : {"sm_90", "sm_100a"}) {
+    specs.push_back(KernelSpec::parse(fmt::format(
+        "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=bf16,state=f32,out=bf16,index=i32,"
+        "weight=bf16,conv_state=bf16,k=128,v=128,width=4,warps=8,gated=0,l2norm=1,"
+        "invalid=negative,silu=1,state_vec=4,cluster=8@{}",
+        arch)));
+    specs.push_back(KernelSpec::parse(fmt::format(
+        "gdn_decode_conv:qkv=f32,gate=f32,a_log=f32,dt_bias=f32,state=f32,out=f32,index=i32,"
+        "weight=f32,conv_state=f32,k=16,v=16,width=2,warps=1,gated=1,l2norm=1,"
+        "invalid=nonpositive,silu=0,state_vec=1,cluster=4@{}",
+        arch)));
+  }
   std::vector<std::string> errors;
   const std::vector<CompiledKernel> kernels = compile_on_two_threads(c, specs, errors);
   for (std::size_t i = 0; i < specs.size(); ++i) {

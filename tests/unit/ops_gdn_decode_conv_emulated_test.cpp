@@ -67,6 +67,9 @@ struct Case {
   int steps = 2;
   /// SMs of the planned device: 1 makes the planner take 8-warp blocks (cheaper to emulate).
   int sm_count = 1;
+  /// The planned arch. Few blocks on many SMs of sm_90 would be clustered, which the emulation
+  /// (blocks one after another) cannot run: such cases plan for sm_89.
+  Arch arch{9, 0};
 };
 
 void run(const Case& c, const std::string& expected_spec, void (*kernel)(GdnDecodeConvParams)) {
@@ -127,7 +130,7 @@ void run(const Case& c, const std::string& expected_spec, void (*kernel)(GdnDeco
                                &v_out,
                                &options};
   const ops::decode::ConvProblem problem = ops::decode::ConvFamily::check(args);
-  DeviceLimits device = DeviceLimits::for_arch(Arch{9, 0});
+  DeviceLimits device = DeviceLimits::for_arch(c.arch);
   device.sm_count = c.sm_count;
   const auto planned = ops::decode::ConvFamily::plan(problem, device);
   REQUIRE(planned.plan.launches.size() == 1);
@@ -212,11 +215,12 @@ TEST_CASE("gdn_decode fused conv emulated: f32, gated, nonpositive, no bias, no 
   c.v = 16;
   c.heads = 1;
   c.value_heads = 2;
-  c.sm_count = 132;  // 5 blocks on an H200: 32 warps, one state row each
+  c.sm_count = 132;  // 5 blocks on 132 SMs: 32 warps, one state row each
+  c.arch = Arch{8, 9};
   run(c,
       "gdn_decode_conv:qkv=f32,gate=f32,a_log=f32,dt_bias=f32,state=f32,out=f32,index=i32,"
       "weight=f32,conv_state=f32,k=16,v=16,width=2,warps=32,gated=1,l2norm=1,"
-      "invalid=nonpositive,silu=0,state_vec=1@sm_90",
+      "invalid=nonpositive,silu=0,state_vec=1@sm_89",
       &emulated_conv_kernel<float, float, float, float, float, float, 16, 16, 2, 32, true,
                             kGdnInvalidNonpositive, false, 1>);
 }

@@ -77,8 +77,12 @@ TEST_CASE("gdn_decode fused conv plan: one gdn_decode_conv launch per (row, q/k 
     const PlannedLaunch& launch = p.launches[0];
     CHECK(p.mode == "fused_conv");
     CHECK(launch.spec.family == "gdn_decode_conv");
-    CHECK(launch.shape.grid.x == batch * 16);
-    CHECK(launch.shape.block.x == (batch * 16 >= 4 * 132 ? 256u : 1024u));
+    // Below 2 blocks per SM each (row, q/k head) is a cluster of 8 blocks with 32 of the
+    // group's 256 state rows each (8 warps of 4 rows); above, one block per (row, q/k head).
+    const bool clustered = batch * 16 < 2 * 132;
+    CHECK(launch.shape.grid.x == batch * 16 * (clustered ? 8 : 1));
+    CHECK(launch.shape.cluster == (clustered ? Dim3{8, 1, 1} : Dim3{}));
+    CHECK(launch.shape.block.x == (clustered || batch * 16 >= 4 * 132 ? 256u : 1024u));
     // q, k [128] each, v of 2 value heads [256], 2 alphas and betas: 516 floats.
     CHECK(launch.shape.dynamic_smem == 516 * 4);
     for (const LimitCheck& check : launch.checks) CHECK(check.ok());
@@ -86,10 +90,77 @@ TEST_CASE("gdn_decode fused conv plan: one gdn_decode_conv launch per (row, q/k 
   const Views w = views(1);
   CHECK(plan(w, conv_options(w), h200).launches[0].spec.str() ==
         "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=bf16,state=f32,out=bf16,index=i32,"
-        "weight=bf16,conv_state=bf16,k=128,v=128,width=4,warps=32,gated=0,l2norm=1,"
-        "invalid=negative,silu=1,state_vec=4@sm_90");
+        "weight=bf16,conv_state=bf16,k=128,v=128,width=4,warps=8,gated=0,l2norm=1,"
+        "invalid=negative,silu=1,state_vec=4,cluster=8@sm_90");
   // Without the option the plain step's plan (and spec) is untouched.
   CHECK(plan(w, {}, h200).launches.back().spec.family == "gdn_decode");
+}
+
+TEST_CASE("gdn_decode fused conv plan: clusters only on sm_90 and later, only even splits") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  // B = 1 on sm_80: no clusters there, one 32-warp block per (row, q/k head).
+  {
+    const Views w = views(1);
+    const Plan p = plan(w, conv_options(w), DeviceLimits::for_arch(Arch{8, 0}));
+    CHECK(p.launches[0].shape.cluster == Dim3{});
+    CHECK(p.launches[0].spec.get_or("cluster", "1") == "1");
+  }
+  // Mid batches take the smallest cluster that gives 2 blocks per SM: B = 5 (80 blocks) -> 4.
+  {
+    const Views w = views(5);
+    const Plan p = plan(w, conv_options(w), h200);
+    CHECK(p.launches[0].shape.cluster == Dim3{4, 1, 1});
+    CHECK(p.launches[0].shape.grid.x == 5 * 16 * 4);
+    CHECK(p.launches[0].spec.get("cluster") == "4");
+    CHECK(p.to_json().find("\"cluster\":[4,1,1]") != std::string::npos);
+    CHECK(p.explain().find("cluster (4, 1, 1)") != std::string::npos);
+    for (const LimitCheck& check : p.launches[0].checks) CHECK(check.ok());
+  }
+  // A group of 4 state rows (HV = H, V = 4 is not a head dim; use V = 16 with HV = H): 16 rows
+  // split at most 4 ways (4 rows per block).
+  {
+    const Views w = views(1, 16, 16, 16, 16);
+    const Plan p = plan(w, conv_options(w), h200);
+    CHECK(p.launches[0].shape.cluster == Dim3{4, 1, 1});
+  }
+  // Unclustered plans do not name a cluster in their JSON.
+  {
+    const Views w = views(256);
+    CHECK(plan(w, conv_options(w), h200).to_json().find("cluster") == std::string::npos);
+  }
+}
+
+TEST_CASE("launch checks: clusters of more than 8 blocks, partial clusters, sm_80") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  LaunchShape shape;
+  shape.grid = Dim3{64, 1, 1};
+  shape.block = Dim3{256, 1, 1};
+  const auto failed = [](const std::vector<LimitCheck>& checks) {
+    std::string names;
+    for (const LimitCheck& check : checks) {
+      if (!check.ok()) names += check.limit + ";";
+    }
+    return names;
+  };
+  shape.cluster = Dim3{8, 1, 1};
+  CHECK(failed(check_launch(shape, h200)).empty());
+  shape.cluster = Dim3{16, 1, 1};
+  CHECK(failed(check_launch(shape, h200)) == "blocks per cluster (portable size);");
+  shape.cluster = Dim3{3, 1, 1};
+  CHECK(failed(check_launch(shape, h200)) == "grid.x modulo cluster.x;");
+  shape.cluster = Dim3{0, 1, 1};
+  CHECK(failed(check_launch(shape, h200)).find("cluster.x >= 1") != std::string::npos);
+  shape.cluster = Dim3{2, 1, 1};
+  CHECK(failed(check_launch(shape, DeviceLimits::for_arch(Arch{8, 0}))) ==
+        "blocks per cluster (portable size);");
+  try {
+    shape.cluster = Dim3{16, 1, 1};
+    require_legal(check_launch(shape, h200), "test launch");
+    FAIL("a cluster of 16 blocks passed");
+  } catch (const PlanError& error) {
+    CHECK(std::string(error.what()) ==
+          "test launch: blocks per cluster (portable size) is 8 at most, the launch needs 16");
+  }
 }
 
 TEST_CASE("gdn_decode fused conv plan: the gated form, f32 weights, no bias, no activation") {
@@ -128,8 +199,8 @@ TEST_CASE("gdn_decode fused conv in the op catalog: kjit plan and manifests reac
   REQUIRE(p.launches.size() == 1);
   CHECK(p.launches[0].spec.str() ==
         "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=bf16,state=f32,out=bf16,index=i32,"
-        "weight=bf16,conv_state=bf16,k=128,v=128,width=4,warps=32,gated=0,l2norm=1,"
-        "invalid=negative,silu=1,state_vec=4@sm_90");
+        "weight=bf16,conv_state=bf16,k=128,v=128,width=4,warps=8,gated=0,l2norm=1,"
+        "invalid=negative,silu=1,state_vec=4,cluster=8@sm_90");
   ShapeValues gated = values;
   gated["gated"] = "1";
   gated["silu"] = "0";

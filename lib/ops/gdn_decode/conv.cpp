@@ -19,6 +19,28 @@ namespace {
 /// each block's state rows over as many warps as a block holds.
 constexpr std::int64_t kManyBlocksPerSm = 4;
 
+/// Below this many (row, q/k head) blocks per SM, the planner splits each group over a cluster
+/// (sm_90 and later): 16 blocks at B = 1 (Qwen3-Next) stream the state through 16 of 132 SMs.
+constexpr std::int64_t kClusterBelowBlocksPerSm = 2;
+
+/// Blocks per cluster (1: no cluster): the smallest of 2, 4, 8 that gives at least
+/// kClusterBelowBlocksPerSm blocks per SM, or 8; only sizes that split the group's state rows and
+/// q/k channels evenly, with at least 4 rows per block.
+int cluster_blocks(const ConvProblem& cp, const DeviceLimits& device) {
+  const decode::Problem& p = cp.step;
+  const std::int64_t blocks = p.batch * p.heads;
+  const std::int64_t sms = std::max(device.sm_count, 1);
+  if (device.arch.sm() < 90 || blocks >= kClusterBelowBlocksPerSm * sms) return 1;
+  const std::int64_t rows = p.value_heads / p.heads * p.v;
+  int chosen = 1;
+  for (int c : {2, 4, 8}) {
+    if (rows % c != 0 || rows / c < 4 || 2 * p.k % c != 0) break;
+    chosen = c;
+    if (blocks * c >= kClusterBelowBlocksPerSm * sms) break;
+  }
+  return chosen;
+}
+
 bool is_float_type(DType d) { return d == DType::f16 || d == DType::bf16 || d == DType::f32; }
 
 [[noreturn]] void fail(Form form, std::string_view argument, const TensorView& view,
@@ -156,10 +178,25 @@ Planned<ConvChoice> ConvFamily::plan(const ConvProblem& cp, const DeviceLimits& 
       "the {} channels it convolves (q and k of its head, v of its {} value heads), so each "
       "conv-pool column has one reader and writer",
       blocks, 2 * p.k + rows, group));
-  int warps = blocks >= kManyBlocksPerSm * sms ? 8 : 32;
-  while (warps > 1 && warps > rows) warps /= 2;
+  const int cluster = cluster_blocks(cp, device);
+  if (cluster > 1) {
+    plan.reasons.push_back(fmt::format(
+        "clusters of {} blocks per (row, q/k head): {} blocks < {} per SM ({} SMs), so each "
+        "block of a cluster takes {} of the group's {} state rows and {} of its {} q/k channels, "
+        "and reads the other q/k conv outputs from the cluster's shared memory",
+        cluster, blocks, kClusterBelowBlocksPerSm, sms, rows / cluster, rows, 2 * p.k / cluster,
+        2 * p.k));
+  }
+  // With clusters, the warps follow the block's rows: two register sets of 4 rows per warp
+  // cover them in one pass.
+  int warps = cluster > 1 ? 32 : blocks >= kManyBlocksPerSm * sms ? 8 : 32;
+  const std::int64_t block_rows = rows / cluster;
+  const std::int64_t rows_per_warp = cluster > 1 && p.k <= 128 ? 4 : 1;
+  while (warps > 1 && warps * rows_per_warp > block_rows) warps /= 2;
   plan.reasons.push_back(
-      blocks >= kManyBlocksPerSm * sms
+      cluster > 1 ? fmt::format("{} warps per block: its {} state rows, up to {} per warp", warps,
+                                block_rows, rows_per_warp)
+      : blocks >= kManyBlocksPerSm * sms
           ? fmt::format("{} warps per block: {} blocks >= {} per SM ({} SMs)", warps, blocks,
                         kManyBlocksPerSm, sms)
           : fmt::format("{} warps per block: {} blocks < {} per SM ({} SMs), so each block spreads "
@@ -191,10 +228,14 @@ Planned<ConvChoice> ConvFamily::plan(const ConvProblem& cp, const DeviceLimits& 
                                          {"warps", std::to_string(warps)},
                                          {"silu", cp.silu ? "1" : "0"},
                                          {"state_vec", std::to_string(state_vec)}});
+  // (left out at 1: the specs of unclustered kernels stay what they were)
+  if (cluster > 1) spec_params.emplace_back("cluster", std::to_string(cluster));
   KernelSpec spec = KernelSpec::make("gdn_decode_conv", std::move(spec_params), device.arch);
   LaunchShape shape;
   shape.block = Dim3{static_cast<std::uint32_t>(warps * 32), 1, 1};
-  shape.grid = Dim3{static_cast<std::uint32_t>(std::min<std::int64_t>(blocks, 0xFFFFFFFFll)), 1, 1};
+  shape.grid = Dim3{
+      static_cast<std::uint32_t>(std::min<std::int64_t>(blocks * cluster, 0xFFFFFFFFll)), 1, 1};
+  if (cluster > 1) shape.cluster = Dim3{static_cast<std::uint32_t>(cluster), 1, 1};
   const std::int64_t smem = gdn_decode_conv_smem_floats(p.k, p.v, group) * 4;
   shape.dynamic_smem = static_cast<std::uint32_t>(std::min<std::int64_t>(smem, 0xFFFFFFFFll));
   plan.reasons.push_back(fmt::format(
