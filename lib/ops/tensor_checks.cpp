@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <unordered_set>
 
 #include "kjit/error.hpp"
 
@@ -155,6 +156,26 @@ void ArgChecks::no_broadcast(std::string_view argument, const TensorView& view) 
           fmt::format("{} {} has stride 0 in dimension {} of extent {}; outputs must not overlap "
                       "themselves",
                       argument, view.str(), i, view.shape[i]));
+    }
+  }
+}
+
+void ArgChecks::slot_indices(std::string_view argument, std::span<const std::int64_t> indices,
+                             std::int64_t slots, bool nonpositive_is_padding,
+                             std::string_view rows) const {
+  std::unordered_set<std::int64_t> seen;
+  for (std::size_t n = 0; n < indices.size(); ++n) {
+    const std::int64_t slot = indices[n];
+    if (nonpositive_is_padding ? slot <= 0 : slot < 0) continue;
+    if (slot >= slots) {
+      fail(fmt::format("{}[{}] = {} is out of range; the pool has {} slots (debug check)", argument,
+                       n, slot, slots));
+    }
+    if (!seen.insert(slot).second) {
+      fail(
+          fmt::format("{}[{}] = {} repeats an earlier valid index; {} of one call must use "
+                      "distinct slots (debug check)",
+                      argument, n, slot, rows));
     }
   }
 }

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -104,6 +105,12 @@ class ArgChecks {
                        std::int64_t elements) const;
   /// No stride 0 along a dimension of extent > 1 (an output's elements would alias).
   void no_broadcast(std::string_view argument, const TensorView& view) const;
+
+  /// Slot indices read back from the device (debug checks): every index that is not padding
+  /// (< 0, or <= 0 with `nonpositive_is_padding`) is below `slots` and appears once; `rows` says
+  /// whose indices they are ("rows", "sequences").
+  void slot_indices(std::string_view argument, std::span<const std::int64_t> indices,
+                    std::int64_t slots, bool nonpositive_is_padding, std::string_view rows) const;
 
  private:
   std::string_view op_;

@@ -194,13 +194,11 @@ Problem validate(Form form, const TensorView& qkv, const TensorView& a, const Te
   const float scale =
       options.scale.value_or(static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.k))));
   if (!std::isfinite(scale)) {
-    throw InvalidArgument(
-        fmt::format("{}: options.scale = {} must be finite", op_name(form), scale));
+    c.fail(fmt::format("options.scale = {} must be finite", scale));
   }
   p.scale_bits = std::bit_cast<std::uint32_t>(scale);
   if (raw && std::isnan(options.softplus_threshold)) {
-    throw InvalidArgument(
-        fmt::format("{}: options.softplus_threshold is NaN; accepted: any number", op_name(form)));
+    c.fail("options.softplus_threshold is NaN; accepted: any number");
   }
   return p;
 }
