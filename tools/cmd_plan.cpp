@@ -8,22 +8,18 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <regex>
-#include <set>
-#include <sstream>
 
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "cache/bundle.hpp"
 #include "cli.hpp"
-#include "codegen/embedded_templates.hpp"
-#include "codegen/families.hpp"
 #include "commands.hpp"
 #include "kjit/catalog.hpp"
 #include "kjit/error.hpp"
 #include "kjit/runtime.hpp"
 #include "kjit/settings.hpp"
+#include "kjit/source.hpp"
 
 namespace kjit::tool {
 namespace {
@@ -79,19 +75,6 @@ std::string numbered(std::string_view text) {
   return out;
 }
 
-// The kjit/... headers a source #includes, in order of appearance.
-std::vector<std::string> includes_of(std::string_view text) {
-  static const std::regex include(R"re(^\s*#\s*include\s*"(kjit/[^"]+)")re");
-  std::vector<std::string> names;
-  std::istringstream stream{std::string(text)};
-  std::string line;
-  std::smatch match;
-  while (std::getline(stream, line)) {
-    if (std::regex_search(line, match, include)) names.push_back(match[1]);
-  }
-  return names;
-}
-
 }  // namespace
 
 int cmd_plan(const Argv& argv) {
@@ -141,17 +124,11 @@ int cmd_source(const Argv& argv) {
     return kExitOk;
   }
   const KernelSpec spec = KernelSpec::parse(args.positional[0]);
-  const std::string stub = codegen::stub_source(spec);
-  std::string out = fmt::format("// ===== stub ({}) =====\n{}", spec.str(), numbered(stub));
-  std::vector<std::string> pending = includes_of(stub);
-  std::set<std::string> shown;
-  for (std::size_t i = 0; i < pending.size(); ++i) {
-    const std::string name = pending[i];
-    if (!shown.insert(name).second) continue;
-    const codegen::EmbeddedTemplate* file = codegen::find_template(name);
-    if (file == nullptr) continue;  // a toolkit header, e.g. kjit/... never; cuda_fp16.h
-    out += fmt::format("\n// ===== {} =====\n{}", name, numbered(file->contents));
-    for (std::string& nested : includes_of(file->contents)) pending.push_back(std::move(nested));
+  const std::vector<SourceFile> files = kernel_source_files(spec);
+  std::string out =
+      fmt::format("// ===== stub ({}) =====\n{}", spec.str(), numbered(files[0].text));
+  for (std::size_t i = 1; i < files.size(); ++i) {
+    out += fmt::format("\n// ===== {} =====\n{}", files[i].name, numbered(files[i].text));
   }
   std::fputs(out.c_str(), stdout);
   return kExitOk;

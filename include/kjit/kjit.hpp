@@ -8,6 +8,7 @@
 #include "kjit/plan.hpp"
 #include "kjit/runtime.hpp"
 #include "kjit/settings.hpp"
+#include "kjit/source.hpp"
 #include "kjit/spec.hpp"
 #include "kjit/types.hpp"
 #include "kjit/version.hpp"

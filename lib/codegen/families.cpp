@@ -6,10 +6,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <set>
+#include <string>
+#include <string_view>
 #include <utility>
 
+#include "codegen/embedded_templates.hpp"
 #include "codegen/family_decls.hpp"
 #include "kjit/error.hpp"
+#include "kjit/source.hpp"
 
 namespace kjit::codegen {
 namespace {
@@ -138,3 +143,57 @@ std::string stub_source(const KernelSpec& spec) {
 }
 
 }  // namespace kjit::codegen
+
+namespace kjit {
+namespace {
+
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+}
+
+/// The "kjit/..." names of the lines `<space>#<space>include<space>"kjit/<name>"` of `text`.
+std::vector<std::string> kjit_includes(std::string_view text) {
+  std::vector<std::string> names;
+  for (std::size_t at = 0; at < text.size();) {
+    std::size_t end = text.find('\n', at);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(at, end - at);
+    at = end + 1;
+    const auto skip_space = [&] {
+      while (!line.empty() && is_space(line.front())) line.remove_prefix(1);
+    };
+    skip_space();
+    if (!line.starts_with('#')) continue;
+    line.remove_prefix(1);
+    skip_space();
+    if (!line.starts_with("include")) continue;
+    line.remove_prefix(7);
+    skip_space();
+    if (!line.starts_with("\"kjit/")) continue;
+    line.remove_prefix(1);
+    const std::size_t quote = line.find('"');
+    if (quote == std::string_view::npos || quote <= 5) continue;  // "kjit/" and one character
+    names.emplace_back(line.substr(0, quote));
+  }
+  return names;
+}
+
+}  // namespace
+
+std::vector<SourceFile> kernel_source_files(const KernelSpec& spec) {
+  std::vector<SourceFile> files;
+  files.push_back({"stub", codegen::stub_source(spec)});
+  std::vector<std::string> pending = kjit_includes(files.front().text);
+  std::set<std::string> shown;
+  for (std::size_t i = 0; i < pending.size(); ++i) {
+    const std::string name = pending[i];
+    if (!shown.insert(name).second) continue;
+    const codegen::EmbeddedTemplate* file = codegen::find_template(name);
+    if (file == nullptr) continue;  // not embedded (none is; a toolkit header would not be)
+    files.push_back({name, std::string(file->contents)});
+    for (std::string& nested : kjit_includes(file->contents)) pending.push_back(std::move(nested));
+  }
+  return files;
+}
+
+}  // namespace kjit

@@ -1,7 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 // kjit._kjit, tools: plans by shape names, prewarm, source, compile (ext.hpp).
-#include "codegen/embedded_templates.hpp"
-#include "codegen/families.hpp"
 #include "ext.hpp"
 
 namespace kjit::python {
@@ -75,29 +73,11 @@ std::vector<std::string> prewarm_specs(const std::vector<std::string>& specs, in
 int current_device() { return runtime().current_device(); }
 
 std::string source(const std::string& spec_text, bool templates) {
-  const KernelSpec spec = KernelSpec::parse(spec_text);
-  std::string out = codegen::stub_source(spec);
+  const std::vector<SourceFile> files = kernel_source_files(KernelSpec::parse(spec_text));
+  std::string out = files.front().text;
   if (!templates) return out;
-  // The embedded kjit/... headers the stub includes, transitively, each once.
-  std::vector<std::string> pending;
-  std::set<std::string> shown;
-  auto scan = [&](std::string_view text) {
-    const std::string_view marker = "#include \"kjit/";
-    for (std::size_t at = text.find(marker); at != std::string_view::npos;
-         at = text.find(marker, at + 1)) {
-      const std::size_t begin = at + marker.size() - 5;
-      const std::size_t end = text.find('"', begin);
-      if (end != std::string_view::npos) pending.emplace_back(text.substr(begin, end - begin));
-    }
-  };
-  scan(out);
-  for (std::size_t i = 0; i < pending.size(); ++i) {
-    const std::string name = pending[i];
-    if (!shown.insert(name).second) continue;
-    const codegen::EmbeddedTemplate* file = codegen::find_template(name);
-    if (file == nullptr) continue;
-    out += "\n// ===== " + name + " =====\n" + file->contents;
-    scan(file->contents);
+  for (std::size_t i = 1; i < files.size(); ++i) {
+    out += "\n// ===== " + files[i].name + " =====\n" + files[i].text;
   }
   return out;
 }

@@ -12,6 +12,7 @@
 
 #include "kjit/error.hpp"
 #include "ops/causal_conv1d/family.hpp"
+#include "ops/tensor_checks.hpp"
 
 namespace kjit::ops::conv1d {
 namespace {
@@ -22,77 +23,14 @@ constexpr std::int64_t kMaxSeqs = std::int64_t{1} << 24;
 /// every serving engine can address.
 constexpr std::int64_t kMaxTokens = (std::int64_t{1} << 31) - 1;
 
-[[noreturn]] void fail(Op op, const std::string& message) {
-  throw InvalidArgument(fmt::format("{}: {}", op_name(op), message));
-}
+ArgChecks checks(Op op) { return ArgChecks(op_name(op)); }
 
-std::string shape_text(const TensorView& view) {
-  std::string out = "[";
-  for (int i = 0; i < view.rank; ++i) out += fmt::format("{}{}", i ? ", " : "", view.shape[i]);
-  return out + "]";
-}
+[[noreturn]] void fail(Op op, const std::string& message) { checks(op).fail(message); }
 
+/// Rank `rank` and no negative extent.
 void require_rank(Op op, const char* name, const TensorView& v, int rank, const char* what) {
-  if (v.rank != rank) {
-    fail(op, fmt::format("{} has rank {} ({}); expected rank {}: {}", name, v.rank, v.str(), rank,
-                         what));
-  }
-  for (int i = 0; i < rank; ++i) {
-    if (v.shape[i] < 0) fail(op, fmt::format("{} {} has a negative extent", name, v.str()));
-  }
-}
-
-void require_float(Op op, const char* name, const TensorView& v) {
-  if (v.dtype != DType::f16 && v.dtype != DType::bf16 && v.dtype != DType::f32) {
-    fail(op, fmt::format("{} has dtype {}; accepted: f16, bf16, f32", name, to_string(v.dtype)));
-  }
-}
-
-void require_index(Op op, const char* name, const TensorView& v) {
-  if (v.dtype != DType::i32 && v.dtype != DType::i64) {
-    fail(op, fmt::format("{} has dtype {}; accepted: i32, i64", name, to_string(v.dtype)));
-  }
-}
-
-/// Non-null (unless empty) and aligned to its element size.
-void require_memory(Op op, const char* name, const TensorView& v) {
-  if (v.data == nullptr && v.numel() > 0) fail(op, fmt::format("{} has a null data pointer", name));
-  const auto address = reinterpret_cast<std::uintptr_t>(v.data);
-  const std::size_t esize = size_of(v.dtype);
-  if (address % esize != 0) {
-    fail(op, fmt::format("{} data pointer {:#x} is not aligned to its element size ({} bytes for "
-                         "{}); accepted: a multiple of {}",
-                         name, address, esize, to_string(v.dtype), esize));
-  }
-}
-
-/// Outputs must not have stride 0 along a dimension of extent > 1 (elements would alias).
-void require_no_broadcast(Op op, const char* name, const TensorView& v) {
-  for (int i = 0; i < v.rank; ++i) {
-    if (v.shape[i] > 1 && v.strides[i] == 0) {
-      fail(op, fmt::format("{} {} has stride 0 in dimension {} of extent {}; outputs must not "
-                           "overlap themselves",
-                           name, v.str(), i, v.shape[i]));
-    }
-  }
-}
-
-/// [lowest, highest] byte addresses a view touches.
-std::pair<std::uintptr_t, std::uintptr_t> byte_range(const TensorView& v) {
-  auto lo = reinterpret_cast<std::intptr_t>(v.data), hi = lo;
-  const auto esize = static_cast<std::intptr_t>(size_of(v.dtype));
-  for (int i = 0; i < v.rank; ++i) {
-    if (v.shape[i] == 0) return {1, 0};
-    const std::intptr_t span = (v.shape[i] - 1) * v.strides[i] * esize;
-    (span < 0 ? lo : hi) += span;
-  }
-  return {static_cast<std::uintptr_t>(lo), static_cast<std::uintptr_t>(hi) + size_of(v.dtype) - 1};
-}
-
-bool overlaps(const TensorView& a, const TensorView& b) {
-  const auto [a0, a1] = byte_range(a);
-  const auto [b0, b1] = byte_range(b);
-  return a0 <= a1 && b0 <= b1 && a0 <= b1 && b0 <= a1;
+  checks(op).rank(name, v, rank, what);
+  checks(op).extents(name, v);
 }
 
 /// The widest channel vector x and out allow: channel stride 1 and every address and row /
@@ -190,28 +128,25 @@ void check_weights_and_pool(Op op, const TensorView& x, const TensorView& weight
     fail(op, fmt::format("weight has dtype {}; accepted: {} (x's dtype) or f32",
                          to_string(weight.dtype), to_string(x.dtype)));
   }
-  require_memory(op, "weight", weight);
+  checks(op).memory("weight", weight);
   p.weight = weight.dtype;
   if (bias.data != nullptr) {
     require_rank(op, "bias", bias, 1, "[D]");
     if (bias.shape[0] != p.dim) {
       fail(op, fmt::format("bias has shape {}; expected [D] = [{}]", shape_text(bias), p.dim));
     }
-    if (bias.dtype != weight.dtype) {
-      fail(op, fmt::format("bias has dtype {}; accepted: {} (weight's dtype)",
-                           to_string(bias.dtype), to_string(weight.dtype)));
-    }
-    require_memory(op, "bias", bias);
+    checks(op).dtype_of("bias", bias, weight.dtype, "weight's dtype");
+    checks(op).memory("bias", bias);
   }
   require_rank(op, "conv_state", state, 3, "[slots, D, L] with L >= W - 1");
-  require_float(op, "conv_state", state);
+  checks(op).float_dtype("conv_state", state);
   if (state.shape[1] != p.dim || state.shape[2] < p.width - 1) {
     fail(op, fmt::format("conv_state has shape {}; expected [slots, D, L] with D = {} and L >= "
                          "W - 1 = {}",
                          shape_text(state), p.dim, p.width - 1));
   }
-  require_memory(op, "conv_state", state);
-  require_no_broadcast(op, "conv_state", state);
+  checks(op).memory("conv_state", state);
+  checks(op).no_broadcast("conv_state", state);
   p.state = state.dtype;
   p.state_len = state.shape[2];
   const auto ss = static_cast<std::uint64_t>(size_of(state.dtype));
@@ -235,8 +170,8 @@ void check_accepted(Op op, const TensorView& accepted, const Problem& p) {
   if (accepted.data == nullptr) return;
   const std::int64_t rows = p.seqs;
   require_rank(op, "num_accepted_tokens", accepted, 1, "[B]");
-  require_index(op, "num_accepted_tokens", accepted);
-  require_memory(op, "num_accepted_tokens", accepted);
+  checks(op).index_dtype("num_accepted_tokens", accepted);
+  checks(op).memory("num_accepted_tokens", accepted);
   if (accepted.shape[0] != rows) {
     fail(op, fmt::format("num_accepted_tokens has shape {}; expected [B] = [{}]",
                          shape_text(accepted), rows));
@@ -251,9 +186,9 @@ void check_dim(Op op, const TensorView& x, std::int64_t dim) {
 }
 
 void check_out(Op op, const TensorView& x, const TensorView& out, Problem* p) {
-  require_float(op, "out", out);
-  require_memory(op, "out", out);
-  require_no_broadcast(op, "out", out);
+  checks(op).float_dtype("out", out);
+  checks(op).memory("out", out);
+  checks(op).no_broadcast("out", out);
   bool same_shape = out.rank == x.rank;
   for (int i = 0; same_shape && i < x.rank; ++i) same_shape = out.shape[i] == x.shape[i];
   if (!same_shape) {
@@ -277,8 +212,8 @@ void check_token_rows(Op op, const TensorView& x, const char* x_shape, const Ten
                       Problem* problem) {
   Problem& p = *problem;
   require_rank(op, "x", x, 2, x_shape);
-  require_float(op, "x", x);
-  require_memory(op, "x", x);
+  checks(op).float_dtype("x", x);
+  checks(op).memory("x", x);
   p.in = x.dtype;
   p.tokens = x.shape[0];
   p.dim = x.shape[1];
@@ -303,8 +238,8 @@ Problem check_prefill(const Args& args) {
   check_options(op, *args.options, &p);
   check_token_rows(op, x, "[T, D]", *args.weight, *args.bias, *args.conv_state, out, &p);
   require_rank(op, "cu_seqlens", cu_seqlens, 1, "[N + 1]");
-  require_index(op, "cu_seqlens", cu_seqlens);
-  require_memory(op, "cu_seqlens", cu_seqlens);
+  checks(op).index_dtype("cu_seqlens", cu_seqlens);
+  checks(op).memory("cu_seqlens", cu_seqlens);
   if (cu_seqlens.shape[0] < 1) {
     fail(op, "cu_seqlens has shape [0]; expected [N + 1] (at least the leading 0)");
   }
@@ -313,8 +248,8 @@ Problem check_prefill(const Args& args) {
     fail(op, fmt::format("cu_seqlens describes N = {} sequences; accepted: at most 2^24", p.seqs));
   }
   require_rank(op, "state_indices", indices, 1, "[N]");
-  require_index(op, "state_indices", indices);
-  require_memory(op, "state_indices", indices);
+  checks(op).index_dtype("state_indices", indices);
+  checks(op).memory("state_indices", indices);
   if (indices.shape[0] != p.seqs) {
     fail(op, fmt::format("state_indices has shape {}; expected [N] = [{}] (cu_seqlens has N + 1 "
                          "entries)",
@@ -322,10 +257,7 @@ Problem check_prefill(const Args& args) {
   }
   if (has_initial.data != nullptr) {
     require_rank(op, "has_initial_state", has_initial, 1, "[N]");
-    if (has_initial.dtype != DType::u8) {
-      fail(op, fmt::format("has_initial_state has dtype {}; accepted: u8 (bool)",
-                           to_string(has_initial.dtype)));
-    }
+    checks(op).dtype_of("has_initial_state", has_initial, DType::u8, "bool");
     if (has_initial.shape[0] != p.seqs) {
       fail(op, fmt::format("has_initial_state has shape {}; expected [N] = [{}]",
                            shape_text(has_initial), p.seqs));
@@ -353,8 +285,8 @@ Problem check_update(const Args& args) {
   }
   const TensorView x = as_rows(x_in), out = as_rows(out_in);
   require_rank(op, "x", x, 3, "[B, S, D]");
-  require_float(op, "x", x);
-  require_memory(op, "x", x);
+  checks(op).float_dtype("x", x);
+  checks(op).memory("x", x);
   p.in = x.dtype;
   p.seqs = x.shape[0];
   p.tokens = x.shape[1];
@@ -369,8 +301,8 @@ Problem check_update(const Args& args) {
   check_out(op, x_in, out_in, &p);
   p.out = out.dtype;
   require_rank(op, "state_indices", indices, 1, "[B]");
-  require_index(op, "state_indices", indices);
-  require_memory(op, "state_indices", indices);
+  checks(op).index_dtype("state_indices", indices);
+  checks(op).memory("state_indices", indices);
   if (indices.shape[0] != p.seqs) {
     fail(op, fmt::format("state_indices has shape {}; expected [B] = [{}]", shape_text(indices),
                          p.seqs));
@@ -394,15 +326,15 @@ Problem check_update_varlen(const Args& args) {
   check_token_rows(op, x, "[T, D]: the tokens of all rows, delimited by query_start_loc",
                    *args.weight, *args.bias, *args.conv_state, out, &p);
   require_rank(op, "state_indices", indices, 1, "[B]");
-  require_index(op, "state_indices", indices);
-  require_memory(op, "state_indices", indices);
+  checks(op).index_dtype("state_indices", indices);
+  checks(op).memory("state_indices", indices);
   p.seqs = indices.shape[0];
   if (p.seqs > kMaxTokens) {
     fail(op, fmt::format("state_indices has B = {} rows; accepted: at most 2^31 - 1", p.seqs));
   }
   require_rank(op, "query_start_loc", query_start_loc, 1, "[B + 1]");
-  require_index(op, "query_start_loc", query_start_loc);
-  require_memory(op, "query_start_loc", query_start_loc);
+  checks(op).index_dtype("query_start_loc", query_start_loc);
+  checks(op).memory("query_start_loc", query_start_loc);
   if (query_start_loc.shape[0] != p.seqs + 1) {
     fail(op, fmt::format("query_start_loc has shape {}; expected [B + 1] = [{}] (state_indices "
                          "has B = {} rows)",

@@ -6,21 +6,19 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "kjit/error.hpp"
 #include "kjit/ops/causal_conv1d.hpp"
 #include "kjit/runtime.hpp"
 #include "ops/causal_conv1d/family.hpp"
+#include "ops/tensor_checks.hpp"
 
 namespace kjit {
 namespace ops::conv1d {
 namespace {
 
-[[noreturn]] void fail(Op op, const std::string& message) {
-  throw InvalidArgument(fmt::format("{}: {}", op_name(op), message));
-}
+[[noreturn]] void fail(Op op, const std::string& message) { ArgChecks(op_name(op)).fail(message); }
 
 std::int64_t read_int(const std::vector<unsigned char>& host, DType dtype, std::int64_t i) {
   if (dtype == DType::i64) {
@@ -83,21 +81,13 @@ void check_values(Runtime& runtime, const Args& args, const Problem& p, Stream s
   }
   const TensorView& indices = *args.state_indices;
   const auto idx = to_host(runtime, indices, p.seqs, stream);
-  std::unordered_set<std::int64_t> seen;
+  std::vector<std::int64_t> slot_values(static_cast<std::size_t>(p.seqs));
   for (std::int64_t n = 0; n < p.seqs; ++n) {
-    const std::int64_t slot = read_int(idx, indices.dtype, n);
-    if (options.invalid_index == ConvInvalidIndex::nonpositive ? slot <= 0 : slot < 0) continue;
-    if (slot >= slots) {
-      fail(op, fmt::format("state_indices[{}] = {} is out of range; the pool has {} slots (debug "
-                           "check)",
-                           n, slot, slots));
-    }
-    if (!seen.insert(slot).second) {
-      fail(op, fmt::format("state_indices[{}] = {} repeats an earlier valid index; sequences of "
-                           "one call must use distinct slots (debug check)",
-                           n, slot));
-    }
+    slot_values[static_cast<std::size_t>(n)] = read_int(idx, indices.dtype, n);
   }
+  ArgChecks(op_name(op))
+      .slot_indices("state_indices", slot_values, slots,
+                    options.invalid_index == ConvInvalidIndex::nonpositive, "sequences");
   const TensorView* accepted = args.num_accepted_tokens;
   if (op == Op::update && accepted != nullptr && accepted->data != nullptr) {
     const auto acc = to_host(runtime, *accepted, p.seqs, stream);

@@ -11,44 +11,31 @@
 
 #include "kjit/error.hpp"
 #include "ops/gdn_decode/family.hpp"
+#include "ops/tensor_checks.hpp"
 
 namespace kjit::ops::decode {
 namespace {
 
 constexpr std::int64_t kMaxBatch = std::int64_t{1} << 24;
 
-bool is_float_type(DType d) { return d == DType::f16 || d == DType::bf16 || d == DType::f32; }
+ArgChecks checks(Form form) { return ArgChecks(op_name(form)); }
 
 [[noreturn]] void fail(Form form, std::string_view argument, const TensorView& view,
                        std::string_view accepted) {
-  throw InvalidArgument(
-      fmt::format("{}: {} is {}; {}", op_name(form), argument, view.str(), accepted));
+  checks(form).fail(argument, view, accepted);
 }
 
-void require_float(Form form, std::string_view name, const TensorView& view) {
-  if (!is_float_type(view.dtype)) fail(form, name, view, "its dtype must be f16, bf16 or f32");
-}
-
-void require_rank(Form form, std::string_view name, const TensorView& view, int rank,
-                  std::string_view shape) {
-  if (view.rank != rank) fail(form, name, view, fmt::format("expected rank {} {}", rank, shape));
-}
-
+/// Non-null (also when empty) and aligned to its element size.
 void require_data(Form form, std::string_view name, const TensorView& view) {
-  if (view.data == nullptr) fail(form, name, view, "its data pointer is null");
-  const auto address = reinterpret_cast<std::uintptr_t>(view.data);
-  if (address % size_of(view.dtype) != 0) {
-    fail(form, name, view,
-         fmt::format("its data pointer {:#x} must be aligned to its element size {}", address,
-                     size_of(view.dtype)));
-  }
+  checks(form).not_null(name, view, /*empty_may_be_null=*/false);
+  checks(form).element_aligned(name, view);
 }
 
 /// [rows, width] with the last dim contiguous and rows not overlapping (any larger row
 /// stride: a view into a wider tensor).
 void require_rows(Form form, std::string_view name, const TensorView& view, std::int64_t rows,
                   std::int64_t width, std::string_view shape) {
-  require_rank(form, name, view, 2, shape);
+  checks(form).rank(name, view, 2, shape);
   if (view.shape[0] != rows || view.shape[1] != width) {
     fail(form, name, view, fmt::format("expected shape {} = [{}, {}]", shape, rows, width));
   }
@@ -75,6 +62,7 @@ Problem validate(Form form, const TensorView& qkv, const TensorView& a, const Te
                  const TensorView* a_log, const TensorView* dt_bias, const TensorView& state,
                  const TensorView& indices, const TensorView& out,
                  const GdnDecodeOptions& options) {
+  const ArgChecks c = checks(form);
   Problem p;
   p.form = form;
   const bool raw = form == Form::raw;
@@ -82,8 +70,8 @@ Problem validate(Form form, const TensorView& qkv, const TensorView& a, const Te
   const std::string_view b_name = raw ? "b" : "beta";
 
   // The pool fixes HV, V, K.
-  require_rank(form, "state", state, 4, "[slots, HV, V, K]");
-  require_float(form, "state", state);
+  c.rank("state", state, 4, "[slots, HV, V, K]");
+  c.float_dtype("state", state);
   require_data(form, "state", state);
   p.slots = state.shape[0];
   p.value_heads = state.shape[1];
@@ -124,10 +112,8 @@ Problem validate(Form form, const TensorView& qkv, const TensorView& a, const Te
   p.vec_bytes = largest_vector(state, p.slot_stride, p.slots);
 
   // Indices fix B.
-  require_rank(form, "state_indices", indices, 1, "[B]");
-  if (indices.dtype != DType::i32 && indices.dtype != DType::i64) {
-    fail(form, "state_indices", indices, "its dtype must be i32 or i64");
-  }
+  c.rank("state_indices", indices, 1, "[B]");
+  c.index_dtype("state_indices", indices);
   p.batch = indices.shape[0];
   if (p.batch < 1 || p.batch > kMaxBatch) {
     fail(form, "state_indices", indices,
@@ -139,8 +125,8 @@ Problem validate(Form form, const TensorView& qkv, const TensorView& a, const Te
   if (p.index_stride < 1) fail(form, "state_indices", indices, "its stride must be >= 1");
 
   // mixed_qkv fixes H.
-  require_rank(form, "mixed_qkv", qkv, 2, "[B, 2*H*K + HV*V]");
-  require_float(form, "mixed_qkv", qkv);
+  c.rank("mixed_qkv", qkv, 2, "[B, 2*H*K + HV*V]");
+  c.float_dtype("mixed_qkv", qkv);
   const std::int64_t width = qkv.shape[1];
   const std::int64_t qk_width = width - p.value_heads * p.v;
   if (qk_width <= 0 || qk_width % (2 * p.k) != 0) {
@@ -166,19 +152,15 @@ Problem validate(Form form, const TensorView& qkv, const TensorView& a, const Te
   require_data(form, a_name, a);
   require_data(form, b_name, b);
   if (raw) {
-    require_float(form, "a", a);
+    c.float_dtype("a", a);
     if (b.dtype != a.dtype) {
       fail(form, "b", b, fmt::format("its dtype must equal a's ({})", to_string(a.dtype)));
     }
     for (auto [view, name] : {std::pair{a_log, "a_log"}, std::pair{dt_bias, "dt_bias"}}) {
-      require_rank(form, name, *view, 1, "[HV]");
-      require_float(form, name, *view);
-      if (view->shape[0] != p.value_heads) {
-        fail(form, name, *view, fmt::format("expected shape [HV] = [{}]", p.value_heads));
-      }
-      if (p.value_heads > 1 && view->strides[0] != 1) {
-        fail(form, name, *view, "it must be contiguous");
-      }
+      c.rank(name, *view, 1, "[HV]");
+      c.float_dtype(name, *view);
+      c.shape(name, *view, {p.value_heads}, "[HV]");
+      c.contiguous(name, *view);
       require_data(form, name, *view);
     }
     p.gate = a.dtype;
@@ -192,12 +174,9 @@ Problem validate(Form form, const TensorView& qkv, const TensorView& a, const Te
   p.b_row_stride = p.batch > 1 ? b.strides[0] : p.value_heads;
 
   // Output.
-  require_rank(form, "out", out, 3, "[B, HV, V]");
-  require_float(form, "out", out);
-  if (out.shape[0] != p.batch || out.shape[1] != p.value_heads || out.shape[2] != p.v) {
-    fail(form, "out", out,
-         fmt::format("expected shape [B, HV, V] = [{}, {}, {}]", p.batch, p.value_heads, p.v));
-  }
+  c.rank("out", out, 3, "[B, HV, V]");
+  c.float_dtype("out", out);
+  c.shape("out", out, {p.batch, p.value_heads, p.v}, "[B, HV, V]");
   if (out.strides[2] != 1 || (p.value_heads > 1 && out.strides[1] != p.v)) {
     fail(form, "out", out,
          "its inner [HV, V] dims must be contiguous; only the row stride may vary");
@@ -215,13 +194,11 @@ Problem validate(Form form, const TensorView& qkv, const TensorView& a, const Te
   const float scale =
       options.scale.value_or(static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.k))));
   if (!std::isfinite(scale)) {
-    throw InvalidArgument(
-        fmt::format("{}: options.scale = {} must be finite", op_name(form), scale));
+    c.fail(fmt::format("options.scale = {} must be finite", scale));
   }
   p.scale_bits = std::bit_cast<std::uint32_t>(scale);
   if (raw && std::isnan(options.softplus_threshold)) {
-    throw InvalidArgument(
-        fmt::format("{}: options.softplus_threshold is NaN; accepted: any number", op_name(form)));
+    c.fail("options.softplus_threshold is NaN; accepted: any number");
   }
   return p;
 }

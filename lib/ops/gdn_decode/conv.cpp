@@ -11,6 +11,7 @@
 #include "kjit/error.hpp"
 #include "kjit/spec.hpp"
 #include "ops/gdn_decode/family.hpp"
+#include "ops/tensor_checks.hpp"
 
 namespace kjit::ops::decode {
 namespace {
@@ -41,22 +42,7 @@ int cluster_blocks(const ConvProblem& cp, const DeviceLimits& device) {
   return chosen;
 }
 
-bool is_float_type(DType d) { return d == DType::f16 || d == DType::bf16 || d == DType::f32; }
-
-[[noreturn]] void fail(Form form, std::string_view argument, const TensorView& view,
-                       std::string_view accepted) {
-  throw InvalidArgument(
-      fmt::format("{}: {} is {}; {}", op_name(form), argument, view.str(), accepted));
-}
-
-void require_aligned(Form form, std::string_view name, const TensorView& view) {
-  const auto address = reinterpret_cast<std::uintptr_t>(view.data);
-  if (address % size_of(view.dtype) != 0) {
-    fail(form, name, view,
-         fmt::format("its data pointer {:#x} must be aligned to its element size {}", address,
-                     size_of(view.dtype)));
-  }
-}
+ArgChecks checks(Form form) { return ArgChecks(op_name(form)); }
 
 /// Options that choose among the plain step's kernels have no meaning for the fused one.
 void reject_plain_options(Form form, const GdnDecodeOptions& options) {
@@ -91,26 +77,26 @@ ConvProblem ConvFamily::check(const Args& args) {
   cp.step = Family::check(args);
   const decode::Problem& p = cp.step;
   const Form form = p.form;
+  const ArgChecks c = checks(form);
   if (p.state_layout != StateLayout::vk) {
-    fail(form, "state", *args.state,
-         "with options.conv the [HV, V, K] block must be K contiguous (strides [*, V*K, K, 1]); "
-         "V-contiguous pools run only without the conv");
+    c.fail("state", *args.state,
+           "with options.conv the [HV, V, K] block must be K contiguous (strides [*, V*K, K, 1]); "
+           "V-contiguous pools run only without the conv");
   }
   const std::int64_t channels = 2 * p.heads * p.k + p.value_heads * p.v;
 
   const TensorView& weight = conv.weight;
-  if (weight.rank != 2) fail(form, "options.conv->weight", weight, "expected rank 2 [D, W]");
-  if (!is_float_type(weight.dtype) || (weight.dtype != p.qkv && weight.dtype != DType::f32)) {
-    fail(form, "options.conv->weight", weight,
-         fmt::format("its dtype must be mixed_qkv's ({}) or f32", to_string(p.qkv)));
+  c.rank("options.conv->weight", weight, 2, "[D, W]");
+  if (weight.dtype != p.qkv && weight.dtype != DType::f32) {  // p.qkv is a float type
+    c.fail(fmt::format("options.conv->weight has dtype {}; accepted: mixed_qkv's ({}) or f32",
+                       to_string(weight.dtype), to_string(p.qkv)));
   }
   if (weight.shape[0] != channels || weight.shape[1] < 2 || weight.shape[1] > 8) {
-    fail(form, "options.conv->weight", weight,
-         fmt::format("expected shape [D, W] with D = 2*H*K + HV*V = {} and W in 2..8", channels));
+    c.fail("options.conv->weight", weight,
+           fmt::format("expected shape [D, W] with D = 2*H*K + HV*V = {} and W in 2..8", channels));
   }
-  if (weight.data == nullptr)
-    fail(form, "options.conv->weight", weight, "its data pointer is null");
-  require_aligned(form, "options.conv->weight", weight);
+  c.not_null("options.conv->weight", weight, /*empty_may_be_null=*/false);
+  c.element_aligned("options.conv->weight", weight);
   cp.width = static_cast<std::int32_t>(weight.shape[1]);
   cp.weight = weight.dtype;
   cp.weight_channel_stride = weight.strides[0];
@@ -119,35 +105,26 @@ ConvProblem ConvFamily::check(const Args& args) {
   const TensorView& bias = conv.bias;
   if (bias.data != nullptr) {
     if (bias.rank != 1 || bias.shape[0] != channels) {
-      fail(form, "options.conv->bias", bias,
-           fmt::format("expected shape [D] = [{}] (or data == nullptr: no bias)", channels));
+      c.fail("options.conv->bias", bias,
+             fmt::format("expected shape [D] = [{}] (or data == nullptr: no bias)", channels));
     }
-    if (bias.dtype != weight.dtype) {
-      fail(form, "options.conv->bias", bias,
-           fmt::format("its dtype must equal the weight's ({})", to_string(weight.dtype)));
-    }
-    require_aligned(form, "options.conv->bias", bias);
+    c.dtype_of("options.conv->bias", bias, weight.dtype, "the weight's dtype");
+    c.element_aligned("options.conv->bias", bias);
     cp.has_bias = true;
     cp.bias_stride = bias.strides[0];
   }
 
   const TensorView& pool = conv.conv_state;
-  if (pool.rank != 3) {
-    fail(form, "options.conv->conv_state", pool, "expected rank 3 [slots, D, L]");
-  }
-  if (!is_float_type(pool.dtype)) {
-    fail(form, "options.conv->conv_state", pool, "its dtype must be f16, bf16 or f32");
-  }
+  c.rank("options.conv->conv_state", pool, 3, "[slots, D, L]");
+  c.float_dtype("options.conv->conv_state", pool);
   if (pool.shape[0] != p.slots || pool.shape[1] != channels || pool.shape[2] < cp.width - 1) {
-    fail(form, "options.conv->conv_state", pool,
-         fmt::format("expected shape [slots, D, L] with slots = {} (the state pool's: both pools "
-                     "are indexed by state_indices), D = {} and L >= W - 1 = {}",
-                     p.slots, channels, cp.width - 1));
+    c.fail("options.conv->conv_state", pool,
+           fmt::format("expected shape [slots, D, L] with slots = {} (the state pool's: both pools "
+                       "are indexed by state_indices), D = {} and L >= W - 1 = {}",
+                       p.slots, channels, cp.width - 1));
   }
-  if (pool.data == nullptr) {
-    fail(form, "options.conv->conv_state", pool, "its data pointer is null");
-  }
-  require_aligned(form, "options.conv->conv_state", pool);
+  c.not_null("options.conv->conv_state", pool, /*empty_may_be_null=*/false);
+  c.element_aligned("options.conv->conv_state", pool);
   cp.conv_state = pool.dtype;
   cp.conv_slot_stride = pool.strides[0];
   cp.conv_channel_stride = pool.strides[1];

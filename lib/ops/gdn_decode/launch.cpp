@@ -5,13 +5,13 @@
 
 #include <cstdint>
 #include <cstring>
-#include <unordered_set>
 #include <vector>
 
 #include "kjit/error.hpp"
 #include "kjit/ops/gdn_decode.hpp"
 #include "kjit/runtime.hpp"
 #include "ops/gdn_decode/family.hpp"
+#include "ops/tensor_checks.hpp"
 
 namespace kjit {
 namespace ops::decode {
@@ -25,7 +25,7 @@ void check_indices(Runtime& runtime, const Problem& p, const TensorView& indices
   const std::size_t count = static_cast<std::size_t>((p.batch - 1) * p.index_stride + 1);
   std::vector<unsigned char> host(count * esize);
   runtime.copy_to_host(host.data(), indices.data, host.size(), stream);
-  std::unordered_set<std::int64_t> seen;
+  std::vector<std::int64_t> slots(static_cast<std::size_t>(p.batch));
   for (std::int64_t n = 0; n < p.batch; ++n) {
     const std::size_t at = static_cast<std::size_t>(n * p.index_stride) * esize;
     std::int64_t slot = 0;
@@ -36,19 +36,11 @@ void check_indices(Runtime& runtime, const Problem& p, const TensorView& indices
     } else {
       std::memcpy(&slot, host.data() + at, 8);
     }
-    if (p.invalid_index == GdnInvalidIndex::nonpositive ? slot <= 0 : slot < 0) continue;
-    if (slot >= p.slots) {
-      throw InvalidArgument(fmt::format(
-          "{}: state_indices[{}] = {} is out of range; the pool has {} slots (debug check)",
-          op_name(p.form), n, slot, p.slots));
-    }
-    if (!seen.insert(slot).second) {
-      throw InvalidArgument(fmt::format(
-          "{}: state_indices[{}] = {} repeats an earlier valid index; rows of one call must use "
-          "distinct slots (debug check)",
-          op_name(p.form), n, slot));
-    }
+    slots[static_cast<std::size_t>(n)] = slot;
   }
+  ArgChecks(op_name(p.form))
+      .slot_indices("state_indices", slots, p.slots,
+                    p.invalid_index == GdnInvalidIndex::nonpositive, "rows");
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "kjit/error.hpp"
 #include "ops/merge_state/family.hpp"
+#include "ops/tensor_checks.hpp"
 
 namespace kjit::ops::merge {
 namespace {
@@ -25,74 +26,18 @@ struct VDesc {
   std::int64_t align = 16;
 };
 
-std::string shape_text(const TensorView& view) {
-  std::string out = "[";
-  for (int i = 0; i < view.rank; ++i) out += fmt::format("{}{}", i ? ", " : "", view.shape[i]);
-  return out + "]";
-}
+ArgChecks checks(Entry op) { return ArgChecks(op_name(op)); }
 
-std::int64_t align_of_bytes(std::uint64_t value) {
-  if (value == 0) return 16;
-  return std::min<std::int64_t>(16, std::int64_t{1} << std::countr_zero(value));
-}
-
-std::uint64_t magnitude(std::int64_t value) {
-  return value < 0 ? static_cast<std::uint64_t>(-(value + 1)) + 1
-                   : static_cast<std::uint64_t>(value);
-}
-
-[[noreturn]] void fail(Entry op, const std::string& message) {
-  throw InvalidArgument(fmt::format("{}: {}", op_name(op), message));
-}
-
-void require_dtype(Entry op, const char* name, const TensorView& view, DType dtype) {
-  if (view.dtype != dtype) {
-    fail(op, fmt::format("{} has dtype {}; accepted: {}", name, to_string(view.dtype),
-                         to_string(dtype)));
-  }
-}
-
-void require_element_aligned(Entry op, const char* name, const TensorView& view) {
-  const auto address = reinterpret_cast<std::uintptr_t>(view.data);
-  const std::size_t esize = size_of(view.dtype);
-  if (address % esize != 0) {
-    fail(op, fmt::format("{} data pointer {:#x} is not aligned to its element size ({} bytes "
-                         "for {}); accepted: a multiple of {}",
-                         name, address, esize, to_string(view.dtype), esize));
-  }
-}
-
-void require_shape(Entry op, const char* name, const TensorView& view,
-                   std::initializer_list<std::int64_t> expected, const char* what) {
-  bool same = view.rank == static_cast<int>(expected.size());
-  if (same) {
-    int i = 0;
-    for (std::int64_t e : expected) same = same && view.shape[i++] == e;
-  }
-  if (!same) {
-    std::string want = "[";
-    int i = 0;
-    for (std::int64_t e : expected) want += fmt::format("{}{}", i++ ? ", " : "", e);
-    fail(op, fmt::format("{} has shape {}; expected {} = {}", name, shape_text(view), what,
-                         want + "]"));
-  }
-}
+[[noreturn]] void fail(Entry op, const std::string& message) { checks(op).fail(message); }
 
 /// Checks a v tensor whose last dimension is the head dim; `dims` maps (token, head, state) to
 /// view dimensions (-1: absent). Returns its strides and alignment.
 VDesc describe_v(Entry op, const char* name, const TensorView& view, int token_dim,
                  int head_dim_dim, int state_dim, bool output) {
-  // An empty tensor is never dereferenced, so it may come without memory.
-  if (view.data == nullptr && view.numel() > 0) {
-    fail(op, fmt::format("{} has a null data pointer", name));
-  }
-  const int last = view.rank - 1;
-  if (view.strides[last] != 1) {
-    fail(op, fmt::format("{} {} has last-dimension stride {}; accepted: 1 (the head dim must be "
-                         "contiguous)",
-                         name, view.str(), view.strides[last]));
-  }
-  require_element_aligned(op, name, view);
+  const ArgChecks c = checks(op);
+  c.not_null(name, view);
+  c.unit_last_stride(name, view, "the head dim must be contiguous");
+  c.element_aligned(name, view);
   const std::int64_t esize = static_cast<std::int64_t>(size_of(view.dtype));
   VDesc desc;
   desc.align = align_of_bytes(reinterpret_cast<std::uintptr_t>(view.data));
@@ -119,21 +64,19 @@ VDesc describe_v(Entry op, const char* name, const TensorView& view, int token_d
 /// Checks an LSE tensor: f32, element-aligned, the shape of `layout`.
 void check_lse(Entry op, const char* name, const TensorView& view, LseLayout layout,
                std::int64_t tokens, std::int64_t heads, std::int64_t states, bool many) {
-  require_dtype(op, name, view, DType::f32);
-  if (view.data == nullptr && view.numel() > 0) {
-    fail(op, fmt::format("{} has a null data pointer", name));
-  }
-  require_element_aligned(op, name, view);
+  const ArgChecks c = checks(op);
+  c.dtype_in(name, view, {DType::f32});
+  c.memory(name, view);
   if (!many) {
     if (layout == LseLayout::token_major) {
-      require_shape(op, name, view, {tokens, heads}, "[T, H] (lse_layout token_major)");
+      c.shape(name, view, {tokens, heads}, "[T, H] (lse_layout token_major)");
     } else {
-      require_shape(op, name, view, {heads, tokens}, "[H, T] (lse_layout head_major)");
+      c.shape(name, view, {heads, tokens}, "[H, T] (lse_layout head_major)");
     }
   } else if (layout == LseLayout::token_major) {
-    require_shape(op, name, view, {tokens, states, heads}, "[T, S, H] (lse_layout token_major)");
+    c.shape(name, view, {tokens, states, heads}, "[T, S, H] (lse_layout token_major)");
   } else {
-    require_shape(op, name, view, {heads, tokens, states}, "[H, T, S] (lse_layout head_major)");
+    c.shape(name, view, {heads, tokens, states}, "[H, T, S] (lse_layout head_major)");
   }
 }
 
@@ -187,21 +130,10 @@ void check_common_options(Entry op, const MergeStateOptions& options, Problem* p
   }
 }
 
-void check_v_dims(Entry op, const char* name, const TensorView& view, int rank,
-                  const char* layout) {
-  if (view.rank != rank) {
-    fail(op, fmt::format("{} has rank {} ({}); expected rank {}: {}", name, view.rank, view.str(),
-                         rank, layout));
-  }
-}
-
 void check_dtypes_and_dims(Entry op, const char* name_in, const TensorView& v_in,
                            const char* name_out, const TensorView& v_out, std::int64_t head_dim,
                            Problem* problem) {
-  if (v_in.dtype != DType::f16 && v_in.dtype != DType::bf16 && v_in.dtype != DType::f32) {
-    fail(op,
-         fmt::format("{} has dtype {}; accepted: f16, bf16, f32", name_in, to_string(v_in.dtype)));
-  }
+  checks(op).float_dtype(name_in, v_in);
   if (v_out.dtype != v_in.dtype && v_out.dtype != DType::f32) {
     fail(op, fmt::format("{} has dtype {}; accepted: {} (the input dtype) or f32", name_out,
                          to_string(v_out.dtype), to_string(v_in.dtype)));
@@ -226,20 +158,19 @@ Problem check_pair(Entry op, const TensorView& v_a, const TensorView& s_a, const
   const char* b_name = op == Entry::in_place ? "v_other" : "v_b";
   const char* sa_name = op == Entry::in_place ? "s" : "s_a";
   const char* sb_name = op == Entry::in_place ? "s_other" : "s_b";
-  check_v_dims(op, a_name, v_a, 3, "[T, H, D]");
+  checks(op).rank(a_name, v_a, 3, "[T, H, D]");
   const std::int64_t tokens = v_a.shape[0];
   const std::int64_t heads = v_a.shape[1];
   const std::int64_t head_dim = v_a.shape[2];
   if (tokens < 0 || heads < 0) fail(op, fmt::format("{} has a negative extent", a_name));
   check_dtypes_and_dims(op, a_name, v_a, op == Entry::in_place ? a_name : "v_out", v_out, head_dim,
                         &problem);
-  require_dtype(op, b_name, v_b, v_a.dtype);
+  const ArgChecks c = checks(op);
+  c.dtype_in(b_name, v_b, {v_a.dtype});
   // A literal, not a formatted string: this runs on every call.
-  require_shape(op, b_name, v_b, {tokens, heads, head_dim},
-                op == Entry::in_place ? "the shape of v" : "the shape of v_a");
-  if (op == Entry::pair) {
-    require_shape(op, "v_out", v_out, {tokens, heads, head_dim}, "the shape of v_a");
-  }
+  c.shape(b_name, v_b, {tokens, heads, head_dim},
+          op == Entry::in_place ? "the shape of v" : "the shape of v_a");
+  if (op == Entry::pair) c.shape("v_out", v_out, {tokens, heads, head_dim}, "the shape of v_a");
   problem.tokens = tokens;
   problem.heads = heads;
   problem.states = 2;
@@ -257,7 +188,7 @@ Problem check_pair(Entry op, const TensorView& v_a, const TensorView& s_a, const
   }
 
   if (mask != nullptr && mask->data != nullptr) {
-    require_dtype(op, "mask", *mask, DType::u8);
+    c.dtype_in("mask", *mask, {DType::u8});
     if (mask->rank != 1 || mask->shape[0] != tokens) {
       fail(op, fmt::format("mask has shape {}; expected [T] = [{}] (u8, one flag per token)",
                            shape_text(*mask), tokens));
@@ -272,14 +203,14 @@ Problem check_many(const TensorView& v, const TensorView& s, const TensorView& v
   Problem problem;
   problem.entry = op;
   check_common_options(op, options, &problem);
-  check_v_dims(op, "v", v, 4, "[T, S, H, D]");
+  checks(op).rank("v", v, 4, "[T, S, H, D]");
   const std::int64_t tokens = v.shape[0];
   const std::int64_t states = v.shape[1];
   const std::int64_t heads = v.shape[2];
   const std::int64_t head_dim = v.shape[3];
   if (tokens < 0 || heads < 0 || states < 0) fail(op, "v has a negative extent");
   check_dtypes_and_dims(op, "v", v, "v_out", v_out, head_dim, &problem);
-  require_shape(op, "v_out", v_out, {tokens, heads, head_dim}, "[T, H, D] of v");
+  checks(op).shape("v_out", v_out, {tokens, heads, head_dim}, "[T, H, D] of v");
   if (states > 0xFFFFFFFFll) fail(op, fmt::format("v has {} states; at most 2^32-1", states));
   problem.tokens = tokens;
   problem.heads = heads;

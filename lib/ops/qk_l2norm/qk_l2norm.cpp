@@ -14,6 +14,7 @@
 #include "kjit/error.hpp"
 #include "kjit/spec.hpp"
 #include "ops/qk_l2norm/family.hpp"
+#include "ops/tensor_checks.hpp"
 
 namespace kjit {
 namespace ops::l2norm {
@@ -28,19 +29,11 @@ constexpr std::int64_t kMaxHeads = 0x7FFFFFFF;
 /// the tail of the grid-stride loop, few enough that each block walks several rows.
 constexpr std::int64_t kWaves = 8;
 
+constexpr ArgChecks kChecks(kOp);
+
 [[noreturn]] void fail(std::string_view argument, const TensorView& view,
                        std::string_view accepted) {
-  throw InvalidArgument(fmt::format("{}: {} is {}; {}", kOp, argument, view.str(), accepted));
-}
-
-std::int64_t align_of_bytes(std::uint64_t value) {
-  if (value == 0) return 16;
-  return std::min<std::int64_t>(16, std::int64_t{1} << std::countr_zero(value));
-}
-
-std::uint64_t magnitude(std::int64_t value) {
-  return value < 0 ? static_cast<std::uint64_t>(-(value + 1)) + 1
-                   : static_cast<std::uint64_t>(value);
+  kChecks.fail(argument, view, accepted);
 }
 
 /// A [T, H, D] tensor: rank, dtype, shape against `tokens` / `head_dim` (when >= 0), data,
@@ -48,7 +41,7 @@ std::uint64_t magnitude(std::int64_t value) {
 /// Returns its alignment in bytes (address and the strides of dimensions of extent > 1).
 std::int64_t check_rows(std::string_view name, const TensorView& view, DType dtype,
                         std::int64_t tokens, std::int64_t head_dim, bool output) {
-  if (view.rank != 3) fail(name, view, "expected rank 3: [T, H, D]");
+  kChecks.rank(name, view, 3, "[T, H, D]");
   if (view.dtype != dtype) {
     fail(name, view, fmt::format("its dtype must be {} (the dtype of q)", to_string(dtype)));
   }
@@ -62,9 +55,9 @@ std::int64_t check_rows(std::string_view name, const TensorView& view, DType dty
   if (head_dim >= 0 && view.shape[2] != head_dim) {
     fail(name, view, fmt::format("expected D = {} (q's head dim)", head_dim));
   }
-  // An empty tensor is never dereferenced, so it may come without memory.
+  // An empty tensor is never dereferenced, so it may come without memory (D >= 8 here).
   const bool empty = view.shape[0] == 0 || view.shape[1] == 0;
-  if (view.data == nullptr && !empty) fail(name, view, "its data pointer is null");
+  kChecks.not_null(name, view);
   const auto address = reinterpret_cast<std::uintptr_t>(view.data);
   const std::size_t esize = size_of(view.dtype);
   if (address % esize != 0) {
@@ -137,7 +130,7 @@ Problem Family::check(const Args& args) {
         "{}: options.eps = {}; accepted: a finite value >= 0 (default 1e-6)", kOp, options.eps));
   }
   Problem p;
-  if (q.rank != 3) fail("q", q, "expected rank 3: [T, H, D]");
+  kChecks.rank("q", q, 3, "[T, H, D]");
   if (q.dtype != DType::f16 && q.dtype != DType::bf16 && q.dtype != DType::f32) {
     fail("q", q, "its dtype must be f16, bf16 or f32");
   }
