@@ -548,7 +548,12 @@ __device__ __forceinline__ void update_rows_single(const CausalConv1dParams& p,
 /// so that only kernels with stages declare shared memory).
 template <int kSlots>
 __device__ __forceinline__ uint4* stage_slots() {
+#if defined(__CUDA_ARCH__)
   __shared__ uint4 slots[kSlots];
+#else
+  // Host emulation: one block at a time, its threads one after another, each in its own slots.
+  static uint4 slots[kSlots];
+#endif
   return slots;
 }
 __device__ __forceinline__ void stage_copy16(uint4* dst, const void* src) {

@@ -24,9 +24,6 @@
 #include "ops/causal_conv1d/family.hpp"
 // (keep this order: the emulation header defines __device__ & co. for the template)
 #include "common/cuda_host_emulation.hpp"
-// The staged prefill's shared memory: one block runs at a time, its threads one after another,
-// each in its own slots.
-#define __shared__ static
 // (the host compiler does not know #pragma unroll: tests/CMakeLists.txt silences that here)
 #include "kjit/causal_conv1d.cuh"
 
