@@ -20,6 +20,11 @@
 #include <cuda_fp16.h>
 
 #include "kjit/causal_conv1d_params.h"
+#if defined(__CUDA_ARCH__)
+// (Device code only: the emulated tests compile this template as host C++, where the staged
+// prefill's copies are plain ones.)
+#include "kjit/common/cp_async.cuh"
+#endif
 #include "kjit/common/vec.cuh"
 
 namespace kjit {
@@ -176,11 +181,18 @@ struct Conv {
 
   /// One token: y from the input and the history, then the input joins the history.
   __device__ __forceinline__ void step(const float (&in)[kVec], float (&y)[kVec]) {
+    step_with(h, in, y);
+  }
+
+  /// step() over a history held outside this object: the update's rows > 1 keep one history per
+  /// row beside one copy of the weights.
+  __device__ __forceinline__ void step_with(float (&hist)[kWidth - 1][kVec],
+                                            const float (&in)[kVec], float (&y)[kVec]) const {
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
       float acc = b[k] + w(kWidth - 1, k) * in[k];
 #pragma unroll
-      for (int j = 0; j < kWidth - 1; ++j) acc += w(j, k) * h[j][k];
+      for (int j = 0; j < kWidth - 1; ++j) acc += w(j, k) * hist[j][k];
       // SiLU with the fast division (2 ulp, div.full.f32 as Triton's `/` on f32): IEEE
       // division expands to ~10 instructions with a slow-path branch, per channel and token, in
       // a kernel whose instruction issue is close to its bandwidth's budget. For acc < -87
@@ -188,8 +200,8 @@ struct Conv {
       if constexpr (kSilu) acc = __fdividef(acc, 1.0f + __expf(-acc));
       y[k] = acc;
 #pragma unroll
-      for (int j = 0; j + 1 < kWidth - 1; ++j) h[j][k] = h[j + 1][k];
-      h[kWidth - 2][k] = in[k];
+      for (int j = 0; j + 1 < kWidth - 1; ++j) hist[j][k] = hist[j + 1][k];
+      hist[kWidth - 2][k] = in[k];
     }
   }
 };
@@ -391,22 +403,266 @@ __device__ __forceinline__ void column_entry(const CausalConv1dParams& p,
   }
 }
 
+/// One update row (decode step, speculative or varlen row) of kVec channels, the weights already
+/// in `conv`: the row's tokens, its slot, its outputs and its slot's new columns. The rows > 1
+/// kernels' path for rows that are not single decode tokens; it is the one-row kernel's body
+/// (causal_conv1d_kernel) with the weights loaded by the caller.
+template <typename TIn, typename TOut, typename TW, typename TState, int kWidth, int kVec,
+          int kChunk, ConvStateAccess kAccess, bool kSilu>
+__device__ __forceinline__ void update_row(const CausalConv1dParams& p,
+                                           Conv<TW, kWidth, kVec, kSilu, true>& conv, i64 row,
+                                           i64 c0) {
+  using Pool = PoolIo<TState, kVec, kWidth, kAccess>;
+  i64 S = p.num_tokens;
+  i64 x_off = row * p.x_row_stride;
+  i64 o_off = row * p.out_row_stride;
+  if (p.query_start_loc != nullptr) {
+    // Varlen rows: x is [T, D] and the row's tokens are query_start_loc[row]..[row + 1],
+    // clamped into 0..T so that bad offsets can never address outside x.
+    const i64 T = p.num_tokens;
+    i64 begin = load_int(p.query_start_loc, row, p.query_start_stride, p.query_start_bytes);
+    i64 end = load_int(p.query_start_loc, row + 1, p.query_start_stride, p.query_start_bytes);
+    begin = begin < 0 ? 0 : (begin > T ? T : begin);
+    end = end < begin ? begin : (end > T ? T : end);
+    S = end - begin;
+    x_off = begin * p.x_token_stride;
+    o_off = begin * p.out_token_stride;
+    // A row without tokens has no output and leaves its slot untouched (vLLM's rule).
+    if (S == 0) return;
+  }
+  Raw<TIn, kVec> first_batch[kChunk];
+  load_batch<TIn, kVec, kChunk>(p, first_batch, x_off, p.x_token_stride, 0, S, c0);
+  const i64 slot = load_int(p.state_indices, row, p.index_stride, p.index_bytes);
+  if (!slot_valid(slot, p)) {
+    zero_rows<TOut, kVec>(p, o_off, p.out_token_stride, S, c0);
+    return;
+  }
+  // Speculative: the history of `a` accepted tokens starts at column a - 1; clamped so that
+  // a bad count can never address outside the slot.
+  i64 first = 0;
+  if (p.num_accepted != nullptr) {
+    const i64 a = load_int(p.num_accepted, row, p.accepted_stride, p.accepted_bytes);
+    const i64 most = p.state_len - (kWidth - 1) + 1;
+    first = (a < 1 ? 1 : (a > most ? most : a)) - 1;
+  }
+  Pool::read(p, slot, c0, first, conv.h);
+  const bool spec = p.num_accepted != nullptr;
+  if (spec) {
+    // Speculative: column k of the slot takes entry k + 1 of (history ++ x) (the next step
+    // picks its history by its acceptance count), k < min(W - 2 + S, L). Written before any
+    // output: x may be out (in place), and these read the history as it was loaded.
+    const i64 cols = (kWidth - 2 + S) < p.state_len ? (kWidth - 2 + S) : p.state_len;
+    if constexpr (kAccess == ConvStateAccess::block) {
+      // (The block access moves whole [vec, W-1] blocks: columns 0..W-2 together.)
+      float nv[kWidth - 1][kVec];
+#pragma unroll
+      for (int col = 0; col < kWidth - 1; ++col) {
+        column_entry<TIn, kVec, kWidth>(p, conv.h, col + 1, x_off, c0, nv[col]);
+      }
+      Pool::write(p, slot, c0, nv);
+    } else {
+      for (i64 col = 0; col < cols; ++col) {
+        float v[kVec];
+        column_entry<TIn, kVec, kWidth>(p, conv.h, col + 1, x_off, c0, v);
+        Pool::write_column(p, slot, c0, col, v);
+      }
+    }
+  }
+  compute_batch<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, first_batch, o_off,
+                                                        p.out_token_stride, 0, S, c0);
+  run_tokens<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, x_off, p.x_token_stride, o_off,
+                                                     p.out_token_stride, kChunk, S, c0);
+  // Not speculative: the slot takes the last W - 1 inputs of (history ++ x), which is what
+  // the steps leave in conv.h (each token's input was loaded before its output was stored,
+  // so this is exact in place too). Written from registers after the outputs, no column
+  // array is held beside the history (fewer registers: more threads per SM, more loads in
+  // flight).
+  if (!spec) Pool::write(p, slot, c0, conv.h);
+}
+
+/// kRows decode rows (S = 1, no acceptance counts, not varlen) of the same kVec channels with one
+/// copy of the weights: every row's x and index loads are issued before any pool read, and every
+/// pool read before any arithmetic, so a thread has kRows times the loads of update_row in
+/// flight on the index -> pool chain. Rows are distinct (valid slots never repeat) and each
+/// row's input is loaded before its output is stored, so this is exact in place.
+template <typename TIn, typename TOut, typename TW, typename TState, int kWidth, int kVec,
+          ConvStateAccess kAccess, bool kSilu, int kRows>
+__device__ __forceinline__ void update_rows_single(const CausalConv1dParams& p,
+                                                   const Conv<TW, kWidth, kVec, kSilu, true>& conv,
+                                                   i64 row0, i64 c0) {
+  using Pool = PoolIo<TState, kVec, kWidth, kAccess>;
+  Raw<TIn, kVec> xs[kRows];
+  i64 slot[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (row0 + r < p.num_seqs) {
+      xs[r].load(at<TIn, kVec>(p.x, (row0 + r) * p.x_row_stride, c0, p.x_channel_stride));
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    slot[r] = row0 + r < p.num_seqs
+                  ? load_int(p.state_indices, row0 + r, p.index_stride, p.index_bytes)
+                  : i64{-1};
+  }
+  float h[kRows][kWidth - 1][kVec];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (slot_valid(slot[r], p)) Pool::read(p, slot[r], c0, 0, h[r]);
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (row0 + r < p.num_seqs) {
+      TOut* dst = at<TOut, kVec>(p.out, (row0 + r) * p.out_row_stride, c0, p.out_channel_stride);
+      float y[kVec];
+      if (slot_valid(slot[r], p)) {
+        float in[kVec];
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) in[k] = xs[r].get(k);
+        conv.step_with(h[r], in, y);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) y[k] = 0.0f;
+      }
+      if constexpr (kVec == 1) {
+        store1(dst, y[0]);
+      } else {
+        store_vec<TOut, kVec>(dst, y);
+      }
+    }
+  }
+  // The slots' new columns after the outputs, from the histories the steps leave (as update_row).
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (slot_valid(slot[r], p)) Pool::write(p, slot[r], c0, h[r]);
+  }
+}
+
+/// The staged prefill (kStages > 0, a tuning candidate): x's batches go to shared memory by
+/// cp.async (16 bytes per token, no register held while in flight), kStages - 1 batches ahead of
+/// the one computed, so a thread keeps up to (kStages - 1) x kChunk loads in flight with the
+/// registers of one batch. Each thread reads back only the slots it wrote, so no barrier is
+/// needed: cp.async.wait_group makes a thread's own copies visible to it. On the host (the
+/// emulated tests) the copy is a plain one and commit / wait do nothing.
+/// The block's stages: [stage][token of the batch][thread], 16 bytes each (a function of its own,
+/// so that only kernels with stages declare shared memory).
+template <int kSlots>
+__device__ __forceinline__ uint4* stage_slots() {
+#if defined(__CUDA_ARCH__)
+  __shared__ uint4 slots[kSlots];
+#else
+  // Host emulation: one block at a time, its threads one after another, each in its own slots.
+  static uint4 slots[kSlots];
+#endif
+  return slots;
+}
+__device__ __forceinline__ void stage_copy16(uint4* dst, const void* src) {
+#if defined(__CUDA_ARCH__)
+  cp_async::copy16(dst, src);
+#else
+  *dst = *static_cast<const uint4*>(src);
+#endif
+}
+__device__ __forceinline__ void stage_commit() {
+#if defined(__CUDA_ARCH__)
+  cp_async::commit();
+#endif
+}
+template <int kPending>
+__device__ __forceinline__ void stage_wait() {
+#if defined(__CUDA_ARCH__)
+  cp_async::wait<kPending>();
+#endif
+}
+
+/// Issues tokens [t0, min(t0 + kChunk, count)) of x into one stage (`stage`: this thread's slot
+/// of token 0 of the stage; token u is kConvBlockThreads slots further) and commits them as one
+/// group (an empty group past the end, so that the group count stays one per batch).
+template <typename TIn, int kVec, int kChunk>
+__device__ __forceinline__ void stage_batch(const CausalConv1dParams& p, uint4* stage, i64 x_off,
+                                            i64 t0, i64 count, i64 c0) {
+  static_assert(kVec * sizeof(TIn) == 16, "the staged prefill moves 16-byte vectors");
+#pragma unroll
+  for (int u = 0; u < kChunk; ++u) {
+    if (t0 + u < count) {
+      stage_copy16(stage + u * kConvBlockThreads,
+                   at<TIn, kVec>(p.x, x_off + (t0 + u) * p.x_token_stride, c0, p.x_channel_stride));
+    }
+  }
+  stage_commit();
+}
+
+/// run_tokens_pipelined through shared memory: batches 0..kStages-2 were issued by the caller
+/// (stage_batch into stages 0..kStages-2); batch b + kStages - 1 is issued into the stage batch
+/// b - 1 was read from, before batch b is computed and stored.
+template <typename TIn, typename TOut, int kWidth, int kVec, int kChunk, int kStages, bool kSilu,
+          typename TW, bool kPacked>
+__device__ __forceinline__ void run_tokens_staged(const CausalConv1dParams& p,
+                                                  Conv<TW, kWidth, kVec, kSilu, kPacked>& conv,
+                                                  uint4* mine, i64 x_off, i64 o_off, i64 count,
+                                                  i64 c0) {
+  constexpr int kStageSlots = kChunk * kConvBlockThreads;
+  const i64 batches = (count + kChunk - 1) / kChunk;
+  for (i64 b = 0; b < batches; ++b) {
+    // Groups committed: batches 0..b + kStages - 2; at most kStages - 2 pending: batch b is in.
+    stage_wait<kStages - 2>();
+    stage_batch<TIn, kVec, kChunk>(p, mine + ((b + kStages - 1) % kStages) * kStageSlots, x_off,
+                                   (b + kStages - 1) * kChunk, count, c0);
+    const uint4* stage = mine + (b % kStages) * kStageSlots;
+    Raw<TIn, kVec> xs[kChunk];
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) {
+      if (b * kChunk + u < count) {
+        const uint4 v = stage[u * kConvBlockThreads];
+        xs[u].w[0] = v.x;
+        xs[u].w[1] = v.y;
+        xs[u].w[2] = v.z;
+        xs[u].w[3] = v.w;
+      }
+    }
+    compute_batch<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, xs, o_off, p.out_token_stride,
+                                                          b * kChunk, count, c0);
+  }
+}
+
 }  // namespace conv_detail
+
+/// Minimum blocks per SM of __launch_bounds__: kMinBlocks when not 0 (a tuning candidate), else
+/// single-token rows of one row per thread (the decode update, chunk 1) at 5 blocks per SM: 94
+/// registers, no spills (128 and 4 blocks before); the other modes at the compiler's choice (0:
+/// no minimum), as before.
+template <ConvMode kMode, int kChunk, int kRows, int kMinBlocks>
+inline constexpr int kConvMinBlocks =
+    kMinBlocks != 0 ? kMinBlocks : (kMode == ConvMode::rows && kChunk == 1 && kRows == 1 ? 5 : 0);
 
 /// The kernel of every mode. TIn / TOut: x / out; TW: weight and bias; TState: the pool.
 /// kChunk: tokens per batch of loads. kSpan: tokens per work item of the chunked mode (0 in the
-/// other modes).
+/// other modes). kRows: update rows per work item (the rows mode; 1 in the others), sharing one
+/// copy of the weights. kMinBlocks: 0 or the minimum blocks per SM to compile for
+/// (kConvMinBlocks). kStages: 0 or the shared-memory stages of the chunked prefill's batches
+/// (run_tokens_staged). kRows, kMinBlocks and kStages are tuning candidates; their defaults are
+/// the plans'.
 template <typename TIn, typename TOut, typename TW, typename TState, int kWidth, int kVec,
-          int kChunk, int kSpan, ConvMode kMode, ConvStateAccess kAccess, bool kSilu>
-// Single-token rows (the decode update, chunk 1) at 5 blocks per SM: 94 registers, no spills
-// (128 and 4 blocks before); the other modes at the compiler's choice (0: no minimum), as before.
-__global__ void __launch_bounds__(kConvBlockThreads, kMode == ConvMode::rows && kChunk == 1 ? 5 : 0)
+          int kChunk, int kSpan, ConvMode kMode, ConvStateAccess kAccess, bool kSilu, int kRows = 1,
+          int kMinBlocks = 0, int kStages = 0>
+// (The minimum in parentheses: its template argument list's commas would split the macro's.)
+__global__ void __launch_bounds__(kConvBlockThreads,
+                                  (kConvMinBlocks<kMode, kChunk, kRows, kMinBlocks>))
     causal_conv1d_kernel(const CausalConv1dParams p) {
   using namespace conv_detail;
   static_assert(kWidth >= 2 && kWidth <= 8, "W in 2..8");
   static_assert(kMode != ConvMode::chunked || (kSpan >= kWidth - 1 && kSpan >= kChunk),
                 "a span covers the W-1 token halo of the next one and at least one batch");
   static_assert(kMode == ConvMode::chunked || kSpan == 0, "spans belong to the chunked mode");
+  static_assert(kRows == 1 || kMode == ConvMode::rows, "rows per item belong to the rows mode");
+  static_assert(kStages == 0 || (kMode == ConvMode::chunked && kStages >= 2 &&
+                                 kVec * sizeof(TIn) == 16 && kStages * kChunk <= 24),
+                "stages: the chunked mode's 16-byte accesses, 2.. stages, <= 48 KiB per block");
+  // The staged prefill's batches (only kernels with stages declare the shared memory).
+  uint4* mine = nullptr;
+  if constexpr (kStages > 0) {
+    mine = stage_slots<kStages * kChunk * kConvBlockThreads>() + threadIdx.x;
+  }
   using Pool = PoolIo<TState, kVec, kWidth, kAccess>;
   const u64 stride = static_cast<u64>(gridDim.x) * blockDim.x;
   const u64 groups = p.channel_groups;
@@ -417,75 +673,96 @@ __global__ void __launch_bounds__(kConvBlockThreads, kMode == ConvMode::rows && 
     Conv<TW, kWidth, kVec, kSilu, kMode == ConvMode::rows> conv;
 
     if constexpr (kMode == ConvMode::rows) {
-      const i64 row = static_cast<i64>(unit);
-      i64 S = p.num_tokens;
-      i64 x_off = row * p.x_row_stride;
-      i64 o_off = row * p.out_row_stride;
-      // Weights and the first tokens do not depend on the slot: loaded before the index, their
-      // latency overlaps the index -> pool chain (a decode step is that chain at small B).
-      conv.load_weights(p, c0);
-      if (p.query_start_loc != nullptr) {
-        // Varlen rows: x is [T, D] and the row's tokens are query_start_loc[row]..[row + 1],
-        // clamped into 0..T so that bad offsets can never address outside x.
-        const i64 T = p.num_tokens;
-        i64 begin = load_int(p.query_start_loc, row, p.query_start_stride, p.query_start_bytes);
-        i64 end = load_int(p.query_start_loc, row + 1, p.query_start_stride, p.query_start_bytes);
-        begin = begin < 0 ? 0 : (begin > T ? T : begin);
-        end = end < begin ? begin : (end > T ? T : end);
-        S = end - begin;
-        x_off = begin * p.x_token_stride;
-        o_off = begin * p.out_token_stride;
-        // A row without tokens has no output and leaves its slot untouched (vLLM's rule).
-        if (S == 0) continue;
-      }
-      Raw<TIn, kVec> first_batch[kChunk];
-      load_batch<TIn, kVec, kChunk>(p, first_batch, x_off, p.x_token_stride, 0, S, c0);
-      const i64 slot = load_int(p.state_indices, row, p.index_stride, p.index_bytes);
-      if (!slot_valid(slot, p)) {
-        zero_rows<TOut, kVec>(p, o_off, p.out_token_stride, S, c0);
-        continue;
-      }
-      // Speculative: the history of `a` accepted tokens starts at column a - 1; clamped so that
-      // a bad count can never address outside the slot.
-      i64 first = 0;
-      if (p.num_accepted != nullptr) {
-        const i64 a = load_int(p.num_accepted, row, p.accepted_stride, p.accepted_bytes);
-        const i64 most = p.state_len - (kWidth - 1) + 1;
-        first = (a < 1 ? 1 : (a > most ? most : a)) - 1;
-      }
-      Pool::read(p, slot, c0, first, conv.h);
-      const bool spec = p.num_accepted != nullptr;
-      if (spec) {
-        // Speculative: column k of the slot takes entry k + 1 of (history ++ x) (the next step
-        // picks its history by its acceptance count), k < min(W - 2 + S, L). Written before any
-        // output: x may be out (in place), and these read the history as it was loaded.
-        const i64 cols = (kWidth - 2 + S) < p.state_len ? (kWidth - 2 + S) : p.state_len;
-        if constexpr (kAccess == ConvStateAccess::block) {
-          // (The block access moves whole [vec, W-1] blocks: columns 0..W-2 together.)
-          float nv[kWidth - 1][kVec];
+      if constexpr (kRows == 1) {
+        // (The one-row body stays written out here, not a call of update_row: the same code
+        // inlined through a function compiles to other register choices, and the plans' kernels
+        // keep their SASS byte for byte.)
+        const i64 row = static_cast<i64>(unit);
+        i64 S = p.num_tokens;
+        i64 x_off = row * p.x_row_stride;
+        i64 o_off = row * p.out_row_stride;
+        // Weights and the first tokens do not depend on the slot: loaded before the index, their
+        // latency overlaps the index -> pool chain (a decode step is that chain at small B).
+        conv.load_weights(p, c0);
+        if (p.query_start_loc != nullptr) {
+          // Varlen rows: x is [T, D] and the row's tokens are query_start_loc[row]..[row + 1],
+          // clamped into 0..T so that bad offsets can never address outside x.
+          const i64 T = p.num_tokens;
+          i64 begin = load_int(p.query_start_loc, row, p.query_start_stride, p.query_start_bytes);
+          i64 end = load_int(p.query_start_loc, row + 1, p.query_start_stride, p.query_start_bytes);
+          begin = begin < 0 ? 0 : (begin > T ? T : begin);
+          end = end < begin ? begin : (end > T ? T : end);
+          S = end - begin;
+          x_off = begin * p.x_token_stride;
+          o_off = begin * p.out_token_stride;
+          // A row without tokens has no output and leaves its slot untouched (vLLM's rule).
+          if (S == 0) continue;
+        }
+        Raw<TIn, kVec> first_batch[kChunk];
+        load_batch<TIn, kVec, kChunk>(p, first_batch, x_off, p.x_token_stride, 0, S, c0);
+        const i64 slot = load_int(p.state_indices, row, p.index_stride, p.index_bytes);
+        if (!slot_valid(slot, p)) {
+          zero_rows<TOut, kVec>(p, o_off, p.out_token_stride, S, c0);
+          continue;
+        }
+        // Speculative: the history of `a` accepted tokens starts at column a - 1; clamped so that
+        // a bad count can never address outside the slot.
+        i64 first = 0;
+        if (p.num_accepted != nullptr) {
+          const i64 a = load_int(p.num_accepted, row, p.accepted_stride, p.accepted_bytes);
+          const i64 most = p.state_len - (kWidth - 1) + 1;
+          first = (a < 1 ? 1 : (a > most ? most : a)) - 1;
+        }
+        Pool::read(p, slot, c0, first, conv.h);
+        const bool spec = p.num_accepted != nullptr;
+        if (spec) {
+          // Speculative: column k of the slot takes entry k + 1 of (history ++ x) (the next step
+          // picks its history by its acceptance count), k < min(W - 2 + S, L). Written before any
+          // output: x may be out (in place), and these read the history as it was loaded.
+          const i64 cols = (kWidth - 2 + S) < p.state_len ? (kWidth - 2 + S) : p.state_len;
+          if constexpr (kAccess == ConvStateAccess::block) {
+            // (The block access moves whole [vec, W-1] blocks: columns 0..W-2 together.)
+            float nv[kWidth - 1][kVec];
 #pragma unroll
-          for (int col = 0; col < kWidth - 1; ++col) {
-            column_entry<TIn, kVec, kWidth>(p, conv.h, col + 1, x_off, c0, nv[col]);
+            for (int col = 0; col < kWidth - 1; ++col) {
+              column_entry<TIn, kVec, kWidth>(p, conv.h, col + 1, x_off, c0, nv[col]);
+            }
+            Pool::write(p, slot, c0, nv);
+          } else {
+            for (i64 col = 0; col < cols; ++col) {
+              float v[kVec];
+              column_entry<TIn, kVec, kWidth>(p, conv.h, col + 1, x_off, c0, v);
+              Pool::write_column(p, slot, c0, col, v);
+            }
           }
-          Pool::write(p, slot, c0, nv);
+        }
+        compute_batch<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, first_batch, o_off,
+                                                              p.out_token_stride, 0, S, c0);
+        run_tokens<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, x_off, p.x_token_stride, o_off,
+                                                           p.out_token_stride, kChunk, S, c0);
+        // Not speculative: the slot takes the last W - 1 inputs of (history ++ x), which is what
+        // the steps leave in conv.h (each token's input was loaded before its output was stored,
+        // so this is exact in place too). Written from registers after the outputs, no column
+        // array is held beside the history (fewer registers: more threads per SM, more loads in
+        // flight).
+        if (!spec) Pool::write(p, slot, c0, conv.h);
+      } else {
+        // One load of the weights for the item's rows, before their indices (as update_row).
+        conv.load_weights(p, c0);
+        const i64 row0 = static_cast<i64>(unit) * kRows;
+        if (p.query_start_loc == nullptr && p.num_accepted == nullptr && p.num_tokens == 1) {
+          update_rows_single<TIn, TOut, TW, TState, kWidth, kVec, kAccess, kSilu, kRows>(p, conv,
+                                                                                         row0, c0);
         } else {
-          for (i64 col = 0; col < cols; ++col) {
-            float v[kVec];
-            column_entry<TIn, kVec, kWidth>(p, conv.h, col + 1, x_off, c0, v);
-            Pool::write_column(p, slot, c0, col, v);
+          // Speculative, varlen or S > 1 rows: one after another (the candidate is for decode).
+          for (int r = 0; r < kRows; ++r) {
+            if (row0 + r < p.num_seqs) {
+              update_row<TIn, TOut, TW, TState, kWidth, kVec, kChunk, kAccess, kSilu>(p, conv,
+                                                                                      row0 + r, c0);
+            }
           }
         }
       }
-      compute_batch<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, first_batch, o_off,
-                                                            p.out_token_stride, 0, S, c0);
-      run_tokens<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, x_off, p.x_token_stride, o_off,
-                                                         p.out_token_stride, kChunk, S, c0);
-      // Not speculative: the slot takes the last W - 1 inputs of (history ++ x), which is what
-      // the steps leave in conv.h (each token's input was loaded before its output was stored,
-      // so this is exact in place too). Written from registers after the outputs, no column
-      // array is held beside the history (fewer registers: more threads per SM, more loads in
-      // flight).
-      if (!spec) Pool::write(p, slot, c0, conv.h);
     } else {
       // Prefill: which sequence and which tokens of it. The weights first: they do not depend on
       // the answer, so their loads overlap the search's.
@@ -518,11 +795,22 @@ __global__ void __launch_bounds__(kConvBlockThreads, kMode == ConvMode::rows && 
       const i64 x_off = (start + first_token) * p.x_token_stride;
       const i64 o_off = (start + first_token) * p.out_token_stride;
       // The first batch does not depend on the slot: issued with the index load, so that its
-      // latency overlaps the index -> pool (or halo) reads below.
-      Raw<TIn, kVec> first_batch[kChunk];
-      load_batch<TIn, kVec, kChunk>(p, first_batch, x_off, p.x_token_stride, 0, count, c0);
+      // latency overlaps the index -> pool (or halo) reads below. (Staged: the first kStages - 1
+      // batches, into shared memory.)
+      Raw<TIn, kVec> first_batch[kStages > 0 ? 1 : kChunk];
+      if constexpr (kStages > 0) {
+#pragma unroll
+        for (int s = 0; s + 1 < kStages; ++s) {
+          stage_batch<TIn, kVec, kChunk>(p, mine + s * kChunk * kConvBlockThreads, x_off,
+                                         s * kChunk, count, c0);
+        }
+      } else {
+        load_batch<TIn, kVec, kChunk>(p, first_batch, x_off, p.x_token_stride, 0, count, c0);
+      }
       const i64 slot = load_int(p.state_indices, n, p.index_stride, p.index_bytes);
       if (!slot_valid(slot, p)) {
+        // (Staged: the copies land before the next item's reuse the same slots.)
+        if constexpr (kStages > 0) stage_wait<0>();
         zero_rows<TOut, kVec>(p, o_off, p.out_token_stride, count, c0);
         continue;
       }
@@ -546,8 +834,14 @@ __global__ void __launch_bounds__(kConvBlockThreads, kMode == ConvMode::rows && 
           load_x<TIn, kVec>(p, x_off - (kWidth - 1 - j) * p.x_token_stride, c0, conv.h[j]);
         }
       }
-      run_tokens_pipelined<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, first_batch, x_off,
-                                                                   o_off, count, c0);
+      if constexpr (kStages > 0) {
+        run_tokens_staged<TIn, TOut, kWidth, kVec, kChunk, kStages, kSilu>(p, conv, mine, x_off,
+                                                                           o_off, count, c0);
+        stage_wait<0>();  // the empty groups past the end, before the next item's copies
+      } else {
+        run_tokens_pipelined<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, first_batch, x_off,
+                                                                     o_off, count, c0);
+      }
       // The slot's new columns, by the thread that read it (the sequence's first span), after
       // its tokens: no batch of loads is in flight any more, so the column values do not add
       // to the registers the loop needs. A sequence within its first span (sequential: always)

@@ -174,7 +174,7 @@ struct PrefillCase {
   bool x_transposed = false, out_padded = false, pool_transposed = false, weight_transposed = false;
   std::int64_t pad_every = 4, extra_cols = 0;
   std::string force_mode;
-  int force_vec = 0, force_chunk = 0, force_span = 0;
+  int force_vec = 0, force_chunk = 0, force_span = 0, force_min_blocks = 0, force_stages = 0;
   std::string expect_mode;
   /// The pool access the plan must choose (block, channels, scalar), when not empty.
   std::string expect_pool;
@@ -183,11 +183,11 @@ struct PrefillCase {
     return fmt::format(
         "D={} W={} N={} x={} out={} w={} state={} cu={} idx={} rule={} silu={} bias={} "
         "in_place={} layouts(x^T={} out_pad={} pool^T={} w^T={}) mode={} vec={} chunk={} "
-        "span={}",
+        "span={} min_blocks={} stages={}",
         dim, width, lengths.size(), to_string(x), to_string(out), to_string(weight),
         to_string(state), to_string(cu), to_string(index), static_cast<int>(rule), silu, bias,
         in_place, x_transposed, out_padded, pool_transposed, weight_transposed, force_mode,
-        force_vec, force_chunk, force_span);
+        force_vec, force_chunk, force_span, force_min_blocks, force_stages);
   }
 };
 
@@ -233,6 +233,8 @@ void run_prefill(const PrefillCase& c) {
   o.force_vec = c.force_vec;
   o.force_chunk = c.force_chunk;
   o.force_span = c.force_span;
+  o.force_min_blocks = c.force_min_blocks;
+  o.force_stages = c.force_stages;
   o.runtime = &test::runtime();
   TensorView bias_view = bias.view(false);
   if (!c.bias) bias_view.data = nullptr;
@@ -411,16 +413,16 @@ struct UpdateCase {
   bool x_transposed = false, pool_transposed = false;
   std::int64_t pad_every = 5;
   int rounds = 3;
-  int force_chunk = 0;
+  int force_chunk = 0, force_rows = 0, force_min_blocks = 0;
   std::string expect_pool;
 
   std::string str() const {
     return fmt::format(
         "B={} S={} D={} W={} spec={} silu={} bias={} in_place={} x={} out={} w={} "
-        "state={} idx={} rule={} x^T={} pool^T={}",
+        "state={} idx={} rule={} x^T={} pool^T={} rows={} min_blocks={}",
         batch, steps, dim, width, spec, silu, bias, in_place, to_string(x), to_string(out),
         to_string(weight), to_string(state), to_string(index), static_cast<int>(rule), x_transposed,
-        pool_transposed);
+        pool_transposed, force_rows, force_min_blocks);
   }
 };
 
@@ -447,6 +449,8 @@ void run_update(const UpdateCase& c) {
   o.activation = c.silu ? ConvActivation::silu : ConvActivation::none;
   o.invalid_index = c.rule;
   o.force_chunk = c.force_chunk;
+  o.force_rows = c.force_rows;
+  o.force_min_blocks = c.force_min_blocks;
   o.runtime = &test::runtime();
   // Several steps feed the pool back: the second step reads what the first wrote.
   for (int round = 0; round < c.rounds; ++round) {
@@ -589,13 +593,15 @@ struct VarlenCase {
   ConvInvalidIndex rule = ConvInvalidIndex::nonpositive;
   std::int64_t pad_every = 6;
   int rounds = 3;
+  int force_rows = 0, force_min_blocks = 0;
 
   std::string str() const {
     return fmt::format(
         "B={} D={} W={} S_b<={} spec={} x={} w={} state={} offsets={} pool^T={} "
-        "in_place={} rule={}",
+        "in_place={} rule={} rows={} min_blocks={}",
         batch, dim, width, most, spec, to_string(x), to_string(weight), to_string(state),
-        to_string(offsets), pool_transposed, in_place, static_cast<int>(rule));
+        to_string(offsets), pool_transposed, in_place, static_cast<int>(rule), force_rows,
+        force_min_blocks);
   }
 };
 
@@ -622,6 +628,8 @@ void run_varlen(const VarlenCase& c) {
   CausalConv1dOptions o;
   o.activation = ConvActivation::silu;
   o.invalid_index = c.rule;
+  o.force_rows = c.force_rows;
+  o.force_min_blocks = c.force_min_blocks;
   o.runtime = &test::runtime();
   constexpr double kSentinel = 7.0;
   // Chained steps with fresh lengths 0..most per row (row 0 always `most`, row 1 always 0) and
@@ -723,6 +731,182 @@ TEST_CASE("causal_conv1d_update_varlen gpu: rows of 0..8 tokens, speculative, ch
   c.pad_every = 1000;
   c.rounds = 1;
   run_varlen(c);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tuning candidates (options.force_rows, options.force_min_blocks; bench_causal_conv1d's
+// KJIT_CONV_BENCH_MODES): opt-in kernels that must be as exact as the default ones.
+
+TEST_CASE("causal_conv1d_update gpu: tuning candidates, rows per item and minimum blocks") {
+  const std::vector<std::pair<int, int>> candidates = {{2, 0}, {4, 0}, {1, 4}, {1, 6},
+                                                       {2, 4}, {4, 3}, {1, 8}};
+  for (const auto& [rows, blocks] : candidates) {
+    // Decode steps: B = 37 (a partial last group of rows), B = 1, every dtype, both rules,
+    // in place, [B, D] input, the transposed pool, D = 2^16.
+    for (const std::int64_t batch : {37, 1, 2, 5}) {
+      UpdateCase c;
+      c.batch = batch;
+      c.force_rows = rows;
+      c.force_min_blocks = blocks;
+      run_update(c);
+    }
+    for (const DType x : {DType::bf16, DType::f16, DType::f32}) {
+      UpdateCase c;
+      c.x = c.out = x;
+      c.weight = x == DType::bf16 ? DType::f32 : x;
+      c.state = x;
+      c.rule = ConvInvalidIndex::negative;
+      c.force_rows = rows;
+      c.force_min_blocks = blocks;
+      run_update(c);
+    }
+    UpdateCase c;
+    c.force_rows = rows;
+    c.force_min_blocks = blocks;
+    c.in_place = true;
+    run_update(c);
+    c.in_place = false;
+    c.two_dim = true;
+    run_update(c);
+    c.two_dim = false;
+    c.pool_transposed = true;
+    c.expect_pool = "channels";
+    run_update(c);
+    c = UpdateCase{};
+    c.force_rows = rows;
+    c.force_min_blocks = blocks;
+    c.batch = 3;
+    c.dim = std::int64_t{1} << 16;
+    c.pad_every = 0;
+    run_update(c);
+    // Speculative and multi-token rows take the one-row-at-a-time path of a rows > 1 kernel.
+    for (const std::int64_t steps : {2, 3, 8}) {
+      for (const bool spec : {false, true}) {
+        c = UpdateCase{};
+        c.force_rows = rows;
+        c.force_min_blocks = blocks;
+        c.steps = steps;
+        c.spec = spec;
+        run_update(c);
+      }
+    }
+    c = UpdateCase{};
+    c.force_rows = rows;
+    c.force_min_blocks = blocks;
+    c.batch = 70001;  // rows past 65535, a partial last group
+    c.dim = 8;
+    c.rounds = 2;
+    c.pad_every = 1000;
+    run_update(c);
+    // Varlen rows (0..8 tokens) in a rows > 1 kernel.
+    for (const bool spec : {true, false}) {
+      VarlenCase v;
+      v.spec = spec;
+      v.force_rows = rows;
+      v.force_min_blocks = blocks;
+      run_varlen(v);
+    }
+    VarlenCase v;
+    v.in_place = true;
+    v.force_rows = rows;
+    v.force_min_blocks = blocks;
+    run_varlen(v);
+  }
+}
+
+TEST_CASE("causal_conv1d gpu: tuning candidates, minimum blocks of the prefill modes") {
+  for (const int blocks : {2, 3, 4, 5, 6, 8}) {
+    PrefillCase c;
+    c.force_min_blocks = blocks;
+    run_prefill(c);
+    c.in_place = true;
+    c.expect_mode = "sequential";
+    run_prefill(c);
+    for (const auto& [chunk, span] : {std::pair{4, 64}, std::pair{8, 64}, std::pair{4, 256}}) {
+      for (const std::int64_t width : {2, 4, 8}) {
+        c = PrefillCase{};
+        c.force_min_blocks = blocks;
+        c.width = width;
+        c.force_chunk = chunk;
+        c.force_span = span;
+        c.lengths = {1, span - 1, span, span + 1, 2 * span + 3, 0, 5, 1000, width - 1};
+        c.expect_mode = "chunked";
+        run_prefill(c);
+      }
+    }
+    for (const DType d : {DType::f16, DType::f32}) {
+      c = PrefillCase{};
+      c.force_min_blocks = blocks;
+      c.x = c.out = c.weight = c.state = d;
+      run_prefill(c);
+    }
+    c = PrefillCase{};
+    c.force_min_blocks = blocks;
+    c.dim = 8192;
+    c.lengths.assign(16, 512);
+    c.lengths[3] += 7;
+    c.lengths[9] -= 7;
+    c.pad_every = 5;
+    c.expect_mode = "chunked";
+    run_prefill(c);
+  }
+}
+
+TEST_CASE("causal_conv1d gpu: tuning candidates, the staged (cp.async) chunked prefill") {
+  // Stages x chunk <= 24; spans of one batch up to many; lengths around every edge; with and
+  // without a minimum of blocks; f16 and f32 (4 channels of 16 bytes); Qwen3-Next's D = 8192.
+  for (const auto& [stages, chunk] :
+       {std::pair{2, 4}, std::pair{3, 4}, std::pair{4, 4}, std::pair{6, 4}, std::pair{3, 8},
+        std::pair{2, 2}, std::pair{6, 1}}) {
+    for (const int span : {8, 64, 256}) {
+      if (span < chunk) continue;
+      // (W > 4 takes 4 channels per thread, 8 bytes of bf16: not a staged plan.)
+      for (const std::int64_t width : {2, 3, 4}) {
+        PrefillCase c;
+        c.width = width;
+        c.force_stages = stages;
+        c.force_chunk = chunk;
+        c.force_span = span;
+        c.lengths = {1, span - 1, span, span + 1, 2 * span + 3, 0, 5, 1000, width - 1};
+        c.expect_mode = "chunked";
+        run_prefill(c);
+      }
+    }
+  }
+  for (const int blocks : {0, 4, 5}) {
+    PrefillCase c;
+    c.force_stages = 4;
+    c.force_min_blocks = blocks;
+    run_prefill(c);
+    c.x = c.out = c.weight = c.state = DType::f32;
+    run_prefill(c);
+    c = PrefillCase{};
+    c.force_stages = 4;
+    c.force_min_blocks = blocks;
+    c.x = c.out = DType::f16;
+    c.pool_transposed = true;
+    c.has_initial_mixed = false;
+    run_prefill(c);
+    c = PrefillCase{};
+    c.force_stages = 4;
+    c.force_min_blocks = blocks;
+    c.dim = 8192;
+    c.lengths.assign(16, 512);
+    c.lengths[3] += 7;
+    c.lengths[9] -= 7;
+    c.pad_every = 5;
+    c.expect_mode = "chunked";
+    run_prefill(c);
+  }
+  // Thousands of short sequences (most items idle or a single partial batch), both rules.
+  PrefillCase c;
+  c.force_stages = 3;
+  c.lengths.assign(3000, 0);
+  test::Rng rng(test::fresh_seed());
+  for (std::int64_t& l : c.lengths) l = static_cast<std::int64_t>(rng() % 11);
+  c.pad_every = 7;
+  c.rule = ConvInvalidIndex::nonpositive;
+  run_prefill(c);
 }
 
 TEST_CASE("causal_conv1d gpu: debug checks reject bad indices, cu_seqlens and accepted counts") {

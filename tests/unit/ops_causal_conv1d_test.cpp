@@ -496,6 +496,161 @@ TEST_CASE("causal_conv1d planner: vector width, in place, forced modes, empty ca
   CHECK(plan(u, h200, silu).launches[0].spec.get("silu") == "1");
 }
 
+/// The benchmark's decode step: B rows of D channels, W = 4, bf16 everywhere (pool included).
+Update bench_decode_views(std::int64_t batch, std::int64_t dim) {
+  Update v = update_views(batch, 1, dim, 4);
+  v.state = TensorView::contiguous(fake(3), DType::bf16, {batch + 1, dim, 3});
+  return v;
+}
+
+TEST_CASE("causal_conv1d planner: tuning candidates are opt-in (force_rows, force_min_blocks)") {
+  const DeviceLimits h200 = DeviceLimits::for_name("h200");
+  CausalConv1dOptions silu;
+  silu.activation = ConvActivation::silu;
+  // The default plans name neither parameter: their specs, name expressions and keys are the
+  // ones before the candidates existed.
+  const Plan decode = plan(bench_decode_views(256, 8192), h200, silu);
+  CHECK(decode.launches[0].spec.str() ==
+        "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=1,span=0,"
+        "mode=rows,pool=block,silu=1@sm_90");
+  CHECK(decode.launches[0].shape.grid.x == 256 * 1024 / 128);
+  CHECK_FALSE(
+      plan(prefill_views(8192, 16, 8192, 4), h200, silu).launches[0].spec.has("min_blocks"));
+  // Rows per item: the update only; B = 256 in groups of 2 and 4, B = 5 with a partial group.
+  for (const int rows : {2, 4}) {
+    CausalConv1dOptions o = silu;
+    o.force_rows = rows;
+    const Plan p = plan(bench_decode_views(256, 8192), h200, o);
+    CHECK(p.launches[0].spec.get("rows") == std::to_string(rows));
+    CHECK(p.launches[0].shape.grid.x == 256 / rows * 1024 / 128);
+    CHECK(p.explain().find(fmt::format("rows = {} forced by options.force_rows", rows)) !=
+          std::string::npos);
+    CHECK(plan(bench_decode_views(5, 1024), h200, o).launches[0].shape.grid.x ==
+          (5 + rows - 1) / rows * 128 / 128);
+    CHECK(plan(varlen_views(96, 32, 8192, 4, true), h200, o).launches[0].spec.get("rows") ==
+          std::to_string(rows));
+    CHECK_THROWS_WITH_AS(plan(prefill_views(1000, 4, 4096), h200, o),
+                         doctest::Contains("applies to mode 'rows' (the update) only"), PlanError);
+  }
+  CausalConv1dOptions one;
+  one.force_rows = 1;  // the default, accepted everywhere
+  CHECK_FALSE(plan(prefill_views(1000, 4, 4096), h200, one).launches[0].spec.has("rows"));
+  // Minimum blocks: every mode; the spec names it, so each is its own kernel.
+  CausalConv1dOptions blocks = silu;
+  blocks.force_min_blocks = 4;
+  const Plan prefill4 = plan(prefill_views(8192, 16, 8192, 4), h200, blocks);
+  CHECK(prefill4.launches[0].spec.str() ==
+        "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=4,span=64,"
+        "mode=chunked,pool=block,silu=1,min_blocks=4@sm_90");
+  CHECK(prefill4.explain().find("at most 128 registers per thread") != std::string::npos);
+  blocks.force_rows = 2;
+  CHECK(plan(bench_decode_views(256, 8192), h200, blocks).launches[0].spec.str() ==
+        "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=1,span=0,"
+        "mode=rows,pool=block,silu=1,rows=2,min_blocks=4@sm_90");
+  // Values outside the accepted sets, and a spec with rows in a prefill mode.
+  CausalConv1dOptions bad;
+  bad.force_rows = 3;
+  CHECK_THROWS_WITH_AS(plan(update_views(8, 1, 64), h200, bad),
+                       doctest::Contains("options.force_rows = 3; accepted: 0 (planner picks), "
+                                         "1, 2, 4"),
+                       InvalidArgument);
+  bad.force_rows = 0;
+  bad.force_min_blocks = 7;
+  CHECK_THROWS_WITH_AS(plan(prefill_views(100, 2, 64), h200, bad),
+                       doctest::Contains("options.force_min_blocks = 7; accepted: 0"),
+                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(
+      KernelSpec::parse("causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,"
+                        "chunk=4,span=64,mode=chunked,pool=block,silu=1,rows=2@sm_90"),
+      doctest::Contains("rows per work item belong to mode = rows"), InvalidArgument);
+  // Stages: the chunked mode's 16-byte accesses only, stages x chunk <= 24.
+  CausalConv1dOptions staged = silu;
+  staged.force_stages = 4;
+  const Plan s4 = plan(prefill_views(8192, 16, 8192, 4), h200, staged);
+  CHECK(s4.launches[0].spec.str() ==
+        "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=4,span=64,"
+        "mode=chunked,pool=block,silu=1,stages=4@sm_90");
+  CHECK(s4.explain().find("3 batches ahead of the one computed (32768 bytes per block)") !=
+        std::string::npos);
+  CHECK_THROWS_WITH_AS(plan(update_views(8, 1, 64), h200, staged),
+                       doctest::Contains("options.force_stages = 4 needs mode 'chunked'"),
+                       PlanError);
+  Prefill in_place_views = prefill_views(100, 3, 64);
+  in_place_views.out = in_place_views.x;
+  CHECK_THROWS_WITH_AS(plan(in_place_views, h200, staged),
+                       doctest::Contains("this call runs mode 'sequential'"), PlanError);
+  staged.force_vec = 4;
+  CHECK_THROWS_WITH_AS(plan(prefill_views(1000, 4, 4096), h200, staged),
+                       doctest::Contains("with 8-byte accesses and chunk 4"), PlanError);
+  staged.force_vec = 0;
+  staged.force_stages = 6;
+  staged.force_chunk = 8;
+  CHECK_THROWS_WITH_AS(plan(prefill_views(1000, 4, 4096), h200, staged),
+                       doctest::Contains("stages x chunk <= 24"), PlanError);
+  bad.force_min_blocks = 0;
+  bad.force_stages = 5;
+  CHECK_THROWS_WITH_AS(plan(prefill_views(100, 2, 64), h200, bad),
+                       doctest::Contains("options.force_stages = 5; accepted: 0"), InvalidArgument);
+}
+
+TEST_CASE("causal_conv1d: the tuning candidates' kernels compile for sm_90 (registers, spills)") {
+  // Not a limit: the candidates are measured on a GPU (bench_causal_conv1d,
+  // KJIT_CONV_BENCH_MODES); this prints what each costs in registers and spills beside the
+  // default, for the performance notes.
+  const Settings settings = Settings::from_env();
+  const compile::Compiler& nvrtc =
+      compile::compiler(settings.nvrtc_library, settings.resolved_cuda_home());
+  const DeviceLimits h200 = DeviceLimits::for_name("h200");
+  CausalConv1dOptions silu;
+  silu.activation = ConvActivation::silu;
+  std::vector<KernelSpec> specs;
+  for (const auto& [rows, blocks] : std::vector<std::pair<int, int>>{
+           {0, 0}, {2, 0}, {4, 0}, {2, 4}, {2, 5}, {4, 3}, {4, 4}, {1, 6}}) {
+    CausalConv1dOptions o = silu;
+    o.force_rows = rows;
+    o.force_min_blocks = blocks;
+    specs.push_back(plan(bench_decode_views(2048, 8192), h200, o).launches[0].spec);
+  }
+  for (const int blocks : {0, 3, 4, 5}) {
+    for (const int vec : {0, 4}) {
+      CausalConv1dOptions o = silu;
+      o.force_min_blocks = blocks;
+      o.force_vec = vec;
+      specs.push_back(plan(prefill_views(32768, 16, 8192, 4), h200, o).launches[0].spec);
+    }
+    for (const auto& [stages, chunk] :
+         std::vector<std::pair<int, int>>{{2, 4}, {3, 4}, {4, 4}, {6, 4}, {3, 8}}) {
+      CausalConv1dOptions o = silu;
+      o.force_min_blocks = blocks;
+      o.force_stages = stages;
+      o.force_chunk = chunk;
+      specs.push_back(plan(prefill_views(32768, 16, 8192, 4), h200, o).launches[0].spec);
+    }
+  }
+  std::vector<std::string> report(specs.size());
+  std::vector<std::thread> threads;
+  for (std::size_t w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      for (std::size_t i = w; i < specs.size(); i += 2) {
+        try {
+          const CompiledKernel k = nvrtc.compile(specs[i]);
+          report[i] = fmt::format("{} registers, {} bytes spill stores, {} bytes spill loads",
+                                  k.resources.registers, k.resources.spill_store_bytes,
+                                  k.resources.spill_load_bytes);
+        } catch (const Error& e) {
+          report[i] = fmt::format("ERROR {}", e.what());
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    CAPTURE(specs[i].str());
+    CHECK(report[i].rfind("ERROR", 0) == std::string::npos);
+    MESSAGE(fmt::format("{}: {}", specs[i].str(), report[i]));
+  }
+}
+
 TEST_CASE("causal_conv1d argument errors name the argument, its value and what is accepted") {
   const DeviceLimits h200 = DeviceLimits::for_name("h200");
   auto expect = [&](const Prefill& v, const CausalConv1dOptions& o,

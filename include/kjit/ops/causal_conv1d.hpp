@@ -71,6 +71,20 @@ struct CausalConv1dOptions {
   /// (8, 16, 32, 64, 128 or 256; at least the chunk and W - 1). PlanError when the call runs
   /// another mode. For tests and tuning.
   int force_span = 0;
+  /// Tuning candidate (the default plan is 1): decode rows per thread of causal_conv1d_update
+  /// (1, 2 or 4), sharing one load of the weights, each row's x, index and pool loads issued
+  /// together (kRows times the loads in flight per thread). PlanError for the prefill. For A/B
+  /// runs (bench_causal_conv1d's KJIT_CONV_BENCH_MODES) and tests.
+  int force_rows = 0;
+  /// Tuning candidate (the default plan is 0): the minimum blocks per SM the kernel is compiled
+  /// for (__launch_bounds__; 2, 3, 4, 5, 6 or 8), which caps its registers at 65536 / (128 x
+  /// blocks); 0 keeps the template's rule. For A/B runs and tests.
+  int force_min_blocks = 0;
+  /// Tuning candidate (the default plan is 0): the chunked prefill's batches of x go through
+  /// shared memory by cp.async, `force_stages` batches deep (2, 3, 4 or 6; stages x chunk <=
+  /// 24), instead of two register buffers: more loads in flight with fewer registers. Needs
+  /// 16-byte accesses of x (vec x element size = 16); PlanError otherwise and in other modes.
+  int force_stages = 0;
   /// Before launching, copy the indices (and cu_seqlens, query_start_loc, num_accepted_tokens)
   /// to the host and check them: indices < slots, no valid index repeated, cu_seqlens starting
   /// at 0, non-decreasing and ending at T, query_start_loc from 0, non-decreasing and at most

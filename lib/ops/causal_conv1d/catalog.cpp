@@ -33,7 +33,21 @@ std::string check_causal_conv1d(const KernelSpec& spec) {
     return fmt::format("span = {} with mode = {}; spans belong to mode = chunked (others: 0)", span,
                        spec.get("mode"));
   }
+  if (spec.get_or("rows", "1") != "1" && spec.get("mode") != "rows") {
+    return fmt::format("rows = {} with mode = {}; rows per work item belong to mode = rows",
+                       spec.get_or("rows", "1"), spec.get("mode"));
+  }
   const std::int64_t vec = spec.get_int("vec");
+  const std::int64_t stages = std::stoll(spec.get_or("stages", "0"));
+  if (stages != 0) {
+    const std::int64_t access = vec * (spec.get("in") == "f32" ? 4 : 2);
+    if (spec.get("mode") != "chunked" || access != 16 || stages * chunk > 24) {
+      return fmt::format(
+          "stages = {} needs mode = chunked, 16-byte accesses of x (vec x element size = {}) and "
+          "stages x chunk = {} <= 24",
+          stages, access, stages * chunk);
+    }
+  }
   for (const char* name : {"in", "out"}) {
     const std::int64_t bytes = spec.get(name) == "f32" ? 4 : 2;
     if (vec * bytes > 16) {
@@ -113,6 +127,28 @@ FamilyDecl kernel_family() {
                   .doc = "pool access: any strides, channel vectors per column, or the "
                          "thread's contiguous [vec, W-1] block"},
               ParamDecl{.name = "silu", .kind = ParamKind::boolean, .doc = "1: SiLU on the output"},
+              // Tuning candidates (options.force_rows / force_min_blocks), left out of a spec at
+              // their default so that the plans' specs and cache keys stay what they were.
+              ParamDecl{.name = "rows",
+                        .kind = ParamKind::choice,
+                        .choices = {"1", "2", "4"},
+                        .rendered = {"1", "2", "4"},
+                        .doc = "update rows per work item sharing one weight load (mode = rows)",
+                        .omitted_default = "1"},
+              ParamDecl{.name = "min_blocks",
+                        .kind = ParamKind::choice,
+                        .choices = {"0", "2", "3", "4", "5", "6", "8"},
+                        .rendered = {"0", "2", "3", "4", "5", "6", "8"},
+                        .doc = "minimum blocks per SM the kernel is compiled for (0: the "
+                               "template's rule)",
+                        .omitted_default = "0"},
+              ParamDecl{.name = "stages",
+                        .kind = ParamKind::choice,
+                        .choices = {"0", "2", "3", "4", "6"},
+                        .rendered = {"0", "2", "3", "4", "6"},
+                        .doc = "shared-memory stages of the chunked prefill's batches (cp.async; "
+                               "0: two register buffers)",
+                        .omitted_default = "0"},
           },
       .min_sm = 80,
       .doc = "causal depthwise conv1d over varlen sequences / decode rows with a state pool",

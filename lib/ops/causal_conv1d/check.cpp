@@ -108,6 +108,27 @@ void check_options(Op op, const CausalConv1dOptions& options, Problem* p) {
                          span));
   }
   p->force_span = span;
+  if (options.force_rows != 0 && options.force_rows != 1 && options.force_rows != 2 &&
+      options.force_rows != 4) {
+    fail(op, fmt::format("options.force_rows = {}; accepted: 0 (planner picks), 1, 2, 4",
+                         options.force_rows));
+  }
+  p->force_rows = options.force_rows;
+  const int blocks = options.force_min_blocks;
+  if (blocks != 0 && blocks != 2 && blocks != 3 && blocks != 4 && blocks != 5 && blocks != 6 &&
+      blocks != 8) {
+    fail(op, fmt::format("options.force_min_blocks = {}; accepted: 0 (the template's rule), 2, "
+                         "3, 4, 5, 6, 8",
+                         blocks));
+  }
+  p->force_min_blocks = blocks;
+  const int stages = options.force_stages;
+  if (stages != 0 && stages != 2 && stages != 3 && stages != 4 && stages != 6) {
+    fail(op, fmt::format("options.force_stages = {}; accepted: 0 (register double buffer), 2, "
+                         "3, 4, 6",
+                         stages));
+  }
+  p->force_stages = stages;
 }
 
 /// weight [D, W], bias [D] or none, conv_state [slots, D, L].

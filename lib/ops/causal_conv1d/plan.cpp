@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "kjit/error.hpp"
 #include "kjit/spec.hpp"
@@ -40,10 +41,12 @@ std::string why_vec(const Problem& p) {
 
 }  // namespace
 
-std::uint64_t items_of(const Problem& p, ConvMode mode, std::int64_t vec, std::int64_t span) {
+std::uint64_t items_of(const Problem& p, ConvMode mode, std::int64_t vec, std::int64_t span,
+                       std::int64_t rows) {
   const auto groups = static_cast<std::uint64_t>(p.dim / vec);
   std::uint64_t units = static_cast<std::uint64_t>(p.seqs);
   if (mode == ConvMode::chunked) units = static_cast<std::uint64_t>(p.tokens / span + p.seqs);
+  if (mode == ConvMode::rows) units = static_cast<std::uint64_t>((p.seqs + rows - 1) / rows);
   return units * groups;
 }
 
@@ -169,6 +172,44 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
         span, span, p.tokens / span + p.seqs, p.tokens, p.seqs, chunk));
   }
   plan.mode = kCausalConv1dModes[mode];
+  // Tuning candidates, opt-in only: the default plan has one row per item and the template's
+  // minimum of blocks per SM, and names neither in its spec.
+  std::int64_t rows = 1;
+  if (p.force_rows > 1) {
+    if (mode != 2) {
+      throw PlanError(
+          fmt::format("{}: options.force_rows = {} applies to mode 'rows' (the update) only; "
+                      "this call runs mode '{}'",
+                      plan.op, p.force_rows, kCausalConv1dModes[mode]));
+    }
+    rows = p.force_rows;
+    plan.reasons.push_back(fmt::format(
+        "rows = {} forced by options.force_rows: each work item takes {} rows of the same {} "
+        "channels with one load of the weights, issuing every row's x, index and pool loads "
+        "before their arithmetic",
+        rows, rows, vec));
+  }
+  if (p.force_stages != 0) {
+    const std::int64_t access = vec * static_cast<std::int64_t>(size_of(p.in));
+    if (mode != 0 || access != 16 || p.force_stages * chunk > 24) {
+      throw PlanError(fmt::format(
+          "{}: options.force_stages = {} needs mode 'chunked' with 16-byte accesses of x and "
+          "stages x chunk <= 24 (48 KiB of shared memory per block); this call runs mode '{}' "
+          "with {}-byte accesses and chunk {}",
+          plan.op, p.force_stages, kCausalConv1dModes[mode], access, chunk));
+    }
+    plan.reasons.push_back(fmt::format(
+        "stages = {} forced by options.force_stages: x's batches of {} tokens go to shared "
+        "memory by cp.async, {} batches ahead of the one computed ({} bytes per block)",
+        p.force_stages, chunk, p.force_stages - 1, p.force_stages * chunk * kThreads * 16));
+  }
+  if (p.force_min_blocks != 0) {
+    plan.reasons.push_back(fmt::format(
+        "min_blocks = {} forced by options.force_min_blocks: compiled for {} blocks of {} "
+        "threads per SM (at most {} registers per thread)",
+        p.force_min_blocks, p.force_min_blocks, kThreads,
+        std::min<std::int64_t>(255, 65536 / (kThreads * p.force_min_blocks) / 8 * 8)));
+  }
 
   // The pool: its columns are a small part of a prefill's bytes but half of a decode step's.
   const auto state_size = static_cast<std::int64_t>(size_of(p.state));
@@ -201,7 +242,7 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
                           "channel-contiguous")));
   }
 
-  const std::uint64_t items = items_of(p, static_cast<ConvMode>(mode), vec, span);
+  const std::uint64_t items = items_of(p, static_cast<ConvMode>(mode), vec, span, rows);
   const std::uint64_t wanted = (items + kThreads - 1) / kThreads;
   const std::uint64_t blocks =
       std::min<std::uint64_t>(wanted, static_cast<std::uint64_t>(limits.max_grid_dim[0]));
@@ -214,26 +255,32 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
                       : ""));
 
   PlannedLaunch launch;
-  launch.spec = KernelSpec::make("causal_conv1d",
-                                 {{"in", std::string(to_string(p.in))},
-                                  {"out", std::string(to_string(p.out))},
-                                  {"weight", std::string(to_string(p.weight))},
-                                  {"state", std::string(to_string(p.state))},
-                                  {"width", std::to_string(p.width)},
-                                  {"vec", std::to_string(vec)},
-                                  {"chunk", std::to_string(chunk)},
-                                  {"span", std::to_string(span)},
-                                  {"mode", plan.mode},
-                                  {"pool", pool},
-                                  {"silu", p.silu ? "1" : "0"}},
-                                 limits.arch);
+  std::vector<std::pair<std::string, std::string>> spec_params = {
+      {"in", std::string(to_string(p.in))},
+      {"out", std::string(to_string(p.out))},
+      {"weight", std::string(to_string(p.weight))},
+      {"state", std::string(to_string(p.state))},
+      {"width", std::to_string(p.width)},
+      {"vec", std::to_string(vec)},
+      {"chunk", std::to_string(chunk)},
+      {"span", std::to_string(span)},
+      {"mode", plan.mode},
+      {"pool", pool},
+      {"silu", p.silu ? "1" : "0"}};
+  if (rows != 1) spec_params.emplace_back("rows", std::to_string(rows));
+  if (p.force_min_blocks != 0) {
+    spec_params.emplace_back("min_blocks", std::to_string(p.force_min_blocks));
+  }
+  if (p.force_stages != 0) spec_params.emplace_back("stages", std::to_string(p.force_stages));
+  launch.spec = KernelSpec::make("causal_conv1d", spec_params, limits.arch);
   launch.shape.grid = Dim3{static_cast<std::uint32_t>(blocks), 1, 1};
   launch.shape.block = Dim3{static_cast<std::uint32_t>(kThreads), 1, 1};
   launch.checks = check_launch(launch.shape, limits);
   require_legal(launch.checks, plan.op);
   plan.launches.push_back(std::move(launch));
   planned.choice = Choice{static_cast<std::int32_t>(vec), static_cast<std::int32_t>(chunk),
-                          static_cast<std::int32_t>(span), static_cast<ConvMode>(mode)};
+                          static_cast<std::int32_t>(span), static_cast<std::int32_t>(rows),
+                          static_cast<ConvMode>(mode)};
   return planned;
 }
 
