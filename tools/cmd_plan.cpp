@@ -79,9 +79,9 @@ std::string numbered(std::string_view text) {
   return out;
 }
 
-// The kjit/... headers a source #includes, in order of appearance.
+// The templates/... headers a source #includes, in order of appearance.
 std::vector<std::string> includes_of(std::string_view text) {
-  static const std::regex include(R"re(^\s*#\s*include\s*"(kjit/[^"]+)")re");
+  static const std::regex include(R"re(^\s*#\s*include\s*"(templates/[^"]+)")re");
   std::vector<std::string> names;
   std::istringstream stream{std::string(text)};
   std::string line;
@@ -149,7 +149,7 @@ int cmd_source(const Argv& argv) {
     const std::string name = pending[i];
     if (!shown.insert(name).second) continue;
     const codegen::EmbeddedTemplate* file = codegen::find_template(name);
-    if (file == nullptr) continue;  // a toolkit header, e.g. kjit/... never; cuda_fp16.h
+    if (file == nullptr) continue;  // a templates/... name that is not embedded: none today
     out += fmt::format("\n// ===== {} =====\n{}", name, numbered(file->contents));
     for (std::string& nested : includes_of(file->contents)) pending.push_back(std::move(nested));
   }

@@ -78,14 +78,14 @@ std::string source(const std::string& spec_text, bool templates) {
   const KernelSpec spec = KernelSpec::parse(spec_text);
   std::string out = codegen::stub_source(spec);
   if (!templates) return out;
-  // The embedded kjit/... headers the stub includes, transitively, each once.
+  // The embedded templates/... headers the stub includes, transitively, each once.
   std::vector<std::string> pending;
   std::set<std::string> shown;
   auto scan = [&](std::string_view text) {
-    const std::string_view marker = "#include \"kjit/";
+    const std::string_view marker = "#include \"templates/";
     for (std::size_t at = text.find(marker); at != std::string_view::npos;
          at = text.find(marker, at + 1)) {
-      const std::size_t begin = at + marker.size() - 5;
+      const std::size_t begin = at + std::string_view("#include \"").size();
       const std::size_t end = text.find('"', begin);
       if (end != std::string_view::npos) pending.emplace_back(text.substr(begin, end - begin));
     }

@@ -25,9 +25,9 @@
 // touches neither pool.
 #pragma once
 
-#include "kjit/common/gdn_math.cuh"
-#include "kjit/common/vec.cuh"
-#include "kjit/gdn_decode_conv_params.h"
+#include "templates/common/gdn_math.cuh"
+#include "templates/common/vec.cuh"
+#include "templates/gdn_decode/conv_params.h"
 
 namespace kjit {
 namespace gdn_decode_conv_detail {

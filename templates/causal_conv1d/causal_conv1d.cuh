@@ -19,8 +19,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "kjit/causal_conv1d_params.h"
-#include "kjit/common/vec.cuh"
+#include "templates/causal_conv1d/params.h"
+#include "templates/common/vec.cuh"
 
 namespace kjit {
 

@@ -35,11 +35,11 @@
 // which needs both reductions from the old state at once (one pass, more ILP).
 #pragma once
 
-#include "kjit/common/cp_async.cuh"
-#include "kjit/common/gdn_math.cuh"
-#include "kjit/common/grid_dependency.cuh"
-#include "kjit/common/vec.cuh"
-#include "kjit/gdn_decode_params.h"
+#include "templates/common/cp_async.cuh"
+#include "templates/common/gdn_math.cuh"
+#include "templates/common/grid_dependency.cuh"
+#include "templates/common/vec.cuh"
+#include "templates/gdn_decode/params.h"
 
 namespace kjit {
 namespace gdn_decode_detail {
