@@ -35,7 +35,7 @@
 #include <vector>
 
 // kjit/types.hpp before harness.hpp: GCC's -Wshadow otherwise reports DType's i32 / i64
-// enumerators as shadowing kjit::i32 / kjit::i64 of kjit/common/types.h.
+// enumerators as shadowing kjit::i32 / kjit::i64 of templates/common/types.h.
 #include "kjit/types.hpp"
 // (keep this order)
 #include "harness.hpp"

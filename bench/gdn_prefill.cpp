@@ -22,12 +22,12 @@
 
 #include "anchor_library.hpp"
 #include "harness.hpp"
-#include "kjit/gdn_prefill_params.h"
 #include "kjit/ops/gdn_prefill.hpp"
 #include "kjit/runtime.hpp"
 #include "ops/gdn_prefill_reference.hpp"
 #include "ops/gdn_reference.hpp"
 #include "support/numeric.hpp"
+#include "templates/gdn_prefill/params.h"
 
 namespace {
 

@@ -22,9 +22,9 @@
 #include "kjit/runtime.hpp"
 // After kjit/types.hpp: the params headers declare kjit::i32 and friends, which GCC reports
 // as shadowing the DType enumerators when they come first.
-#include "kjit/bench_params.h"
 #include "kjit/spec.hpp"
 #include "support/numeric.hpp"
+#include "templates/bench/params.h"
 
 namespace kjit::bench {
 

@@ -15,8 +15,8 @@
 #include "kjit/kjit.hpp"
 #include "kjit/ops/gdn_decode.hpp"
 #include "kjit/ops/merge_state.hpp"
-#include "kjit/probe_params.h"
 #include "runtime/loaded_kernel.hpp"
+#include "templates/probe/params.h"
 
 namespace {
 

@@ -6,8 +6,8 @@
 // (r / 8) * 2048 + (c / 8) * 128 bytes): K-major B (B[k][n] = T[n][16 ks + k]) with m64n64k16,
 // and N-major B (B[k][n] = T[16 jb + k][n], kTransB = 1) with m64n128k16 under both readings of
 // the descriptor's two strides. Prints the max abs error of each against float64.
-//   mkdir -p /tmp/inc/kjit && ln -sfn $PWD/templates/common /tmp/inc/kjit/common
-//   nvcc -O2 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I/tmp/inc
+//   (from the repository root: the includes are paths in the source tree)
+//   nvcc -O2 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I.
 //   bench/experiments/wgmma_layout_check.cu -o /tmp/w
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -16,8 +16,8 @@
 #include <random>
 #include <vector>
 
-#include "kjit/common/mma.cuh"
-#include "kjit/common/wgmma.cuh"
+#include "templates/common/mma.cuh"
+#include "templates/common/wgmma.cuh"
 
 using kjit::u32;
 using kjit::u64;

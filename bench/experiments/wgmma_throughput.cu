@@ -5,8 +5,8 @@
 // iteration: wgmma on a no-swizzle core-matrix tile, wgmma on a 128-byte-swizzled tile, and
 // mma.sync with every warp loading B through ldmatrix from a padded row-major tile. Prints
 // cycles per iteration (clock64) and each result's max abs error against float64.
-//   mkdir -p /tmp/inc/kjit && ln -sfn $PWD/templates/common /tmp/inc/kjit/common
-//   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I/tmp/inc \
+//   (from the repository root: the includes are paths in the source tree)
+//   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -std=c++17 -I. \
 //     bench/experiments/wgmma_throughput.cu -o /tmp/wb && /tmp/wb
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -14,8 +14,8 @@
 #include <cstdio>
 #include <random>
 #include <vector>
-#include "kjit/common/mma.cuh"
-#include "kjit/common/wgmma.cuh"
+#include "templates/common/mma.cuh"
+#include "templates/common/wgmma.cuh"
 using kjit::u32;
 using kjit::u64;
 #include "cuda_check.h"

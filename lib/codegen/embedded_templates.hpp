@@ -10,7 +10,8 @@ namespace kjit::codegen {
 
 /// One file of templates/, embedded at build time.
 struct EmbeddedTemplate {
-  /// "kjit/<path under templates/>", the name a stub #includes.
+  /// "templates/<path under templates/>": the file's path in the source tree, the name a stub
+  /// #includes.
   const char* include_name;
   const char* contents;
 };

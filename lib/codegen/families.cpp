@@ -151,8 +151,9 @@ bool is_space(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
 }
 
-/// The "kjit/..." names of the lines `<space>#<space>include<space>"kjit/<name>"` of `text`.
-std::vector<std::string> kjit_includes(std::string_view text) {
+/// The "templates/..." names of the lines `<space>#<space>include<space>"templates/<name>"` of
+/// `text` (the include name of a template is its path in the source tree).
+std::vector<std::string> template_includes(std::string_view text) {
   std::vector<std::string> names;
   for (std::size_t at = 0; at < text.size();) {
     std::size_t end = text.find('\n', at);
@@ -169,10 +170,12 @@ std::vector<std::string> kjit_includes(std::string_view text) {
     if (!line.starts_with("include")) continue;
     line.remove_prefix(7);
     skip_space();
-    if (!line.starts_with("\"kjit/")) continue;
+    constexpr std::string_view kPrefix = "templates/";
+    if (!line.starts_with('"') || !line.substr(1).starts_with(kPrefix)) continue;
     line.remove_prefix(1);
     const std::size_t quote = line.find('"');
-    if (quote == std::string_view::npos || quote <= 5) continue;  // "kjit/" and one character
+    // "templates/" and at least one character
+    if (quote == std::string_view::npos || quote <= kPrefix.size()) continue;
     names.emplace_back(line.substr(0, quote));
   }
   return names;
@@ -183,7 +186,7 @@ std::vector<std::string> kjit_includes(std::string_view text) {
 std::vector<SourceFile> kernel_source_files(const KernelSpec& spec) {
   std::vector<SourceFile> files;
   files.push_back({"stub", codegen::stub_source(spec)});
-  std::vector<std::string> pending = kjit_includes(files.front().text);
+  std::vector<std::string> pending = template_includes(files.front().text);
   std::set<std::string> shown;
   for (std::size_t i = 0; i < pending.size(); ++i) {
     const std::string name = pending[i];
@@ -191,7 +194,7 @@ std::vector<SourceFile> kernel_source_files(const KernelSpec& spec) {
     const codegen::EmbeddedTemplate* file = codegen::find_template(name);
     if (file == nullptr) continue;  // not embedded (none is; a toolkit header would not be)
     files.push_back({name, std::string(file->contents)});
-    for (std::string& nested : kjit_includes(file->contents)) pending.push_back(std::move(nested));
+    for (std::string& nested : template_includes(file->contents)) pending.push_back(std::move(nested));
   }
   return files;
 }

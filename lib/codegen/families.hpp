@@ -45,7 +45,7 @@ struct ParamDecl {
 struct FamilyDecl {
   /// "merge_state": the text before ':' in a spec.
   std::string_view name;
-  /// The template file a stub includes, "kjit/merge_state.cuh".
+  /// The template file a stub includes, "templates/merge_state/merge_state.cuh".
   std::string_view include;
   /// The qualified __global__ template, "kjit::merge_state_kernel".
   std::string_view kernel;

@@ -6,7 +6,7 @@ namespace kjit::codegen {
 FamilyDecl bench_family() {
   return FamilyDecl{
       .name = "bench",
-      .include = "kjit/bench.cuh",
+      .include = "templates/bench/bench.cuh",
       .kernel = "kjit::bench_kernel",
       .params = {ParamDecl{.name = "kernel",
                            .kind = ParamKind::choice,

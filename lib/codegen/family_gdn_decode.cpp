@@ -156,7 +156,7 @@ ParamDecl invalid_rule_param() {
 FamilyDecl gdn_decode_family() {
   return FamilyDecl{
       .name = "gdn_decode",
-      .include = "kjit/gdn_decode.cuh",
+      .include = "templates/gdn_decode/gdn_decode.cuh",
       .kernel = "kjit::gdn_decode_kernel",
       .params =
           {
@@ -244,11 +244,11 @@ FamilyDecl gdn_decode_family() {
 }
 
 // The pass before an ordered gdn_decode launch: ranks the rows by slot. Order = the template
-// parameters of kjit::gdn_decode_order_kernel (templates/gdn_decode.cuh).
+// parameters of kjit::gdn_decode_order_kernel (templates/gdn_decode/gdn_decode.cuh).
 FamilyDecl gdn_decode_order_family() {
   return FamilyDecl{
       .name = "gdn_decode_order",
-      .include = "kjit/gdn_decode.cuh",
+      .include = "templates/gdn_decode/gdn_decode.cuh",
       .kernel = "kjit::gdn_decode_order_kernel",
       .params =
           {
@@ -262,13 +262,13 @@ FamilyDecl gdn_decode_order_family() {
   };
 }
 
-// The fused decode step (conv update + delta rule, templates/gdn_decode_conv.cuh). Order = the
+// The fused decode step (conv update + delta rule, templates/gdn_decode/conv.cuh). Order = the
 // template parameters of kjit::gdn_decode_conv_kernel; the ops layer
 // (lib/ops/gdn_decode/conv.cpp) builds specs by these names.
 FamilyDecl gdn_decode_conv_family() {
   return FamilyDecl{
       .name = "gdn_decode_conv",
-      .include = "kjit/gdn_decode_conv.cuh",
+      .include = "templates/gdn_decode/conv.cuh",
       .kernel = "kjit::gdn_decode_conv_kernel",
       .params =
           {

@@ -4,11 +4,11 @@
 namespace kjit::codegen {
 
 // Parameters in the order of the template arguments of kjit::merge_state_kernel
-// (templates/merge_state.cuh).
+// (templates/merge_state/merge_state.cuh).
 FamilyDecl merge_state_family() {
   return FamilyDecl{
       .name = "merge_state",
-      .include = "kjit/merge_state.cuh",
+      .include = "templates/merge_state/merge_state.cuh",
       .kernel = "kjit::merge_state_kernel",
       .params =
           {

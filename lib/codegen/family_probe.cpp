@@ -6,7 +6,7 @@ namespace kjit::codegen {
 FamilyDecl probe_family() {
   return FamilyDecl{
       .name = "probe",
-      .include = "kjit/probe.cuh",
+      .include = "templates/probe/probe.cuh",
       .kernel = "kjit::probe_kernel",
       .params = {ParamDecl{.name = "heavy",
                            .kind = ParamKind::boolean,

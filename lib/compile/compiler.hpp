@@ -122,7 +122,7 @@ const Compiler& compiler(const std::string& library, const std::string& cuda_hom
 /// diagnostics.
 std::string program_name(const KernelSpec& spec);
 
-/// Every embedded template as a header, under its include name ("kjit/probe.cuh").
+/// Every embedded template as a header, under its include name ("templates/probe/probe.cuh").
 std::vector<HeaderFile> embedded_headers();
 
 /// Parses the `-Xptxas=-v` part of an NVRTC log: resources per mangled kernel name (entry
@@ -142,9 +142,10 @@ std::optional<KernelResources> cubin_resources(std::string_view cubin, std::stri
 /// (product of the dimensions); 0 when it declares none or is not found.
 int ptx_max_threads(std::string_view ptx, std::string_view entry);
 
-/// Rewrites NVRTC locations into file:line form: "kjit/merge_state.cuh(12): error" becomes
-/// "templates/merge_state.cuh:12: error", "at line 5 of kjit/x.cuh" becomes "at
-/// templates/x.cuh:5", and "kjit_stub_probe.cu(2):" becomes "kjit_stub_probe.cu:2:".
+/// Rewrites NVRTC locations into file:line form: "templates/probe/probe.cuh(12): error" becomes
+/// "templates/probe/probe.cuh:12: error", "at line 5 of templates/x/x.cuh" becomes "at
+/// templates/x/x.cuh:5", and "kjit_stub_probe.cu(2):" becomes "kjit_stub_probe.cu:2:". A
+/// template's include name is its path in the source tree, so the file names stay as they are.
 std::string map_log_locations(std::string_view log);
 
 /// The diagnostic lines of a log ("error", "catastrophic error", "Command-line error"), at

@@ -67,15 +67,11 @@ struct FrameInfo {
   std::int64_t spill_loads = 0;
 };
 
-// Template include names are "kjit/<path under templates/>" by construction (see
-// cmake/EmbedTemplates.cmake), so a location in one maps to the file in the source tree.
-std::string map_file_name(std::string_view name) {
-  constexpr std::string_view kPrefix = "kjit/";
-  if (name.starts_with(kPrefix)) return "templates/" + std::string(name.substr(kPrefix.size()));
-  return std::string(name);
-}
+// A template's include name is its path in the source tree ("templates/probe/probe.cuh", see
+// cmake/EmbedTemplates.cmake), so NVRTC's locations already name the file; only the line
+// number's form changes.
 
-// "NAME(LINE): rest" -> "MAPPED:LINE: rest"; other lines unchanged.
+// "NAME(LINE): rest" -> "NAME:LINE: rest"; other lines unchanged.
 std::string map_leading_location(std::string_view line) {
   const std::size_t open = line.find('(');
   if (open == std::string_view::npos || open == 0) return std::string(line);
@@ -86,11 +82,11 @@ std::string map_leading_location(std::string_view line) {
   if (close == open + 1 || line.substr(close, 2) != "):") {
     return std::string(line);
   }
-  return map_file_name(name) + ":" + std::string(line.substr(open + 1, close - open - 1)) +
+  return std::string(name) + ":" + std::string(line.substr(open + 1, close - open - 1)) +
          std::string(line.substr(close + 1));
 }
 
-// "... at line 12 of kjit/x.cuh ..." -> "... at templates/x.cuh:12 ..." (instantiation
+// "... at line 12 of templates/x/x.cuh ..." -> "... at templates/x/x.cuh:12 ..." (instantiation
 // context lines name their location this way).
 std::string map_at_line(std::string line) {
   constexpr std::string_view kAt = "at line ";
@@ -116,8 +112,7 @@ std::string map_at_line(std::string line) {
     }
     const std::string number = line.substr(at + kAt.size(), digits_end - at - kAt.size());
     const std::string replacement =
-        "at " + map_file_name(std::string_view(line).substr(name_begin, name_end - name_begin)) +
-        ":" + number;
+        "at " + line.substr(name_begin, name_end - name_begin) + ":" + number;
     line.replace(at, name_end - at, replacement);
     from = at + replacement.size();
   }

@@ -6,7 +6,7 @@
 // never clusters a launch there. NVRTC-clean.
 #pragma once
 
-#include "kjit/common/types.h"
+#include "templates/common/types.h"
 
 namespace kjit {
 namespace cluster {

@@ -3,7 +3,7 @@
 // fill for rows past the end of the data, and the group wait/commit helpers. NVRTC-clean.
 #pragma once
 
-#include "kjit/common/types.h"
+#include "templates/common/types.h"
 
 namespace kjit {
 namespace cp_async {

@@ -6,8 +6,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "kjit/common/types.h"
-#include "kjit/common/vec.cuh"
+#include "templates/common/types.h"
+#include "templates/common/vec.cuh"
 
 namespace kjit {
 namespace gdn {

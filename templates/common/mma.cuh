@@ -11,7 +11,7 @@
 
 #include <cuda_bf16.h>
 
-#include "kjit/common/types.h"
+#include "templates/common/types.h"
 
 namespace kjit {
 namespace mma {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Fixed-width integer names usable both under NVRTC (no host headers) and in host code, so
-// that *_params.h files can be shared between the two.
+// that the params.h files can be shared between the two.
 #pragma once
 
 #ifdef __CUDACC_RTC__

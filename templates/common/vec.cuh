@@ -13,7 +13,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "kjit/common/types.h"
+#include "templates/common/types.h"
 
 namespace kjit {
 namespace vec {

@@ -15,7 +15,7 @@
 // the wait.
 #pragma once
 
-#include "kjit/common/types.h"
+#include "templates/common/types.h"
 
 namespace kjit {
 namespace wgmma {

@@ -24,11 +24,11 @@
 #include "kjit/ops/gdn_decode.hpp"
 #include "kjit/ops/gdn_prefill.hpp"
 #include "kjit/ops/merge_state.hpp"
-#include "kjit/probe_params.h"
 #include "ops/gdn_prefill_reference.hpp"
 #include "ops/gdn_reference.hpp"
 #include "ops/merge_state_reference.hpp"
 #include "support/numeric.hpp"
+#include "templates/probe/params.h"
 
 namespace kjit {
 namespace {

@@ -13,8 +13,8 @@
 #include "driver/launch.hpp"
 #include "kjit/error.hpp"
 #include "kjit/plan.hpp"
-#include "kjit/probe_params.h"
 #include "kjit/runtime.hpp"
+#include "templates/probe/params.h"
 
 namespace kjit {
 namespace {

@@ -537,10 +537,10 @@ SPEC = ("merge_state:in=f16,out=f16,head_dim=64,vec=8,chunks=1,mode=flat,op=pair
 
 def test_source_is_the_stub_and_its_templates():
     stub = kjit.source(SPEC)
-    assert '#include "kjit/merge_state.cuh"' in stub
+    assert '#include "templates/merge_state/merge_state.cuh"' in stub
     full = kjit.source(SPEC, templates=True)
     assert full.startswith(stub)
-    assert "// ===== kjit/merge_state.cuh =====" in full
+    assert "// ===== templates/merge_state/merge_state.cuh =====" in full
     assert "__global__" in full
 
 

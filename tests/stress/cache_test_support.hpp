@@ -70,7 +70,8 @@ inline CompiledKernel random_kernel(std::mt19937_64& rng, std::size_t scale = 1)
   kernel.ptx = random_bytes(rng, 4 + scale * 400 * 1024);
   kernel.lowered_name = "_ZN4kjit12probe_kernelILb0EEEvPf";
   kernel.source =
-      "#include \"kjit/probe.cuh\"\ntemplate __global__ void kjit::probe_kernel<false>(float*);\n" +
+      "#include \"templates/probe/probe.cuh\"\ntemplate __global__ void "
+      "kjit::probe_kernel<false>(float*);\n" +
       random_bytes(rng, scale * 1024);
   kernel.options = "--gpu-architecture=sm_90\n-std=c++17\n-Xptxas=-v\n";
   kernel.log = "ptxas info    : Used 23 registers\n" + random_bytes(rng, 3 + scale * 2048);

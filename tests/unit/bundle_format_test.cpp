@@ -26,7 +26,7 @@ CompiledKernel fake_kernel(const std::string& spec_text, int registers) {
   kernel.cubin = "fake cubin of " + spec_text;
   kernel.ptx = "// fake ptx\n";
   kernel.lowered_name = "_Z5probev";
-  kernel.source = "#include \"kjit/probe.cuh\"\n";
+  kernel.source = "#include \"templates/probe/probe.cuh\"\n";
   kernel.options = "-arch=sm_90";
   kernel.resources.registers = registers;
   kernel.resources.static_smem = 1024;

@@ -18,9 +18,10 @@ KeyMaterial realistic_material() {
   KeyMaterial material;
   material.add("schema", std::to_string(kKeySchemaVersion));
   material.add("templates", "3f1c0d9e6a2b4c5d8e7f6a5b4c3d2e1f");
-  material.add("source",
-               "#include \"kjit/probe.cuh\"\ntemplate __global__ void kjit::probe_kernel<false>("
-               "float*);\n");
+  material.add(
+      "source",
+      "#include \"templates/probe/probe.cuh\"\ntemplate __global__ void kjit::probe_kernel<false>("
+      "float*);\n");
   material.add("options", "--gpu-architecture=sm_90\n-std=c++17\n");
   material.add("arch", "sm_90");
   material.add("compiler", "nvrtc 13.0\n// Cuda compilation tools, release 13.0, V13.0.88\n");
@@ -176,7 +177,8 @@ TEST_CASE("cache key: text has one line per field and maps back to one material"
   CHECK(text.find("spec: probe:heavy=0@sm_90\n") != std::string::npos);
   CHECK(text.find("arch: sm_90\n") != std::string::npos);
   // Continuation lines of the multi-line source are indented.
-  CHECK(text.find("source: #include \"kjit/probe.cuh\"\n  template") != std::string::npos);
+  CHECK(text.find("source: #include \"templates/probe/probe.cuh\"\n  template") !=
+        std::string::npos);
 
   const auto text_of = [](std::vector<std::pair<std::string, std::string>> fields) {
     KeyMaterial m;

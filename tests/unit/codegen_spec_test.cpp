@@ -206,7 +206,7 @@ TEST_CASE("bad specs name what is wrong") {
 TEST_CASE("the stub is one include plus comments, and the name expression instantiates") {
   const KernelSpec spec = KernelSpec::parse("probe:heavy=1@sm_90");
   const std::string stub = stub_source(spec);
-  CHECK(contains(stub, "#include \"kjit/probe.cuh\"\n"));
+  CHECK(contains(stub, "#include \"templates/probe/probe.cuh\"\n"));
   CHECK(contains(stub, spec.str()));
   CHECK(name_expression(spec) == "&kjit::probe_kernel<true>");
   CHECK(name_expression(KernelSpec::parse("probe:heavy=0@sm_90")) == "&kjit::probe_kernel<false>");
@@ -264,14 +264,15 @@ TEST_CASE("the embedded template table") {
                        [](const EmbeddedTemplate& a, const EmbeddedTemplate& b) {
                          return std::strcmp(a.include_name, b.include_name) < 0;
                        }));
-  for (const char* name : {"kjit/probe.cuh", "kjit/probe_params.h", "kjit/common/types.h"}) {
+  for (const char* name :
+       {"templates/probe/probe.cuh", "templates/probe/params.h", "templates/common/types.h"}) {
     CAPTURE(name);
     const EmbeddedTemplate* file = find_template(name);
     REQUIRE(file != nullptr);
     CHECK(std::strlen(file->contents) > 0);
   }
-  CHECK(contains(find_template("kjit/probe.cuh")->contents, "probe_kernel"));
-  CHECK(find_template("kjit/nope.cuh") == nullptr);
+  CHECK(contains(find_template("templates/probe/probe.cuh")->contents, "probe_kernel"));
+  CHECK(find_template("templates/nope.cuh") == nullptr);
   CHECK(find_template("probe.cuh") == nullptr);
 
   for (const FamilyDecl& family : families()) {

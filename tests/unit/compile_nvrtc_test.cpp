@@ -589,7 +589,7 @@ TEST_CASE("a broken template fails with its file:line in the log") {
   const KernelSpec spec = probe(true, "sm_90");
   std::vector<HeaderFile> headers = embedded_headers();
   const auto probe_header = std::find_if(headers.begin(), headers.end(), [](const HeaderFile& h) {
-    return h.name == "kjit/probe.cuh";
+    return h.name == "templates/probe/probe.cuh";
   });
   REQUIRE(probe_header != headers.end());
   if (!probe_header->contents.ends_with('\n')) probe_header->contents += '\n';
@@ -608,14 +608,14 @@ TEST_CASE("a broken template fails with its file:line in the log") {
     c.compile_source(program);
     FAIL("a broken template compiled");
   } catch (const CompileError& e) {
-    const std::string location = fmt::format("templates/probe.cuh:{}:", broken_line);
+    const std::string location = fmt::format("templates/probe/probe.cuh:{}:", broken_line);
     const std::string what = e.what();
     CHECK(what.find(spec.str()) != std::string::npos);
     CHECK(what.find(location) != std::string::npos);
     CHECK(what.find("kjit_undefined_name") != std::string::npos);
     CHECK(what.find("--gpu-architecture=sm_90") != std::string::npos);
     CHECK(e.log().find(location + " error") != std::string::npos);
-    CHECK(e.log().find("kjit/probe.cuh(") == std::string::npos);
+    CHECK(e.log().find("templates/probe/probe.cuh(") == std::string::npos);
     CHECK(e.spec() == spec.str());
     CHECK(e.options().find("-std=c++20") != std::string::npos);
   }
@@ -625,7 +625,8 @@ TEST_CASE("an error in the stub names the stub") {
   const Compiler& c = nvrtc();
   SourceProgram program;
   program.name = "kjit_stub_probe.cu";
-  program.source = "// line 1\n#include \"kjit/probe.cuh\"\nstatic_assert(false, \"kjit test\");\n";
+  program.source =
+      "// line 1\n#include \"templates/probe/probe.cuh\"\nstatic_assert(false, \"kjit test\");\n";
   program.headers = embedded_headers();
   program.options = c.compile_options_for(probe(false, "sm_90"));
   program.what = "stub test";

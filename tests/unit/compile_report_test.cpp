@@ -10,7 +10,7 @@
 namespace kjit::compile {
 
 TEST_CASE("parse_ptxas_report reads the NVRTC 13 format") {
-  // As printed by NVRTC 13.0 for templates/probe.cuh with -Xptxas=-v (plus a second kernel
+  // As printed by NVRTC 13.0 for templates/probe/probe.cuh with -Xptxas=-v (plus a second kernel
   // with shared memory, constant memory and spills).
   const std::string log =
       "ptxas info    : 0 bytes gmem\n"
@@ -85,16 +85,18 @@ TEST_CASE("ptx_max_threads reads .maxntid of the named entry only") {
 
 TEST_CASE("map_log_locations rewrites NVRTC locations as template file:line") {
   const std::string log =
-      "kjit/merge_state.cuh(12): error: identifier \"y\" is undefined\n"
+      "templates/merge_state/merge_state.cuh(12): error: identifier \"y\" is undefined\n"
       "    int x = y;\n"
       "            ^\n"
       "          detected during instantiation of \"void kjit::f<T>() [with T=float]\" at line "
-      "3 of kjit/common/math.cuh\n"
+      "3 of templates/common/math.cuh\n"
       "kjit_stub_merge_state.cu(4): warning #177-D: label \"l\" was declared but never "
       "referenced\n"
       "2 errors detected in the compilation of \"kjit_stub_merge_state.cu\".\n";
   const std::string mapped = map_log_locations(log);
-  CHECK(mapped.find("templates/merge_state.cuh:12: error: identifier \"y\" is undefined\n") == 0);
+  CHECK(mapped.find(
+            "templates/merge_state/merge_state.cuh:12: error: identifier \"y\" is undefined\n") ==
+        0);
   CHECK(mapped.find("at templates/common/math.cuh:3\n") != std::string::npos);
   CHECK(mapped.find("kjit_stub_merge_state.cu:4: warning #177-D") != std::string::npos);
   // Source excerpts and summaries are left alone.
@@ -109,13 +111,13 @@ TEST_CASE("map_log_locations rewrites NVRTC locations as template file:line") {
 
 TEST_CASE("error_lines picks the diagnostics") {
   const std::string log =
-      "templates/probe.cuh:46: warning: something\n"
-      "templates/probe.cuh:47: error: identifier \"y\" is undefined\n"
+      "templates/probe/probe.cuh:46: warning: something\n"
+      "templates/probe/probe.cuh:47: error: identifier \"y\" is undefined\n"
       "    int x = y;\n"
       "Command-line error: invalid or no value specified with --nv_arch flag\n";
   const auto lines = error_lines(log);
   REQUIRE(lines.size() == 2);
-  CHECK(lines[0] == "templates/probe.cuh:47: error: identifier \"y\" is undefined");
+  CHECK(lines[0] == "templates/probe/probe.cuh:47: error: identifier \"y\" is undefined");
   CHECK(lines[1].starts_with("Command-line error"));
   CHECK(error_lines(log, 1).size() == 1);
   // Without a marked error the first lines stand in, so a message never comes out empty.

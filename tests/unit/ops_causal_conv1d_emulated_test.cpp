@@ -25,7 +25,7 @@
 // (keep this order: the emulation header defines __device__ & co. for the template)
 #include "common/cuda_host_emulation.hpp"
 // (the host compiler does not know #pragma unroll: tests/CMakeLists.txt silences that here)
-#include "kjit/causal_conv1d.cuh"
+#include "templates/causal_conv1d/causal_conv1d.cuh"
 
 namespace kjit {
 namespace {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The fused decode step's kernel (templates/gdn_decode_conv.cuh) compiled as host C++ and run on
+// The fused decode step's kernel (templates/gdn_decode/conv.cuh) compiled as host C++ and run on
 // the CPU, each block's threads at once with their shuffles and __syncthreads meeting at a
 // barrier (tests/common/cuda_warp_emulation.hpp), against the composed float64 reference
 // (causal_conv1d_update's, rounded to mixed_qkv's dtype, then gdn_decode's): out and the state
@@ -33,7 +33,7 @@
 #define extern
 #define gdn_decode_conv_smem (*emulated_conv_smem)
 // (the host compiler does not know #pragma unroll: tests/CMakeLists.txt silences that here)
-#include "kjit/gdn_decode_conv.cuh"
+#include "templates/gdn_decode/conv.cuh"
 #undef gdn_decode_conv_smem
 #undef extern
 

@@ -35,7 +35,7 @@
 #define extern
 #define stage_bytes (*emulated_stage_bytes)
 // (the host compiler does not know #pragma unroll: tests/CMakeLists.txt silences that here)
-#include "kjit/gdn_decode.cuh"
+#include "templates/gdn_decode/gdn_decode.cuh"
 #undef stage_bytes
 #undef extern
 

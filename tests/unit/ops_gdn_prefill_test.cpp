@@ -18,10 +18,10 @@
 
 #include "codegen/families.hpp"
 #include "kjit/error.hpp"
-#include "kjit/gdn_prefill_params.h"
 #include "kjit/ops/gdn_prefill.hpp"
 #include "ops/gdn_prefill/family.hpp"
 #include "ops/gdn_prefill_reference.hpp"
+#include "templates/gdn_prefill/params.h"
 
 namespace kjit {
 namespace {
@@ -95,7 +95,8 @@ Views views(Problem& pr, TensorView out) {
   return w;
 }
 
-// The chunked WY algorithm of the kernel (templates/gdn_prefill.cuh), in float64 with chunk C:
+// The chunked WY algorithm of the kernel (templates/gdn_prefill/gdn_prefill.cuh), in float64,
+// with chunk C:
 // A, T = (I + A)^-1 by forward substitution, R = diag(beta)(V - diag(e^gamma) K S^T),
 // Vn = T R, O = scale (e^gamma Q S^T + tril(Q K^T e^(dgamma)) Vn),
 // S <- e^gamma_last S + sum_j e^(gamma_last - gamma_j) Vn_j k_j^T. Writes out [T, HV, V] and the

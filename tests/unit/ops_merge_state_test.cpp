@@ -12,11 +12,11 @@
 
 #include "kjit/device.hpp"
 #include "kjit/error.hpp"
-#include "kjit/merge_state_params.h"
 #include "kjit/ops/merge_state.hpp"
 #include "kjit/plan.hpp"
 #include "ops/merge_state_reference.hpp"
 #include "support/numeric.hpp"
+#include "templates/merge_state/params.h"
 
 namespace kjit {
 namespace {

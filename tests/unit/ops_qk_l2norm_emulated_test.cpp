@@ -22,7 +22,7 @@
 // clang-format off
 #include "common/cuda_warp_emulation.hpp"
 // clang-format on
-#include "kjit/qk_l2norm.cuh"
+#include "templates/qk_l2norm/qk_l2norm.cuh"
 
 namespace kjit {
 namespace {

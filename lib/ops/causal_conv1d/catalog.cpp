@@ -68,11 +68,11 @@ std::string check_causal_conv1d(const KernelSpec& spec) {
 }
 
 // Parameters in the order of the template arguments of kjit::causal_conv1d_kernel
-// (templates/causal_conv1d.cuh).
+// (templates/causal_conv1d/causal_conv1d.cuh).
 FamilyDecl kernel_family() {
   return FamilyDecl{
       .name = "causal_conv1d",
-      .include = "kjit/causal_conv1d.cuh",
+      .include = "templates/causal_conv1d/causal_conv1d.cuh",
       .kernel = "kjit::causal_conv1d_kernel",
       .params =
           {

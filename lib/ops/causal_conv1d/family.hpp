@@ -18,7 +18,7 @@
 #include "kjit/types.hpp"
 #include "ops/op.hpp"
 // After kjit/types.hpp: the params header declares kjit::i32 and friends.
-#include "kjit/causal_conv1d_params.h"
+#include "templates/causal_conv1d/params.h"
 
 namespace kjit::ops::conv1d {
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // gdn_decode with options.conv: the fused decode step (causal conv update + delta rule in one
-// kernel, templates/gdn_decode_conv.cuh). Checks, planner and parameters of its family.
+// kernel, templates/gdn_decode/conv.cuh). Checks, planner and parameters of its family.
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "kjit/device.hpp"
-#include "kjit/gdn_decode_conv_params.h"
-#include "kjit/gdn_decode_params.h"
 #include "kjit/ops/gdn_decode.hpp"
 #include "kjit/types.hpp"
 #include "ops/op.hpp"
+#include "templates/gdn_decode/conv_params.h"
+#include "templates/gdn_decode/params.h"
 
 namespace kjit::ops::decode {
 
@@ -145,7 +145,7 @@ void fill_step_params(Params& params, const Args& args, const Problem& p) {
 }
 
 /// The fused decode step (options.conv set): the conv update and the delta rule in one kernel
-/// (templates/gdn_decode_conv.cuh). Its own family, so the plain step's problems, plans and
+/// (templates/gdn_decode/conv.cuh). Its own family, so the plain step's problems, plans and
 /// memo entries are what they were without it.
 struct ConvProblem {
   /// The step's problem, checked as without the conv (mixed_qkv has the same [B, D] shape

@@ -122,7 +122,7 @@ std::vector<ParamDecl> with(std::vector<ParamDecl> head, std::initializer_list<P
 FamilyDecl gdn_prefill_family() {
   return FamilyDecl{
       .name = "gdn_prefill",
-      .include = "kjit/gdn_prefill.cuh",
+      .include = "templates/gdn_prefill/gdn_prefill.cuh",
       .kernel = "kjit::gdn_prefill_kernel",
       .params =
           {
@@ -156,11 +156,11 @@ FamilyDecl gdn_prefill_family() {
 }
 
 // The chunked path (lib/ops/gdn_prefill/plan.cpp picks it): kernel 1, every chunk at once. Order =
-// the template parameters of kjit::gdn_prefill_chunk_kernel (templates/gdn_prefill_chunk.cuh).
+// the template parameters of kjit::gdn_prefill_chunk_kernel (templates/gdn_prefill/chunk.cuh).
 FamilyDecl gdn_prefill_chunk_family() {
   return FamilyDecl{
       .name = "gdn_prefill_chunk",
-      .include = "kjit/gdn_prefill_chunk.cuh",
+      .include = "templates/gdn_prefill/chunk.cuh",
       .kernel = "kjit::gdn_prefill_chunk_kernel",
       .params =
           {
@@ -184,11 +184,11 @@ FamilyDecl gdn_prefill_chunk_family() {
 }
 
 // Kernel 2 of the chunked path: the sequential state recurrence. Order = the template parameters
-// of kjit::gdn_prefill_state_kernel (templates/gdn_prefill_state.cuh).
+// of kjit::gdn_prefill_state_kernel (templates/gdn_prefill/state.cuh).
 FamilyDecl gdn_prefill_state_family() {
   return FamilyDecl{
       .name = "gdn_prefill_state",
-      .include = "kjit/gdn_prefill_state.cuh",
+      .include = "templates/gdn_prefill/state.cuh",
       .kernel = "kjit::gdn_prefill_state_kernel",
       .params = with(
           state_kernel_io_params(),
@@ -227,11 +227,11 @@ std::string check_gdn_prefill_state_cp(const KernelSpec& spec) {
 
 // The context-parallel path's two passes of the state kernel over segments of the sequences
 // (phase 1: segment pass, phase 2: resume pass). Order = the template parameters of
-// kjit::gdn_prefill_state_cp_kernel (templates/gdn_prefill_state.cuh).
+// kjit::gdn_prefill_state_cp_kernel (templates/gdn_prefill/state.cuh).
 FamilyDecl gdn_prefill_state_cp_family() {
   return FamilyDecl{
       .name = "gdn_prefill_state_cp",
-      .include = "kjit/gdn_prefill_state.cuh",
+      .include = "templates/gdn_prefill/state.cuh",
       .kernel = "kjit::gdn_prefill_state_cp_kernel",
       .params =
           with(state_kernel_io_params(),
@@ -257,11 +257,11 @@ FamilyDecl gdn_prefill_state_cp_family() {
 
 // The context-parallel path's scan: each segment's exact initial state from the segment pass's
 // end states and linear maps. Order = the template parameters of
-// kjit::gdn_prefill_cp_scan_kernel (templates/gdn_prefill_cp.cuh).
+// kjit::gdn_prefill_cp_scan_kernel (templates/gdn_prefill/cp.cuh).
 FamilyDecl gdn_prefill_cp_scan_family() {
   return FamilyDecl{
       .name = "gdn_prefill_cp_scan",
-      .include = "kjit/gdn_prefill_cp.cuh",
+      .include = "templates/gdn_prefill/cp.cuh",
       .kernel = "kjit::gdn_prefill_cp_scan_kernel",
       .params =
           {

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "kjit/device.hpp"
-#include "kjit/gdn_prefill_params.h"
 #include "kjit/ops/gdn_prefill.hpp"
 #include "kjit/types.hpp"
 #include "ops/op.hpp"
+#include "templates/gdn_prefill/params.h"
 
 namespace kjit::ops::prefill {
 

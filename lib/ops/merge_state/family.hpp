@@ -8,10 +8,10 @@
 #include <type_traits>
 
 #include "kjit/device.hpp"
-#include "kjit/merge_state_params.h"
 #include "kjit/ops/merge_state.hpp"
 #include "kjit/types.hpp"
 #include "ops/op.hpp"
+#include "templates/merge_state/params.h"
 
 namespace kjit::ops::merge {
 

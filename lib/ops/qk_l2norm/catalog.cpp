@@ -16,13 +16,13 @@ namespace kjit {
 namespace {
 
 // Parameters in the order of the template arguments of kjit::qk_l2norm_kernel
-// (templates/qk_l2norm.cuh).
+// (templates/qk_l2norm/qk_l2norm.cuh).
 codegen::FamilyDecl kernel_family() {
   using codegen::ParamDecl;
   using codegen::ParamKind;
   return codegen::FamilyDecl{
       .name = "qk_l2norm",
-      .include = "kjit/qk_l2norm.cuh",
+      .include = "templates/qk_l2norm/qk_l2norm.cuh",
       .kernel = "kjit::qk_l2norm_kernel",
       .params =
           {

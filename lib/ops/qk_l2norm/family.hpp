@@ -11,9 +11,9 @@
 
 #include "kjit/device.hpp"
 #include "kjit/ops/qk_l2norm.hpp"
-#include "kjit/qk_l2norm_params.h"
 #include "kjit/types.hpp"
 #include "ops/op.hpp"
+#include "templates/qk_l2norm/params.h"
 
 namespace kjit::ops::l2norm {
 

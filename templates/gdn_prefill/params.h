@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Parameter block and shared-memory layout of the Gated DeltaNet chunked prefill kernel
-// (templates/gdn_prefill.cuh), shared with host code (lib/ops/gdn_prefill/): the host sizes
-// the dynamic shared memory with the same function the kernel carves it with.
+// (templates/gdn_prefill/gdn_prefill.cuh), shared with host code (lib/ops/gdn_prefill/): the host
+// sizes the dynamic shared memory with the same function the kernel carves it with.
 #pragma once
 
-#include "kjit/common/gdn_state_layout.h"
-#include "kjit/common/types.h"
+#include "templates/common/gdn_state_layout.h"
+#include "templates/common/types.h"
 
 // The layout function runs on both sides; host compilers do not know __host__ __device__.
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
@@ -114,7 +114,7 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillWorkspace gdn_prefill_workspace(u64 toke
   return w;
 }
 
-/// Shared memory of the chunked path's chunk kernel (templates/gdn_prefill_chunk.cuh) for key
+/// Shared memory of the chunked path's chunk kernel (templates/gdn_prefill/chunk.cuh) for key
 /// dim `k`: the raw q and k rows (cp.async targets), the f32 matrix A (pitch 68 floats: 16-byte
 /// rows for float4 broadcasts; its upper blocks hold f32 blocks of the inverse), two bf16 staging
 /// tiles for P and T' (coalesced stores), per-row vectors.
@@ -178,7 +178,7 @@ KJIT_GDN_PREFILL_HD constexpr int gdn_prefill_state_stages(int bv) {
   return gdn_prefill_state_wide(bv) ? 2 : 1;
 }
 
-/// Shared memory of the chunked path's state kernel (templates/gdn_prefill_state.cuh) for key
+/// Shared memory of the chunked path's state kernel (templates/gdn_prefill/state.cuh) for key
 /// dim `k` and value tile `bv`. Wide tiles: every input of a chunk (k, q, v, T', P, scales) in
 /// each of gdn_prefill_state_stages(bv) stages of equal size (stage i's buffer = stage 0's + i
 /// (k1 - k0)), one barrier per chunk. Tiles of 16 and 32:
@@ -341,7 +341,7 @@ struct GdnPrefillParams {
   float softplus_threshold;
 };
 
-/// The context-parallel scan (gdn_prefill_cp.cuh): each block owns kGdnPrefillCpScanRows rows of
+/// The context-parallel scan (cp.cuh): each block owns kGdnPrefillCpScanRows rows of
 /// the [V, K] state (all K columns: the product sums over them); a warp takes a group of rows and
 /// each lane 4 columns of them; its blocks are (sequence, value head, V / rows). M streams
 /// through a ring of kGdnPrefillCpScanStages tiles of 32 of its rows (dynamic shared memory,

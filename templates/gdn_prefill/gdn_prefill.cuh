@@ -24,10 +24,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "kjit/common/gdn_math.cuh"
-#include "kjit/common/mma.cuh"
-#include "kjit/common/vec.cuh"
-#include "kjit/gdn_prefill_params.h"
+#include "templates/common/gdn_math.cuh"
+#include "templates/common/mma.cuh"
+#include "templates/common/vec.cuh"
+#include "templates/gdn_prefill/params.h"
 
 namespace kjit {
 namespace gdn_prefill_detail {

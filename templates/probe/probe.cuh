@@ -4,7 +4,7 @@
 // registers x threads limit without __launch_bounds__ capping it).
 #pragma once
 
-#include "kjit/probe_params.h"
+#include "templates/probe/params.h"
 
 namespace kjit {
 

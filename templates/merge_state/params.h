@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// Parameter block of the merge_state kernels (templates/merge_state.cuh), shared with host code
-// (lib/ops/merge_state.cpp). Plain data only: it is passed by value as the one kernel argument.
+// Parameter block of the merge_state kernels (templates/merge_state/merge_state.cuh), shared with
+// host code (lib/ops/merge_state.cpp). Plain data only: it is passed by value as the one kernel
+// argument.
 #pragma once
 
-#include "kjit/common/types.h"
+#include "templates/common/types.h"
 
 #if defined(__CUDACC__)
 #define KJIT_MERGE_HD __host__ __device__ __forceinline__

@@ -11,9 +11,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "kjit/common/gdn_math.cuh"
-#include "kjit/common/vec.cuh"
-#include "kjit/qk_l2norm_params.h"
+#include "templates/common/gdn_math.cuh"
+#include "templates/common/vec.cuh"
+#include "templates/qk_l2norm/params.h"
 
 namespace kjit {
 namespace l2norm_detail {

@@ -23,12 +23,12 @@
 
 #include <cuda_bf16.h>
 
-#include "kjit/common/cp_async.cuh"
-#include "kjit/common/grid_dependency.cuh"
-#include "kjit/common/mma.cuh"
-#include "kjit/common/vec.cuh"
+#include "templates/common/cp_async.cuh"
+#include "templates/common/grid_dependency.cuh"
+#include "templates/common/mma.cuh"
+#include "templates/common/vec.cuh"
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#include "kjit/common/wgmma.cuh"
+#include "templates/common/wgmma.cuh"
 // sm_90a (the planner compiles for it only when options.force_mode asks for "_wgmma"): the wide
 // tiles' products run as warpgroup wgmma, which reads each B tile (k, q, T', P) from shared
 // memory once per four warps instead of once per warp through ldmatrix. Correct, but slower
@@ -37,8 +37,8 @@
 #else
 #define KJIT_GDN_STATE_WGMMA 0
 #endif
-#include "kjit/gdn_prefill.cuh"
-#include "kjit/gdn_prefill_params.h"
+#include "templates/gdn_prefill/gdn_prefill.cuh"
+#include "templates/gdn_prefill/params.h"
 
 namespace kjit {
 namespace gdn_prefill_detail {

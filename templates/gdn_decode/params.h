@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// Parameter block of the Gated DeltaNet packed decode kernel (templates/gdn_decode.cuh), shared
-// with host code (lib/ops/gdn_decode.cpp).
+// Parameter block of the Gated DeltaNet packed decode kernel (templates/gdn_decode/gdn_decode.cuh),
+// shared with host code (lib/ops/gdn_decode.cpp).
 #pragma once
 
-#include "kjit/common/gdn_state_layout.h"
-#include "kjit/common/types.h"
+#include "templates/common/gdn_state_layout.h"
+#include "templates/common/types.h"
 
 namespace kjit {
 

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// Parameter block of the causal_conv1d kernels (templates/causal_conv1d.cuh), shared with host
-// code (lib/ops/causal_conv1d/). Plain data only: passed by value as the one kernel argument.
+// Parameter block of the causal_conv1d kernels (templates/causal_conv1d/causal_conv1d.cuh), shared
+// with host code (lib/ops/causal_conv1d/). Plain data only: passed by value as the one kernel
+// argument.
 #pragma once
 
-#include "kjit/common/types.h"
+#include "templates/common/types.h"
 
 namespace kjit {
 

@@ -3,7 +3,7 @@
 // that keeps the stream busy while the host enqueues timed calls behind it.
 #pragma once
 
-#include "kjit/bench_params.h"
+#include "templates/bench/params.h"
 
 namespace kjit {
 

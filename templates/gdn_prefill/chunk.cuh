@@ -42,12 +42,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "kjit/common/cp_async.cuh"
-#include "kjit/common/gdn_math.cuh"
-#include "kjit/common/grid_dependency.cuh"
-#include "kjit/common/mma.cuh"
+#include "templates/common/cp_async.cuh"
+#include "templates/common/gdn_math.cuh"
+#include "templates/common/grid_dependency.cuh"
+#include "templates/common/mma.cuh"
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#include "kjit/common/wgmma.cuh"
+#include "templates/common/wgmma.cuh"
 // sm_90a (opt-in: force_mode "_wgmma" compiles both kernels for it): the products K K^T and
 // Q K^T run as two warpgroup wgmma reading q and k from shared memory (no-swizzle core
 // matrices) instead of mma.sync with per-warp ldmatrix. Correct, but on the H200 7-9% slower
@@ -56,8 +56,8 @@
 #else
 #define KJIT_GDN_CHUNK_WGMMA 0
 #endif
-#include "kjit/gdn_prefill.cuh"
-#include "kjit/gdn_prefill_params.h"
+#include "templates/gdn_prefill/gdn_prefill.cuh"
+#include "templates/gdn_prefill/params.h"
 
 namespace kjit {
 namespace gdn_prefill_chunk_detail {

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Parameter block of the probe kernel (templates/probe.cuh), shared with host code.
+// Parameter block of the probe kernel (templates/probe/probe.cuh), shared with host code.
 #pragma once
 
-#include "kjit/common/types.h"
+#include "templates/common/types.h"
 
 namespace kjit {
 

@@ -11,9 +11,9 @@
 // from an assumed state.
 #pragma once
 
-#include "kjit/common/cp_async.cuh"
-#include "kjit/common/types.h"
-#include "kjit/gdn_prefill_params.h"
+#include "templates/common/cp_async.cuh"
+#include "templates/common/types.h"
+#include "templates/gdn_prefill/params.h"
 
 namespace kjit {
 

@@ -35,11 +35,12 @@
 // which needs both reductions from the old state at once (one pass, more ILP).
 #pragma once
 
-#include "kjit/common/cp_async.cuh"
-#include "kjit/common/gdn_math.cuh"
-#include "kjit/common/grid_dependency.cuh"
-#include "kjit/common/vec.cuh"
-#include "kjit/gdn_decode_params.h"
+#include "templates/common/cp_async.cuh"
+#include "templates/common/gdn_math.cuh"
+#include "templates/common/grid_dependency.cuh"
+#include "templates/common/mbarrier.cuh"
+#include "templates/common/vec.cuh"
+#include "templates/gdn_decode/params.h"
 
 namespace kjit {
 namespace gdn_decode_detail {
@@ -755,59 +756,6 @@ struct KMajorTileDecoder {
   }
 };
 
-// mbarrier and bulk-copy primitives of sm_90 (PTX ISA 8.0), for the bulk mode.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ u32 smem_address(const void* ptr) {
-  return static_cast<u32>(__cvta_generic_to_shared(ptr));
-}
-__device__ __forceinline__ void mbarrier_init(u64* bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_address(bar)), "r"(count)
-               : "memory");
-}
-/// Makes initialized barriers visible to the async proxy (the bulk copies complete on them).
-__device__ __forceinline__ void fence_barrier_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive(u64* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(bar)) : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(u64* bar, u32 bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbarrier_wait(u64* bar, u32 parity) {
-  u32 done = 0;
-  do {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(smem_address(bar)), "r"(parity)
-        : "memory");
-  } while (done == 0);
-}
-/// L2 policy for data read once: evicted first, so q/k/v and gates stay resident.
-__device__ __forceinline__ u64 evict_first_policy() {
-  u64 policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-/// Global -> shared bulk copy of `bytes` (multiple of 16, both addresses 16-byte aligned),
-/// completing `bytes` transactions on `bar`.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes, u64* bar,
-                                          u64 policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
-      "[%0], [%1], %2, [%3], %4;" ::"r"(smem_address(dst)),
-      "l"(src), "r"(bytes), "r"(smem_address(bar)), "l"(policy)
-      : "memory");
-}
-#endif
-
 }  // namespace gdn_decode_detail
 
 /// The rows of a step in slot order, for gdn_decode_kernel with kOrdered: p.order[rank] = the
@@ -997,8 +945,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks > 0 ? kMinBlocks : 1)
     const bool producer = threadIdx.x == 0;
     if (producer) {
 #pragma unroll
-      for (int s = 0; s < kStages; ++s) mbarrier_init(&full[s], 1);
-      fence_barrier_init();
+      for (int s = 0; s < kStages; ++s) mbarrier::init(&full[s], 1);
+      mbarrier::fence_init();
     }
     __syncthreads();
 
@@ -1006,16 +954,17 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks > 0 ? kMinBlocks : 1)
     // bulk copy (the barrier completes when its bytes land) or, for a row with no state, a
     // plain arrival. It reads slots one tile ahead of what it stages, so no copy waits on an
     // index load.
-    const u64 policy = producer ? evict_first_policy() : 0;
+    const u64 policy = producer ? mbarrier::evict_first_policy() : 0;
     long long ahead_slot = 0;
     const auto stage = [&](int s, u64 id, long long slot) {
       staged_slot[s] = slot;
       if (d.invalid(p, slot)) {
-        mbarrier_arrive(&full[s]);
+        mbarrier::arrive(&full[s]);
       } else {
-        mbarrier_arrive_expect_tx(&full[s], kTileBytes);
-        bulk_load(ring + s * kTileElems, Decoder::tile_ptr(p, slot, tile_coord<kTiles>(p, id)),
-                  kTileBytes, &full[s], policy);
+        mbarrier::arrive_expect_tx(&full[s], kTileBytes);
+        mbarrier::bulk_load(ring + s * kTileElems,
+                            Decoder::tile_ptr(p, slot, tile_coord<kTiles>(p, id)), kTileBytes,
+                            &full[s], policy);
       }
     };
     const auto slot_of = [&](u64 id) { return d.load_slot(p, tile_coord<kTiles>(p, id).n); };
@@ -1039,7 +988,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks > 0 ? kMinBlocks : 1)
       const bool more = next_id < p.total_tiles;
       if (more) d.load_inputs(p, tile_coord<kTiles>(p, next_id), next);
       const int s = static_cast<int>(iteration % kStages);
-      mbarrier_wait(&full[s], (iteration / kStages) & 1u);
+      mbarrier::wait(&full[s], (iteration / kStages) & 1u);
       const long long slot = staged_slot[s];
       const bool valid = !d.invalid(p, slot);
       typename Decoder::State st;

@@ -14,8 +14,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "kjit/common/vec.cuh"
-#include "kjit/merge_state_params.h"
+#include "templates/common/vec.cuh"
+#include "templates/merge_state/params.h"
 
 namespace kjit {
 

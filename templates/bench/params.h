@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Parameter block of the benchmark helper kernels (templates/bench.cuh).
+// Parameter block of the benchmark helper kernels (templates/bench/bench.cuh).
 #pragma once
 
-#include "kjit/common/types.h"
+#include "templates/common/types.h"
 
 namespace kjit {
 

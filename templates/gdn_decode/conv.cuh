@@ -31,10 +31,10 @@
 // others from their shared memory. A small batch then spreads its state over C times more SMs.
 #pragma once
 
-#include "kjit/common/cluster.cuh"
-#include "kjit/common/gdn_math.cuh"
-#include "kjit/common/vec.cuh"
-#include "kjit/gdn_decode_conv_params.h"
+#include "templates/common/cluster.cuh"
+#include "templates/common/gdn_math.cuh"
+#include "templates/common/vec.cuh"
+#include "templates/gdn_decode/conv_params.h"
 
 namespace kjit {
 namespace gdn_decode_conv_detail {

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// Parameter block of the fused Gated DeltaNet decode step (templates/gdn_decode_conv.cuh: the
+// Parameter block of the fused Gated DeltaNet decode step (templates/gdn_decode/conv.cuh: the
 // causal conv update and the delta rule in one kernel), shared with host code
 // (lib/ops/gdn_decode/conv.cpp).
 #pragma once
 
-#include "kjit/common/types.h"
-#include "kjit/gdn_decode_params.h"
+#include "templates/common/types.h"
+#include "templates/gdn_decode/params.h"
 
 namespace kjit {
 

@@ -19,13 +19,13 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "kjit/causal_conv1d_params.h"
+#include "templates/causal_conv1d/params.h"
 #if defined(__CUDA_ARCH__)
 // (Device code only: the emulated tests compile this template as host C++, where the staged
 // prefill's copies are plain ones.)
-#include "kjit/common/cp_async.cuh"
+#include "templates/common/cp_async.cuh"
 #endif
-#include "kjit/common/vec.cuh"
+#include "templates/common/vec.cuh"
 
 namespace kjit {
 

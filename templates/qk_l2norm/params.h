@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Parameter block of the qk_l2norm kernel (templates/qk_l2norm.cuh), shared with host code
-// (lib/ops/qk_l2norm/). Plain data only: it is passed by value as the one kernel argument.
+// Parameter block of the qk_l2norm kernel (templates/qk_l2norm/qk_l2norm.cuh), shared with host
+// code (lib/ops/qk_l2norm/). Plain data only: it is passed by value as the one kernel argument.
 #pragma once
 
-#include "kjit/common/types.h"
+#include "templates/common/types.h"
 
 namespace kjit {
 
