@@ -11,14 +11,15 @@ namespace kjit {
 
 /// One file of a kernel's source as NVRTC sees it.
 struct SourceFile {
-  /// "stub" for the generated stub; else the include name ("templates/merge_state/merge_state.cuh").
+  /// "stub" for the generated stub; else the include name
+  /// ("templates/merge_state/merge_state.cuh").
   std::string name;
   std::string text;
 };
 
 /// The source NVRTC compiles for `spec`: the stub first, then every embedded template it
-/// includes (lines `#include "templates/..."`), transitively, each once, in the order first reached.
-/// What `kjit source` and kjit.source(templates=True) print. Throws InvalidArgument for a
+/// includes (lines `#include "templates/..."`), transitively, each once, in the order first
+/// reached. What `kjit source` and kjit.source(templates=True) print. Throws InvalidArgument for a
 /// family that does not exist.
 std::vector<SourceFile> kernel_source_files(const KernelSpec& spec);
 

@@ -194,7 +194,8 @@ std::vector<SourceFile> kernel_source_files(const KernelSpec& spec) {
     const codegen::EmbeddedTemplate* file = codegen::find_template(name);
     if (file == nullptr) continue;  // not embedded (none is; a toolkit header would not be)
     files.push_back({name, std::string(file->contents)});
-    for (std::string& nested : template_includes(file->contents)) pending.push_back(std::move(nested));
+    for (std::string& nested : template_includes(file->contents))
+      pending.push_back(std::move(nested));
   }
   return files;
 }
