@@ -22,9 +22,8 @@ namespace {
 /// flight (the next one issued before the current one is computed): 16 vector loads per thread.
 constexpr std::int64_t kChunk = 8;
 /// The chunked prefill's batch: 4 tokens (8 vector loads in flight per thread, 164 registers,
-/// three blocks per SM) beat 8 (242 registers, two blocks) on the H200 at D = 8192, W = 4, bf16,
-/// span 64, 16 uneven sequences (same run): 32k tokens 318.2 against 350.4 us, 128k 1221.9
-/// against 1348.4 (docs/performance.md, "causal_conv1d").
+/// three blocks per SM) beat 8 (242 registers, two blocks) on the H200 at Qwen3-Next's sizes
+/// (measured: docs/performance.md, "Spans of tokens per work item").
 constexpr std::int64_t kPrefillChunk = 4;
 constexpr std::int64_t kThreads = 128;  // kConvBlockThreads of the template
 
@@ -138,8 +137,8 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
   // kSpanShortest that still gives every SM max_threads_per_sm / 2 work items (the device full
   // of threads about 2.7 times over at the 384 threads an SM holds at this kernel's
   // registers), so that short calls keep every SM busy and long ones amortize each item's
-  // fixed cost. At 8k tokens (D = 8192, 16 sequences) that is span 64: 92.0 us, against
-  // 101.4 us for span 32 with batches of 8 (same run).
+  // fixed cost (measured against shorter spans: docs/performance.md, "Spans of tokens per work
+  // item").
   std::int64_t span = 0;
   if (mode == 0) {
     const std::int64_t floor_span = std::max({kSpanShortest, chunk, p.width - 1});
