@@ -14,7 +14,7 @@
 //   P  = tril(rq_i rk_j (Q K^T)_ij e^(gamma_i - gamma_j))                  -> workspace, bf16
 //   scales_i = {e^gamma_i / |q_i|, e^gamma_i / |k_i|, e^(gamma_last - gamma_i) / |k_i|,
 //               e^gamma_last}                                              -> workspace, float4
-// The state kernel (gdn_prefill_state.cuh) multiplies raw bf16 q and k with the state and
+// The state kernel (state.cuh) multiplies raw bf16 q and k with the state and
 // applies the norms and decays through these scales, so normalized q/k are never stored.
 //
 // Chunks are numbered without knowing the lengths on the host: chunk c of sequence n is block

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Gated DeltaNet chunked prefill, context-parallel path: the scan between the two passes of the
-// state kernel over segments (gdn_prefill_state_cp_kernel, see CpWork in gdn_prefill_state.cuh).
+// state kernel over segments (gdn_prefill_state_cp_kernel, see CpWork in state.cuh).
 //
 // The state recurrence is affine in the state: over a segment, S_end = S_start M + B, where M
 // [K, K] is the segment's end state from the identity with v = 0 and B [V, K] its end state from

@@ -3,7 +3,7 @@
 // per (sequence n, value head hv, value tile of kBV rows) walks the sequence's chunks carrying
 // the f32 state tile S [kBV, K] in registers (mma accumulator layout, as in the fused kernel of
 // gdn_prefill.cuh). Per chunk, with T', P and the scales from the chunk kernel
-// (gdn_prefill_chunk.cuh) and q, k the raw bf16 rows:
+// (chunk.cuh) and q, k the raw bf16 rows:
 //   R   = V - diag(e^gamma / |k|) K S^T                         (mma over K)
 //   Vn  = T' R                    (= U - W S^T of the WY form; T' = (I + A)^-1 diag(beta))
 //   O   = scale (diag(e^gamma / |q|) Q S^T + P Vn)

@@ -167,7 +167,7 @@ std::vector<int> value_tiles(std::int64_t k, std::int64_t v);
 /// Largest bv * K of a state-kernel tile: 64 f32 registers per thread of its 4 or 8 warps.
 inline std::int64_t state_tile_limit(int bv) { return 2048 * gdn_prefill_state_warps(bv); }
 
-/// Segment ids of a call: floor(T / (64 L)) + N (see CpWork in gdn_prefill_state.cuh).
+/// Segment ids of a call: floor(T / (64 L)) + N (see CpWork in templates/gdn_prefill/state.cuh).
 inline std::int64_t cp_segments(const Problem& pr, std::int64_t chunks) {
   return pr.tokens / (kGdnPrefillChunk * chunks) + pr.seqs;
 }
