@@ -96,14 +96,13 @@ std::string Plan::to_json() const {
     if (i > 0) out += ',';
     out += fmt::format(
         "{{\"spec\":{},\"grid\":{},\"block\":{},\"dynamic_smem\":{},\"overlaps_previous\":{},"
-        "\"checks\":[",
+        "{}\"checks\":[",
         json_string(launch.spec.str()), dim3_json(launch.shape.grid), dim3_json(launch.shape.block),
-        launch.shape.dynamic_smem, launch.shape.overlaps_previous ? "true" : "false");
-    // Only clustered launches name their cluster, so the JSON of every other plan stays as it was.
-    if (launch.shape.cluster.count() > 1) {
-      out.insert(out.size() - std::string_view("\"checks\":[").size(),
-                 fmt::format("\"cluster\":{},", dim3_json(launch.shape.cluster)));
-    }
+        launch.shape.dynamic_smem, launch.shape.overlaps_previous ? "true" : "false",
+        // Only clustered launches name their cluster: every other plan's JSON stays as it was.
+        launch.shape.cluster.count() > 1
+            ? fmt::format("\"cluster\":{},", dim3_json(launch.shape.cluster))
+            : std::string());
     for (std::size_t j = 0; j < launch.checks.size(); ++j) {
       const LimitCheck& check = launch.checks[j];
       if (j > 0) out += ',';

@@ -105,7 +105,7 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
   constexpr int kAccesses = kPer / kStateVec;
   // State rows per register set (two sets: 2 kRows rows in flight per warp); K = 256 holds one
   // (64 registers a thread in 32-warp blocks).
-  constexpr int kRows = kK <= 128 ? 4 : 1;
+  constexpr int kRows = gdn_decode_conv_rows_per_set(kK);
 
   static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4 || kCluster == 8,
                 "clusters of 1, 2, 4 or 8 blocks");

@@ -52,6 +52,11 @@ struct GdnDecodeConvParams {
   float softplus_threshold;
 };
 
+/// State rows a warp of the fused step holds per register set (two sets in flight): 4 up to
+/// K = 128, 1 at K = 256 (64 registers a thread). The kernel's kRows; the planner sizes clustered
+/// blocks' warps by it.
+constexpr int gdn_decode_conv_rows_per_set(int k) { return k <= 128 ? 4 : 1; }
+
 #ifndef __CUDACC_RTC__
 /// Shared-memory floats of one block of the fused step: q [K], k [K], v [G V], alpha [G],
 /// beta [G] (G = HV / H).

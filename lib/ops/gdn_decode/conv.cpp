@@ -168,7 +168,8 @@ Planned<ConvChoice> ConvFamily::plan(const ConvProblem& cp, const DeviceLimits& 
   // cover them in one pass.
   int warps = cluster > 1 ? 32 : blocks >= kManyBlocksPerSm * sms ? 8 : 32;
   const std::int64_t block_rows = rows / cluster;
-  const std::int64_t rows_per_warp = cluster > 1 && p.k <= 128 ? 4 : 1;
+  const std::int64_t rows_per_warp =
+      cluster > 1 ? gdn_decode_conv_rows_per_set(static_cast<int>(p.k)) : 1;
   while (warps > 1 && warps * rows_per_warp > block_rows) warps /= 2;
   plan.reasons.push_back(
       cluster > 1 ? fmt::format("{} warps per block: its {} state rows, up to {} per warp", warps,
