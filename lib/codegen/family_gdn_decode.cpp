@@ -52,6 +52,30 @@ std::string check_k_major(const KernelSpec& spec, std::int64_t per_vec) {
   return {};
 }
 
+// The fused step's cluster (its template's static_asserts, and the arch): a cluster of 1, 2, 4 or
+// 8 blocks that splits the 2K q/k channels evenly, and only from sm_90 on, where the cluster
+// barrier and distributed shared memory exist (compiled for an older arch the exchange would be
+// missing and the kernel would compute wrong outputs, not fail).
+std::string check_gdn_decode_conv(const KernelSpec& spec) {
+  const std::int64_t cluster = std::stoll(spec.get_or("cluster", "1"));
+  if (cluster == 1) return {};
+  if (cluster != 2 && cluster != 4 && cluster != 8) {
+    return fmt::format("cluster = {}; accepted: 1, 2, 4 or 8 blocks", cluster);
+  }
+  if (spec.arch.sm() < 90) {
+    return fmt::format(
+        "cluster = {} needs sm_90 or later (thread-block clusters); the spec is "
+        "for {}",
+        cluster, spec.arch.str());
+  }
+  const std::int64_t k = spec.get_int("k");
+  if (2 * k % cluster != 0) {
+    return fmt::format("cluster = {} does not split the 2K = {} q/k channels evenly", cluster,
+                       2 * k);
+  }
+  return {};
+}
+
 // The static_asserts of gdn_decode_kernel and its TileDecoder, in the same order and terms.
 std::string check_gdn_decode(const KernelSpec& spec) {
   const auto elem = static_cast<std::int64_t>(size_of(parse_dtype(spec.get("state"))));
@@ -318,6 +342,7 @@ FamilyDecl gdn_decode_conv_family() {
           "place) and the delta rule in one launch",
       // What the planner emits for Qwen3-Next at small B: 32 warps, W = 4, SiLU.
       .typical = {{"width", "4"}, {"warps", "32"}, {"silu", "1"}, {"state_vec", "4"}},
+      .check = check_gdn_decode_conv,
   };
 }
 

@@ -130,6 +130,27 @@ TEST_CASE("gdn_decode fused conv plan: clusters only on sm_90 and later, only ev
   }
 }
 
+TEST_CASE("gdn_decode_conv specs: clusters of 1, 2, 4, 8 blocks, only from sm_90") {
+  const std::string base =
+      "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=bf16,state=f32,out=bf16,index=i32,"
+      "weight=bf16,conv_state=bf16,k=128,v=128,width=4,warps=8,gated=0,l2norm=1,"
+      "invalid=negative,silu=1,state_vec=4";
+  const auto refusal = [&](const std::string& tail) {
+    try {
+      KernelSpec::parse(base + tail);
+    } catch (const Error& error) {
+      return std::string(error.what());
+    }
+    return std::string();
+  };
+  CHECK(refusal(",cluster=8@sm_90").empty());
+  CHECK(refusal(",cluster=2@sm_100a").empty());
+  CHECK(refusal(",cluster=3@sm_90").find("cluster = 3; accepted: 1, 2, 4 or 8 blocks") !=
+        std::string::npos);
+  CHECK(refusal(",cluster=2@sm_80").find("cluster = 2 needs sm_90 or later") != std::string::npos);
+  CHECK(refusal(",cluster=9@sm_90").find("out of range; accepted: 1..8") != std::string::npos);
+}
+
 TEST_CASE("launch checks: clusters of more than 8 blocks, partial clusters, sm_80") {
   const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
   LaunchShape shape;
