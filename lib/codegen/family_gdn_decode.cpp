@@ -340,8 +340,10 @@ FamilyDecl gdn_decode_conv_family() {
       .doc =
           "Gated DeltaNet fused decode step: causal conv update of mixed_qkv (both pools in "
           "place) and the delta rule in one launch",
-      // What the planner emits for Qwen3-Next at small B: 32 warps, W = 4, SiLU.
-      .typical = {{"width", "4"}, {"warps", "32"}, {"silu", "1"}, {"state_vec", "4"}},
+      // What the planner emits for Qwen3-Next at small B on any arch: 32 warps, W = 4, SiLU, no
+      // cluster (sm_90 clusters blocks of 8 warps at B = 1).
+      .typical =
+          {{"width", "4"}, {"warps", "32"}, {"silu", "1"}, {"state_vec", "4"}, {"cluster", "1"}},
       .check = check_gdn_decode_conv,
   };
 }
