@@ -9,6 +9,7 @@
 //   bench_gdn_prefill [results.jsonl] [profile]   (KJIT_PREFILL_BENCH_SWEEP=1: also every tile)
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -180,11 +181,15 @@ kjit::Plan plan_of(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOpti
 /// block is packed as lib/ops/gdn_prefill/launch.cpp does for this bench's contiguous inputs.
 // GPU us of one of the chunked path's two kernels launched alone (launch 0: the chunk kernel;
 // 1: the state kernel, after one chunk-kernel launch filled the workspace). 0 on the fused path.
+// `min_dynamic_smem` > 0 raises that launch's dynamic shared memory, which caps how many of its
+// blocks share an SM (an occupancy experiment: the kernel does not use the extra bytes).
 double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOptions& options,
-                 std::size_t launch) {
+                 std::size_t launch, std::uint32_t min_dynamic_smem = 0) {
   const std::int64_t t = in.tokens, h = in.heads, hv = in.value_heads, n = in.seqs;
-  const kjit::Plan plan = plan_of(gpu, in, options);
+  kjit::Plan plan = plan_of(gpu, in, options);
   if (plan.launches.size() < 2 || launch >= plan.launches.size()) return 0.0;
+  std::uint32_t& smem = plan.launches[launch].shape.dynamic_smem;
+  smem = std::max(smem, min_dynamic_smem);
   const kjit::Runtime::ResolvedPlan resolved = gpu.runtime().resolve(plan, gpu.device);
   const kjit::GdnPrefillWorkspace layout =
       kjit::gdn_prefill_workspace(static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(hv));
@@ -559,6 +564,27 @@ int run(int argc, char** argv) {
     }
   }
   few_sequences_table(*gpu, options, anchor, json);
+  // KJIT_PREFILL_BENCH_OCCUPANCY=1: each kernel of the chunked path alone with its blocks per SM
+  // capped by padding its dynamic shared memory (3 = the chunk kernel's own occupancy; the
+  // state kernel's 128-row tile has one block per SM already). What a fused kernel would get
+  // from one chunk warpgroup per SM.
+  if (const char* occupancy = std::getenv("KJIT_PREFILL_BENCH_OCCUPANCY");
+      occupancy != nullptr && std::string(occupancy) == "1") {
+    std::printf(
+        "\nchunk kernel alone, blocks per SM capped (GPU us)\n%4s %4s %8s %5s | %9s %9s "
+        "%9s | %9s\n",
+        "H", "HV", "T", "seqs", "own (3)", "2 per SM", "1 per SM", "state us");
+    for (const Anchor& s : anchors) {
+      if (s.tokens < 32768) continue;
+      Inputs in = make_inputs(s.tokens, s.seqs, s.heads, s.value_heads);
+      std::printf("%4lld %4lld %8lld %5lld | %9.1f %9.1f %9.1f | %9.1f\n",
+                  static_cast<long long>(s.heads), static_cast<long long>(s.value_heads),
+                  static_cast<long long>(s.tokens), static_cast<long long>(s.seqs),
+                  kernel_us(*gpu, in, options, 0), kernel_us(*gpu, in, options, 0, 100 * 1024),
+                  kernel_us(*gpu, in, options, 0, 160 * 1024), kernel_us(*gpu, in, options, 1));
+      std::fflush(stdout);
+    }
+  }
   // The chunked path's value tiles, each forced (the table above is the planner's choice):
   // KJIT_PREFILL_BENCH_SWEEP=1 (a minute more; the fused bv64 column is slow at 128k).
   const char* sweep = std::getenv("KJIT_PREFILL_BENCH_SWEEP");
