@@ -48,7 +48,7 @@ contains "$ERR" "options.conv->weight"
 # causal_conv1d: one 1-D launch at Qwen3-Next's width, in place the sequential mode, and the
 # update past grid-y sizes of B and D.
 run 0 plan causal_conv1d --tokens 131072 --seqs 16 --dim 8192 --arch h200
-contains "$OUT" "width=4,vec=8,chunk=4,span=64,mode=chunked,pool=block,silu=1@sm_90"
+contains "$OUT" "width=4,vec=8,chunk=4,span=64,mode=chunked,pool=block,silu=1,stages=4@sm_90"
 run 0 plan causal_conv1d --tokens 1000 --seqs 4 --dim 64 --in-place 1 --width 8 --arch sm_80
 contains "$OUT" "mode=sequential"
 run 0 plan causal_conv1d_update --batch 70000 --steps 4 --dim 65536 --spec 1 --arch h200

@@ -883,7 +883,7 @@ TEST_CASE("causal_conv1d gpu: tuning candidates, the staged (cp.async) chunked p
     c = PrefillCase{};
     c.force_stages = 4;
     c.force_min_blocks = blocks;
-    c.x = c.out = DType::f16;
+    c.x = c.out = c.weight = DType::f16;
     c.pool_transposed = true;
     c.has_initial_mixed = false;
     run_prefill(c);

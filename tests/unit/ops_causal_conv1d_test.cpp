@@ -385,7 +385,7 @@ TEST_CASE("causal_conv1d planner: vector width, in place, forced modes, empty ca
   Prefill v = prefill_views(1000, 4, 4096);
   CHECK(plan(v, h200).launches[0].spec.str() ==
         "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=4,span=8,"
-        "mode=chunked,pool=block,silu=0@sm_90");
+        "mode=chunked,pool=block,silu=0,stages=4@sm_90");
   // f32 x: 16-byte accesses are 4 channels.
   CHECK(plan(prefill_views(1000, 4, 4096, 4, DType::f32), h200).launches[0].spec.get("vec") == "4");
   // Token-contiguous x ([D, T] buffer): one channel per thread, and the plan says why.
@@ -503,7 +503,9 @@ Update bench_decode_views(std::int64_t batch, std::int64_t dim) {
   return v;
 }
 
-TEST_CASE("causal_conv1d planner: tuning candidates are opt-in (force_rows, force_min_blocks)") {
+TEST_CASE(
+    "causal_conv1d planner: tuning candidates are opt-in (force_rows, force_min_blocks), "
+    "4 stages are the chunked prefill's default (force_stages)") {
   const DeviceLimits h200 = DeviceLimits::for_name("h200");
   CausalConv1dOptions silu;
   silu.activation = ConvActivation::silu;
@@ -541,7 +543,7 @@ TEST_CASE("causal_conv1d planner: tuning candidates are opt-in (force_rows, forc
   const Plan prefill4 = plan(prefill_views(8192, 16, 8192, 4), h200, blocks);
   CHECK(prefill4.launches[0].spec.str() ==
         "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=4,span=64,"
-        "mode=chunked,pool=block,silu=1,min_blocks=4@sm_90");
+        "mode=chunked,pool=block,silu=1,min_blocks=4,stages=4@sm_90");
   CHECK(prefill4.explain().find("at most 128 registers per thread") != std::string::npos);
   blocks.force_rows = 2;
   CHECK(plan(bench_decode_views(256, 8192), h200, blocks).launches[0].spec.str() ==
@@ -563,7 +565,29 @@ TEST_CASE("causal_conv1d planner: tuning candidates are opt-in (force_rows, forc
       KernelSpec::parse("causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,"
                         "chunk=4,span=64,mode=chunked,pool=block,silu=1,rows=2@sm_90"),
       doctest::Contains("rows per work item belong to mode = rows"), InvalidArgument);
-  // Stages: the chunked mode's 16-byte accesses only, stages x chunk <= 24.
+  // Stages: the chunked mode's 16-byte accesses only, stages x chunk <= 24. By default 4 where
+  // they apply (Qwen3-Next's prefill), none elsewhere; force_stages = 1 keeps the registers.
+  const Plan by_default = plan(prefill_views(8192, 16, 8192, 4), h200, silu);
+  CHECK(by_default.launches[0].spec.str() ==
+        "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=4,span=64,"
+        "mode=chunked,pool=block,silu=1,stages=4@sm_90");
+  CHECK(by_default.explain().find("stages = 4: x's batches of 4 tokens go to shared memory") !=
+        std::string::npos);
+  CausalConv1dOptions unstaged = silu;
+  unstaged.force_stages = 1;
+  const Plan registers = plan(prefill_views(8192, 16, 8192, 4), h200, unstaged);
+  CHECK_FALSE(registers.launches[0].spec.has("stages"));
+  CHECK(registers.explain().find("no stages (options.force_stages = 1)") != std::string::npos);
+  CHECK_FALSE(plan(update_views(8, 1, 64), h200, unstaged).launches[0].spec.has("stages"));
+  CausalConv1dOptions narrow = silu;  // 8-byte accesses, or batches of 8 tokens: no stages
+  narrow.force_vec = 4;
+  CHECK_FALSE(plan(prefill_views(1000, 4, 4096), h200, narrow).launches[0].spec.has("stages"));
+  narrow.force_vec = 0;
+  narrow.force_chunk = 8;
+  CHECK_FALSE(plan(prefill_views(1000, 4, 4096), h200, narrow).launches[0].spec.has("stages"));
+  Prefill in_place_default = prefill_views(100, 3, 64);
+  in_place_default.out = in_place_default.x;
+  CHECK_FALSE(plan(in_place_default, h200, silu).launches[0].spec.has("stages"));
   CausalConv1dOptions staged = silu;
   staged.force_stages = 4;
   const Plan s4 = plan(prefill_views(8192, 16, 8192, 4), h200, staged);

@@ -80,10 +80,11 @@ struct CausalConv1dOptions {
   /// for (__launch_bounds__; 2, 3, 4, 5, 6 or 8), which caps its registers at 65536 / (128 x
   /// blocks); 0 keeps the template's rule. For A/B runs and tests.
   int force_min_blocks = 0;
-  /// Tuning candidate (the default plan is 0): the chunked prefill's batches of x go through
-  /// shared memory by cp.async, `force_stages` batches deep (2, 3, 4 or 6; stages x chunk <=
-  /// 24), instead of two register buffers: more loads in flight with fewer registers. Needs
-  /// 16-byte accesses of x (vec x element size = 16); PlanError otherwise and in other modes.
+  /// The chunked prefill's batches of x go through shared memory by cp.async, `force_stages`
+  /// batches deep (2, 3, 4 or 6; stages x chunk <= 24), instead of two register buffers: more
+  /// loads in flight with fewer registers. Needs 16-byte accesses of x (vec x element size =
+  /// 16); PlanError otherwise and in other modes. 0: the planner's choice (4 stages where they
+  /// apply); 1: the two register buffers. For A/B runs and tests.
   int force_stages = 0;
   /// Before launching, copy the indices (and cu_seqlens, query_start_loc, num_accepted_tokens)
   /// to the host and check them: indices < slots, no valid index repeated, cu_seqlens starting

@@ -123,9 +123,9 @@ void check_options(Op op, const CausalConv1dOptions& options, Problem* p) {
   }
   p->force_min_blocks = blocks;
   const int stages = options.force_stages;
-  if (stages != 0 && stages != 2 && stages != 3 && stages != 4 && stages != 6) {
-    fail(op, fmt::format("options.force_stages = {}; accepted: 0 (register double buffer), 2, "
-                         "3, 4, 6",
+  if (stages != 0 && stages != 1 && stages != 2 && stages != 3 && stages != 4 && stages != 6) {
+    fail(op, fmt::format("options.force_stages = {}; accepted: 0 (the planner's choice), 1 "
+                         "(register double buffer), 2, 3, 4, 6",
                          stages));
   }
   p->force_stages = stages;

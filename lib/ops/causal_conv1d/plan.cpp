@@ -25,6 +25,10 @@ constexpr std::int64_t kChunk = 8;
 /// three blocks per SM) beat 8 (242 registers, two blocks) on the H200 at Qwen3-Next's sizes
 /// (measured: docs/performance.md, "Spans of tokens per work item").
 constexpr std::int64_t kPrefillChunk = 4;
+// The staged prefill: batches in flight by default, and the template's shared memory per thread
+// (48 KiB per block of kThreads).
+constexpr std::int64_t kDefaultStages = 4;
+constexpr std::int64_t kStagedBytesPerThread = 384;
 constexpr std::int64_t kThreads = 128;  // kConvBlockThreads of the template
 
 /// Why the widest channel vector is what it is (Problem::max_vec).
@@ -188,19 +192,36 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
         "before their arithmetic",
         rows, rows, vec));
   }
-  if (p.force_stages != 0) {
-    const std::int64_t access = vec * static_cast<std::int64_t>(size_of(p.in));
-    if (mode != 0 || access != 16 || p.force_stages * chunk > 24) {
+  // Stages of the chunked prefill: x's batches through shared memory by cp.async, 4 batches deep
+  // (1.08-1.14x the register double buffer at Qwen3-Next sizes on the H200: docs/performance.md,
+  // "Tuning candidates"). force_stages = 1 keeps the register double buffer.
+  const std::int64_t access = vec * static_cast<std::int64_t>(size_of(p.in));
+  const bool can_stage = mode == 0 && access == 16;
+  std::int64_t stages = 0;
+  if (p.force_stages > 1) {
+    if (!can_stage || p.force_stages * chunk > kStagedBytesPerThread / 16) {
       throw PlanError(fmt::format(
           "{}: options.force_stages = {} needs mode 'chunked' with 16-byte accesses of x and "
-          "stages x chunk <= 24 (48 KiB of shared memory per block); this call runs mode '{}' "
+          "stages x chunk <= {} ({} KiB of shared memory per block); this call runs mode '{}' "
           "with {}-byte accesses and chunk {}",
-          plan.op, p.force_stages, kCausalConv1dModes[mode], access, chunk));
+          plan.op, p.force_stages, kStagedBytesPerThread / 16,
+          kStagedBytesPerThread * kThreads / 1024, kCausalConv1dModes[mode], access, chunk));
     }
+    stages = p.force_stages;
     plan.reasons.push_back(fmt::format(
         "stages = {} forced by options.force_stages: x's batches of {} tokens go to shared "
         "memory by cp.async, {} batches ahead of the one computed ({} bytes per block)",
-        p.force_stages, chunk, p.force_stages - 1, p.force_stages * chunk * kThreads * 16));
+        stages, chunk, stages - 1, stages * chunk * kThreads * 16));
+  } else if (p.force_stages == 1) {
+    plan.reasons.push_back(
+        "no stages (options.force_stages = 1): x's batches in two register buffers");
+  } else if (can_stage && kDefaultStages * chunk <= kStagedBytesPerThread / 16) {
+    stages = kDefaultStages;
+    plan.reasons.push_back(fmt::format(
+        "stages = {}: x's batches of {} tokens go to shared memory by cp.async, {} batches "
+        "ahead of the one computed ({} bytes per block): more loads in flight than two "
+        "register buffers hold",
+        stages, chunk, stages - 1, stages * chunk * kThreads * 16));
   }
   if (p.force_min_blocks != 0) {
     plan.reasons.push_back(fmt::format(
@@ -270,7 +291,7 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
   if (p.force_min_blocks != 0) {
     spec_params.emplace_back("min_blocks", std::to_string(p.force_min_blocks));
   }
-  if (p.force_stages != 0) spec_params.emplace_back("stages", std::to_string(p.force_stages));
+  if (stages != 0) spec_params.emplace_back("stages", std::to_string(stages));
   launch.spec = KernelSpec::make("causal_conv1d", spec_params, limits.arch);
   launch.shape.grid = Dim3{static_cast<std::uint32_t>(blocks), 1, 1};
   launch.shape.block = Dim3{static_cast<std::uint32_t>(kThreads), 1, 1};
