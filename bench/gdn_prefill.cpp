@@ -501,6 +501,16 @@ int run(int argc, char** argv) {
     if (json != nullptr) std::fclose(json);
     return 0;
   }
+  // "profile_chunk1": the chunk kernel alone with one block per SM (the occupancy experiment
+  // below), for a profiler's view of a single chunk block's latency.
+  if (argc > 2 && std::string(argv[2]) == "profile_chunk1") {
+    Inputs in = make_inputs(131072, 16, 16, 16);
+    std::printf(
+        "profile_chunk1: chunk kernel alone, one block per SM, H = HV = 16, T = 131072: "
+        "%.1f us\n",
+        kernel_us(*gpu, in, options, 0, 160 * 1024));
+    return 0;
+  }
   // "profile": a few calls of one large shape only, for a profiler's per-kernel split.
   if (argc > 2 && std::string(argv[2]) == "profile") {
     Inputs in = make_inputs(131072, 16, 16, 16);

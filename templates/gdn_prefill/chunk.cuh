@@ -319,19 +319,24 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
   };
 #endif
 
-  // Every warp holds the raw gates of the next value head in registers, loaded one step ahead,
-  // so no gate load latency sits between the barriers.
-  float gate_a[2] = {0.f, 0.f}, gate_b[2] = {0.f, 0.f};
+  // Every warp holds the raw gates of the next value head in registers (with its A_log and
+  // dt_bias), loaded one step ahead, so no gate load latency sits between the barriers. They stay
+  // in their own type until used: converted where they are loaded, the conversion waited for
+  // each load on the spot (8% of a lone chunk block's stall samples, docs/performance.md).
+  Tgate gate_a[2] = {Tgate{}, Tgate{}}, gate_b[2] = {Tgate{}, Tgate{}};
+  Tparam gate_a_log{}, gate_dt_bias{};
   const auto load_gates = [&](i64 t0, int rows, u32 hv) {
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
       const int r = 2 * lane + x;
-      gate_a[x] = 0.f;
-      gate_b[x] = 0.f;
       if (r < rows) {
-        gate_a[x] = gdn::to_f32(static_cast<const Tgate*>(p.a)[(t0 + r) * p.a_stride_t + hv]);
-        gate_b[x] = gdn::to_f32(static_cast<const Tgate*>(p.b)[(t0 + r) * p.b_stride_t + hv]);
+        gate_a[x] = static_cast<const Tgate*>(p.a)[(t0 + r) * p.a_stride_t + hv];
+        gate_b[x] = static_cast<const Tgate*>(p.b)[(t0 + r) * p.b_stride_t + hv];
       }
+    }
+    if constexpr (!kGated) {
+      gate_a_log = static_cast<const Tparam*>(p.a_log)[hv];
+      gate_dt_bias = static_cast<const Tparam*>(p.dt_bias)[hv];
     }
   };
 
@@ -482,13 +487,12 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
           bl[x] = 0.f;
           if (r < rows) {
             if constexpr (kGated) {
-              gl[x] = gate_a[x];
-              bl[x] = gate_b[x];
+              gl[x] = gdn::to_f32(gate_a[x]);
+              bl[x] = gdn::to_f32(gate_b[x]);
             } else {
-              const float a_log = gdn::to_f32(static_cast<const Tparam*>(p.a_log)[hv]);
-              const float dt_bias = gdn::to_f32(static_cast<const Tparam*>(p.dt_bias)[hv]);
-              gl[x] = gdn::log_decay(gate_a[x], a_log, dt_bias, p.softplus_threshold);
-              bl[x] = gdn::sigmoid(gate_b[x]);
+              gl[x] = gdn::log_decay(gdn::to_f32(gate_a[x]), gdn::to_f32(gate_a_log),
+                                     gdn::to_f32(gate_dt_bias), p.softplus_threshold);
+              bl[x] = gdn::sigmoid(gdn::to_f32(gate_b[x]));
             }
           }
         }
