@@ -14,13 +14,13 @@
 //   bench_causal_conv1d [results.jsonl]
 //   KJIT_CONV_BENCH_CHUNK=16   force the tokens per batch of loads (options.force_chunk)
 //   KJIT_CONV_BENCH_SPAN=128   force the prefill's tokens per work item (force_span; 8..256)
-//   KJIT_CONV_BENCH_MODES=rows=2,rows=4,min_blocks=4,vec=4+min_blocks=4
+//   KJIT_CONV_BENCH_MODES=min_blocks=4,stages=1,vec=4+min_blocks=4
 //                              tuning candidates, each timed beside the default on the same
 //                              inputs in the same process (and checked against the reference):
 //                              a comma-separated list, each candidate '+'-joined key=value of
-//                              rows (force_rows), min_blocks (force_min_blocks), stages
-//                              (force_stages), vec, chunk, span. A candidate that does not apply to
-//                              a shape (rows for the prefill) prints a line with "skipped" and the
+//                              min_blocks (force_min_blocks), stages (force_stages), vec, chunk,
+//                              span. A candidate that does not apply to a shape (stages of 2 or
+//                              more for the update) prints a line with "skipped" and the
 //                              planner's reason.
 #include <fmt/format.h>
 
@@ -126,9 +126,8 @@ void print_json(std::FILE* json, const std::string& line) {
 /// One tuning candidate of KJIT_CONV_BENCH_MODES: its text and the options it forces.
 struct Candidate {
   std::string name;
-  int rows = 0, min_blocks = 0, vec = 0, chunk = 0, span = 0, stages = 0;
+  int min_blocks = 0, vec = 0, chunk = 0, span = 0, stages = 0;
   void apply(kjit::CausalConv1dOptions& o) const {
-    if (rows != 0) o.force_rows = rows;
     if (min_blocks != 0) o.force_min_blocks = min_blocks;
     if (vec != 0) o.force_vec = vec;
     if (chunk != 0) o.force_chunk = chunk;
@@ -158,17 +157,16 @@ std::vector<Candidate> candidates() {
       const std::size_t eq = item.find('=');
       const std::string key = item.substr(0, eq);
       const int value = eq == std::string::npos ? 0 : std::atoi(item.c_str() + eq + 1);
-      int* field = key == "rows"         ? &c.rows
-                   : key == "min_blocks" ? &c.min_blocks
-                   : key == "vec"        ? &c.vec
-                   : key == "chunk"      ? &c.chunk
-                   : key == "span"       ? &c.span
-                   : key == "stages"     ? &c.stages
-                                         : nullptr;
+      int* field = key == "min_blocks" ? &c.min_blocks
+                   : key == "vec"      ? &c.vec
+                   : key == "chunk"    ? &c.chunk
+                   : key == "span"     ? &c.span
+                   : key == "stages"   ? &c.stages
+                                       : nullptr;
       if (field == nullptr || value == 0) {
         std::printf(
-            "KJIT_CONV_BENCH_MODES: '%s' in '%s' is not key=value with a key of rows, "
-            "min_blocks, vec, chunk, span, stages\n",
+            "KJIT_CONV_BENCH_MODES: '%s' in '%s' is not key=value with a key of min_blocks, "
+            "vec, chunk, span, stages\n",
             item.c_str(), name.c_str());
         std::exit(2);
       }

@@ -181,18 +181,11 @@ struct Conv {
 
   /// One token: y from the input and the history, then the input joins the history.
   __device__ __forceinline__ void step(const float (&in)[kVec], float (&y)[kVec]) {
-    step_with(h, in, y);
-  }
-
-  /// step() over a history held outside this object: the update's rows > 1 keep one history per
-  /// row beside one copy of the weights.
-  __device__ __forceinline__ void step_with(float (&hist)[kWidth - 1][kVec],
-                                            const float (&in)[kVec], float (&y)[kVec]) const {
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
       float acc = b[k] + w(kWidth - 1, k) * in[k];
 #pragma unroll
-      for (int j = 0; j < kWidth - 1; ++j) acc += w(j, k) * hist[j][k];
+      for (int j = 0; j < kWidth - 1; ++j) acc += w(j, k) * h[j][k];
       // SiLU with the fast division (2 ulp, div.full.f32 as Triton's `/` on f32): IEEE
       // division expands to ~10 instructions with a slow-path branch, per channel and token, in
       // a kernel whose instruction issue is close to its bandwidth's budget. For acc < -87
@@ -200,8 +193,8 @@ struct Conv {
       if constexpr (kSilu) acc = __fdividef(acc, 1.0f + __expf(-acc));
       y[k] = acc;
 #pragma unroll
-      for (int j = 0; j + 1 < kWidth - 1; ++j) hist[j][k] = hist[j + 1][k];
-      hist[kWidth - 2][k] = in[k];
+      for (int j = 0; j + 1 < kWidth - 1; ++j) h[j][k] = h[j + 1][k];
+      h[kWidth - 2][k] = in[k];
     }
   }
 };
@@ -403,143 +396,8 @@ __device__ __forceinline__ void column_entry(const CausalConv1dParams& p,
   }
 }
 
-/// One update row (decode step, speculative or varlen row) of kVec channels, the weights already
-/// in `conv`: the row's tokens, its slot, its outputs and its slot's new columns. The rows > 1
-/// kernels' path for rows that are not single decode tokens; it is the one-row kernel's body
-/// (causal_conv1d_kernel) with the weights loaded by the caller.
-template <typename TIn, typename TOut, typename TW, typename TState, int kWidth, int kVec,
-          int kChunk, ConvStateAccess kAccess, bool kSilu>
-__device__ __forceinline__ void update_row(const CausalConv1dParams& p,
-                                           Conv<TW, kWidth, kVec, kSilu, true>& conv, i64 row,
-                                           i64 c0) {
-  using Pool = PoolIo<TState, kVec, kWidth, kAccess>;
-  i64 S = p.num_tokens;
-  i64 x_off = row * p.x_row_stride;
-  i64 o_off = row * p.out_row_stride;
-  if (p.query_start_loc != nullptr) {
-    // Varlen rows: x is [T, D] and the row's tokens are query_start_loc[row]..[row + 1],
-    // clamped into 0..T so that bad offsets can never address outside x.
-    const i64 T = p.num_tokens;
-    i64 begin = load_int(p.query_start_loc, row, p.query_start_stride, p.query_start_bytes);
-    i64 end = load_int(p.query_start_loc, row + 1, p.query_start_stride, p.query_start_bytes);
-    begin = begin < 0 ? 0 : (begin > T ? T : begin);
-    end = end < begin ? begin : (end > T ? T : end);
-    S = end - begin;
-    x_off = begin * p.x_token_stride;
-    o_off = begin * p.out_token_stride;
-    // A row without tokens has no output and leaves its slot untouched (vLLM's rule).
-    if (S == 0) return;
-  }
-  Raw<TIn, kVec> first_batch[kChunk];
-  load_batch<TIn, kVec, kChunk>(p, first_batch, x_off, p.x_token_stride, 0, S, c0);
-  const i64 slot = load_int(p.state_indices, row, p.index_stride, p.index_bytes);
-  if (!slot_valid(slot, p)) {
-    zero_rows<TOut, kVec>(p, o_off, p.out_token_stride, S, c0);
-    return;
-  }
-  // Speculative: the history of `a` accepted tokens starts at column a - 1; clamped so that
-  // a bad count can never address outside the slot.
-  i64 first = 0;
-  if (p.num_accepted != nullptr) {
-    const i64 a = load_int(p.num_accepted, row, p.accepted_stride, p.accepted_bytes);
-    const i64 most = p.state_len - (kWidth - 1) + 1;
-    first = (a < 1 ? 1 : (a > most ? most : a)) - 1;
-  }
-  Pool::read(p, slot, c0, first, conv.h);
-  const bool spec = p.num_accepted != nullptr;
-  if (spec) {
-    // Speculative: column k of the slot takes entry k + 1 of (history ++ x) (the next step
-    // picks its history by its acceptance count), k < min(W - 2 + S, L). Written before any
-    // output: x may be out (in place), and these read the history as it was loaded.
-    const i64 cols = (kWidth - 2 + S) < p.state_len ? (kWidth - 2 + S) : p.state_len;
-    if constexpr (kAccess == ConvStateAccess::block) {
-      // (The block access moves whole [vec, W-1] blocks: columns 0..W-2 together.)
-      float nv[kWidth - 1][kVec];
-#pragma unroll
-      for (int col = 0; col < kWidth - 1; ++col) {
-        column_entry<TIn, kVec, kWidth>(p, conv.h, col + 1, x_off, c0, nv[col]);
-      }
-      Pool::write(p, slot, c0, nv);
-    } else {
-      for (i64 col = 0; col < cols; ++col) {
-        float v[kVec];
-        column_entry<TIn, kVec, kWidth>(p, conv.h, col + 1, x_off, c0, v);
-        Pool::write_column(p, slot, c0, col, v);
-      }
-    }
-  }
-  compute_batch<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, first_batch, o_off,
-                                                        p.out_token_stride, 0, S, c0);
-  run_tokens<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, x_off, p.x_token_stride, o_off,
-                                                     p.out_token_stride, kChunk, S, c0);
-  // Not speculative: the slot takes the last W - 1 inputs of (history ++ x), which is what
-  // the steps leave in conv.h (each token's input was loaded before its output was stored,
-  // so this is exact in place too). Written from registers after the outputs, no column
-  // array is held beside the history (fewer registers: more threads per SM, more loads in
-  // flight).
-  if (!spec) Pool::write(p, slot, c0, conv.h);
-}
-
-/// kRows decode rows (S = 1, no acceptance counts, not varlen) of the same kVec channels with one
-/// copy of the weights: every row's x and index loads are issued before any pool read, and every
-/// pool read before any arithmetic, so a thread has kRows times the loads of update_row in
-/// flight on the index -> pool chain. Rows are distinct (valid slots never repeat) and each
-/// row's input is loaded before its output is stored, so this is exact in place.
-template <typename TIn, typename TOut, typename TW, typename TState, int kWidth, int kVec,
-          ConvStateAccess kAccess, bool kSilu, int kRows>
-__device__ __forceinline__ void update_rows_single(const CausalConv1dParams& p,
-                                                   const Conv<TW, kWidth, kVec, kSilu, true>& conv,
-                                                   i64 row0, i64 c0) {
-  using Pool = PoolIo<TState, kVec, kWidth, kAccess>;
-  Raw<TIn, kVec> xs[kRows];
-  i64 slot[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    if (row0 + r < p.num_seqs) {
-      xs[r].load(at<TIn, kVec>(p.x, (row0 + r) * p.x_row_stride, c0, p.x_channel_stride));
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    slot[r] = row0 + r < p.num_seqs
-                  ? load_int(p.state_indices, row0 + r, p.index_stride, p.index_bytes)
-                  : i64{-1};
-  }
-  float h[kRows][kWidth - 1][kVec];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    if (slot_valid(slot[r], p)) Pool::read(p, slot[r], c0, 0, h[r]);
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    if (row0 + r < p.num_seqs) {
-      TOut* dst = at<TOut, kVec>(p.out, (row0 + r) * p.out_row_stride, c0, p.out_channel_stride);
-      float y[kVec];
-      if (slot_valid(slot[r], p)) {
-        float in[kVec];
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) in[k] = xs[r].get(k);
-        conv.step_with(h[r], in, y);
-      } else {
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) y[k] = 0.0f;
-      }
-      if constexpr (kVec == 1) {
-        store1(dst, y[0]);
-      } else {
-        store_vec<TOut, kVec>(dst, y);
-      }
-    }
-  }
-  // The slots' new columns after the outputs, from the histories the steps leave (as update_row).
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    if (slot_valid(slot[r], p)) Pool::write(p, slot[r], c0, h[r]);
-  }
-}
-
-/// The staged prefill (kStages > 0, a tuning candidate): x's batches go to shared memory by
-/// cp.async (16 bytes per token, no register held while in flight), kStages - 1 batches ahead of
+/// The staged prefill (kStages > 0; the default where it applies): x's batches go to shared memory
+/// by cp.async (16 bytes per token, no register held while in flight), kStages - 1 batches ahead of
 /// the one computed, so a thread keeps up to (kStages - 1) x kChunk loads in flight with the
 /// registers of one batch. Each thread reads back only the slots it wrote, so no barrier is
 /// needed: cp.async.wait_group makes a thread's own copies visible to it. On the host (the
@@ -628,33 +486,30 @@ __device__ __forceinline__ void run_tokens_staged(const CausalConv1dParams& p,
 }  // namespace conv_detail
 
 /// Minimum blocks per SM of __launch_bounds__: kMinBlocks when not 0 (a tuning candidate), else
-/// single-token rows of one row per thread (the decode update, chunk 1) at 5 blocks per SM: 94
+/// single-token rows (the decode update, chunk 1) at 5 blocks per SM: 94
 /// registers, no spills (128 and 4 blocks before); the other modes at the compiler's choice (0:
 /// no minimum), as before.
-template <ConvMode kMode, int kChunk, int kRows, int kMinBlocks>
-inline constexpr int kConvMinBlocks =
-    kMinBlocks != 0 ? kMinBlocks : (kMode == ConvMode::rows && kChunk == 1 && kRows == 1 ? 5 : 0);
+template <ConvMode kMode, int kChunk, int kMinBlocks>
+inline constexpr int kConvMinBlocks = kMinBlocks != 0
+                                          ? kMinBlocks
+                                          : (kMode == ConvMode::rows && kChunk == 1 ? 5 : 0);
 
 /// The kernel of every mode. TIn / TOut: x / out; TW: weight and bias; TState: the pool.
 /// kChunk: tokens per batch of loads. kSpan: tokens per work item of the chunked mode (0 in the
-/// other modes). kRows: update rows per work item (the rows mode; 1 in the others), sharing one
-/// copy of the weights. kMinBlocks: 0 or the minimum blocks per SM to compile for
-/// (kConvMinBlocks). kStages: 0 or the shared-memory stages of the chunked prefill's batches
-/// (run_tokens_staged). kRows, kMinBlocks and kStages are tuning candidates; their defaults are
-/// the plans'.
+/// other modes). kMinBlocks: 0 or the minimum blocks per SM to compile for (kConvMinBlocks).
+/// kStages: 0 or the shared-memory stages of the chunked prefill's batches (run_tokens_staged;
+/// the plans' default where 16-byte accesses allow). kMinBlocks is a tuning candidate.
 template <typename TIn, typename TOut, typename TW, typename TState, int kWidth, int kVec,
-          int kChunk, int kSpan, ConvMode kMode, ConvStateAccess kAccess, bool kSilu, int kRows = 1,
+          int kChunk, int kSpan, ConvMode kMode, ConvStateAccess kAccess, bool kSilu,
           int kMinBlocks = 0, int kStages = 0>
 // (The minimum in parentheses: its template argument list's commas would split the macro's.)
-__global__ void __launch_bounds__(kConvBlockThreads,
-                                  (kConvMinBlocks<kMode, kChunk, kRows, kMinBlocks>))
+__global__ void __launch_bounds__(kConvBlockThreads, (kConvMinBlocks<kMode, kChunk, kMinBlocks>))
     causal_conv1d_kernel(const CausalConv1dParams p) {
   using namespace conv_detail;
   static_assert(kWidth >= 2 && kWidth <= 8, "W in 2..8");
   static_assert(kMode != ConvMode::chunked || (kSpan >= kWidth - 1 && kSpan >= kChunk),
                 "a span covers the W-1 token halo of the next one and at least one batch");
   static_assert(kMode == ConvMode::chunked || kSpan == 0, "spans belong to the chunked mode");
-  static_assert(kRows == 1 || kMode == ConvMode::rows, "rows per item belong to the rows mode");
   static_assert(kStages == 0 || (kMode == ConvMode::chunked && kStages >= 2 &&
                                  kVec * sizeof(TIn) == 16 && kStages * kChunk <= 24),
                 "stages: the chunked mode's 16-byte accesses, 2.. stages, <= 48 KiB per block");
@@ -673,96 +528,75 @@ __global__ void __launch_bounds__(kConvBlockThreads,
     Conv<TW, kWidth, kVec, kSilu, kMode == ConvMode::rows> conv;
 
     if constexpr (kMode == ConvMode::rows) {
-      if constexpr (kRows == 1) {
-        // (The one-row body stays written out here, not a call of update_row: the same code
-        // inlined through a function compiles to other register choices, and the plans' kernels
-        // keep their SASS byte for byte.)
-        const i64 row = static_cast<i64>(unit);
-        i64 S = p.num_tokens;
-        i64 x_off = row * p.x_row_stride;
-        i64 o_off = row * p.out_row_stride;
-        // Weights and the first tokens do not depend on the slot: loaded before the index, their
-        // latency overlaps the index -> pool chain (a decode step is that chain at small B).
-        conv.load_weights(p, c0);
-        if (p.query_start_loc != nullptr) {
-          // Varlen rows: x is [T, D] and the row's tokens are query_start_loc[row]..[row + 1],
-          // clamped into 0..T so that bad offsets can never address outside x.
-          const i64 T = p.num_tokens;
-          i64 begin = load_int(p.query_start_loc, row, p.query_start_stride, p.query_start_bytes);
-          i64 end = load_int(p.query_start_loc, row + 1, p.query_start_stride, p.query_start_bytes);
-          begin = begin < 0 ? 0 : (begin > T ? T : begin);
-          end = end < begin ? begin : (end > T ? T : end);
-          S = end - begin;
-          x_off = begin * p.x_token_stride;
-          o_off = begin * p.out_token_stride;
-          // A row without tokens has no output and leaves its slot untouched (vLLM's rule).
-          if (S == 0) continue;
-        }
-        Raw<TIn, kVec> first_batch[kChunk];
-        load_batch<TIn, kVec, kChunk>(p, first_batch, x_off, p.x_token_stride, 0, S, c0);
-        const i64 slot = load_int(p.state_indices, row, p.index_stride, p.index_bytes);
-        if (!slot_valid(slot, p)) {
-          zero_rows<TOut, kVec>(p, o_off, p.out_token_stride, S, c0);
-          continue;
-        }
-        // Speculative: the history of `a` accepted tokens starts at column a - 1; clamped so that
-        // a bad count can never address outside the slot.
-        i64 first = 0;
-        if (p.num_accepted != nullptr) {
-          const i64 a = load_int(p.num_accepted, row, p.accepted_stride, p.accepted_bytes);
-          const i64 most = p.state_len - (kWidth - 1) + 1;
-          first = (a < 1 ? 1 : (a > most ? most : a)) - 1;
-        }
-        Pool::read(p, slot, c0, first, conv.h);
-        const bool spec = p.num_accepted != nullptr;
-        if (spec) {
-          // Speculative: column k of the slot takes entry k + 1 of (history ++ x) (the next step
-          // picks its history by its acceptance count), k < min(W - 2 + S, L). Written before any
-          // output: x may be out (in place), and these read the history as it was loaded.
-          const i64 cols = (kWidth - 2 + S) < p.state_len ? (kWidth - 2 + S) : p.state_len;
-          if constexpr (kAccess == ConvStateAccess::block) {
-            // (The block access moves whole [vec, W-1] blocks: columns 0..W-2 together.)
-            float nv[kWidth - 1][kVec];
+      const i64 row = static_cast<i64>(unit);
+      i64 S = p.num_tokens;
+      i64 x_off = row * p.x_row_stride;
+      i64 o_off = row * p.out_row_stride;
+      // Weights and the first tokens do not depend on the slot: loaded before the index, their
+      // latency overlaps the index -> pool chain (a decode step is that chain at small B).
+      conv.load_weights(p, c0);
+      if (p.query_start_loc != nullptr) {
+        // Varlen rows: x is [T, D] and the row's tokens are query_start_loc[row]..[row + 1],
+        // clamped into 0..T so that bad offsets can never address outside x.
+        const i64 T = p.num_tokens;
+        i64 begin = load_int(p.query_start_loc, row, p.query_start_stride, p.query_start_bytes);
+        i64 end = load_int(p.query_start_loc, row + 1, p.query_start_stride, p.query_start_bytes);
+        begin = begin < 0 ? 0 : (begin > T ? T : begin);
+        end = end < begin ? begin : (end > T ? T : end);
+        S = end - begin;
+        x_off = begin * p.x_token_stride;
+        o_off = begin * p.out_token_stride;
+        // A row without tokens has no output and leaves its slot untouched (vLLM's rule).
+        if (S == 0) continue;
+      }
+      Raw<TIn, kVec> first_batch[kChunk];
+      load_batch<TIn, kVec, kChunk>(p, first_batch, x_off, p.x_token_stride, 0, S, c0);
+      const i64 slot = load_int(p.state_indices, row, p.index_stride, p.index_bytes);
+      if (!slot_valid(slot, p)) {
+        zero_rows<TOut, kVec>(p, o_off, p.out_token_stride, S, c0);
+        continue;
+      }
+      // Speculative: the history of `a` accepted tokens starts at column a - 1; clamped so that
+      // a bad count can never address outside the slot.
+      i64 first = 0;
+      if (p.num_accepted != nullptr) {
+        const i64 a = load_int(p.num_accepted, row, p.accepted_stride, p.accepted_bytes);
+        const i64 most = p.state_len - (kWidth - 1) + 1;
+        first = (a < 1 ? 1 : (a > most ? most : a)) - 1;
+      }
+      Pool::read(p, slot, c0, first, conv.h);
+      const bool spec = p.num_accepted != nullptr;
+      if (spec) {
+        // Speculative: column k of the slot takes entry k + 1 of (history ++ x) (the next step
+        // picks its history by its acceptance count), k < min(W - 2 + S, L). Written before any
+        // output: x may be out (in place), and these read the history as it was loaded.
+        const i64 cols = (kWidth - 2 + S) < p.state_len ? (kWidth - 2 + S) : p.state_len;
+        if constexpr (kAccess == ConvStateAccess::block) {
+          // (The block access moves whole [vec, W-1] blocks: columns 0..W-2 together.)
+          float nv[kWidth - 1][kVec];
 #pragma unroll
-            for (int col = 0; col < kWidth - 1; ++col) {
-              column_entry<TIn, kVec, kWidth>(p, conv.h, col + 1, x_off, c0, nv[col]);
-            }
-            Pool::write(p, slot, c0, nv);
-          } else {
-            for (i64 col = 0; col < cols; ++col) {
-              float v[kVec];
-              column_entry<TIn, kVec, kWidth>(p, conv.h, col + 1, x_off, c0, v);
-              Pool::write_column(p, slot, c0, col, v);
-            }
+          for (int col = 0; col < kWidth - 1; ++col) {
+            column_entry<TIn, kVec, kWidth>(p, conv.h, col + 1, x_off, c0, nv[col]);
           }
-        }
-        compute_batch<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, first_batch, o_off,
-                                                              p.out_token_stride, 0, S, c0);
-        run_tokens<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, x_off, p.x_token_stride, o_off,
-                                                           p.out_token_stride, kChunk, S, c0);
-        // Not speculative: the slot takes the last W - 1 inputs of (history ++ x), which is what
-        // the steps leave in conv.h (each token's input was loaded before its output was stored,
-        // so this is exact in place too). Written from registers after the outputs, no column
-        // array is held beside the history (fewer registers: more threads per SM, more loads in
-        // flight).
-        if (!spec) Pool::write(p, slot, c0, conv.h);
-      } else {
-        // One load of the weights for the item's rows, before their indices (as update_row).
-        conv.load_weights(p, c0);
-        const i64 row0 = static_cast<i64>(unit) * kRows;
-        if (p.query_start_loc == nullptr && p.num_accepted == nullptr && p.num_tokens == 1) {
-          update_rows_single<TIn, TOut, TW, TState, kWidth, kVec, kAccess, kSilu, kRows>(p, conv,
-                                                                                         row0, c0);
+          Pool::write(p, slot, c0, nv);
         } else {
-          // Speculative, varlen or S > 1 rows: one after another (the candidate is for decode).
-          for (int r = 0; r < kRows; ++r) {
-            if (row0 + r < p.num_seqs) {
-              update_row<TIn, TOut, TW, TState, kWidth, kVec, kChunk, kAccess, kSilu>(p, conv,
-                                                                                      row0 + r, c0);
-            }
+          for (i64 col = 0; col < cols; ++col) {
+            float v[kVec];
+            column_entry<TIn, kVec, kWidth>(p, conv.h, col + 1, x_off, c0, v);
+            Pool::write_column(p, slot, c0, col, v);
           }
         }
       }
+      compute_batch<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, first_batch, o_off,
+                                                            p.out_token_stride, 0, S, c0);
+      run_tokens<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, x_off, p.x_token_stride, o_off,
+                                                         p.out_token_stride, kChunk, S, c0);
+      // Not speculative: the slot takes the last W - 1 inputs of (history ++ x), which is what
+      // the steps leave in conv.h (each token's input was loaded before its output was stored,
+      // so this is exact in place too). Written from registers after the outputs, no column
+      // array is held beside the history (fewer registers: more threads per SM, more loads in
+      // flight).
+      if (!spec) Pool::write(p, slot, c0, conv.h);
     } else {
       // Prefill: which sequence and which tokens of it. The weights first: they do not depend on
       // the answer, so their loads overlap the search's.

@@ -413,16 +413,16 @@ struct UpdateCase {
   bool x_transposed = false, pool_transposed = false;
   std::int64_t pad_every = 5;
   int rounds = 3;
-  int force_chunk = 0, force_rows = 0, force_min_blocks = 0;
+  int force_chunk = 0, force_min_blocks = 0;
   std::string expect_pool;
 
   std::string str() const {
     return fmt::format(
         "B={} S={} D={} W={} spec={} silu={} bias={} in_place={} x={} out={} w={} "
-        "state={} idx={} rule={} x^T={} pool^T={} rows={} min_blocks={}",
+        "state={} idx={} rule={} x^T={} pool^T={} min_blocks={}",
         batch, steps, dim, width, spec, silu, bias, in_place, to_string(x), to_string(out),
         to_string(weight), to_string(state), to_string(index), static_cast<int>(rule), x_transposed,
-        pool_transposed, force_rows, force_min_blocks);
+        pool_transposed, force_min_blocks);
   }
 };
 
@@ -449,7 +449,6 @@ void run_update(const UpdateCase& c) {
   o.activation = c.silu ? ConvActivation::silu : ConvActivation::none;
   o.invalid_index = c.rule;
   o.force_chunk = c.force_chunk;
-  o.force_rows = c.force_rows;
   o.force_min_blocks = c.force_min_blocks;
   o.runtime = &test::runtime();
   // Several steps feed the pool back: the second step reads what the first wrote.
@@ -593,15 +592,14 @@ struct VarlenCase {
   ConvInvalidIndex rule = ConvInvalidIndex::nonpositive;
   std::int64_t pad_every = 6;
   int rounds = 3;
-  int force_rows = 0, force_min_blocks = 0;
+  int force_min_blocks = 0;
 
   std::string str() const {
     return fmt::format(
         "B={} D={} W={} S_b<={} spec={} x={} w={} state={} offsets={} pool^T={} "
-        "in_place={} rule={} rows={} min_blocks={}",
+        "in_place={} rule={} min_blocks={}",
         batch, dim, width, most, spec, to_string(x), to_string(weight), to_string(state),
-        to_string(offsets), pool_transposed, in_place, static_cast<int>(rule), force_rows,
-        force_min_blocks);
+        to_string(offsets), pool_transposed, in_place, static_cast<int>(rule), force_min_blocks);
   }
 };
 
@@ -628,7 +626,6 @@ void run_varlen(const VarlenCase& c) {
   CausalConv1dOptions o;
   o.activation = ConvActivation::silu;
   o.invalid_index = c.rule;
-  o.force_rows = c.force_rows;
   o.force_min_blocks = c.force_min_blocks;
   o.runtime = &test::runtime();
   constexpr double kSentinel = 7.0;
@@ -734,19 +731,16 @@ TEST_CASE("causal_conv1d_update_varlen gpu: rows of 0..8 tokens, speculative, ch
 }
 
 // ---------------------------------------------------------------------------------------------
-// Tuning candidates (options.force_rows, options.force_min_blocks; bench_causal_conv1d's
-// KJIT_CONV_BENCH_MODES): opt-in kernels that must be as exact as the default ones.
+// Tuning candidates (options.force_min_blocks; bench_causal_conv1d's KJIT_CONV_BENCH_MODES):
+// opt-in kernels that must be as exact as the default ones.
 
-TEST_CASE("causal_conv1d_update gpu: tuning candidates, rows per item and minimum blocks") {
-  const std::vector<std::pair<int, int>> candidates = {{2, 0}, {4, 0}, {1, 4}, {1, 6},
-                                                       {2, 4}, {4, 3}, {1, 8}};
-  for (const auto& [rows, blocks] : candidates) {
-    // Decode steps: B = 37 (a partial last group of rows), B = 1, every dtype, both rules,
-    // in place, [B, D] input, the transposed pool, D = 2^16.
+TEST_CASE("causal_conv1d_update gpu: tuning candidates, minimum blocks") {
+  for (const int blocks : {4, 6, 8}) {
+    // Decode steps: B = 37, 1, 2, 5, every dtype, both rules, in place, [B, D] input, the
+    // transposed pool, D = 2^16.
     for (const std::int64_t batch : {37, 1, 2, 5}) {
       UpdateCase c;
       c.batch = batch;
-      c.force_rows = rows;
       c.force_min_blocks = blocks;
       run_update(c);
     }
@@ -756,12 +750,10 @@ TEST_CASE("causal_conv1d_update gpu: tuning candidates, rows per item and minimu
       c.weight = x == DType::bf16 ? DType::f32 : x;
       c.state = x;
       c.rule = ConvInvalidIndex::negative;
-      c.force_rows = rows;
       c.force_min_blocks = blocks;
       run_update(c);
     }
     UpdateCase c;
-    c.force_rows = rows;
     c.force_min_blocks = blocks;
     c.in_place = true;
     run_update(c);
@@ -773,17 +765,15 @@ TEST_CASE("causal_conv1d_update gpu: tuning candidates, rows per item and minimu
     c.expect_pool = "channels";
     run_update(c);
     c = UpdateCase{};
-    c.force_rows = rows;
     c.force_min_blocks = blocks;
     c.batch = 3;
     c.dim = std::int64_t{1} << 16;
     c.pad_every = 0;
     run_update(c);
-    // Speculative and multi-token rows take the one-row-at-a-time path of a rows > 1 kernel.
+    // Speculative and multi-token rows.
     for (const std::int64_t steps : {2, 3, 8}) {
       for (const bool spec : {false, true}) {
         c = UpdateCase{};
-        c.force_rows = rows;
         c.force_min_blocks = blocks;
         c.steps = steps;
         c.spec = spec;
@@ -791,24 +781,21 @@ TEST_CASE("causal_conv1d_update gpu: tuning candidates, rows per item and minimu
       }
     }
     c = UpdateCase{};
-    c.force_rows = rows;
     c.force_min_blocks = blocks;
-    c.batch = 70001;  // rows past 65535, a partial last group
+    c.batch = 70001;  // rows past 65535
     c.dim = 8;
     c.rounds = 2;
     c.pad_every = 1000;
     run_update(c);
-    // Varlen rows (0..8 tokens) in a rows > 1 kernel.
+    // Varlen rows (0..8 tokens).
     for (const bool spec : {true, false}) {
       VarlenCase v;
       v.spec = spec;
-      v.force_rows = rows;
       v.force_min_blocks = blocks;
       run_varlen(v);
     }
     VarlenCase v;
     v.in_place = true;
-    v.force_rows = rows;
     v.force_min_blocks = blocks;
     run_varlen(v);
   }

@@ -171,8 +171,8 @@ void prefill_case(const char* name, const char* expect_spec_prefix, DType xd, DT
 template <Kernel K>
 void update_case(const char* name, const char* expect_spec_prefix, DType xd, DType wd, DType sd,
                  std::int64_t W, std::int64_t S, bool spec_mode, bool pool_transposed,
-                 bool in_place, ConvInvalidIndex rule, int rounds, int force_rows = 0,
-                 int force_min_blocks = 0, std::int64_t B = 9) {
+                 bool in_place, ConvInvalidIndex rule, int rounds, int force_min_blocks = 0,
+                 std::int64_t B = 9) {
   std::mt19937_64 rng(std::random_device{}());
   const std::int64_t D = 64, slots = B + 2, L = spec_mode ? std::max(W - 1, W - 2 + S) : W - 1;
   Host w(wd, {D, W}), b(wd, {D}),
@@ -189,7 +189,6 @@ void update_case(const char* name, const char* expect_spec_prefix, DType xd, DTy
   CausalConv1dOptions o;
   o.activation = ConvActivation::silu;
   o.invalid_index = rule;
-  o.force_rows = force_rows;
   o.force_min_blocks = force_min_blocks;
   for (int r = 0; r < rounds; ++r) {
     Host x(xd, {B, S, D}), out(xd, {B, S, D});
@@ -226,8 +225,7 @@ void update_case(const char* name, const char* expect_spec_prefix, DType xd, DTy
     k.out_channel_stride = outv.strides[2];
     k.num_tokens = S;
     k.num_seqs = B;
-    const std::int64_t rows = std::stoll(plan.launches[0].spec.get_or("rows", "1"));
-    k.num_items = (B + rows - 1) / rows * (std::uint64_t)k.channel_groups;
+    k.num_items = B * (std::uint64_t)k.channel_groups;
     launch(K, plan, k);
     compare(name, outv, want, xd == DType::f32 ? 1e-5 : xd == DType::f16 ? 1.0 / 512 : 1.0 / 128);
     compare_bytes(name, pool, pool_ref);
@@ -240,7 +238,7 @@ void update_case(const char* name, const char* expect_spec_prefix, DType xd, DTy
 template <Kernel K>
 void varlen_case(const char* name, const char* expect_spec_prefix, DType xd, DType sd,
                  std::int64_t W, std::vector<std::int64_t> lengths, bool spec_mode,
-                 bool pool_transposed, ConvInvalidIndex rule, int rounds, int force_rows = 0) {
+                 bool pool_transposed, ConvInvalidIndex rule, int rounds) {
   std::mt19937_64 rng(std::random_device{}());
   const std::int64_t D = 64, B = static_cast<std::int64_t>(lengths.size()), slots = B + 2;
   std::int64_t most = 0;
@@ -266,7 +264,6 @@ void varlen_case(const char* name, const char* expect_spec_prefix, DType xd, DTy
   CausalConv1dOptions o;
   o.activation = ConvActivation::silu;
   o.invalid_index = rule;
-  o.force_rows = force_rows;
   constexpr double kSentinel = 7.0;
   for (int r = 0; r < rounds; ++r) {
     Host x(xd, {T, D}), out(xd, {T, D});
@@ -305,8 +302,7 @@ void varlen_case(const char* name, const char* expect_spec_prefix, DType xd, DTy
     k.out_channel_stride = out.strides[1];
     k.num_tokens = T;
     k.num_seqs = B;
-    const std::int64_t rows = std::stoll(plan.launches[0].spec.get_or("rows", "1"));
-    k.num_items = (B + rows - 1) / rows * (std::uint64_t)k.channel_groups;
+    k.num_items = B * (std::uint64_t)k.channel_groups;
     launch(K, plan, k);
     compare(name, out.view(), want, xd == DType::f32 ? 1e-5 : 1.0 / 128);
     compare_bytes(name, pool, pool_ref);
@@ -425,64 +421,20 @@ TEST_CASE("causal_conv1d kernel on the CPU: varlen speculative rows (query_start
       ConvInvalidIndex::negative, 2);
 }
 
-TEST_CASE("causal_conv1d kernel on the CPU: tuning candidates, rows per item, minimum blocks") {
-  // Two and four decode rows per item sharing one weight load: B = 9 and 10 leave a partial last
-  // group; padding rows under both rules; the block and channels pool accesses; in place.
+TEST_CASE("causal_conv1d kernel on the CPU: tuning candidates, minimum blocks") {
+  // The update's minimum blocks: B = 9, 10 and 1, in place, padding rows, the transposed pool.
   for (const std::int64_t batch : {9, 10, 1}) {
-    update_case<&causal_conv1d_kernel<bf, bf, float, bf, 4, 8, 1, 0, ConvMode::rows,
-                                      ConvStateAccess::block, true, 2>>(
-        "decode, rows 2, block pool",
-        "causal_conv1d:in=bf16,out=bf16,weight=f32,state=bf16,width=4,vec=8,chunk=1,span=0,"
-        "mode=rows,pool=block,silu=1,rows=2",
-        DType::bf16, DType::f32, DType::bf16, 4, 1, false, false, false,
-        ConvInvalidIndex::nonpositive, 3, 2, 0, batch);
     update_case<&causal_conv1d_kernel<bf, bf, bf, bf, 4, 8, 1, 0, ConvMode::rows,
-                                      ConvStateAccess::channels, true, 4, 4>>(
-        "decode in place, rows 4, min_blocks 4, transposed pool",
+                                      ConvStateAccess::channels, true, 4>>(
+        "decode in place, min_blocks 4, transposed pool",
         "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=1,span=0,"
-        "mode=rows,pool=channels,silu=1,rows=4,min_blocks=4",
+        "mode=rows,pool=channels,silu=1,min_blocks=4",
         DType::bf16, DType::bf16, DType::bf16, 4, 1, false, true, true, ConvInvalidIndex::negative,
-        3, 4, 4, batch);
+        3, 4, batch);
   }
-  update_case<&causal_conv1d_kernel<float, float, float, float, 3, 4, 1, 0, ConvMode::rows,
-                                    ConvStateAccess::channels, true, 4>>(
-      "decode, rows 4, f32, transposed pool",
-      "causal_conv1d:in=f32,out=f32,weight=f32,state=f32,width=3,vec=4,chunk=1,span=0,"
-      "mode=rows,pool=channels,silu=1,rows=4",
-      DType::f32, DType::f32, DType::f32, 3, 1, false, true, false, ConvInvalidIndex::negative, 3,
-      4);
-  // Speculative and varlen rows in a rows > 1 kernel: one row after another.
-  update_case<&causal_conv1d_kernel<bf, bf, float, bf, 4, 8, 4, 0, ConvMode::rows,
-                                    ConvStateAccess::channels, true, 2>>(
-      "speculative S = 3, rows 2, transposed pool",
-      "causal_conv1d:in=bf16,out=bf16,weight=f32,state=bf16,width=4,vec=8,chunk=4,span=0,"
-      "mode=rows,pool=channels,silu=1,rows=2",
-      DType::bf16, DType::f32, DType::bf16, 4, 3, true, true, false, ConvInvalidIndex::nonpositive,
-      4, 2);
-  update_case<&causal_conv1d_kernel<bf, bf, float, bf, 4, 8, 2, 0, ConvMode::rows,
-                                    ConvStateAccess::block, true, 4>>(
-      "S = 2 without acceptance counts, rows 4",
-      "causal_conv1d:in=bf16,out=bf16,weight=f32,state=bf16,width=4,vec=8,chunk=2,span=0,"
-      "mode=rows,pool=block,silu=1,rows=4",
-      DType::bf16, DType::f32, DType::bf16, 4, 2, false, false, false, ConvInvalidIndex::negative,
-      3, 4);
-  varlen_case<&causal_conv1d_kernel<bf, bf, float, bf, 4, 8, 4, 0, ConvMode::rows,
-                                    ConvStateAccess::channels, true, 2>>(
-      "varlen speculative, rows 2",
-      "causal_conv1d:in=bf16,out=bf16,weight=f32,state=bf16,width=4,vec=8,chunk=4,span=0,"
-      "mode=rows,pool=channels,silu=1,rows=2",
-      DType::bf16, DType::bf16, 4, {3, 0, 1, 8, 2, 5, 0, 4, 6}, true, true,
-      ConvInvalidIndex::nonpositive, 3, 2);
-  varlen_case<&causal_conv1d_kernel<bf, bf, float, bf, 4, 8, 4, 0, ConvMode::rows,
-                                    ConvStateAccess::block, true, 4>>(
-      "varlen, rows 4",
-      "causal_conv1d:in=bf16,out=bf16,weight=f32,state=bf16,width=4,vec=8,chunk=4,span=0,"
-      "mode=rows,pool=block,silu=1,rows=4",
-      DType::bf16, DType::bf16, 4, {1, 2, 0, 5, 3, 1, 2, 8, 1}, false, false,
-      ConvInvalidIndex::negative, 2, 4);
   // The prefill's minimum blocks change only the compiler's register budget: the same code.
   prefill_case<&causal_conv1d_kernel<bf, bf, bf, bf, 4, 8, 4, 64, ConvMode::chunked,
-                                     ConvStateAccess::block, true, 1, 4>>(
+                                     ConvStateAccess::block, true, 4>>(
       "chunked, chunk 4, span 64, min_blocks 4",
       "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=4,span=64,"
       "mode=chunked,pool=block,silu=1,min_blocks=4",
@@ -494,21 +446,21 @@ TEST_CASE("causal_conv1d kernel on the CPU: the staged (cp.async) chunked prefil
   // Stages of x's batches in shared memory (plain copies on the host): the stage ring, the
   // batches ahead, partial batches and spans, padding, the pool columns.
   prefill_case<&causal_conv1d_kernel<bf, bf, bf, bf, 4, 8, 4, 64, ConvMode::chunked,
-                                     ConvStateAccess::block, true, 1, 0, 4>>(
+                                     ConvStateAccess::block, true, 0, 4>>(
       "staged: 4 stages of 4 tokens, span 64",
       "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=4,span=64,"
       "mode=chunked,pool=block,silu=1,stages=4",
       DType::bf16, DType::bf16, DType::bf16, 4, false, false, false,
       {1, 2, 3, 63, 64, 65, 0, 129, 200, 5}, ConvInvalidIndex::negative, 4, 64, 0, 4);
   prefill_case<&causal_conv1d_kernel<bf, bf, bf, bf, 3, 8, 2, 8, ConvMode::chunked,
-                                     ConvStateAccess::block, true, 1, 5, 3>>(
+                                     ConvStateAccess::block, true, 5, 3>>(
       "staged: 3 stages of 2 tokens, span 8, min_blocks 5",
       "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=3,vec=8,chunk=2,span=8,"
       "mode=chunked,pool=block,silu=1,min_blocks=5,stages=3",
       DType::bf16, DType::bf16, DType::bf16, 3, false, false, false, {1, 2, 7, 8, 9, 17, 0, 40},
       ConvInvalidIndex::nonpositive, 2, 8, 5, 3);
   prefill_case<&causal_conv1d_kernel<float, float, float, float, 4, 4, 4, 32, ConvMode::chunked,
-                                     ConvStateAccess::channels, true, 1, 0, 6>>(
+                                     ConvStateAccess::channels, true, 0, 6>>(
       "staged: f32, 6 stages of 4 tokens, transposed pool",
       "causal_conv1d:in=f32,out=f32,weight=f32,state=f32,width=4,vec=4,chunk=4,span=32,"
       "mode=chunked,pool=channels,silu=1,stages=6",

@@ -504,13 +504,13 @@ Update bench_decode_views(std::int64_t batch, std::int64_t dim) {
 }
 
 TEST_CASE(
-    "causal_conv1d planner: tuning candidates are opt-in (force_rows, force_min_blocks), "
+    "causal_conv1d planner: the minimum-blocks candidate is opt-in (force_min_blocks), "
     "4 stages are the chunked prefill's default (force_stages)") {
   const DeviceLimits h200 = DeviceLimits::for_name("h200");
   CausalConv1dOptions silu;
   silu.activation = ConvActivation::silu;
-  // The default plans name neither parameter: their specs, name expressions and keys are the
-  // ones before the candidates existed.
+  // The default plans do not name min_blocks: their specs are the ones before the candidate
+  // existed.
   const Plan decode = plan(bench_decode_views(256, 8192), h200, silu);
   CHECK(decode.launches[0].spec.str() ==
         "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=1,span=0,"
@@ -518,25 +518,6 @@ TEST_CASE(
   CHECK(decode.launches[0].shape.grid.x == 256 * 1024 / 128);
   CHECK_FALSE(
       plan(prefill_views(8192, 16, 8192, 4), h200, silu).launches[0].spec.has("min_blocks"));
-  // Rows per item: the update only; B = 256 in groups of 2 and 4, B = 5 with a partial group.
-  for (const int rows : {2, 4}) {
-    CausalConv1dOptions o = silu;
-    o.force_rows = rows;
-    const Plan p = plan(bench_decode_views(256, 8192), h200, o);
-    CHECK(p.launches[0].spec.get("rows") == std::to_string(rows));
-    CHECK(p.launches[0].shape.grid.x == 256 / rows * 1024 / 128);
-    CHECK(p.explain().find(fmt::format("rows = {} forced by options.force_rows", rows)) !=
-          std::string::npos);
-    CHECK(plan(bench_decode_views(5, 1024), h200, o).launches[0].shape.grid.x ==
-          (5 + rows - 1) / rows * 128 / 128);
-    CHECK(plan(varlen_views(96, 32, 8192, 4, true), h200, o).launches[0].spec.get("rows") ==
-          std::to_string(rows));
-    CHECK_THROWS_WITH_AS(plan(prefill_views(1000, 4, 4096), h200, o),
-                         doctest::Contains("applies to mode 'rows' (the update) only"), PlanError);
-  }
-  CausalConv1dOptions one;
-  one.force_rows = 1;  // the default, accepted everywhere
-  CHECK_FALSE(plan(prefill_views(1000, 4, 4096), h200, one).launches[0].spec.has("rows"));
   // Minimum blocks: every mode; the spec names it, so each is its own kernel.
   CausalConv1dOptions blocks = silu;
   blocks.force_min_blocks = 4;
@@ -545,26 +526,20 @@ TEST_CASE(
         "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=4,span=64,"
         "mode=chunked,pool=block,silu=1,min_blocks=4,stages=4@sm_90");
   CHECK(prefill4.explain().find("at most 128 registers per thread") != std::string::npos);
-  blocks.force_rows = 2;
   CHECK(plan(bench_decode_views(256, 8192), h200, blocks).launches[0].spec.str() ==
         "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=1,span=0,"
-        "mode=rows,pool=block,silu=1,rows=2,min_blocks=4@sm_90");
-  // Values outside the accepted sets, and a spec with rows in a prefill mode.
+        "mode=rows,pool=block,silu=1,min_blocks=4@sm_90");
+  // Values outside the accepted sets, and a spec naming the removed rows-per-item candidate
+  // (slower than the default at every batch on the H200: docs/performance.md).
   CausalConv1dOptions bad;
-  bad.force_rows = 3;
-  CHECK_THROWS_WITH_AS(plan(update_views(8, 1, 64), h200, bad),
-                       doctest::Contains("options.force_rows = 3; accepted: 0 (planner picks), "
-                                         "1, 2, 4"),
-                       InvalidArgument);
-  bad.force_rows = 0;
   bad.force_min_blocks = 7;
   CHECK_THROWS_WITH_AS(plan(prefill_views(100, 2, 64), h200, bad),
                        doctest::Contains("options.force_min_blocks = 7; accepted: 0"),
                        InvalidArgument);
   CHECK_THROWS_WITH_AS(
       KernelSpec::parse("causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,"
-                        "chunk=4,span=64,mode=chunked,pool=block,silu=1,rows=2@sm_90"),
-      doctest::Contains("rows per work item belong to mode = rows"), InvalidArgument);
+                        "chunk=1,span=0,mode=rows,pool=block,silu=1,rows=2@sm_90"),
+      doctest::Contains("causal_conv1d has no parameter 'rows'"), InvalidArgument);
   // Stages: the chunked mode's 16-byte accesses only, stages x chunk <= 24. By default 4 where
   // they apply (Qwen3-Next's prefill), none elsewhere; force_stages = 1 keeps the registers.
   const Plan by_default = plan(prefill_views(8192, 16, 8192, 4), h200, silu);
@@ -628,10 +603,8 @@ TEST_CASE("causal_conv1d: the tuning candidates' kernels compile for sm_90 (regi
   CausalConv1dOptions silu;
   silu.activation = ConvActivation::silu;
   std::vector<KernelSpec> specs;
-  for (const auto& [rows, blocks] : std::vector<std::pair<int, int>>{
-           {0, 0}, {2, 0}, {4, 0}, {2, 4}, {2, 5}, {4, 3}, {4, 4}, {1, 6}}) {
+  for (const int blocks : {0, 4, 6}) {
     CausalConv1dOptions o = silu;
-    o.force_rows = rows;
     o.force_min_blocks = blocks;
     specs.push_back(plan(bench_decode_views(2048, 8192), h200, o).launches[0].spec);
   }

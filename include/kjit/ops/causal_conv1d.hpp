@@ -71,11 +71,6 @@ struct CausalConv1dOptions {
   /// (8, 16, 32, 64, 128 or 256; at least the chunk and W - 1). PlanError when the call runs
   /// another mode. For tests and tuning.
   int force_span = 0;
-  /// Tuning candidate (the default plan is 1): decode rows per thread of causal_conv1d_update
-  /// (1, 2 or 4), sharing one load of the weights, each row's x, index and pool loads issued
-  /// together (kRows times the loads in flight per thread). PlanError for the prefill. For A/B
-  /// runs (bench_causal_conv1d's KJIT_CONV_BENCH_MODES) and tests.
-  int force_rows = 0;
   /// Tuning candidate (the default plan is 0): the minimum blocks per SM the kernel is compiled
   /// for (__launch_bounds__; 2, 3, 4, 5, 6 or 8), which caps its registers at 65536 / (128 x
   /// blocks); 0 keeps the template's rule. For A/B runs and tests.

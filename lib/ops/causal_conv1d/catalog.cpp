@@ -33,10 +33,6 @@ std::string check_causal_conv1d(const KernelSpec& spec) {
     return fmt::format("span = {} with mode = {}; spans belong to mode = chunked (others: 0)", span,
                        spec.get("mode"));
   }
-  if (spec.get_or("rows", "1") != "1" && spec.get("mode") != "rows") {
-    return fmt::format("rows = {} with mode = {}; rows per work item belong to mode = rows",
-                       spec.get_or("rows", "1"), spec.get("mode"));
-  }
   const std::int64_t vec = spec.get_int("vec");
   const std::int64_t stages = std::stoll(spec.get_or("stages", "0"));
   if (stages != 0) {
@@ -127,14 +123,8 @@ FamilyDecl kernel_family() {
                   .doc = "pool access: any strides, channel vectors per column, or the "
                          "thread's contiguous [vec, W-1] block"},
               ParamDecl{.name = "silu", .kind = ParamKind::boolean, .doc = "1: SiLU on the output"},
-              // Tuning candidates (options.force_rows / force_min_blocks), left out of a spec at
-              // their default so that the plans' specs and cache keys stay what they were.
-              ParamDecl{.name = "rows",
-                        .kind = ParamKind::choice,
-                        .choices = {"1", "2", "4"},
-                        .rendered = {"1", "2", "4"},
-                        .doc = "update rows per work item sharing one weight load (mode = rows)",
-                        .omitted_default = "1"},
+              // A tuning candidate (options.force_min_blocks) and the chunked prefill's stages,
+              // left out of a spec at their default so that the plans' specs stay what they were.
               ParamDecl{.name = "min_blocks",
                         .kind = ParamKind::choice,
                         .choices = {"0", "2", "3", "4", "5", "6", "8"},

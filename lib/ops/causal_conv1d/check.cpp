@@ -108,12 +108,6 @@ void check_options(Op op, const CausalConv1dOptions& options, Problem* p) {
                          span));
   }
   p->force_span = span;
-  if (options.force_rows != 0 && options.force_rows != 1 && options.force_rows != 2 &&
-      options.force_rows != 4) {
-    fail(op, fmt::format("options.force_rows = {}; accepted: 0 (planner picks), 1, 2, 4",
-                         options.force_rows));
-  }
-  p->force_rows = options.force_rows;
   const int blocks = options.force_min_blocks;
   if (blocks != 0 && blocks != 2 && blocks != 3 && blocks != 4 && blocks != 5 && blocks != 6 &&
       blocks != 8) {

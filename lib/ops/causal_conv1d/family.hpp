@@ -83,7 +83,6 @@ struct Problem {
   std::int32_t force_vec = 0;
   std::int32_t force_chunk = 0;
   std::int32_t force_span = 0;
-  std::int32_t force_rows = 0;
   std::int32_t force_min_blocks = 0;
   std::int32_t force_stages = 0;
   Op op = Op::prefill;
@@ -94,7 +93,7 @@ struct Problem {
   /// Update: rows delimited by query_start_loc (x [T, D]; `tokens` is T).
   bool varlen = false;
   /// Keeps the size a multiple of 8 with every byte a member (the memo hashes the bytes).
-  std::uint8_t unused[3] = {};
+  std::uint8_t unused[7] = {};
 };
 static_assert(std::has_unique_object_representations_v<Problem> && sizeof(Problem) % 8 == 0);
 
@@ -106,8 +105,6 @@ struct Choice {
   std::int32_t chunk = 0;
   /// Tokens per work item of the chunked mode (0 in the others).
   std::int32_t span = 0;
-  /// Update rows per work item (1 but for options.force_rows).
-  std::int32_t rows = 1;
   ConvMode mode = ConvMode::rows;
 };
 
@@ -130,9 +127,8 @@ struct Family {
                                    void* workspace);
 };
 
-/// Work items of a mode: (span ids, sequences or groups of `rows` rows) x channel groups.
-std::uint64_t items_of(const Problem& p, ConvMode mode, std::int64_t vec, std::int64_t span,
-                       std::int64_t rows = 1);
+/// Work items of a mode: (span ids, sequences or rows) x channel groups.
+std::uint64_t items_of(const Problem& p, ConvMode mode, std::int64_t vec, std::int64_t span);
 
 /// The update's x or out as [B, S, D]: [B, D] is [B, 1, D] (the token stride is never stepped
 /// over).

@@ -44,12 +44,10 @@ std::string why_vec(const Problem& p) {
 
 }  // namespace
 
-std::uint64_t items_of(const Problem& p, ConvMode mode, std::int64_t vec, std::int64_t span,
-                       std::int64_t rows) {
+std::uint64_t items_of(const Problem& p, ConvMode mode, std::int64_t vec, std::int64_t span) {
   const auto groups = static_cast<std::uint64_t>(p.dim / vec);
   std::uint64_t units = static_cast<std::uint64_t>(p.seqs);
   if (mode == ConvMode::chunked) units = static_cast<std::uint64_t>(p.tokens / span + p.seqs);
-  if (mode == ConvMode::rows) units = static_cast<std::uint64_t>((p.seqs + rows - 1) / rows);
   return units * groups;
 }
 
@@ -175,23 +173,6 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
         span, span, p.tokens / span + p.seqs, p.tokens, p.seqs, chunk));
   }
   plan.mode = kCausalConv1dModes[mode];
-  // Tuning candidates, opt-in only: the default plan has one row per item and the template's
-  // minimum of blocks per SM, and names neither in its spec.
-  std::int64_t rows = 1;
-  if (p.force_rows > 1) {
-    if (mode != 2) {
-      throw PlanError(
-          fmt::format("{}: options.force_rows = {} applies to mode 'rows' (the update) only; "
-                      "this call runs mode '{}'",
-                      plan.op, p.force_rows, kCausalConv1dModes[mode]));
-    }
-    rows = p.force_rows;
-    plan.reasons.push_back(fmt::format(
-        "rows = {} forced by options.force_rows: each work item takes {} rows of the same {} "
-        "channels with one load of the weights, issuing every row's x, index and pool loads "
-        "before their arithmetic",
-        rows, rows, vec));
-  }
   // Stages of the chunked prefill: x's batches through shared memory by cp.async, 4 batches deep
   // (1.08-1.14x the register double buffer at Qwen3-Next sizes on the H200: docs/performance.md,
   // "Tuning candidates"). force_stages = 1 keeps the register double buffer.
@@ -223,6 +204,8 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
         "register buffers hold",
         stages, chunk, stages - 1, stages * chunk * kThreads * 16));
   }
+  // A tuning candidate, opt-in only: the default plan has the template's minimum of blocks per SM
+  // and does not name it in its spec.
   if (p.force_min_blocks != 0) {
     plan.reasons.push_back(fmt::format(
         "min_blocks = {} forced by options.force_min_blocks: compiled for {} blocks of {} "
@@ -262,7 +245,7 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
                           "channel-contiguous")));
   }
 
-  const std::uint64_t items = items_of(p, static_cast<ConvMode>(mode), vec, span, rows);
+  const std::uint64_t items = items_of(p, static_cast<ConvMode>(mode), vec, span);
   const std::uint64_t wanted = (items + kThreads - 1) / kThreads;
   const std::uint64_t blocks =
       std::min<std::uint64_t>(wanted, static_cast<std::uint64_t>(limits.max_grid_dim[0]));
@@ -287,7 +270,6 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
       {"mode", plan.mode},
       {"pool", pool},
       {"silu", p.silu ? "1" : "0"}};
-  if (rows != 1) spec_params.emplace_back("rows", std::to_string(rows));
   if (p.force_min_blocks != 0) {
     spec_params.emplace_back("min_blocks", std::to_string(p.force_min_blocks));
   }
@@ -299,8 +281,7 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
   require_legal(launch.checks, plan.op);
   plan.launches.push_back(std::move(launch));
   planned.choice = Choice{static_cast<std::int32_t>(vec), static_cast<std::int32_t>(chunk),
-                          static_cast<std::int32_t>(span), static_cast<std::int32_t>(rows),
-                          static_cast<ConvMode>(mode)};
+                          static_cast<std::int32_t>(span), static_cast<ConvMode>(mode)};
   return planned;
 }
 
