@@ -553,7 +553,10 @@ TEST_CASE(
   const Plan registers = plan(prefill_views(8192, 16, 8192, 4), h200, unstaged);
   CHECK_FALSE(registers.launches[0].spec.has("stages"));
   CHECK(registers.explain().find("no stages (options.force_stages = 1)") != std::string::npos);
-  CHECK_FALSE(plan(update_views(8, 1, 64), h200, unstaged).launches[0].spec.has("stages"));
+  const Plan update_unstaged = plan(update_views(8, 1, 64), h200, unstaged);
+  CHECK_FALSE(update_unstaged.launches[0].spec.has("stages"));
+  // Where stages never apply, forcing none says nothing about them.
+  CHECK(update_unstaged.explain().find("stages") == std::string::npos);
   CausalConv1dOptions narrow = silu;  // 8-byte accesses, or batches of 8 tokens: no stages
   narrow.force_vec = 4;
   CHECK_FALSE(plan(prefill_views(1000, 4, 4096), h200, narrow).launches[0].spec.has("stages"));

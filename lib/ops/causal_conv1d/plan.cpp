@@ -194,8 +194,10 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
         "memory by cp.async, {} batches ahead of the one computed ({} bytes per block)",
         stages, chunk, stages - 1, stages * chunk * kThreads * 16));
   } else if (p.force_stages == 1) {
-    plan.reasons.push_back(
-        "no stages (options.force_stages = 1): x's batches in two register buffers");
+    if (can_stage) {
+      plan.reasons.push_back(
+          "no stages (options.force_stages = 1): x's batches in two register buffers");
+    }
   } else if (can_stage && kDefaultStages * chunk <= kStagedBytesPerThread / 16) {
     stages = kDefaultStages;
     plan.reasons.push_back(fmt::format(
