@@ -510,9 +510,10 @@ __global__ void __launch_bounds__(kConvBlockThreads, (kConvMinBlocks<kMode, kChu
   static_assert(kMode != ConvMode::chunked || (kSpan >= kWidth - 1 && kSpan >= kChunk),
                 "a span covers the W-1 token halo of the next one and at least one batch");
   static_assert(kMode == ConvMode::chunked || kSpan == 0, "spans belong to the chunked mode");
-  static_assert(kStages == 0 || (kMode == ConvMode::chunked && kStages >= 2 &&
-                                 kVec * sizeof(TIn) == 16 && kStages * kChunk <= 24),
-                "stages: the chunked mode's 16-byte accesses, 2.. stages, <= 48 KiB per block");
+  static_assert(
+      kStages == 0 || (kMode == ConvMode::chunked && kStages >= 2 && kVec * sizeof(TIn) == 16 &&
+                       kStages * kChunk <= kConvMaxStagedTokens),
+      "stages: the chunked mode's 16-byte accesses, 2.. stages, <= 48 KiB per block");
   // The staged prefill's batches (only kernels with stages declare the shared memory).
   uint4* mine = nullptr;
   if constexpr (kStages > 0) {

@@ -102,4 +102,9 @@ inline constexpr u32 kConvWeightBlock = 1;
 /// vector_flags: bias is contiguous (stride 1) and aligned to vec elements (vec > 1).
 inline constexpr u32 kConvBiasVector = 2;
 
+/// The staged chunked prefill: at most this many tokens of stages x chunk per thread, 16 bytes
+/// each (48 KiB of shared memory per block of 128 threads). One rule for the template, the spec
+/// check and the planner.
+inline constexpr int kConvMaxStagedTokens = 24;
+
 }  // namespace kjit

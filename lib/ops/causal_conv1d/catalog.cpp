@@ -13,6 +13,8 @@
 #include "kjit/spec.hpp"
 #include "kjit/types.hpp"
 #include "ops/catalog_entries.hpp"
+// After kjit/types.hpp: the params header declares kjit::i32 and friends.
+#include "templates/causal_conv1d/params.h"
 
 namespace kjit::codegen {
 namespace {
@@ -37,11 +39,11 @@ std::string check_causal_conv1d(const KernelSpec& spec) {
   const std::int64_t stages = std::stoll(spec.get_or("stages", "0"));
   if (stages != 0) {
     const std::int64_t access = vec * (spec.get("in") == "f32" ? 4 : 2);
-    if (spec.get("mode") != "chunked" || access != 16 || stages * chunk > 24) {
+    if (spec.get("mode") != "chunked" || access != 16 || stages * chunk > kConvMaxStagedTokens) {
       return fmt::format(
           "stages = {} needs mode = chunked, 16-byte accesses of x (vec x element size = {}) and "
-          "stages x chunk = {} <= 24",
-          stages, access, stages * chunk);
+          "stages x chunk = {} <= {}",
+          stages, access, stages * chunk, kConvMaxStagedTokens);
     }
   }
   for (const char* name : {"in", "out"}) {
@@ -124,7 +126,7 @@ FamilyDecl kernel_family() {
                          "thread's contiguous [vec, W-1] block"},
               ParamDecl{.name = "silu", .kind = ParamKind::boolean, .doc = "1: SiLU on the output"},
               // A tuning candidate (options.force_min_blocks) and the chunked prefill's stages,
-              // left out of a spec at their default so that the plans' specs stay what they were.
+              // each left out of a spec at 0 (the template's rule; no stages).
               ParamDecl{.name = "min_blocks",
                         .kind = ParamKind::choice,
                         .choices = {"0", "2", "3", "4", "5", "6", "8"},

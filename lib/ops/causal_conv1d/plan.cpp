@@ -25,10 +25,8 @@ constexpr std::int64_t kChunk = 8;
 /// three blocks per SM) beat 8 (242 registers, two blocks) on the H200 at Qwen3-Next's sizes
 /// (measured: docs/performance.md, "Spans of tokens per work item").
 constexpr std::int64_t kPrefillChunk = 4;
-// The staged prefill: batches in flight by default, and the template's shared memory per thread
-// (48 KiB per block of kThreads).
+/// The staged prefill's stages where they apply (options.force_stages = 0).
 constexpr std::int64_t kDefaultStages = 4;
-constexpr std::int64_t kStagedBytesPerThread = 384;
 constexpr std::int64_t kThreads = 128;  // kConvBlockThreads of the template
 
 /// Why the widest channel vector is what it is (Problem::max_vec).
@@ -180,31 +178,29 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
   const bool can_stage = mode == 0 && access == 16;
   std::int64_t stages = 0;
   if (p.force_stages > 1) {
-    if (!can_stage || p.force_stages * chunk > kStagedBytesPerThread / 16) {
+    if (!can_stage || p.force_stages * chunk > kConvMaxStagedTokens) {
       throw PlanError(fmt::format(
           "{}: options.force_stages = {} needs mode 'chunked' with 16-byte accesses of x and "
           "stages x chunk <= {} ({} KiB of shared memory per block); this call runs mode '{}' "
           "with {}-byte accesses and chunk {}",
-          plan.op, p.force_stages, kStagedBytesPerThread / 16,
-          kStagedBytesPerThread * kThreads / 1024, kCausalConv1dModes[mode], access, chunk));
+          plan.op, p.force_stages, kConvMaxStagedTokens,
+          kConvMaxStagedTokens * 16 * kThreads / 1024, kCausalConv1dModes[mode], access, chunk));
     }
     stages = p.force_stages;
-    plan.reasons.push_back(fmt::format(
-        "stages = {} forced by options.force_stages: x's batches of {} tokens go to shared "
-        "memory by cp.async, {} batches ahead of the one computed ({} bytes per block)",
-        stages, chunk, stages - 1, stages * chunk * kThreads * 16));
-  } else if (p.force_stages == 1) {
-    if (can_stage) {
-      plan.reasons.push_back(
-          "no stages (options.force_stages = 1): x's batches in two register buffers");
-    }
-  } else if (can_stage && kDefaultStages * chunk <= kStagedBytesPerThread / 16) {
+  } else if (p.force_stages == 0 && can_stage && kDefaultStages * chunk <= kConvMaxStagedTokens) {
     stages = kDefaultStages;
+  }
+  if (stages != 0) {
+    const bool forced = p.force_stages != 0;
     plan.reasons.push_back(fmt::format(
-        "stages = {}: x's batches of {} tokens go to shared memory by cp.async, {} batches "
-        "ahead of the one computed ({} bytes per block): more loads in flight than two "
-        "register buffers hold",
-        stages, chunk, stages - 1, stages * chunk * kThreads * 16));
+        "stages = {}{}: x's batches of {} tokens go to shared memory by cp.async, {} batches "
+        "ahead of the one computed ({} bytes per block){}",
+        stages, forced ? " forced by options.force_stages" : "", chunk, stages - 1,
+        stages * chunk * kThreads * 16,
+        forced ? "" : ": more loads in flight than two register buffers hold"));
+  } else if (p.force_stages == 1 && can_stage) {
+    plan.reasons.push_back(
+        "no stages (options.force_stages = 1): x's batches in two register buffers");
   }
   // A tuning candidate, opt-in only: the default plan has the template's minimum of blocks per SM
   // and does not name it in its spec.
