@@ -176,6 +176,11 @@ kjit::Plan plan_of(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOpti
       gpu.runtime().device_limits(gpu.device));
 }
 
+// Dynamic shared memory that leaves room for at most two (100 KiB) or one (160 KiB) block per
+// SM on an H100/H200 (227 KiB per SM).
+constexpr std::uint32_t kTwoBlocksPerSmSmem = 100 * 1024;
+constexpr std::uint32_t kOneBlockPerSmSmem = 160 * 1024;
+
 /// The chunk kernel (kernel 1 of the chunked path) alone, launched through the runtime from the
 /// plan gdn_prefill would run, to split the call's time between its two kernels. The parameter
 /// block is packed as lib/ops/gdn_prefill/launch.cpp does for this bench's contiguous inputs.
@@ -508,7 +513,7 @@ int run(int argc, char** argv) {
     std::printf(
         "profile_chunk1: chunk kernel alone, one block per SM, H = HV = 16, T = 131072: "
         "%.1f us\n",
-        kernel_us(*gpu, in, options, 0, 160 * 1024));
+        kernel_us(*gpu, in, options, 0, kOneBlockPerSmSmem));
     return 0;
   }
   // "profile": a few calls of one large shape only, for a profiler's per-kernel split.
@@ -587,11 +592,12 @@ int run(int argc, char** argv) {
     for (const Anchor& s : anchors) {
       if (s.tokens < 32768) continue;
       Inputs in = make_inputs(s.tokens, s.seqs, s.heads, s.value_heads);
-      std::printf("%4lld %4lld %8lld %5lld | %9.1f %9.1f %9.1f | %9.1f\n",
-                  static_cast<long long>(s.heads), static_cast<long long>(s.value_heads),
-                  static_cast<long long>(s.tokens), static_cast<long long>(s.seqs),
-                  kernel_us(*gpu, in, options, 0), kernel_us(*gpu, in, options, 0, 100 * 1024),
-                  kernel_us(*gpu, in, options, 0, 160 * 1024), kernel_us(*gpu, in, options, 1));
+      std::printf(
+          "%4lld %4lld %8lld %5lld | %9.1f %9.1f %9.1f | %9.1f\n", static_cast<long long>(s.heads),
+          static_cast<long long>(s.value_heads), static_cast<long long>(s.tokens),
+          static_cast<long long>(s.seqs), kernel_us(*gpu, in, options, 0),
+          kernel_us(*gpu, in, options, 0, kTwoBlocksPerSmSmem),
+          kernel_us(*gpu, in, options, 0, kOneBlockPerSmSmem), kernel_us(*gpu, in, options, 1));
       std::fflush(stdout);
     }
   }

@@ -321,8 +321,8 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
 
   // Every warp holds the raw gates of the next value head in registers (with its A_log and
   // dt_bias), loaded one step ahead, so no gate load latency sits between the barriers. They stay
-  // in their own type until used: converted where they are loaded, the conversion waited for
-  // each load on the spot (8% of a lone chunk block's stall samples, docs/performance.md).
+  // in their own type until used: converted at the load, each conversion waited for its load
+  // there (8% of a lone chunk block's stall samples, docs/performance.md).
   Tgate gate_a[2] = {Tgate{}, Tgate{}}, gate_b[2] = {Tgate{}, Tgate{}};
   Tparam gate_a_log{}, gate_dt_bias{};
   const auto load_gates = [&](i64 t0, int rows, u32 hv) {
