@@ -11,9 +11,11 @@
 //   A  = strictly-lower beta_i rk_i rk_j G_ij e^(gamma_i - gamma_j)        (f32)
 //   T  = (I + A)^-1                (f32 diagonal 16x16 blocks, then 3xbf16 mma block products)
 //   T' = T diag(beta)              -> workspace, bf16 rows [token, hv, 64]
-//   P  = tril(rq_i rk_j (Q K^T)_ij e^(gamma_i - gamma_j))                  -> workspace, bf16
-//   scales_i = {e^gamma_i / |q_i|, e^gamma_i / |k_i|, e^(gamma_last - gamma_i) / |k_i|,
+//   P  = tril(s rq_i rk_j (Q K^T)_ij e^(gamma_i - gamma_j))                -> workspace, bf16
+//   scales_i = {s e^gamma_i / |q_i|, e^gamma_i / |k_i|, e^(gamma_last - gamma_i) / |k_i|,
 //               e^gamma_last}                                              -> workspace, float4
+// with s the output scale (p.scale): it enters only through the rows of q, so the state kernel
+// stores its outputs without another multiply.
 // The state kernel (state.cuh) multiplies raw bf16 q and k with the state and
 // applies the norms and decays through these scales, so normalized q/k are never stored.
 //
@@ -463,7 +465,8 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           s_rk[16 * rg + g + 8 * hf] = kL2Norm ? gdn::l2_inv_norm(dk[hf]) : 1.f;
-          s_rq[16 * rp + g + 8 * hf] = kL2Norm ? gdn::l2_inv_norm(dq[hf]) : 1.f;
+          // The output scale rides on 1 / |q| into P and the scales (see the top of the file).
+          s_rq[16 * rp + g + 8 * hf] = p.scale * (kL2Norm ? gdn::l2_inv_norm(dq[hf]) : 1.f);
         }
       }
     }

@@ -74,9 +74,9 @@ inline constexpr u32 kGdnPrefillWsRowBytes = 64u * 2u;
 inline constexpr u32 kGdnPrefillWsScaleBytes = 16u;
 
 /// Byte offsets of the chunked path's workspace regions for T tokens and HV value heads: T' =
-/// T diag(beta) [T, HV, 64] bf16, P = tril(Q K^T e^(gamma_i - gamma_j)) [T, HV, 64] bf16, and
-/// scales [T, HV] float4 {e^gamma_i / |q_i|, e^gamma_i / |k_i|, e^(gamma_last - gamma_i) /
-/// |k_i|, e^gamma_last}, and the state kernel's sequence order [kGdnPrefillOrderMaxSeqs] int32.
+/// T diag(beta) [T, HV, 64] bf16, P = scale tril(Q K^T e^(gamma_i - gamma_j)) [T, HV, 64] bf16,
+/// and scales [T, HV] float4 {scale e^gamma_i / |q_i|, e^gamma_i / |k_i|, e^(gamma_last - gamma_i)
+/// / |k_i|, e^gamma_last}, and the state kernel's sequence order [kGdnPrefillOrderMaxSeqs] int32.
 /// Regions start on 256-byte boundaries.
 struct GdnPrefillWorkspace {
   u64 t;
