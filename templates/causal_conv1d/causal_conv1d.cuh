@@ -29,9 +29,6 @@
 
 namespace kjit {
 
-/// Threads per block (the planner launches exactly this many).
-inline constexpr int kConvBlockThreads = 128;
-
 namespace conv_detail {
 
 using vec::Bits;

@@ -102,9 +102,15 @@ inline constexpr u32 kConvWeightBlock = 1;
 /// vector_flags: bias is contiguous (stride 1) and aligned to vec elements (vec > 1).
 inline constexpr u32 kConvBiasVector = 2;
 
+/// Threads per block of every causal_conv1d kernel (the planner launches exactly this many).
+inline constexpr int kConvBlockThreads = 128;
+
 /// The staged chunked prefill: at most this many tokens of stages x chunk per thread, 16 bytes
-/// each (48 KiB of shared memory per block of 128 threads). One rule for the template, the spec
-/// check and the planner.
+/// each (48 KiB of shared memory per block of kConvBlockThreads). One rule for the template,
+/// the spec check and the planner.
 inline constexpr int kConvMaxStagedTokens = 24;
+
+/// Shared memory of the staged prefill's batches for `tokens` = stages x chunk per thread.
+inline constexpr i64 conv_staged_bytes(i64 tokens) { return tokens * 16 * kConvBlockThreads; }
 
 }  // namespace kjit

@@ -27,7 +27,7 @@ constexpr std::int64_t kChunk = 8;
 constexpr std::int64_t kPrefillChunk = 4;
 /// The staged prefill's stages where they apply (options.force_stages = 0).
 constexpr std::int64_t kDefaultStages = 4;
-constexpr std::int64_t kThreads = 128;  // kConvBlockThreads of the template
+constexpr std::int64_t kThreads = kConvBlockThreads;
 
 /// Why the widest channel vector is what it is (Problem::max_vec).
 std::string why_vec(const Problem& p) {
@@ -184,7 +184,7 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
           "stages x chunk <= {} ({} KiB of shared memory per block); this call runs mode '{}' "
           "with {}-byte accesses and chunk {}",
           plan.op, p.force_stages, kConvMaxStagedTokens,
-          kConvMaxStagedTokens * 16 * kThreads / 1024, kCausalConv1dModes[mode], access, chunk));
+          conv_staged_bytes(kConvMaxStagedTokens) / 1024, kCausalConv1dModes[mode], access, chunk));
     }
     stages = p.force_stages;
   } else if (p.force_stages == 0 && can_stage && kDefaultStages * chunk <= kConvMaxStagedTokens) {
@@ -196,7 +196,7 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
         "stages = {}{}: x's batches of {} tokens go to shared memory by cp.async, {} batches "
         "ahead of the one computed ({} bytes per block){}",
         stages, forced ? " forced by options.force_stages" : "", chunk, stages - 1,
-        stages * chunk * kThreads * 16,
+        conv_staged_bytes(stages * chunk),
         forced ? "" : ": more loads in flight than two register buffers hold"));
   } else if (p.force_stages == 1 && can_stage) {
     plan.reasons.push_back(
