@@ -32,6 +32,12 @@ __device__ __forceinline__ void arrive_expect_tx(u64* bar, u32 bytes) {
                "r"(bytes)
                : "memory");
 }
+/// Arrives on `bar` once every cp.async this thread issued before has completed (the barrier's
+/// expected count includes this arrival: .noinc).
+__device__ __forceinline__ void cp_async_arrive_noinc(u64* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(smem_address(bar))
+               : "memory");
+}
 /// Spins until the phase of parity `parity` has completed.
 __device__ __forceinline__ void wait(u64* bar, u32 parity) {
   u32 done = 0;

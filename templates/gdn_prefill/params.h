@@ -173,7 +173,9 @@ KJIT_GDN_PREFILL_HD constexpr int gdn_prefill_state_warps(int bv) { return bv ==
 /// exchange R^T, Vn^T and the state copy through shared memory.
 KJIT_GDN_PREFILL_HD constexpr bool gdn_prefill_state_wide(int bv) { return bv >= 64; }
 
-/// Input stages of the wide layout: chunk c + stages - 1 is fetched while chunk c computes.
+/// Input stages of the wide layout by default: chunk c + stages - 1 is fetched while chunk c
+/// computes, one block barrier per chunk. The sequential state kernel takes 3 where the planner
+/// says so (spec stages=3: sm_90 and later, mbarrier handoff; see state_wide).
 KJIT_GDN_PREFILL_HD constexpr int gdn_prefill_state_stages(int bv) {
   return gdn_prefill_state_wide(bv) ? 2 : 1;
 }
@@ -196,6 +198,7 @@ struct GdnPrefillStateSmem {
   u32 r;         // bf16 [bv][72] R^T (tiles of 16 and 32)
   u32 vn;        // bf16 [bv][72] Vn^T (tiles of 16 and 32)
   u32 vd;        // bf16 [bv][72] Vn^T scaled by e^(gamma_last - gamma_j) / |k_j| (16 and 32)
+  u32 barriers;  // u64 full[stages], empty[stages] (wide tiles of 3 or more stages)
   u32 total;
 };
 
@@ -224,7 +227,13 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillStateSmem gdn_prefill_state_smem(int k, 
     m.k1 = m.k0 + at;
     m.t1 = m.t0 + at;
     m.sc1 = m.sc0 + at;
-    m.total = at * u32(stages > 0 ? stages : gdn_prefill_state_stages(bv));
+    const u32 count = u32(stages > 0 ? stages : gdn_prefill_state_stages(bv));
+    m.total = at * count;
+    if (count >= 3) {
+      // The sequential kernel's full and empty mbarrier of each stage (sm_90 and later).
+      m.barriers = m.total;
+      m.total += 16u * count;
+    }
     return m;
   }
   m.k0 = at;

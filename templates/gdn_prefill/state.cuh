@@ -25,6 +25,7 @@
 
 #include "templates/common/cp_async.cuh"
 #include "templates/common/grid_dependency.cuh"
+#include "templates/common/mbarrier.cuh"
 #include "templates/common/mma.cuh"
 #include "templates/common/vec.cuh"
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -513,15 +514,22 @@ __device__ __forceinline__ void state_tiles(const GdnPrefillParams& p) {
 /// The accumulator of each product is, packed to bf16, the A or B fragment of the next: the
 /// [16, n] tile of rows g, g + 8 and column pairs 2 t4 is the A fragment of a 16-row operand
 /// and the B fragment of two 8-column ones. Only the chunk's inputs live in shared memory, in
-/// gdn_prefill_state_stages(kBV) stages: one barrier per chunk, after which chunk c + stages - 1
-/// is fetched (cp.async, by every thread) into the stage that chunk c - 1 used.
+/// kStages stages, fetched by every thread (cp.async). Two stages: one block barrier per chunk,
+/// after which chunk c + 1 is fetched into the stage chunk c - 1 used. Three stages on sm_90 and
+/// later (kHandoff: the planner's choice for the sequential kernel there; the context-parallel
+/// passes when their mode says _s3): no block barrier in the loop; each stage has a
+/// full mbarrier (every thread's copies landed: cp.async.mbarrier.arrive.noinc) and an empty one
+/// (every warp done reading it), and chunk c + 1 goes into the stage chunk c - 2 used, so a warp
+/// waits for the others only to have finished the chunk before its previous one. Measured on
+/// the H200 against two stages with the barrier: 1-3.6% less GPU time per call over the
+/// bench_gdn_prefill shapes (docs/performance.md).
 ///
-/// Measured on the H200 (128k tokens, 16 uneven sequences, H = HV = 16) against this layout:
-/// a ninth warp that only copies, handing stages over by mbarriers with no block barrier, was
-/// ~20% slower per chunk (9 warps cap registers at 168 a thread: 3 warps share a scheduler's
-/// register file); bulk copies (cp.async.bulk, one per row and tensor, ~384 a chunk) slower
-/// still, whoever issues them (the copy engine took ~7 cycles per small copy); a third stage
-/// changed nothing.
+/// Measured on the H200 (128k tokens, 16 uneven sequences, H = HV = 16) against the two-stage
+/// layout: a ninth warp that only copies, handing stages over by mbarriers, was ~20% slower per
+/// chunk (9 warps cap registers at 168 a thread: 3 warps share a scheduler's register file);
+/// bulk copies (cp.async.bulk, one per row and tensor, ~384 a chunk) slower still, whoever
+/// issues them (the copy engine took ~7 cycles per small copy); a third stage with the block
+/// barrier kept changed nothing.
 /// The A fragment (mma.cuh layout) of k-step ks of a warp's 16 state rows held as accumulators
 /// (s[ni][e]: row g + 8 (e / 2), column 8 ni + 2 t4 + e % 2), rounded to bf16.
 template <int kSN>
@@ -597,6 +605,13 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   constexpr int kSN = kK / 8;  // n-tiles of the warp's state rows
   constexpr int kStages = kStagesWanted > 0 ? kStagesWanted : gdn_prefill_state_stages(kBV);
   static_assert(kStages >= 2, "the wide tiles fetch chunk c + stages - 1 during chunk c");
+  // Three stages on sm_90 hand them over by mbarriers instead of a block barrier per chunk:
+  // chunk c + 1 is fetched into the stage chunk c - 2 used, so warps may drift a chunk apart.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !KJIT_GDN_STATE_WGMMA
+  constexpr bool kHandoff = kStages >= 3;
+#else
+  constexpr bool kHandoff = false;
+#endif
   constexpr GdnPrefillStateSmem kSmem = gdn_prefill_state_smem(kK, kBV, kStages);
   static_assert(kSmem.total >= (kThreads + 1) * sizeof(i64), "ranked_sequence's scratch");
   constexpr u32 kStage = kSmem.k1 - kSmem.k0;
@@ -760,28 +775,71 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   // chunks' T', P and scales come from the chunk kernel, which may still be running
   // (programmatic dependent launch).
   grid_dependency::wait_for_previous_grid();
-  // Prologue: chunks 0 .. kStages - 2, one commit group each (empty past the end).
+  // kHandoff: full[s] completes when every thread's copies into stage s have landed
+  // (cp.async.mbarrier.arrive.noinc, kThreads arrivals), empty[s] when every warp is done
+  // reading it (kWarps arrivals). Bit s of the phase masks: the parity of the next wait on s.
+  [[maybe_unused]] u64* const full = reinterpret_cast<u64*>(smem + kSmem.barriers);
+  [[maybe_unused]] u64* const empty = full + kStages;
+  [[maybe_unused]] u32 full_phase = 0, empty_phase = 0;
+  if constexpr (kHandoff) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (tid == 0) {
 #pragma unroll
-  for (int c = 0; c < kStages - 1; ++c) {
-    const i64 t = bos + i64(c) * kGdnPrefillChunk;
-    if (t < eos) fill(c, t);
-    cp_async::commit();
+      for (int s = 0; s < kStages; ++s) {
+        mbarrier::init(full + s, kThreads);
+        mbarrier::init(empty + s, kWarps);
+      }
+    }
+    __syncthreads();
+    if (bos < eos) {
+      fill(0, bos);
+      mbarrier::cp_async_arrive_noinc(full);
+    }
+#endif
+  } else {
+    // Prologue: chunks 0 .. kStages - 2, one commit group each (empty past the end).
+#pragma unroll
+    for (int c = 0; c < kStages - 1; ++c) {
+      const i64 t = bos + i64(c) * kGdnPrefillChunk;
+      if (t < eos) fill(c, t);
+      cp_async::commit();
+    }
   }
 
   int st = 0;
   for (i64 t0 = bos; t0 < eos; t0 += kGdnPrefillChunk) {
     const int rows = rows_at(t0);
+    [[maybe_unused]] const int cur = st;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (kHandoff) {
+      mbarrier::wait(full + st, (full_phase >> st) & 1u);
+      full_phase ^= 1u << st;
+      const int sn = st + 1 == kStages ? 0 : st + 1;
+      const i64 tn = t0 + kGdnPrefillChunk;
+      if (tn < eos) {
+        // Stage sn last held chunk c + 1 - kStages: wait until every warp has released it.
+        if (t0 - bos >= i64(kStages - 1) * kGdnPrefillChunk) {
+          mbarrier::wait(empty + sn, (empty_phase >> sn) & 1u);
+          empty_phase ^= 1u << sn;
+        }
+        fill(sn, tn);
+        mbarrier::cp_async_arrive_noinc(full + sn);
+      }
+    }
+#endif
     // This chunk's inputs have landed (every thread's copies, after the barrier); every warp is
     // done with chunk c - 1, whose stage now takes chunk c + kStages - 1.
-    const i64 ta = t0 + i64(kStages - 1) * kGdnPrefillChunk;
-    const int sa = st == 0 ? kStages - 1 : st - 1;
-    cp_async::wait<kStages - 2>();
+    if constexpr (!kHandoff) {
+      const i64 ta = t0 + i64(kStages - 1) * kGdnPrefillChunk;
+      const int sa = st == 0 ? kStages - 1 : st - 1;
+      cp_async::wait<kStages - 2>();
 #if KJIT_GDN_STATE_WGMMA
-    wgmma::fence_shared_writes();  // this thread's copies, before wgmma reads them
+      wgmma::fence_shared_writes();  // this thread's copies, before wgmma reads them
 #endif
-    __syncthreads();
-    if (ta < eos) fill(sa, ta);
-    cp_async::commit();
+      __syncthreads();
+      if (ta < eos) fill(sa, ta);
+      cp_async::commit();
+    }
     unsigned char* const base = smem + st * kStage;
     const __nv_bfloat16* s_k = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.k0);
     const __nv_bfloat16* s_q = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.q);
@@ -1026,6 +1084,13 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 
 #endif
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (kHandoff) {
+      __syncwarp();
+      if (lane == 0) mbarrier::arrive(empty + cur);
+    }
+#endif
+
     // 6. Checkpoints, as in the fused kernel.
     if constexpr (kCkpt) {
       if (ckpt_here && rows == kGdnPrefillChunk && --ckpt_countdown == 0) {
@@ -1064,15 +1129,16 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 /// fused kernel. A tile of all of V (kBV = 128) loads each chunk's q, k, T' and P once per
 /// (sequence, value head) instead of once per tile: the smaller tiles spend their time moving
 /// those bytes into shared memory. kStateLayout (GdnStateLayout): the layout of the pool, the
-/// final states and the checkpoints.
+/// final states and the checkpoints. kStages: input stages of the wide tiles (3: handed over by
+/// mbarriers on sm_90 and later, see state_wide).
 template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
-          int kBV, bool kCkpt, int kStateLayout = kGdnStateVMajor>
+          int kBV, bool kCkpt, int kStateLayout = kGdnStateVMajor, int kStages = 2>
 __global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
     gdn_prefill_state_kernel(const GdnPrefillParams p) {
   constexpr bool kKMajor = kStateLayout == kGdnStateKMajor;
   if constexpr (gdn_prefill_state_wide(kBV)) {
-    gdn_prefill_detail::state_wide<Tin, Tstate, Tout, Tcu, Tidx, kK, kV, kBV, kCkpt, 0, 0, kKMajor>(
-        p);
+    gdn_prefill_detail::state_wide<Tin, Tstate, Tout, Tcu, Tidx, kK, kV, kBV, kCkpt, 0, kStages,
+                                   kKMajor>(p);
   } else {
     gdn_prefill_detail::state_tiles<Tin, Tstate, Tout, Tcu, Tidx, kK, kV, kBV, kCkpt, kKMajor>(p);
   }

@@ -57,10 +57,10 @@ usage_error plan causal_conv1d --tokens 64 --seqs 1 --dim 100 --arch h200
 contains "$ERR" "a multiple of 8"
 run 0 plan gdn_prefill --tokens 1000 --seqs 4 --heads 16 --v-heads 32 --k 128 --v 128 --arch h200
 contains "$OUT" "gdn_prefill:"
-contains "$OUT" "ckpt=0@sm_90"
+contains "$OUT" "ckpt=0,stages=3@sm_90"
 # State checkpoints: the kernel with ckpt=1, and an interval that is no multiple of 64 refused.
 run 0 plan gdn_prefill --tokens 1000 --seqs 4 --heads 16 --v-heads 32 --k 128 --v 128 --checkpoint 128 --arch h200
-contains "$OUT" "ckpt=1@sm_90"
+contains "$OUT" "ckpt=1,stages=3@sm_90"
 contains "$OUT" "state checkpoints every 128 tokens"
 run 2 plan gdn_prefill --tokens 1000 --seqs 4 --heads 16 --v-heads 32 --k 128 --v 128 --checkpoint 100 --arch h200
 contains "$ERR" "checkpoint_every_n_tokens = 100"

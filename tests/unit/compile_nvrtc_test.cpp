@@ -258,6 +258,32 @@ TEST_CASE("gdn_prefill_state's wide tiles compile to wgmma for sm_90a without sp
   CHECK(plain.ptx.find("mma.sync") != std::string::npos);
 }
 
+TEST_CASE("gdn_prefill_state with 3 stages hands them over by mbarriers on sm_90, not on sm_80") {
+  // What the planner emits for the wide tiles on sm_90 and later; sm_80 keeps the block barrier.
+  const Compiler& c = nvrtc();
+  for (const char* spec :
+       {"gdn_prefill_state:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=128,v=128,bv=128,"
+        "ckpt=0,stages=3@sm_90",
+        "gdn_prefill_state:qkv=bf16,state=bf16,out=f16,cu=i64,index=i64,k=64,v=128,bv=64,"
+        "ckpt=1,state_layout=kv,stages=3@sm_100a"}) {
+    CAPTURE(spec);
+    const CompiledKernel kernel = c.compile(KernelSpec::parse(spec));
+    CHECK(is_elf(kernel.cubin));
+    CHECK(kernel.ptx.find("cp.async.mbarrier.arrive.noinc") != std::string::npos);
+    CHECK(kernel.ptx.find("mbarrier.try_wait.parity") != std::string::npos);
+    CHECK(kernel.resources.spill_store_bytes == 0);
+  }
+  const CompiledKernel sm80 = c.compile(KernelSpec::parse(
+      "gdn_prefill_state:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=64,v=64,bv=64,"
+      "ckpt=0,stages=3@sm_80"));
+  CHECK(sm80.ptx.find("mbarrier") == std::string::npos);
+  CHECK(sm80.ptx.find("bar.sync") != std::string::npos);
+  // Narrow tiles have no stages to choose.
+  CHECK_THROWS_AS(KernelSpec::parse("gdn_prefill_state:qkv=bf16,state=f32,out=bf16,cu=i32,"
+                                    "index=i32,k=128,v=128,bv=32,ckpt=0,stages=3@sm_90"),
+                  InvalidArgument);
+}
+
 TEST_CASE("gdn_decode's K-major specializations compile for every shipped target") {
   // What the planner emits for K-major pools (state_layout=kv): 16-byte f32 and bf16 lines over
   // 4 and 8 warps, narrow vectors (misaligned pools), odd head dims, the gated form, rows in

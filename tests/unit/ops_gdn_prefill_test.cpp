@@ -404,7 +404,15 @@ TEST_CASE("gdn_prefill plans are legal for every shape, N = 4096 and T = 100k in
       // The state kernel overlaps the chunk kernel's tail (sm_90 on) only where each of its
       // blocks gets an SM of its own: a block filling more than half an SM, or a grid that fits
       // the SMs, whose blocks then ask for just over half an SM.
-      const std::uint32_t natural = gdn_prefill_state_smem(static_cast<int>(s.k), bv).total;
+      // The wide tiles take 3 input stages (mbarrier handoff) on sm_90 and later where they
+      // fit, else 2; the spec says which.
+      const int stages = gdn_prefill_state_wide(bv) && device.arch.major >= 9 &&
+                                 gdn_prefill_state_smem(static_cast<int>(s.k), bv, 3).total <=
+                                     device.max_smem_per_block_optin
+                             ? 3
+                             : 2;
+      CHECK(state.spec.get_or("stages", "2") == std::to_string(stages));
+      const std::uint32_t natural = gdn_prefill_state_smem(static_cast<int>(s.k), bv, stages).total;
       const auto fits_twice = [&](std::int64_t smem) {
         return 2 * (smem + device.reserved_smem_per_block) <= device.max_smem_per_sm;
       };
@@ -1250,8 +1258,14 @@ TEST_CASE("gdn_prefill plans a K-major pool (V contiguous) as the state_layout=k
         if (touches_state) {
           CHECK(b.get("state_layout") == "kv");
           // Everything else as for the V-major pool: the layout is one more parameter.
+          // (In declaration order: the sequential state kernel declares its stages after the
+          // layout.)
           std::string expected = a.str();
-          expected.insert(expected.find('@'), ",state_layout=kv");
+          const std::size_t stages = expected.find(",stages=");
+          expected.insert(a.family == "gdn_prefill_state" && stages != std::string::npos
+                              ? stages
+                              : expected.find('@'),
+                          ",state_layout=kv");
           CHECK(b.str() == expected);
         } else {
           CHECK(b == a);  // the chunk kernel and the scan never touch the pool

@@ -29,6 +29,10 @@ std::string check_gdn_prefill_state(const KernelSpec& spec) {
   const std::int64_t v = spec.get_int("v");
   const std::int64_t bv = spec.get_int("bv");
   if (v % bv != 0) return fmt::format("bv = {} does not divide v = {}", bv, v);
+  if (bv < 64 && spec.get_or("stages", "2") != "2") {
+    return fmt::format("stages = {} needs a wide tile (bv >= 64; bv = {})",
+                       spec.get_or("stages", "2"), bv);
+  }
   // 64 state registers per thread: 4 warps, or 8 for the whole-V tile bv = 128.
   const std::int64_t limit = bv == 128 ? 16384 : 8192;
   if (bv * k > limit) {
@@ -203,6 +207,14 @@ FamilyDecl gdn_prefill_state_family() {
                                "16384 for bv = 128 (8 warps)"},
               flag_param("ckpt", "1: write state checkpoints every n full chunks"),
               state_layout_param(),
+              ParamDecl{.name = "stages",
+                        .kind = ParamKind::choice,
+                        .choices = {"2", "3"},
+                        .rendered = {"2", "3"},
+                        .doc = "input stages of the wide tiles (bv >= 64): 2 with a block barrier "
+                               "per chunk; 3 handed over by mbarriers on sm_90 and later (a "
+                               "block barrier elsewhere)",
+                        .omitted_default = "2"},
           }),
       .min_sm = 80,
       .doc =

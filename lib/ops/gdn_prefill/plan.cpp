@@ -26,8 +26,23 @@ struct Decision {
   bool wgmma = false;
   std::int64_t cp_chunks = 0;
   int cp_stages = 2;
+  // The sequential state kernel's input stages (sequential_stages).
+  int state_stages = 2;
   std::vector<std::string> reasons;
 };
+
+// Input stages of the sequential state kernel's value tile `bv`: 3 for a wide tile on sm_90 and
+// later where they fit the shared memory (handed over by mbarriers, no block barrier per chunk:
+// warps drift up to a chunk apart; measured 1-3.6% faster per call on the H200 than 2 stages
+// with a barrier, docs/performance.md "The state kernel's stages handed over by mbarriers"),
+// else 2.
+int sequential_stages(const Problem& pr, int bv, const DeviceLimits& device) {
+  if (!gdn_prefill_state_wide(bv) || device.arch.major < 9) return 2;
+  return gdn_prefill_state_smem(static_cast<int>(pr.k), bv, 3).total <=
+                 device.max_smem_per_block_optin
+             ? 3
+             : 2;
+}
 
 // `forced_bv`: the value tile options.force_mode names (0: the planner's).
 Decision choose_tile(const Problem& pr, int forced_bv, const DeviceLimits& device) {
@@ -87,7 +102,9 @@ Decision choose_tile(const Problem& pr, int forced_bv, const DeviceLimits& devic
 Decision choose_path(const Problem& pr, bool forced_chunked, int forced_bv,
                      const DeviceLimits& device, std::string_view shown) {
   const auto smem_of = [&](int bv) {
-    return std::int64_t{gdn_prefill_state_smem(static_cast<int>(pr.k), bv).total};
+    return std::int64_t{
+        gdn_prefill_state_smem(static_cast<int>(pr.k), bv, sequential_stages(pr, bv, device))
+            .total};
   };
   const std::int64_t chunk_smem = gdn_prefill_chunk_smem(static_cast<int>(pr.k)).total;
   std::string why_not;
@@ -141,6 +158,7 @@ Decision choose_path(const Problem& pr, bool forced_chunked, int forced_bv,
   Decision choice;
   choice.chunked = true;
   choice.bv = tiles.front();
+  choice.state_stages = sequential_stages(pr, choice.bv, device);
   choice.reasons = std::move(reasons);
   choice.reasons.insert(
       choice.reasons.begin(),
@@ -150,7 +168,7 @@ Decision choose_path(const Problem& pr, bool forced_chunked, int forced_bv,
                   forced_chunked ? " (forced by options.force_mode)" : ""));
   choice.reasons.push_back(fmt::format(
       "state kernel value tile {}{}: {} blocks ({} sequences x {} value heads x {} tiles), {} "
-      "bytes of shared memory each",
+      "bytes of shared memory each{}",
       choice.bv,
       forced_bv != 0 ? " (forced)"
       : choice.bv == 128 && pr.seqs * pr.value_heads * (pr.v / 64) > device.sm_count
@@ -158,7 +176,11 @@ Decision choose_path(const Problem& pr, bool forced_chunked, int forced_bv,
                         pr.seqs * pr.value_heads, device.sm_count)
           : std::string(),
       pr.seqs * pr.value_heads * (pr.v / choice.bv), pr.seqs, pr.value_heads, pr.v / choice.bv,
-      smem_of(choice.bv)));
+      smem_of(choice.bv),
+      choice.state_stages == 3
+          ? "; 3 input stages handed over by mbarriers (sm_90 and later), no block barrier "
+            "per chunk"
+          : ""));
   return choice;
 }
 
@@ -261,13 +283,14 @@ CpDecision decide_cp(const Problem& pr, const DeviceLimits& device, std::int64_t
                       segments, pr.value_heads);
     return d;
   }
-  // Two input stages unless forced: a third (where the shared memory holds it) was no faster on
-  // the H200 (docs/performance.md, "Few long sequences").
+  // Unless forced: 3 input stages handed over by mbarriers on sm_90 and later where they fit
+  // (as the sequential kernel, sequential_stages), else 2 (a third with the block barrier was no
+  // faster on the H200: docs/performance.md, "Few long sequences").
   const auto stage_fits = [&](int stages) {
     return gdn_prefill_state_smem(static_cast<int>(pr.k), d.bv, stages).total <=
            device.max_smem_per_block_optin;
   };
-  d.stages = forced_stages > 0 ? forced_stages : 2;
+  d.stages = forced_stages > 0 ? forced_stages : device.arch.major >= 9 && stage_fits(3) ? 3 : 2;
   if (!stage_fits(d.stages)) {
     if (explain)
       d.why_not = fmt::format(
@@ -357,6 +380,8 @@ Decision choose(const Problem& pr, const DeviceLimits& device) {
         kOp, force, device.arch.str(), choice.bv, pr.k));
   }
   choice.wgmma = true;
+  // The mbarrier handoff is written for the mma.sync chain; the wgmma chain keeps 2 stages.
+  choice.state_stages = 2;
   choice.reasons.push_back(fmt::format(
       "state kernel (and the chunk kernel's K K^T and Q K^T) on warpgroup wgmma (forced by "
       "options.force_mode '{}'): both compiled for sm_90a",
@@ -503,8 +528,12 @@ Plan make_chunked_plan(const Problem& pr, Decision choice, const DeviceLimits& d
   // mma.sync (docs/performance.md, "The chunk kernel's products on wgmma").
   KernelSpec chunk_spec =
       family_spec("gdn_prefill_chunk", values, choice.wgmma ? Arch{9, 0, 'a'} : device.arch);
+  SpecValues state_values = values;
+  for (auto& value : state_values) {
+    if (value.first == "stages") value.second = std::to_string(choice.state_stages);
+  }
   KernelSpec state_spec =
-      family_spec("gdn_prefill_state", values, choice.wgmma ? Arch{9, 0, 'a'} : device.arch);
+      family_spec("gdn_prefill_state", state_values, choice.wgmma ? Arch{9, 0, 'a'} : device.arch);
   if (pr.heads > device.max_grid_dim[1]) {
     throw PlanError(fmt::format("{}: grid y is {}, the chunk kernel needs H = {}", kOp,
                                 device.max_grid_dim[1], pr.heads));
@@ -526,7 +555,8 @@ Plan make_chunked_plan(const Problem& pr, Decision choice, const DeviceLimits& d
   state_shape.grid = Dim3{static_cast<std::uint32_t>(blocks), 1, 1};
   state_shape.block =
       Dim3{static_cast<std::uint32_t>(32 * gdn_prefill_state_warps(choice.bv)), 1, 1};
-  state_shape.dynamic_smem = gdn_prefill_state_smem(static_cast<int>(pr.k), choice.bv).total;
+  state_shape.dynamic_smem =
+      gdn_prefill_state_smem(static_cast<int>(pr.k), choice.bv, choice.state_stages).total;
   // The state kernel's blocks take the SMs the chunk kernel's last blocks leave, and find their
   // sequence and load their initial state before they wait for its results.
   // Started early, the blocks land on the SMs the chunk kernel frees first, as many per SM as
