@@ -174,8 +174,8 @@ KJIT_GDN_PREFILL_HD constexpr int gdn_prefill_state_warps(int bv) { return bv ==
 KJIT_GDN_PREFILL_HD constexpr bool gdn_prefill_state_wide(int bv) { return bv >= 64; }
 
 /// Input stages of the wide layout by default: chunk c + stages - 1 is fetched while chunk c
-/// computes, one block barrier per chunk. The sequential state kernel takes 3 where the planner
-/// says so (spec stages=3: sm_90 and later, mbarrier handoff; see state_wide).
+/// computes, one block barrier per chunk. The state kernels take 3 where the planner says so
+/// (spec stages=3: sm_90 and later, mbarrier handoff; see state_wide).
 KJIT_GDN_PREFILL_HD constexpr int gdn_prefill_state_stages(int bv) {
   return gdn_prefill_state_wide(bv) ? 2 : 1;
 }
@@ -230,7 +230,7 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillStateSmem gdn_prefill_state_smem(int k, 
     const u32 count = u32(stages > 0 ? stages : gdn_prefill_state_stages(bv));
     m.total = at * count;
     if (count >= 3) {
-      // The sequential kernel's full and empty mbarrier of each stage (sm_90 and later).
+      // The full and empty mbarrier of each stage (the handoff, sm_90 and later).
       m.barriers = m.total;
       m.total += 16u * count;
     }

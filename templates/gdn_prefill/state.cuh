@@ -516,13 +516,13 @@ __device__ __forceinline__ void state_tiles(const GdnPrefillParams& p) {
 /// and the B fragment of two 8-column ones. Only the chunk's inputs live in shared memory, in
 /// kStages stages, fetched by every thread (cp.async). Two stages: one block barrier per chunk,
 /// after which chunk c + 1 is fetched into the stage chunk c - 1 used. Three stages on sm_90 and
-/// later (kHandoff: the planner's choice for the sequential kernel there; the context-parallel
-/// passes when their mode says _s3): no block barrier in the loop; each stage has a
+/// later (kHandoff: the planner's choice there for the sequential kernel and the
+/// context-parallel passes alike): no block barrier in the loop; each stage has a
 /// full mbarrier (every thread's copies landed: cp.async.mbarrier.arrive.noinc) and an empty one
 /// (every warp done reading it), and chunk c + 1 goes into the stage chunk c - 2 used, so a warp
 /// waits for the others only to have finished the chunk before its previous one. Measured on
-/// the H200 against two stages with the barrier: 1-3.6% less GPU time per call over the
-/// bench_gdn_prefill shapes (docs/performance.md).
+/// the H200 against two stages with the barrier: 1-3.6% less GPU time per call on the
+/// sequential path, 8.5-10% on the context-parallel one (docs/performance.md).
 ///
 /// Measured on the H200 (128k tokens, 16 uneven sequences, H = HV = 16) against the two-stage
 /// layout: a ninth warp that only copies, handing stages over by mbarriers, was ~20% slower per

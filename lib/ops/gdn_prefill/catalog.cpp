@@ -100,6 +100,16 @@ ParamDecl literal_choice(std::string_view name, std::vector<std::string_view> va
       .name = name, .kind = ParamKind::choice, .choices = values, .rendered = values, .doc = doc};
 }
 
+// The input stages of the state kernels' wide tiles (`omitted_default`: see ParamDecl).
+ParamDecl stages_param(std::string_view omitted_default = {}) {
+  ParamDecl decl = literal_choice("stages", {"2", "3"},
+                                  "input stages of the wide tiles (bv >= 64): 2 with a block "
+                                  "barrier per chunk; 3 handed over by mbarriers on sm_90 and "
+                                  "later (a block barrier elsewhere)");
+  decl.omitted_default = omitted_default;
+  return decl;
+}
+
 // The element types of the state kernels' arguments, shared by the sequential and the
 // context-parallel families (their first template parameters).
 std::vector<ParamDecl> state_kernel_io_params() {
@@ -207,14 +217,7 @@ FamilyDecl gdn_prefill_state_family() {
                                "16384 for bv = 128 (8 warps)"},
               flag_param("ckpt", "1: write state checkpoints every n full chunks"),
               state_layout_param(),
-              ParamDecl{.name = "stages",
-                        .kind = ParamKind::choice,
-                        .choices = {"2", "3"},
-                        .rendered = {"2", "3"},
-                        .doc = "input stages of the wide tiles (bv >= 64): 2 with a block barrier "
-                               "per chunk; 3 handed over by mbarriers on sm_90 and later (a "
-                               "block barrier elsewhere)",
-                        .omitted_default = "2"},
+              stages_param("2"),
           }),
       .min_sm = 80,
       .doc =
@@ -255,8 +258,7 @@ FamilyDecl gdn_prefill_state_cp_family() {
                    literal_choice("phase", {"1", "2"},
                                   "1: segment pass (end states from zero and identity starts), 2: "
                                   "resume pass (outputs from the exact initial states)"),
-                   literal_choice("stages", {"2", "3"},
-                                  "input stages: chunk c + stages - 1 is fetched during chunk c"),
+                   stages_param(),
                    state_layout_param(),
                }),
       .min_sm = 80,

@@ -26,17 +26,18 @@ struct Decision {
   bool wgmma = false;
   std::int64_t cp_chunks = 0;
   int cp_stages = 2;
-  // The sequential state kernel's input stages (sequential_stages).
+  // The sequential state kernel's input stages (state_stages).
   int state_stages = 2;
   std::vector<std::string> reasons;
 };
 
-// Input stages of the sequential state kernel's value tile `bv`: 3 for a wide tile on sm_90 and
-// later where they fit the shared memory (handed over by mbarriers, no block barrier per chunk:
-// warps drift up to a chunk apart; measured 1-3.6% faster per call on the H200 than 2 stages
-// with a barrier, docs/performance.md "The state kernel's stages handed over by mbarriers"),
-// else 2.
-int sequential_stages(const Problem& pr, int bv, const DeviceLimits& device) {
+// Input stages of a state kernel's value tile `bv` (the sequential kernel and the
+// context-parallel passes): 3 for a wide tile on sm_90 and later where they fit the shared
+// memory (handed over by mbarriers, no block barrier per chunk: warps drift up to a chunk apart;
+// measured on the H200 against 2 stages with a barrier: 1-3.6% faster per call on the sequential
+// path, 8.5-10% on the context-parallel one, docs/performance.md "The state kernel's stages
+// handed over by mbarriers"), else 2.
+int state_stages(const Problem& pr, int bv, const DeviceLimits& device) {
   if (!gdn_prefill_state_wide(bv) || device.arch.major < 9) return 2;
   return gdn_prefill_state_smem(static_cast<int>(pr.k), bv, 3).total <=
                  device.max_smem_per_block_optin
@@ -103,8 +104,7 @@ Decision choose_path(const Problem& pr, bool forced_chunked, int forced_bv,
                      const DeviceLimits& device, std::string_view shown) {
   const auto smem_of = [&](int bv) {
     return std::int64_t{
-        gdn_prefill_state_smem(static_cast<int>(pr.k), bv, sequential_stages(pr, bv, device))
-            .total};
+        gdn_prefill_state_smem(static_cast<int>(pr.k), bv, state_stages(pr, bv, device)).total};
   };
   const std::int64_t chunk_smem = gdn_prefill_chunk_smem(static_cast<int>(pr.k)).total;
   std::string why_not;
@@ -158,7 +158,7 @@ Decision choose_path(const Problem& pr, bool forced_chunked, int forced_bv,
   Decision choice;
   choice.chunked = true;
   choice.bv = tiles.front();
-  choice.state_stages = sequential_stages(pr, choice.bv, device);
+  choice.state_stages = state_stages(pr, choice.bv, device);
   choice.reasons = std::move(reasons);
   choice.reasons.insert(
       choice.reasons.begin(),
@@ -283,14 +283,12 @@ CpDecision decide_cp(const Problem& pr, const DeviceLimits& device, std::int64_t
                       segments, pr.value_heads);
     return d;
   }
-  // Unless forced: 3 input stages handed over by mbarriers on sm_90 and later where they fit
-  // (as the sequential kernel, sequential_stages), else 2 (a third with the block barrier was no
-  // faster on the H200: docs/performance.md, "Few long sequences").
+  // Unless forced, the stages of the sequential kernel's rule (state_stages).
   const auto stage_fits = [&](int stages) {
     return gdn_prefill_state_smem(static_cast<int>(pr.k), d.bv, stages).total <=
            device.max_smem_per_block_optin;
   };
-  d.stages = forced_stages > 0 ? forced_stages : device.arch.major >= 9 && stage_fits(3) ? 3 : 2;
+  d.stages = forced_stages > 0 ? forced_stages : state_stages(pr, d.bv, device);
   if (!stage_fits(d.stages)) {
     if (explain)
       d.why_not = fmt::format(
@@ -410,7 +408,8 @@ std::int64_t chunk_grid_x(const Problem& pr, const DeviceLimits& device) {
 // name, computed once: each family's spec (family_spec) keeps the ones it declares.
 using SpecValues = std::vector<std::pair<std::string, std::string>>;
 
-SpecValues spec_values(const Problem& pr, int bv) {
+// `stages`: the state kernels' input stages (Decision::state_stages or cp_stages).
+SpecValues spec_values(const Problem& pr, int bv, int stages = 2) {
   return {{"qkv", std::string(to_string(pr.qkv))},
           {"gate", std::string(to_string(pr.gate))},
           {"param", std::string(to_string(pr.param))},
@@ -425,7 +424,7 @@ SpecValues spec_values(const Problem& pr, int bv) {
           {"l2norm", pr.l2norm ? "1" : "0"},
           {"ckpt", pr.checkpoint_every > 0 ? "1" : "0"},
           {"phase", "1"},
-          {"stages", "2"},
+          {"stages", std::to_string(stages)},
           // Left out of V-major specs (the families' omitted default): their text is unchanged.
           {"state_layout", pr.k_major ? "kv" : "vk"}};
 }
@@ -446,9 +445,6 @@ Plan make_cp_plan(const Problem& pr, Plan plan, KernelSpec chunk_spec, LaunchSha
                   SpecValues values, const Decision& choice, const DeviceLimits& device) {
   const std::int64_t segments = cp_segments(pr, choice.cp_chunks);
   const std::int64_t v_tiles = pr.v / choice.bv, k_tiles = pr.k / choice.bv;
-  for (auto& value : values) {
-    if (value.first == "stages") value.second = std::to_string(choice.cp_stages);
-  }
   KernelSpec segment_spec = family_spec("gdn_prefill_state_cp", values, device.arch);
   // (A std::string built first and moved in: assigning the literal made GCC 12 at -O3 report a
   // false -Wrestrict overlap, which failed Release builds with KJIT_WERROR.)
@@ -522,18 +518,15 @@ Plan make_chunked_plan(const Problem& pr, Decision choice, const DeviceLimits& d
     plan.reasons.push_back("no sequences: nothing to launch");
     return plan;
   }
-  const SpecValues values = spec_values(pr, choice.bv);
+  const SpecValues values =
+      spec_values(pr, choice.bv, choice.cp_chunks > 0 ? choice.cp_stages : choice.state_stages);
   // With "_wgmma" both kernels multiply on warpgroup wgmma (sm_90a): the chunk kernel's K K^T
   // and Q K^T too. Opt-in: on the H200 the chunk kernel was 7-9% slower on wgmma than on
   // mma.sync (docs/performance.md, "The chunk kernel's products on wgmma").
   KernelSpec chunk_spec =
       family_spec("gdn_prefill_chunk", values, choice.wgmma ? Arch{9, 0, 'a'} : device.arch);
-  SpecValues state_values = values;
-  for (auto& value : state_values) {
-    if (value.first == "stages") value.second = std::to_string(choice.state_stages);
-  }
   KernelSpec state_spec =
-      family_spec("gdn_prefill_state", state_values, choice.wgmma ? Arch{9, 0, 'a'} : device.arch);
+      family_spec("gdn_prefill_state", values, choice.wgmma ? Arch{9, 0, 'a'} : device.arch);
   if (pr.heads > device.max_grid_dim[1]) {
     throw PlanError(fmt::format("{}: grid y is {}, the chunk kernel needs H = {}", kOp,
                                 device.max_grid_dim[1], pr.heads));
