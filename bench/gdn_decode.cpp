@@ -11,7 +11,8 @@
 // planner's), V tile, bulk stages, resident blocks per SM, state cache hints and row order. A
 // summary table of every shape x variant is printed last. KJIT_GDN_BENCH_SLOTS=sorted gives each
 // call its slots in ascending order instead of a random permutation. KJIT_GDN_BENCH_SERVING=1
-// adds the serving protocol's table (serving_table), "only" runs it alone. KJIT_BENCH_CUPTI=1:
+// adds the serving protocol's table (serving_table), "only" runs it alone, once per variant.
+// KJIT_BENCH_CUPTI=1:
 // B = 1 also by kernel duration beside an empty kernel and a copy (bench/activity_timer.hpp).
 // KJIT_GDN_BENCH_STATE_LAYOUT=kv passes every pool K-major (fla's layout: each slot [HV, K, V],
 // V contiguous, as its transposed view; the state_layout=kv kernels), "vk" or unset the V-major
@@ -97,6 +98,16 @@ struct Variant {
   int bv = 0, stages = 0, blocks_per_sm = 0;
   std::string hints;
   kjit::GdnRowOrder order = kjit::GdnRowOrder::automatic;
+
+  kjit::GdnDecodeOptions applied_to(kjit::GdnDecodeOptions options) const {
+    options.force_mode = mode;
+    options.force_bv = bv;
+    options.force_stages = stages;
+    options.force_blocks_per_sm = blocks_per_sm;
+    options.force_cache_hints = hints;
+    options.row_order = order;
+    return options;
+  }
 };
 
 std::vector<Variant> parse_variants(const char* text) {
@@ -217,19 +228,23 @@ Result verify(std::int64_t batch, std::int64_t value_heads, const DeviceBuffer& 
 
 // KJIT_GDN_BENCH_SERVING=1 ("only": this table alone): a serving engine's pool holds more slots
 // than the batch and the previous layer's kernels leave L2 full of their (dirty) data. HV = 32,
-// pools 2x and 8x the batch with random distinct slots per call (16 draws, taken in turn), and
+// pools 1x (each call a permutation of the whole pool, as the main table), 2x and 8x the batch
+// with random distinct slots per call (16 draws, taken in turn), and
 // 2x with each call's slots sorted; every call timed after an L2 flush ("flushed") and after
 // 64 MiB of unrelated writes ("dirty"). GPU us and the ratio to a same-run cold copy of the
-// bytes the call moves.
+// bytes the call moves, each copy preceded by the same flush or writes (both leave dirty lines
+// in L2 that the next kernel writes back; the JSON also has the ratio to the rotation copy).
 bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options, std::FILE* json) {
   constexpr std::int64_t value_heads = 32, draws = 16;
   const std::int64_t width = 2 * kHeads * kDim + value_heads * kDim;
   const std::size_t slot_bytes = static_cast<std::size_t>(value_heads * kDim * kDim * 4);
   std::printf(
       "\nserving protocol: gdn_decode HV=32, median GPU us (ratio to a cold copy of the same "
-      "bytes)\n%6s | %-26s | %-26s | %-26s\n%6s | %12s %13s | %12s %13s | %12s %13s\n",
-      "B", "pool 2x, random slots", "pool 8x, random slots", "pool 2x, sorted slots", "", "flushed",
-      "dirty", "flushed", "dirty", "flushed", "dirty");
+      "bytes, flushed or dirtied before each copy as before each call)\n%6s | %-26s | %-26s | "
+      "%-26s | %-26s\n%6s | %12s %13s | %12s %13s | %12s %13s | %12s %13s\n",
+      "B", "pool 1x (a permutation)", "pool 2x, random slots", "pool 8x, random slots",
+      "pool 2x, sorted slots", "", "flushed", "dirty", "flushed", "dirty", "flushed", "dirty",
+      "flushed", "dirty");
   bool all_ok = true;
   for (std::int64_t batch : {1, 32, 256, 1024, 2048}) {
     DeviceBuffer qkv(static_cast<std::size_t>(batch * width * 2));
@@ -253,15 +268,19 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
         2 * slot_bytes * static_cast<std::size_t>(batch) +
         static_cast<std::size_t>(batch * width * 2 + 2 * batch * value_heads * 2 +
                                  batch * value_heads * kDim * 2);
-    const double copy = kjit::bench::copy_gbs(gpu, moved);
+    // The copy reference meets L2 as each call does (a flush or dirtying writes before every
+    // copy); the rotation copy of the main table is kept beside it in the JSON.
+    const double copy_rotation = kjit::bench::copy_gbs(gpu, moved);
+    const double copy_flushed = kjit::bench::copy_gbs(gpu, moved, kjit::bench::L2Protocol::flushed);
+    const double copy_dirty = kjit::bench::copy_gbs(gpu, moved, kjit::bench::L2Protocol::dirty);
     std::printf("%6lld |", static_cast<long long>(batch));
     struct Layout {
       std::int64_t factor;
       bool sorted;
       const char* name;
     };
-    for (const Layout layout : {Layout{2, false, "2x_random"}, Layout{8, false, "8x_random"},
-                                Layout{2, true, "2x_sorted"}}) {
+    for (const Layout layout : {Layout{1, false, "1x_random"}, Layout{2, false, "2x_random"},
+                                Layout{8, false, "8x_random"}, Layout{2, true, "2x_sorted"}}) {
       const std::int64_t slots = layout.factor * batch;
       DeviceBuffer pool(static_cast<std::size_t>(slots) * slot_bytes);
       kjit::bench::fill_random(pool, DType::f32, pool.bytes() / 4, seed + 3, 0.1);
@@ -292,21 +311,25 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
             },
             100, 10,
             [&](kjit::Stream) { dirty ? kjit::bench::dirty_l2(gpu) : kjit::bench::flush_l2(gpu); });
-        const double ratio = static_cast<double>(moved) / (us * 1e3) / copy;
+        const double gbs = static_cast<double>(moved) / (us * 1e3);
+        const double ratio = gbs / (dirty ? copy_dirty : copy_flushed);
         std::printf(" %8.2f (%.2f)%s", us, ratio, check.ok ? "" : "!");
         if (json != nullptr) {
           std::fprintf(json,
                        "{\"op\":\"gdn_decode_serving\",\"state_layout\":\"%s\",\"HV\":32,"
                        "\"B\":%lld,\"pool\":\"%s\","
-                       "\"l2\":\"%s\",\"us\":%.3f,\"copy_ratio\":%.4f,\"check\":%s}\n",
+                       "\"l2\":\"%s\",\"us\":%.3f,\"copy_ratio\":%.4f,"
+                       "\"copy_ratio_rotation\":%.4f,\"check\":%s}\n",
                        k_major_pools() ? "kv" : "vk", static_cast<long long>(batch), layout.name,
-                       dirty ? "dirty" : "flushed", us, ratio, check.ok ? "true" : "false");
+                       dirty ? "dirty" : "flushed", us, ratio, gbs / copy_rotation,
+                       check.ok ? "true" : "false");
         }
       }
       std::printf(" |");
       std::fflush(stdout);
     }
-    std::printf("\n");
+    std::printf(" copy GB/s: rotation %.0f, flushed %.0f, dirty %.0f\n", copy_rotation,
+                copy_flushed, copy_dirty);
   }
   return all_ok;
 }
@@ -509,7 +532,11 @@ int main(int argc, char** argv) {
   }
   const char* serving = std::getenv("KJIT_GDN_BENCH_SERVING");
   if (serving != nullptr && std::string(serving) == "only") {
-    const bool ok = serving_table(*gpu, base, json);
+    bool ok = true;
+    for (const Variant& variant : variants) {
+      std::printf("\nvariant %s", variant.name.c_str());
+      ok = serving_table(*gpu, variant.applied_to(base), json) && ok;
+    }
     if (json != nullptr) std::fclose(json);
     return ok ? 0 : 1;
   }
@@ -571,13 +598,7 @@ int main(int argc, char** argv) {
       const double copy = kjit::bench::copy_gbs(*gpu, moved);
       Row row{value_heads, batch, {}};
       for (const Variant& variant : variants) {
-        kjit::GdnDecodeOptions options = base;
-        options.force_mode = variant.mode;
-        options.force_bv = variant.bv;
-        options.force_stages = variant.stages;
-        options.force_blocks_per_sm = variant.blocks_per_sm;
-        options.force_cache_hints = variant.hints;
-        options.row_order = variant.order;
+        const kjit::GdnDecodeOptions options = variant.applied_to(base);
         kjit::Plan plan;
         try {
           plan = kjit::plan_gdn_decode(v_qkv, v_a, v_b, v_alog, v_dtb, pool_view, views_for(0),

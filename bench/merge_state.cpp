@@ -18,7 +18,8 @@
 // layout (LSE [H, T], natural log), so kjit runs once more in that layout (lse_layout
 // head_major, base e) on the same buffers, under the planner's plan and each forced mode; the
 // ratio anchor/kjit is between runs in that layout, and the anchor's output is checked against
-// each of kjit's (a mismatch fails the run).
+// each of kjit's (a mismatch fails the run). KJIT_MERGE_BENCH_ANCHOR_PASSES=N repeats the
+// anchor and kjit in turn N times per shape (the spread between passes of one kernel).
 //
 //   bench_merge_state [out.jsonl] [--modes]   (--modes: also time every forced grid mode)
 #include <fmt/format.h>
@@ -413,6 +414,10 @@ int main(int argc, char** argv) {
   std::printf("device %s, %d SMs; empty kernel %.2f us (event pair)\n", gpu.limits.name.c_str(),
               gpu.limits.sm_count, empty_us);
   const std::optional<MergeAnchor> anchor = MergeAnchor::open();
+  // KJIT_MERGE_BENCH_ANCHOR_PASSES=N: the anchor and kjit timed N times in turn on each shape,
+  // so that a difference can be set against the spread between passes of the same kernel.
+  const char* passes_env = std::getenv("KJIT_MERGE_BENCH_ANCHOR_PASSES");
+  const int anchor_passes = passes_env != nullptr ? std::clamp(std::atoi(passes_env), 1, 20) : 1;
   if (anchor) {
     std::printf("anchor: %s (KJIT_MERGE_ANCHOR_LIB), beside kjit on LSE [H, T] base e\n",
                 anchor->library.name().c_str());
@@ -495,8 +500,14 @@ int main(int argc, char** argv) {
                       gbs / copy, gbs / 1270.0,
                       err < 0 ? "FAIL " : fmt::format("ok {:.4f}", err).c_str(), detail.c_str());
           if (dirty_protocol) {
-            std::printf("      L2 dirty before each call: %.2f us, ratio to copy %.3f\n", dirty_us,
-                        bytes / (dirty_us * 1e3) / copy);
+            // Against a copy that meets L2 as the call does (dirtied before each copy), and
+            // the rotation copy of the line above.
+            const double copy_dirty = kjit::bench::copy_gbs(gpu, static_cast<std::size_t>(bytes),
+                                                            kjit::bench::L2Protocol::dirty);
+            std::printf(
+                "      L2 dirty before each call: %.2f us, ratio to a copy dirtied the same way "
+                "%.3f (to the rotation copy %.3f)\n",
+                dirty_us, bytes / (dirty_us * 1e3) / copy_dirty, bytes / (dirty_us * 1e3) / copy);
           }
           if (t == 1) std::printf("      T=1: %.2f us over the empty kernel\n", us - empty_us);
           if (t == 1 && durations != nullptr) {
@@ -528,16 +539,19 @@ int main(int argc, char** argv) {
             std::fflush(json);
           }
         }
-        if (anchor) {
+        for (int pass = 0; anchor && pass < anchor_passes; ++pass) {
           const int reps = bytes > 1e9 ? 50 : 100;
           const AnchorResult a = run_anchor(gpu, pools, *anchor, modes, reps, dirty_protocol);
+          const std::string pass_label =
+              anchor_passes > 1 ? fmt::format(" (pass {} of {})", pass + 1, anchor_passes) : "";
           if (!a.ran) {
             std::printf("      anchor: did not run: %s\n", a.error.c_str());
+            break;
           } else if (dirty_protocol) {
-            std::printf("      anchor %.2f us, L2 dirty before each call %.2f us\n", a.us,
-                        a.dirty_us);
+            std::printf("      anchor%s %.2f us, L2 dirty before each call %.2f us\n",
+                        pass_label.c_str(), a.us, a.dirty_us);
           } else {
-            std::printf("      anchor %.2f us\n", a.us);
+            std::printf("      anchor%s %.2f us\n", pass_label.c_str(), a.us);
           }
           for (const KjitBeside& k : a.kjit) {
             const std::string label = k.mode.empty() ? "kjit" : "kjit =" + k.mode;
