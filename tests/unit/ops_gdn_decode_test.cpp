@@ -155,9 +155,9 @@ TEST_CASE("gdn_decode plan: V tiles shrink at small batch, grow at large batch")
   CHECK(32 * (128 / bv_small) >= 2 * 132);
   CHECK(bv_small <= 16);
   CHECK(small.launches.back().spec.get_int("warps") == 1);
-  // A step reading >= 1 GiB of state (here 2 GiB) stages its tiles in shared memory: one warp
-  // x 8 rows per thread, 4 KiB of shared memory, registers capped for 32 one-warp blocks per
-  // SM. Below 1 GiB the tiles stay in registers.
+  // A step reading >= 512 MiB of state (here 2 GiB) stages its tiles in shared memory: one
+  // warp x 8 rows per thread, 4 KiB of shared memory, registers capped for 32 one-warp blocks
+  // per SM. Below 512 MiB the tiles stay in registers.
   const Plan large = plan(views(1024, 16, 32, 128, 128), h200);
   CHECK(large.launches.back().spec.get_int("bv") == 8);
   CHECK(large.launches.back().spec.get_int("warps") == 1);
@@ -181,12 +181,13 @@ TEST_CASE("gdn_decode plan: V tiles shrink at small batch, grow at large batch")
   CHECK(registers.launches.back().spec.get_int("bv") == 4);
   CHECK(registers.launches.back().spec.get_int("min_blocks") == 0);
   CHECK(registers.launches.back().shape.dynamic_smem == 0);
-  // A small grid keeps its loads in registers, and so does a step under 1 GiB of state.
+  // A small grid keeps its loads in registers, and so does a step under 512 MiB of state.
   CHECK(small.launches.back().spec.get("load_hint") == "stream");
-  CHECK(plan(views(255, 16, 64, 128, 128), h200).launches.back().spec.get("load_hint") == "stream");
-  CHECK(plan(views(256, 16, 64, 128, 128), h200).launches.back().spec.get("load_hint") == "staged");
-  CHECK(plan(views(256, 16, 32, 128, 128), h200).launches.back().spec.get("load_hint") == "stream");
-  CHECK(plan(views(256, 16, 32, 128, 128), h200).launches.back().spec.get_int("bv") == 4);
+  CHECK(plan(views(255, 16, 32, 128, 128), h200).launches.back().spec.get("load_hint") == "stream");
+  CHECK(plan(views(255, 16, 32, 128, 128), h200).launches.back().spec.get_int("bv") == 4);
+  CHECK(plan(views(256, 16, 32, 128, 128), h200).launches.back().spec.get("load_hint") == "staged");
+  CHECK(plan(views(256, 16, 32, 128, 128), h200).launches.back().spec.get_int("bv") == 8);
+  CHECK(plan(views(128, 16, 64, 128, 128), h200).launches.back().spec.get("load_hint") == "staged");
   CHECK(small.launches.back().shape.dynamic_smem == 0);
   // Staging needs one tile per block and 16-byte vectors.
   GdnDecodeOptions staged_bulk;

@@ -25,7 +25,7 @@ constexpr std::int64_t kMinBlocksPerSm = 2;
 constexpr std::int64_t kMinWarpsPerSm = 16;
 /// State read per step from which the planner stages the tiles in shared memory (measured
 /// crossover on an H200, see choose_tile).
-constexpr std::int64_t kStagedMinBytes = std::int64_t{1} << 30;
+constexpr std::int64_t kStagedMinBytes = std::int64_t{1} << 29;
 /// State floats a thread keeps in registers at most (x1.5 with the raw words in flight).
 constexpr int kStateFloatsPerThread = 32;
 /// Persistent and bulk modes: stages of the bulk ring at most (template limit), the ring size
@@ -108,11 +108,13 @@ Tile choose_tile(const Problem& p, const DeviceLimits& device, int force_bv, Sta
   // Half the register cap measured best on an H200 for large grids (more resident warps mix
   // load and store phases: 0.90-0.92 of a copy against 0.89-0.91 at the cap); a quarter for
   // small grids, which need many warps more than many rows per thread.
-  // Staged through shared memory, 8 rows per warp pay off once a step reads >= 1 GiB of state
-  // (bench_gdn_decode on the H200, same run, ratio to a copy, staged vs 4 rows in registers:
-  // HV = 64, B = 256 / 1024 / 2048: 0.960 / 0.947 / 0.944 vs 0.946 / 0.932 / 0.929; HV = 32,
-  // B = 1024 / 2048: 0.948 / 0.936 vs 0.922 / 0.918; at 0.5 GiB, HV = 32, B = 256, level at
-  // 0.934 vs 0.937; below, registers win: B = 32: 0.954 vs 1.009 at HV = 32).
+  // Staged through shared memory, 8 rows per warp pay off once a step reads >= 512 MiB of
+  // state (bench_gdn_decode on the H200, same run, ratio to a copy, staged vs 4 rows in
+  // registers: HV = 64, B = 256 / 1024 / 2048: 0.960 / 0.947 / 0.944 vs 0.946 / 0.932 / 0.929;
+  // HV = 32, B = 1024 / 2048: 0.948 / 0.936 vs 0.922 / 0.918. At 512 MiB (HV = 32, B = 256) the
+  // serving protocol decides it: 273.3 vs 283.5 us with the batch at random slots of a pool
+  // twice its size, 271.2 vs 278.5 as a permutation of the pool (docs/performance.md, "Staged
+  // loads from 512 MiB"); at 64 MiB (B = 32) the two are level, and small grids keep registers.
   const bool large = warps_at_cap >= kMinWarpsPerSm * sms;
   const std::int64_t state_bytes = pairs * p.v * p.k * static_cast<std::int64_t>(size_of(p.state));
   const bool staged = staging == Staging::forced ||
