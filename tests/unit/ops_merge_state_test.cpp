@@ -136,13 +136,17 @@ TEST_CASE("merge_state plan: force_mode suffixes force the geometry") {
     require_all_legal(plan);
     return plan;
   };
-  // The planner's choice at D = 512, H = 128: 2 vectors per thread; a token's 128 heads would
-  // span 8 token_major blocks, so flat rows in memory order, 8 per block of 32 x 8.
+  // The planner's choice at D = 512, H = 128: a token's 128 heads would span 8 token_major
+  // blocks (of 2 vectors per thread), so flat rows in memory order, one vector per thread, 4
+  // per block of 64 x 4.
   const Plan planner = planned("");
   CHECK(planner.mode == "flat");
-  CHECK(planner.launches[0].spec.get("chunks") == "2");
-  CHECK(planner.launches[0].shape.block.x == 32);
-  CHECK(planner.launches[0].shape.block.y == 8);
+  CHECK(planner.launches[0].spec.get("chunks") == "1");
+  CHECK(planner.launches[0].shape.block.x == 64);
+  CHECK(planner.launches[0].shape.block.y == 4);
+  // Flat with the chunk rule's 2 vectors, forced by ":c2".
+  CHECK(planned("flat:c2").launches[0].spec.get("chunks") == "2");
+  CHECK(planned("flat:c2").launches[0].shape.block.x == 32);
   CHECK(planned("token_major").launches[0].shape.block.y == 16);
   // vLLM's geometry: one vector per thread, two rows per 128-thread block.
   const Plan vllm_like = planned("flat:c1:t128");

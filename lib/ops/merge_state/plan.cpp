@@ -209,8 +209,9 @@ Planned<Choice> make_plan(const Problem& problem, const DeviceLimits& limits) {
       plan.reasons.push_back(fmt::format(
           "(a row needs {} lanes: blocks hold one row, more than the forced threads)", g.lanes));
     }
-  } else if (token_major.legal && tm_threads >= kMinTokenMajorThreads &&
-             tm_idle * 16 <= problem.heads && token_major.shape.grid.y == 1) {
+  } else if (token_major.legal && (small || problem.entry == Entry::many) &&
+             tm_threads >= kMinTokenMajorThreads && tm_idle * 16 <= problem.heads &&
+             token_major.shape.grid.y == 1) {
     chosen = 0;
     plan.reasons.push_back(fmt::format(
         "token_major: blocks of {} threads with {} idle head rows per token: no division per "
@@ -221,9 +222,16 @@ Planned<Choice> make_plan(const Problem& problem, const DeviceLimits& limits) {
     // (blockIdx.x walks tokens, so consecutive blocks are a whole token row apart): 2.7-4.7%
     // slower than flat at T*H*D >= 2^26 on the H200, vLLM's kernel in between
     // (docs/performance.md, "merge_state beside vLLM's CUDA kernel").
+    // A problem that fills the device takes flat even where token_major reads in memory order
+    // (grid y = 1): with one vector per thread (below) it was 0.1-2.8% faster than token_major
+    // at D = 64..512, H = 8..128, T = 4096 and 16384, both LSE layouts (docs/performance.md,
+    // "One vector per thread").
     chosen = 1;
     plan.reasons.push_back(
         !token_major.legal ? fmt::format("flat: token_major is not legal: {}", token_major.why_not)
+        : !small && problem.entry != Entry::many
+            ? std::string("flat: the problem fills the device, and flat rows in memory order "
+                          "beat token_major blocks there")
         : token_major.shape.grid.y > 1
             ? fmt::format("flat: a token's {} heads span {} token_major blocks, which would read "
                           "rows out of memory order; flat walks them in order",
@@ -243,7 +251,26 @@ Planned<Choice> make_plan(const Problem& problem, const DeviceLimits& limits) {
                     plan.op, problem.tokens, problem.heads, problem.head_dim, token_major.why_not,
                     flat.why_not));
   }
-  const ModeChoice& mode = chosen == 0 ? token_major : flat;
+  ModeChoice mode = chosen == 0 ? token_major : flat;
+  if (chosen == 1 && g.chunks > 1 && problem.forced_chunks == 0 && problem.entry != Entry::many) {
+    // Flat rows with one vector per thread: blocks of 256 threads hold twice the rows, freed
+    // twice as finely. On the H200, beside vLLM's kernel (one vector per 128-thread block) at
+    // 2^26 to 2^29 elements: 0.2-0.6% faster than two vectors at D = 512, 1.0% at D = 128,
+    // 3.6% at D = 64 with the LSE head-major (docs/performance.md, "One vector per thread").
+    // merge_states keeps its vectors per thread: each row's S weights are computed per thread.
+    Geometry one = g;
+    one.chunks = 1;
+    one.lanes = g.lanes * g.chunks;
+    const ModeChoice flat_one = flat_shape(problem, one, limits);
+    if (flat_one.legal) {
+      plan.reasons.push_back(fmt::format(
+          "flat: 1 vector per thread after all, not {} ({} lanes per row, more rows per block, "
+          "freed more finely)",
+          g.chunks, one.lanes));
+      g = one;
+      mode = flat_one;
+    }
+  }
   plan.mode = kMergeStateModes[chosen];
   plan.reasons.push_back(mode.summary);
 
