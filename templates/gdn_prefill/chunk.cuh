@@ -9,7 +9,7 @@
 // blocks of Q Q^T, one more mma pair per k step); then for each of the HV / H value heads hv of the
 // group, with gamma the chunk-local cumulative log decay and beta of hv:
 //   A  = strictly-lower beta_i rk_i rk_j G_ij e^(gamma_i - gamma_j)        (f32)
-//   T  = (I + A)^-1                (f32 diagonal 16x16 blocks, then 3xbf16 mma block products)
+//   T  = (I + A)^-1                (f32 diagonal 16x16 blocks, then tf32 mma block products)
 //   T' = T diag(beta)              -> workspace, bf16 rows [token, hv, 64]
 //   P  = tril(s rq_i rk_j (Q K^T)_ij e^(gamma_i - gamma_j))                -> workspace, bf16
 //   scales_i = {s e^gamma_i / |q_i|, e^gamma_i / |k_i|, e^(gamma_last - gamma_i) / |k_i|,
@@ -35,10 +35,9 @@
 // The inverse: with T_ii the inverses of the four diagonal blocks (I + A_ii) (warp i, forward
 // substitution in f32, one column per lane), the 32x32 halves are T10 = -T11 A10 T00 and
 // T32 = -T33 A32 T22, and the lower-left quadrant is -T2 A_BL T1 (T1, T2 the inverses of the
-// 32x32 halves). The block products run on mma with each f32 operand split into bf16 hi + lo
-// (hi*hi + hi*lo + lo*hi: about 16 bits), transposed (C^T = B^T A^T) so that a product's
-// accumulator is the next product's A operand. The f32 blocks T_ii, T10 and T32 are parked in
-// the unused upper blocks of A's tile.
+// 32x32 halves). The block products run on tf32 mma (11 significant bits, f32 sums), transposed
+// (C^T = B^T A^T) so that a product's accumulator is the next product's A operand. The f32
+// blocks T_ii, T10 and T32 are parked in the unused upper blocks of A's tile.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -74,57 +73,55 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-/// Two f32 -> bf16 hi and lo words (x = hi + lo to about 16 bits); the first value in the low
-/// half.
-__device__ __forceinline__ void split_bf16(float x, float y, u32& hi, u32& lo) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-  const float2 hf = __bfloat1622float2(h);
-  const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
-  hi = (u32(__bfloat16_as_ushort(h.y)) << 16) | u32(__bfloat16_as_ushort(h.x));
-  lo = (u32(__bfloat16_as_ushort(l.y)) << 16) | u32(__bfloat16_as_ushort(l.x));
-}
-
-/// A 16x16 mma A operand, split into hi and lo.
-struct SplitA {
-  u32 hi[4], lo[4];
+/// A 16x16 mma A operand in tf32: two k-slices of 8 columns. The order of k inside a product
+/// is free as long as A and B agree, so slice s takes column 8 s + 2 t4 as its k = t4 and column
+/// 8 s + 2 t4 + 1 as its k = t4 + 4: then an accumulator's two adjacent columns are directly the
+/// next product's A operand, and B's two k values are one float2 load.
+struct TfA {
+  u32 s[2][4];
 };
 
 /// A operand Y^T of the f32 16x16 block Y stored row-major (pitch kLdA): element (r, c) = Y[c][r].
-__device__ __forceinline__ SplitA load_a_transposed(const float* y, int g, int t4) {
-  SplitA a;
-  const float* c0 = y + (2 * t4) * kLdA;
-  const float* c8 = y + (2 * t4 + 8) * kLdA;
-  split_bf16(c0[g], c0[kLdA + g], a.hi[0], a.lo[0]);
-  split_bf16(c0[g + 8], c0[kLdA + g + 8], a.hi[1], a.lo[1]);
-  split_bf16(c8[g], c8[kLdA + g], a.hi[2], a.lo[2]);
-  split_bf16(c8[g + 8], c8[kLdA + g + 8], a.hi[3], a.lo[3]);
+__device__ __forceinline__ TfA load_a_transposed(const float* y, int g, int t4) {
+  TfA a;
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    const float* c0 = y + (8 * ks + 2 * t4) * kLdA;
+    a.s[ks][0] = mma::to_tf32(c0[g]);
+    a.s[ks][1] = mma::to_tf32(c0[g + 8]);
+    a.s[ks][2] = mma::to_tf32(c0[kLdA + g]);
+    a.s[ks][3] = mma::to_tf32(c0[kLdA + g + 8]);
+  }
   return a;
 }
 
 /// A operand from a 16x16 accumulator (two n-tiles of 8 columns).
-__device__ __forceinline__ SplitA a_from_acc(const float (&z)[2][4]) {
-  SplitA a;
-  split_bf16(z[0][0], z[0][1], a.hi[0], a.lo[0]);
-  split_bf16(z[0][2], z[0][3], a.hi[1], a.lo[1]);
-  split_bf16(z[1][0], z[1][1], a.hi[2], a.lo[2]);
-  split_bf16(z[1][2], z[1][3], a.hi[3], a.lo[3]);
+__device__ __forceinline__ TfA a_from_acc(const float (&z)[2][4]) {
+  TfA a;
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    a.s[ks][0] = mma::to_tf32(z[ks][0]);
+    a.s[ks][1] = mma::to_tf32(z[ks][2]);
+    a.s[ks][2] = mma::to_tf32(z[ks][1]);
+    a.s[ks][3] = mma::to_tf32(z[ks][3]);
+  }
   return a;
 }
 
-/// c += a X^T for the f32 16x16 block X stored row-major: B element (k, n) = X[n][k].
-__device__ __forceinline__ void mma3_bt(float (&c)[2][4], const SplitA& a, const float* x, int g,
-                                        int t4) {
+/// c += a X^T for the f32 16x16 block X stored row-major: B element (k, n) = X[n][k]. tf32
+/// operands (11 significant bits, f32 range) with f32 sums: the blocks of T leave this kernel as
+/// bf16 (8 bits), so the products stay well inside that rounding, with none of the bf16 hi + lo
+/// splitting this used to take (three products and a split per operand).
+__device__ __forceinline__ void mma_bt(float (&c)[2][4], const TfA& a, const float* x, int g,
+                                       int t4) {
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
     const float* row = x + (8 * nt + g) * kLdA + 2 * t4;
-    const float2 x0 = *reinterpret_cast<const float2*>(row);
-    const float2 x1 = *reinterpret_cast<const float2*>(row + 8);
-    u32 bh0, bl0, bh1, bl1;
-    split_bf16(x0.x, x0.y, bh0, bl0);
-    split_bf16(x1.x, x1.y, bh1, bl1);
-    mma::mma_bf16(c[nt], a.lo, bh0, bh1);
-    mma::mma_bf16(c[nt], a.hi, bl0, bl1);
-    mma::mma_bf16(c[nt], a.hi, bh0, bh1);
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      const float2 xb = *reinterpret_cast<const float2*>(row + 8 * ks);
+      mma::mma_tf32(c[nt], a.s[ks], mma::to_tf32(xb.x), mma::to_tf32(xb.y));
+    }
   }
 }
 
@@ -648,25 +645,25 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
         float c[2][4];
         zero_acc(c);
         if (warp == 0) {
-          mma3_bt(z1, load_a_transposed(t_diag(0), g, t4), a_blk(1, 0), g, t4);
-          mma3_bt(c, a_from_acc(z1), t_diag(1), g, t4);
+          mma_bt(z1, load_a_transposed(t_diag(0), g, t4), a_blk(1, 0), g, t4);
+          mma_bt(c, a_from_acc(z1), t_diag(1), g, t4);
           park_neg_transposed(t10, c, g, t4);
           store_t_block(s_t, kLd, s_beta0, 1, 0, c, g, t4);
         } else if (warp == 1) {
-          mma3_bt(z1, load_a_transposed(t_diag(2), g, t4), a_blk(3, 2), g, t4);
-          mma3_bt(c, a_from_acc(z1), t_diag(3), g, t4);
+          mma_bt(z1, load_a_transposed(t_diag(2), g, t4), a_blk(3, 2), g, t4);
+          mma_bt(c, a_from_acc(z1), t_diag(3), g, t4);
           park_neg_transposed(t32, c, g, t4);
           store_t_block(s_t, kLd, s_beta0, 3, 2, c, g, t4);
         } else if (warp == 2) {
-          const SplitA t11 = load_a_transposed(t_diag(1), g, t4);
-          mma3_bt(z1, t11, a_blk(2, 1), g, t4);
-          mma3_bt(z2, t11, a_blk(3, 1), g, t4);
-          mma3_bt(c, a_from_acc(z1), t_diag(2), g, t4);
+          const TfA t11 = load_a_transposed(t_diag(1), g, t4);
+          mma_bt(z1, t11, a_blk(2, 1), g, t4);
+          mma_bt(z2, t11, a_blk(3, 1), g, t4);
+          mma_bt(c, a_from_acc(z1), t_diag(2), g, t4);
           store_t_block(s_t, kLd, s_beta0, 2, 1, c, g, t4);
         } else {
-          const SplitA t00 = load_a_transposed(t_diag(0), g, t4);
-          mma3_bt(z1, t00, a_blk(2, 0), g, t4);
-          mma3_bt(z2, t00, a_blk(3, 0), g, t4);
+          const TfA t00 = load_a_transposed(t_diag(0), g, t4);
+          mma_bt(z1, t00, a_blk(2, 0), g, t4);
+          mma_bt(z2, t00, a_blk(3, 0), g, t4);
         }
       }
       __syncthreads();
@@ -679,20 +676,20 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
         zero_acc(c);
         if (warp == 0) {
           zero_acc(z1);
-          mma3_bt(z1, load_a_transposed(t_diag(0), g, t4), a_blk(2, 0), g, t4);
-          mma3_bt(z1, load_a_transposed(t10, g, t4), a_blk(2, 1), g, t4);
-          mma3_bt(c, a_from_acc(z1), t_diag(2), g, t4);
+          mma_bt(z1, load_a_transposed(t_diag(0), g, t4), a_blk(2, 0), g, t4);
+          mma_bt(z1, load_a_transposed(t10, g, t4), a_blk(2, 1), g, t4);
+          mma_bt(c, a_from_acc(z1), t_diag(2), g, t4);
           store_t_block(s_t, kLd, s_beta0, 2, 0, c, g, t4);
         } else if (warp == 2) {
-          mma3_bt(c, a_from_acc(z1), t32, g, t4);
-          mma3_bt(c, a_from_acc(z2), t_diag(3), g, t4);
+          mma_bt(c, a_from_acc(z1), t32, g, t4);
+          mma_bt(c, a_from_acc(z2), t_diag(3), g, t4);
           store_t_block(s_t, kLd, s_beta0, 3, 1, c, g, t4);
         } else if (warp == 3) {
-          const SplitA t10a = load_a_transposed(t10, g, t4);
-          mma3_bt(z1, t10a, a_blk(2, 1), g, t4);
-          mma3_bt(z2, t10a, a_blk(3, 1), g, t4);
-          mma3_bt(c, a_from_acc(z1), t32, g, t4);
-          mma3_bt(c, a_from_acc(z2), t_diag(3), g, t4);
+          const TfA t10a = load_a_transposed(t10, g, t4);
+          mma_bt(z1, t10a, a_blk(2, 1), g, t4);
+          mma_bt(z2, t10a, a_blk(3, 1), g, t4);
+          mma_bt(c, a_from_acc(z1), t32, g, t4);
+          mma_bt(c, a_from_acc(z2), t_diag(3), g, t4);
           store_t_block(s_t, kLd, s_beta0, 3, 0, c, g, t4);
         }
       }
