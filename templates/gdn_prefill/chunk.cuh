@@ -415,10 +415,10 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
       mma::load_a(ak, s_k + rg * 16 * kLdK + ks * 16, kLdK);
       mma::load_a(aq, s_q + rp * 16 * kLdK + ks * 16, kLdK);
       if constexpr (kL2Norm) {
-        u32 bq[4];
-        mma::load_b2(bq, s_q + rp * 16 * kLdK + ks * 16, kLdK);
-        mma::mma_bf16(acc_qq[0], aq, bq[0], bq[1]);
-        mma::mma_bf16(acc_qq[1], aq, bq[2], bq[3]);
+        // The diagonal block of Q Q^T: a 16 x 16 block's A fragment is also its B fragment
+        // (rows g and g + 8 of the block are the two n-tiles' columns), so nothing is loaded.
+        mma::mma_bf16(acc_qq[0], aq, aq[0], aq[2]);
+        mma::mma_bf16(acc_qq[1], aq, aq[1], aq[3]);
       }
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
