@@ -109,9 +109,8 @@ __device__ __forceinline__ TfA a_from_acc(const float (&z)[2][4]) {
 }
 
 /// c += a X^T for the f32 16x16 block X stored row-major: B element (k, n) = X[n][k]. tf32
-/// operands (11 significant bits, f32 range) with f32 sums: the blocks of T leave this kernel as
-/// bf16 (8 bits), so the products stay well inside that rounding, with none of the bf16 hi + lo
-/// splitting this used to take (three products and a split per operand).
+/// operands (11 significant bits, f32 range) with f32 sums are enough: the blocks of T leave this
+/// kernel as bf16 (8 bits), so the products' rounding stays well inside the store's.
 __device__ __forceinline__ void mma_bt(float (&c)[2][4], const TfA& a, const float* x, int g,
                                        int t4) {
 #pragma unroll
