@@ -11,6 +11,7 @@
 #              dtype, grid mode and boundary test stays in.
 #   racecheck, synccheck  a representative subset: for each op every grid mode / value tile
 #              (the code paths with shared memory and barriers), merge_states and in_place,
+#              prefill's P formed by the state kernel (its mbarrier handoff),
 #              prefill's mixed lengths, and the planner's 100 KiB dynamic-smem launch.
 # Override with KJIT_MEMCHECK_ARGS / KJIT_RACECHECK_ARGS / KJIT_SYNCCHECK_ARGS (one doctest
 # argument, passed as one word: test names contain spaces; "" for the whole suite). Tools to run: KJIT_SANITIZE_TOOLS (default
@@ -33,7 +34,7 @@ if [ ! -x "$sanitizer" ]; then
   exit 2
 fi
 
-subset='gdn_decode gpu: every grid mode*,gdn_decode gpu: small batches*,gdn_prefill: every value tile*,gdn_prefill: mixed lengths*,gpu merge_state: every grid mode*,gpu merge_states: S = 0*,gpu merge_state_in_place*,planner gpu: 100 KiB*'
+subset='gdn_decode gpu: every grid mode*,gdn_decode gpu: small batches*,gdn_prefill: every value tile*,gdn_prefill: mixed lengths*,gdn_prefill chunked: P formed by the state kernel*,gpu merge_state: every grid mode*,gpu merge_states: S = 0*,gpu merge_state_in_place*,planner gpu: 100 KiB*'
 memcheck_args=${KJIT_MEMCHECK_ARGS-"-tce=*more than 2^31*,*100k-token*"}
 racecheck_args=${KJIT_RACECHECK_ARGS-"-tc=$subset"}
 synccheck_args=${KJIT_SYNCCHECK_ARGS-"-tc=$subset"}

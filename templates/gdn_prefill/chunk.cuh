@@ -15,7 +15,9 @@
 //   scales_i = {s e^gamma_i / |q_i|, e^gamma_i / |k_i|, e^(gamma_last - gamma_i) / |k_i|,
 //               e^gamma_last}                                              -> workspace, float4
 // with s the output scale (p.scale): it enters only through the rows of q, so the state kernel
-// stores its outputs without another multiply.
+// stores its outputs without another multiply. With kStateP the state kernel forms P itself
+// (state.cuh, form_p): this kernel then skips Q K^T and P and stores each row's factors of P
+// instead (gdn_prefill_p_factors, in P's workspace region).
 // The state kernel (state.cuh) multiplies raw bf16 q and k with the state and
 // applies the norms and decays through these scales, so normalized q/k are never stored.
 //
@@ -161,9 +163,11 @@ __device__ __forceinline__ void store_t_block(__nv_bfloat16* s_t, int ld, const 
 }  // namespace gdn_prefill_chunk_detail
 
 /// Template parameters: element types of q/k, of the raw gates a/b (f32 for precomputed g and
-/// beta), of A_log/dt_bias and of cu_seqlens; K; kGated: a/b hold g and beta; kL2Norm.
+/// beta), of A_log/dt_bias and of cu_seqlens; K; kGated: a/b hold g and beta; kL2Norm; kStateP:
+/// the state kernel forms P itself (its wide mma.sync tiles), so this kernel skips Q K^T and P
+/// and writes, where P's rows would go, each row's factors of P (gdn_prefill_p_factors).
 template <typename Tin, typename Tgate, typename Tparam, typename Tcu, int kK, bool kGated,
-          bool kL2Norm>
+          bool kL2Norm, bool kStateP = false>
 // Three blocks per SM (<= 170 registers): a block's barriers and latencies are covered by the
 // other resident blocks.
 __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
@@ -389,7 +393,7 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
       for (int ks = 0; ks < kKSteps; ++ks) {
         const u64 kd = kd0 + u64(16 * ks);
         wgmma::mma_m64n64k16_ss<0>(acc_g, kd, kd);
-        wgmma::mma_m64n64k16_ss<0>(acc_p, qd0 + u64(16 * ks), kd);
+        if constexpr (!kStateP) wgmma::mma_m64n64k16_ss<0>(acc_p, qd0 + u64(16 * ks), kd);
       }
       wgmma::commit();
       // The diagonal block of Q Q^T of block row rp (stored at block position 3 - rp = warp) on
@@ -421,14 +425,14 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
       }
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
-        if (np <= rg || np <= rp) {
+        if (np <= rg || (!kStateP && np <= rp)) {
           u32 bk[4];
           mma::load_b2(bk, s_k + np * 16 * kLdK + ks * 16, kLdK);
           if (np <= rg) {
             mma::mma_bf16(acc_g[2 * np], ak, bk[0], bk[1]);
             mma::mma_bf16(acc_g[2 * np + 1], ak, bk[2], bk[3]);
           }
-          if (np <= rp) {
+          if (!kStateP && np <= rp) {
             mma::mma_bf16(acc_p[2 * np], aq, bk[0], bk[1]);
             mma::mma_bf16(acc_p[2 * np + 1], aq, bk[2], bk[3]);
           }
@@ -558,37 +562,39 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
           }
         }
       }
+      if constexpr (!kStateP) {
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int i = rp * 16 + g + 8 * hf;
-        const float gi = s_gamma[i], fi = s_rq[i];
+        for (int hf = 0; hf < 2; ++hf) {
+          const int i = rp * 16 + g + 8 * hf;
+          const float gi = s_gamma[i], fi = s_rq[i];
 #pragma unroll
-        for (int jb = 0; jb < 4; ++jb) {
-          if (jb < rp) {
-            const float rf = fi * ex2((gi - s_ref[jb]) * kLog2e);
+          for (int jb = 0; jb < 4; ++jb) {
+            if (jb < rp) {
+              const float rf = fi * ex2((gi - s_ref[jb]) * kLog2e);
 #pragma unroll
-            for (int h2 = 0; h2 < 2; ++h2) {
-              const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
-              const float2 cf = *reinterpret_cast<const float2*>(s_cf + j);
-              *reinterpret_cast<u32*>(s_p + i * kLd + j) =
-                  mma::pack_bf16(rf * cf.x * acc_p[nt][2 * hf], rf * cf.y * acc_p[nt][2 * hf + 1]);
-            }
-          } else if (jb == rp) {
+              for (int h2 = 0; h2 < 2; ++h2) {
+                const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
+                const float2 cf = *reinterpret_cast<const float2*>(s_cf + j);
+                *reinterpret_cast<u32*>(s_p + i * kLd + j) = mma::pack_bf16(
+                    rf * cf.x * acc_p[nt][2 * hf], rf * cf.y * acc_p[nt][2 * hf + 1]);
+              }
+            } else if (jb == rp) {
 #pragma unroll
-            for (int h2 = 0; h2 < 2; ++h2) {
-              const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
-              const float2 gj = *reinterpret_cast<const float2*>(s_gamma + j);
-              const float2 kj = *reinterpret_cast<const float2*>(s_rk + j);
-              const float y0 = fi * kj.x * ex2((gi - gj.x) * kLog2e) * acc_p[nt][2 * hf];
-              const float y1 = fi * kj.y * ex2((gi - gj.y) * kLog2e) * acc_p[nt][2 * hf + 1];
-              *reinterpret_cast<u32*>(s_p + i * kLd + j) =
-                  mma::pack_bf16(i >= j ? y0 : 0.f, i >= j + 1 ? y1 : 0.f);
-            }
-          } else {
+              for (int h2 = 0; h2 < 2; ++h2) {
+                const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
+                const float2 gj = *reinterpret_cast<const float2*>(s_gamma + j);
+                const float2 kj = *reinterpret_cast<const float2*>(s_rk + j);
+                const float y0 = fi * kj.x * ex2((gi - gj.x) * kLog2e) * acc_p[nt][2 * hf];
+                const float y1 = fi * kj.y * ex2((gi - gj.y) * kLog2e) * acc_p[nt][2 * hf + 1];
+                *reinterpret_cast<u32*>(s_p + i * kLd + j) =
+                    mma::pack_bf16(i >= j ? y0 : 0.f, i >= j + 1 ? y1 : 0.f);
+              }
+            } else {
 #pragma unroll
-            for (int h2 = 0; h2 < 2; ++h2) {
-              const int j = (2 * jb + h2) * 8 + 2 * t4;
-              *reinterpret_cast<u32*>(s_p + i * kLd + j) = 0u;
+              for (int h2 = 0; h2 < 2; ++h2) {
+                const int j = (2 * jb + h2) * 8 + 2 * t4;
+                *reinterpret_cast<u32*>(s_p + i * kLd + j) = 0u;
+              }
             }
           }
         }
@@ -599,6 +605,10 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
         const float4 sc = make_float4(s_rq[tid] * eg, s_rk[tid] * eg,
                                       s_rk[tid] * __expf(g_last - gi), __expf(g_last));
         static_cast<float4*>(p.ws_scales)[ws_row0 + i64(tid) * hv_count + hv] = sc;
+        if constexpr (kStateP) {
+          static_cast<float4*>(p.ws_p)[ws_row0 + i64(tid) * hv_count + hv] =
+              gdn_prefill_p_factors(gi, s_rq[tid], s_rk[tid]);
+        }
       }
       __syncthreads();
 
@@ -706,8 +716,10 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
             const i64 off = i64(r) * hv_count * 64 + part * 8;
             *reinterpret_cast<uint4*>(dst_t + off) =
                 *reinterpret_cast<const uint4*>(s_t + r * kLd + part * 8);
-            *reinterpret_cast<uint4*>(dst_p + off) =
-                *reinterpret_cast<const uint4*>(s_p + r * kLd + part * 8);
+            if constexpr (!kStateP) {
+              *reinterpret_cast<uint4*>(dst_p + off) =
+                  *reinterpret_cast<const uint4*>(s_p + r * kLd + part * 8);
+            }
           }
         }
       }

@@ -258,6 +258,14 @@ __device__ void rank_sequences_longest_first(const GdnPrefillParams& p, i64 firs
   }
 }
 
+/// What the state kernel needs of row i to form P itself (kStateP):
+/// P_ij = s rq_i rk_j (Q K^T)_ij 2^(x_i - x_j) for i >= j, with x = gamma log2(e) (the gamma
+/// scan is non-increasing, so 2^(x_i - x_j) <= 1 and no factor can overflow, whatever the
+/// gates); {x_i, s rq_i (the output scale included), rk_i, 0}.
+__device__ __forceinline__ float4 gdn_prefill_p_factors(float gamma, float scaled_rq, float rk) {
+  return make_float4(gamma * 1.4426950408889634f, scaled_rq, rk, 0.f);
+}
+
 }  // namespace gdn_prefill_detail
 
 /// Template parameters: element types of q/k/v, of the raw gates a/b (f32 for precomputed g and

@@ -198,7 +198,7 @@ struct GdnPrefillStateSmem {
   u32 r;         // bf16 [bv][72] R^T (tiles of 16 and 32)
   u32 vn;        // bf16 [bv][72] Vn^T (tiles of 16 and 32)
   u32 vd;        // bf16 [bv][72] Vn^T scaled by e^(gamma_last - gamma_j) / |k_j| (16 and 32)
-  u32 barriers;  // u64 full[stages], empty[stages] (wide tiles of 3 or more stages)
+  u32 barriers;  // u64 full[stages], empty[stages], p_ready[stages] (wide, 3 or more stages)
   u32 total;
 };
 
@@ -230,9 +230,9 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillStateSmem gdn_prefill_state_smem(int k, 
     const u32 count = u32(stages > 0 ? stages : gdn_prefill_state_stages(bv));
     m.total = at * count;
     if (count >= 3) {
-      // The full and empty mbarrier of each stage (the handoff, sm_90 and later).
+      // The full, empty and P-ready mbarrier of each stage (the handoff, sm_90 and later).
       m.barriers = m.total;
-      m.total += 16u * count;
+      m.total += 24u * count;
     }
     return m;
   }
@@ -299,7 +299,9 @@ struct GdnPrefillParams {
   void* checkpoints;
   /// [N + 1] i64: first checkpoint row of each sequence.
   const i64* checkpoint_starts;
-  /// Chunked path only: the workspace regions (see gdn_prefill_workspace).
+  /// Chunked path only: the workspace regions (see gdn_prefill_workspace). When the state
+  /// kernel forms P itself (kStateP), ws_p holds instead, densely, a float4 of P's factors per
+  /// token and value head (gdn_prefill_p_factors, [T, HV]).
   void* ws_t;
   void* ws_p;
   void* ws_scales;

@@ -588,13 +588,66 @@ __device__ __forceinline__ void pack_vn(const float (&acc_v)[8][4], const float 
   }
 }
 
+/// kStateP: P = tril(s rq_i rk_j (Q K^T)_ij 2^(x_i - x_j)) of a chunk into its stage (bf16 rows
+/// of pitch 72), from the raw q and k tiles and each row's factors {x, s rq, rk}
+/// (gdn_prefill_p_factors), which the stage keeps in the 16 bytes past each P row (columns
+/// 64..71, which no product reads). The ten lower 16 x 16 blocks of chunk `chunk` are dealt to
+/// the warps in turn, counting on from the previous chunk's last (block b of chunk c goes to warp
+/// (10 c + b) mod warps), so that no warp always takes the extra blocks. The zeros above the
+/// diagonal, and rows past the chunk's end, are selected, not multiplied (a zero-filled row's
+/// factors could make 0 * inf).
+template <int kK, int kWarps>
+__device__ __forceinline__ void form_p(const __nv_bfloat16* s_q, const __nv_bfloat16* s_k,
+                                       __nv_bfloat16* s_p, int rows, int warp, int g, int t4,
+                                       i64 chunk) {
+  constexpr int kLdK = kK + 8, kLd = 72;
+  const auto factors = [&](int r) { return *reinterpret_cast<const float4*>(s_p + r * kLd + 64); };
+  const int first = static_cast<int>((warp + kWarps - (10 * chunk) % kWarps) % kWarps);
+#pragma unroll 1
+  for (int blk = first; blk < 10; blk += kWarps) {
+    const int mt = blk < 1 ? 0 : (blk < 3 ? 1 : (blk < 6 ? 2 : 3));
+    const int jb = blk - mt * (mt + 1) / 2;
+    float acc[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < kK / 16; ++ks) {
+      u32 a[4], b[4];
+      mma::load_a(a, s_q + mt * 16 * kLdK + ks * 16, kLdK);
+      mma::load_b2(b, s_k + jb * 16 * kLdK + ks * 16, kLdK);
+      mma::mma_bf16(acc[0], a, b[0], b[1]);
+      mma::mma_bf16(acc[1], a, b[2], b[3]);
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = mt * 16 + g + 8 * hf;
+      const float4 fi = factors(i);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int j = jb * 16 + nt * 8 + 2 * t4;
+        const float4 f0 = factors(j), f1 = factors(j + 1);
+        float d0, d1;
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(d0) : "f"(fi.x - f0.x));
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(d1) : "f"(fi.x - f1.x));
+        const float y0 = fi.y * f0.z * d0 * acc[nt][2 * hf];
+        const float y1 = fi.y * f1.z * d1 * acc[nt][2 * hf + 1];
+        const bool row_ok = i < rows;
+        *reinterpret_cast<u32*>(s_p + i * kLd + j) =
+            mma::pack_bf16(row_ok && i >= j ? y0 : 0.f, row_ok && i >= j + 1 ? y1 : 0.f);
+      }
+    }
+  }
+}
+
 template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
-          int kBV, bool kCkpt, int kPhase = 0, int kStagesWanted = 0, bool kKMajor = false>
+          int kBV, bool kCkpt, int kPhase = 0, int kStagesWanted = 0, bool kKMajor = false,
+          bool kStateP = false>
 __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   static_assert(kK == 64 || kK == 128, "wide tiles carry 16 rows of a K <= 128 state per warp");
   static_assert(kPhase == 0 || (!KJIT_GDN_STATE_WGMMA && kK % kBV == 0),
                 "the context-parallel passes run on mma.sync, with tiles that divide K");
   static_assert(kV % kBV == 0 && kV <= 256, "the value tile must divide V");
+  static_assert(!(kStateP && KJIT_GDN_STATE_WGMMA), "P is formed in the mma.sync kernel only");
   constexpr int kWarps = kBV / 16;
   static_assert(kWarps == gdn_prefill_state_warps(kBV), "one warp per 16 rows of the tile");
   constexpr int kThreads = 32 * kWarps;
@@ -634,6 +687,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   const auto [n, hv, h, vt, v0, bos, eos, slot, padded, has_init, q_g, k_g, v_g, t_g, p_g, sc_g] =
       work;
   const u32 hv_count = p.num_value_heads;
+  // kStateP: P's row factors of this value head ([T, HV] float4 in ws_p).
+  [[maybe_unused]] const float4* const pf_g = static_cast<const float4*>(p.ws_p) + hv;
   // Identity tiles (segment pass) multiply v = 0: their rows are zero-filled.
   const bool zero_v = kPhase == 1 && cp.identity;
   // Whether this block's outputs are stored (always, but in the segment pass only for segment
@@ -706,12 +761,20 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     issue_rows(base + kSmem.q, kLdK, q_g, p.q_stride_t, IntC<kK / 8>{}, t, want_out ? rows : 0);
     issue_rows(base + kSmem.v, kLdV, v_g, p.v_stride_t, IntC<kBV / 8>{}, t, zero_v ? 0 : rows);
     issue_rows(base + kSmem.t0, kLd, t_g, i64(hv_count) * 64, IntC<8>{}, t, rows);
-    issue_rows(base + kSmem.p, kLd, p_g, i64(hv_count) * 64, IntC<8>{}, t, want_out ? rows : 0);
+    if constexpr (!kStateP) {
+      issue_rows(base + kSmem.p, kLd, p_g, i64(hv_count) * 64, IntC<8>{}, t, want_out ? rows : 0);
+    }
 #endif
     if (tid < 64) {
       const bool ok = tid < rows;
       cp_async::copy16(reinterpret_cast<float4*>(base + kSmem.sc0) + tid,
                        ok ? sc_g + (t + tid) * i64(hv_count) : sc_g, ok);
+    } else if (kStateP && tid < 128) {
+      // P's row factors, past each row of the stage's P tile (form_p).
+      const int r = tid - 64;
+      const bool ok = want_out && r < rows;
+      cp_async::copy16(base + kSmem.p + r * (kLd * 2) + 128,
+                       ok ? pf_g + (t + r) * i64(hv_count) : pf_g, ok);
     }
   };
   // The warp's state rows: element (vw + g + 8 hf, kk) with kk = ni * 8 + 2 t4 + e at
@@ -780,7 +843,11 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   // reading it (kWarps arrivals). Bit s of the phase masks: the parity of the next wait on s.
   [[maybe_unused]] u64* const full = reinterpret_cast<u64*>(smem + kSmem.barriers);
   [[maybe_unused]] u64* const empty = full + kStages;
-  [[maybe_unused]] u32 full_phase = 0, empty_phase = 0;
+  // kStateP: p_ready[s] completes when every thread has stored its share of stage s's P (each
+  // thread's arrival releases its own stores), which the warps form during the chunk before
+  // (form_p), so that no warp waits for P on its own chain.
+  [[maybe_unused]] u64* const p_ready = empty + kStages;
+  [[maybe_unused]] u32 full_phase = 0, empty_phase = 0, p_ready_phase = 0;
   if constexpr (kHandoff) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (tid == 0) {
@@ -788,12 +855,24 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       for (int s = 0; s < kStages; ++s) {
         mbarrier::init(full + s, kThreads);
         mbarrier::init(empty + s, kWarps);
+        mbarrier::init(p_ready + s, kThreads);
       }
     }
     __syncthreads();
     if (bos < eos) {
       fill(0, bos);
       mbarrier::cp_async_arrive_noinc(full);
+      if constexpr (kStateP) {
+        // The first chunk's P, before the loop; each later chunk's during the chunk before it.
+        if (want_out) {
+          mbarrier::wait(full, 0u);
+          form_p<kK, kWarps>(reinterpret_cast<const __nv_bfloat16*>(smem + kSmem.q),
+                             reinterpret_cast<const __nv_bfloat16*>(smem + kSmem.k0),
+                             reinterpret_cast<__nv_bfloat16*>(smem + kSmem.p), rows_at(bos), warp,
+                             g, t4, 0);
+          mbarrier::arrive(p_ready);
+        }
+      }
     }
 #endif
   } else {
@@ -845,9 +924,16 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     const __nv_bfloat16* s_q = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.q);
     const __nv_bfloat16* s_v = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.v);
     const __nv_bfloat16* s_t = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.t0);
-    const __nv_bfloat16* s_p = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.p);
+    __nv_bfloat16* const s_p = reinterpret_cast<__nv_bfloat16*>(base + kSmem.p);
     const float4* s_sc = reinterpret_cast<const float4*>(base + kSmem.sc0);
     st = st + 1 == kStages ? 0 : st + 1;
+#if !KJIT_GDN_STATE_WGMMA
+    // kStateP without the handoff (2 stages, or before sm_90): this chunk's P here, shared by
+    // every warp's O through a block barrier before step 5.
+    if constexpr (kStateP && !kHandoff) {
+      if (want_out) form_p<kK, kWarps>(s_q, s_k, s_p, rows, warp, g, t4, (t0 - bos) / 64);
+    }
+#endif
 
 #if KJIT_GDN_STATE_WGMMA
     // The same chain on warpgroup products: each warpgroup's four warps (64 rows of V) give
@@ -1049,6 +1135,32 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     // 5. O_w = diag(e^gamma / |q|) Q S_w^T + P Vn_w (P lower triangular); store the chunk's rows
     // (the thread's rows g + 8 hf + 16 mt: one row address per chunk, the rest a block-uniform
     // step away).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (kStateP && kHandoff) {
+      // The next chunk's P, formed now that its inputs have (almost certainly) landed: work off
+      // this chunk's chain, which the state update's products are still draining.
+      const i64 tn = t0 + kGdnPrefillChunk;
+      if (want_out && tn < eos) {
+        const int sn = cur + 1 == kStages ? 0 : cur + 1;
+        mbarrier::wait(full + sn, (full_phase >> sn) & 1u);
+        unsigned char* const next = smem + sn * kStage;
+        form_p<kK, kWarps>(reinterpret_cast<const __nv_bfloat16*>(next + kSmem.q),
+                           reinterpret_cast<const __nv_bfloat16*>(next + kSmem.k0),
+                           reinterpret_cast<__nv_bfloat16*>(next + kSmem.p), rows_at(tn), warp, g,
+                           t4, (tn - bos) / 64);
+        mbarrier::arrive(p_ready + sn);
+      }
+      // This chunk's P, formed by every warp during the chunk before.
+      if (want_out) {
+        mbarrier::wait(p_ready + cur, (p_ready_phase >> cur) & 1u);
+        p_ready_phase ^= 1u << cur;
+      }
+    }
+#endif
+    if constexpr (kStateP && !kHandoff) {
+      // Every warp's share of P is in shared memory (bar.sync 1: barrier 0 is __syncthreads').
+      if (want_out) asm volatile("bar.sync 1, %0;" ::"r"(kThreads) : "memory");
+    }
     if (want_out) {
       Tout* const o_rows = o_base + (t0 + g) * p.out_stride_t + 2 * t4;
 #pragma unroll
@@ -1132,13 +1244,15 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 /// final states and the checkpoints. kStages: input stages of the wide tiles (3: handed over by
 /// mbarriers on sm_90 and later, see state_wide).
 template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
-          int kBV, bool kCkpt, int kStateLayout = kGdnStateVMajor, int kStages = 2>
+          int kBV, bool kCkpt, int kStateLayout = kGdnStateVMajor, int kStages = 2,
+          bool kStateP = false>
 __global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
     gdn_prefill_state_kernel(const GdnPrefillParams p) {
   constexpr bool kKMajor = kStateLayout == kGdnStateKMajor;
+  static_assert(!kStateP || gdn_prefill_state_wide(kBV), "P is formed by the wide tiles only");
   if constexpr (gdn_prefill_state_wide(kBV)) {
     gdn_prefill_detail::state_wide<Tin, Tstate, Tout, Tcu, Tidx, kK, kV, kBV, kCkpt, 0, kStages,
-                                   kKMajor>(p);
+                                   kKMajor, kStateP>(p);
   } else {
     gdn_prefill_detail::state_tiles<Tin, Tstate, Tout, Tcu, Tidx, kK, kV, kBV, kCkpt, kKMajor>(p);
   }
@@ -1148,7 +1262,8 @@ __global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
 /// the segment pass, kPhase 2 the resume pass. The wide tiles only (kBV = 64 or 128 dividing K
 /// and V), on mma.sync.
 template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
-          int kBV, bool kCkpt, int kPhase, int kStages, int kStateLayout = kGdnStateVMajor>
+          int kBV, bool kCkpt, int kPhase, int kStages, int kStateLayout = kGdnStateVMajor,
+          bool kStateP = false>
 __global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
     gdn_prefill_state_cp_kernel(const GdnPrefillParams p) {
   static_assert(gdn_prefill_state_wide(kBV), "the context-parallel passes use the wide tiles");
@@ -1156,7 +1271,7 @@ __global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
   // The pool, final states and checkpoints in kStateLayout; the f32 scratch between the passes
   // (segment end states, maps, exact initial states) stays V-major.
   gdn_prefill_detail::state_wide<Tin, Tstate, Tout, Tcu, Tidx, kK, kV, kBV, kCkpt, kPhase, kStages,
-                                 kStateLayout == kGdnStateKMajor>(p);
+                                 kStateLayout == kGdnStateKMajor, kStateP>(p);
 }
 
 }  // namespace kjit

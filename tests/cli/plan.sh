@@ -58,12 +58,23 @@ contains "$ERR" "a multiple of 8"
 run 0 plan gdn_prefill --tokens 1000 --seqs 4 --heads 16 --v-heads 32 --k 128 --v 128 --arch h200
 contains "$OUT" "gdn_prefill:"
 contains "$OUT" "ckpt=0,stages=3@sm_90"
+contains "$OUT" "P formed by the chunk kernel"
 # State checkpoints: the kernel with ckpt=1, and an interval that is no multiple of 64 refused.
 run 0 plan gdn_prefill --tokens 1000 --seqs 4 --heads 16 --v-heads 32 --k 128 --v 128 --checkpoint 128 --arch h200
 contains "$OUT" "ckpt=1,stages=3@sm_90"
 contains "$OUT" "state checkpoints every 128 tokens"
 run 2 plan gdn_prefill --tokens 1000 --seqs 4 --heads 16 --v-heads 32 --k 128 --v 128 --checkpoint 100 --arch h200
 contains "$ERR" "checkpoint_every_n_tokens = 100"
+# Who forms P: the state kernel for the whole-V tile without GVA (both kernels say so), the
+# chunk kernel when forced with _p0; _p1 on a narrow tile refused.
+run 0 plan gdn_prefill --tokens 131072 --seqs 16 --heads 16 --v-heads 16 --k 128 --v 128 --arch h200
+contains "$OUT" "l2norm=1,statep=1@sm_90"
+contains "$OUT" "stages=3,statep=1@sm_90"
+contains "$OUT" "P formed by the state kernel"
+run 0 plan gdn_prefill --tokens 131072 --seqs 16 --heads 16 --v-heads 16 --k 128 --v 128 --mode chunked_bv128_p0 --arch h200
+contains "$OUT" "P formed by the chunk kernel"
+run 2 plan gdn_prefill --tokens 131072 --seqs 16 --heads 16 --v-heads 16 --k 128 --v 128 --mode chunked_bv32_p1 --arch h200
+contains "$ERR" "wide mma.sync tiles only"
 # One long sequence: the context-parallel path (4 launches) and why; a forced segment length; a
 # segment length that is no positive number is a usage error.
 run 0 plan gdn_prefill --tokens 32768 --seqs 1 --heads 16 --v-heads 16 --k 128 --v 128 --arch h200

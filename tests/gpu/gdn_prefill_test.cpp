@@ -49,11 +49,14 @@ struct Case {
   // false: q and k are used as given (then drawn with norm ~0.9, so the recurrence stays
   // bounded).
   bool l2norm = true;
-  // Precomputed gates only: g drawn from [-slow_decay, 0] instead of [-0.2, 0] (g near 0: the
-  // state carries over the whole sequence, so a segment started from an assumed state fails).
-  double slow_decay = 0.0;
+  // Precomputed gates only: g drawn from [-max_decay, 0]. Near 0 the state carries over the
+  // whole sequence (a segment started from an assumed state fails); far below, e^(gamma) of a
+  // chunk's later rows underflows f32 (every decay factor must then come from differences).
+  double max_decay = 0.2;
   // When not empty: the mode the planner must choose must start with this (e.g. "chunked_cp").
   std::string expect_mode;
+  // >= 0: every kernel of the chunked plan must have statep = this (who forms P).
+  int expect_state_p = -1;
   // The pool, final states and checkpoints as fla keeps states: each [HV, K, V] block
   // contiguous, passed as its transpose (strides [row, V*K, 1, V]); the plan must take the
   // state_layout=kv kernels. The reference reads and writes them through the same strides.
@@ -98,8 +101,7 @@ void run_case(const Case& c) {
     gb.resize(ga.size());
     std::uniform_real_distribution<double> unit(0.0, 1.0);
     for (std::int64_t i = 0; i < t * hv; ++i) {
-      support::store_from_double(ga.data(), DType::f32, i,
-                                 -(c.slow_decay > 0 ? c.slow_decay : 0.2) * unit(rng));
+      support::store_from_double(ga.data(), DType::f32, i, -c.max_decay * unit(rng));
       support::store_from_double(gb.data(), DType::f32, i, unit(rng));
     }
   } else {
@@ -194,6 +196,10 @@ void run_case(const Case& c) {
                                  launch.spec.family == "gdn_prefill_state" ||
                                  launch.spec.family == "gdn_prefill_state_cp";
       CHECK(launch.spec.get_or("state_layout", "vk") == (c.k_major && touches_state ? "kv" : "vk"));
+      // Both kernels of a chunked plan agree on who forms P.
+      if (c.expect_state_p >= 0 && launch.spec.family != "gdn_prefill_cp_scan") {
+        CHECK(launch.spec.get_or("statep", "0") == std::to_string(c.expect_state_p));
+      }
     }
     for (const std::string& r : plan.reasons) {
       if (r.starts_with("workspace for T = ")) ws_bytes = std::stoll(r.substr(r.find(": ") + 2));
@@ -400,6 +406,49 @@ TEST_CASE("gdn_prefill: every value tile of both paths on the same batch") {
     Case c;
     c.lengths = {65, 0, 130, 1};
     c.force_mode = mode;
+    run_case(c);
+  }
+}
+
+// P = tril(Q K^T ...) formed by the state kernel (the planner's choice for the whole-V tile
+// without GVA; _p1 elsewhere) or by the chunk kernel (_p0), on the same batch, with gates that
+// decay by up to e^-8 per token: e^(gamma) of a chunk's late rows then underflows f32 (gamma
+// down to ~-500), so only differences of gamma may enter a factor.
+void state_p_case(const std::string& mode, int state_p, double max_decay) {
+  CAPTURE(mode);
+  CAPTURE(max_decay);
+  Case c;
+  c.lengths = {65, 0, 1000, 1, 64, 200};
+  c.heads = 2;
+  c.value_heads = 2;
+  c.precomputed = true;
+  c.max_decay = max_decay;
+  c.force_mode = mode;
+  c.expect_state_p = state_p;
+  run_case(c);
+}
+
+TEST_CASE("gdn_prefill chunked: P formed by the state kernel (whole-V tile, H = HV), fast decay") {
+  for (const double max_decay : {0.2, 8.0}) state_p_case("chunked_bv128", 1, max_decay);
+}
+
+TEST_CASE("gdn_prefill chunked: P formed by either kernel on every wide tile, GVA, checkpoints") {
+  for (const auto& [mode, state_p] :
+       std::vector<std::pair<std::string, int>>{{"chunked_bv128_p0", 0},
+                                                {"chunked_bv64_p1", 1},
+                                                {"chunked_bv64", 0},
+                                                {"chunked_cp2_p1", 1},
+                                                {"chunked_cp2", 0}}) {
+    for (const double max_decay : {0.2, 8.0}) state_p_case(mode, state_p, max_decay);
+  }
+  for (const auto& [mode, state_p] : std::vector<std::pair<std::string, int>>{
+           {"chunked_bv128", 0}, {"chunked_bv128_p1", 1}, {"chunked_cp3_p1", 1}}) {
+    CAPTURE(mode);
+    Case c;  // GVA (2 value heads per key head), raw gates, checkpoints
+    c.lengths = {300, 64, 0, 129};
+    c.ckpt_every = 64;
+    c.force_mode = mode;
+    c.expect_state_p = state_p;
     run_case(c);
   }
 }
@@ -813,7 +862,7 @@ TEST_CASE("gdn_prefill context-parallel: slowly decaying gates over 100k tokens"
   c.heads = 1;
   c.value_heads = 1;
   c.precomputed = true;
-  c.slow_decay = 1e-5;
+  c.max_decay = 1e-5;
   c.expect_mode = "chunked_cp";
   run_case(c);
   c.lengths = {60000, 40000};

@@ -405,13 +405,13 @@ TEST_CASE("gdn_prefill's K-major specializations compile for every shipped targe
       "gdn_prefill_state:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=128,v=128,bv=32,ckpt=1,"
       "state_layout=kv",
       "gdn_prefill_state:qkv=bf16,state=bf16,out=f32,cu=i64,index=i32,k=64,v=256,bv=128,ckpt=0,"
-      "state_layout=kv",
+      "state_layout=kv,statep=1",
       "gdn_prefill_state:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=128,v=128,bv=64,ckpt=1,"
       "state_layout=kv",
       "gdn_prefill_state_cp:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=128,v=128,bv=128,"
       "ckpt=1,phase=1,stages=2,state_layout=kv",
       "gdn_prefill_state_cp:qkv=bf16,state=bf16,out=bf16,cu=i32,index=i64,k=64,v=128,bv=64,"
-      "ckpt=0,phase=2,stages=3,state_layout=kv",
+      "ckpt=0,phase=2,stages=3,state_layout=kv,statep=1",
   };
   std::vector<KernelSpec> specs;
   for (const char* arch : {"sm_80", "sm_86", "sm_89", "sm_90", "sm_100a"}) {

@@ -1101,6 +1101,54 @@ std::int64_t check_cp_plan(const Plan& plan, const Shapes& s, const DeviceLimits
   return l;
 }
 
+TEST_CASE("gdn_prefill: who forms P, over a grid of shapes, and the _p0 / _p1 suffixes") {
+  if (!family_registered()) return;
+  for (const Arch arch : {Arch{9, 0}, Arch{8, 0}, Arch{10, 0, 'a'}}) {
+    const DeviceLimits device = DeviceLimits::for_arch(arch);
+    for (const std::int64_t t : {64, 8192, 131072}) {
+      for (const std::int64_t n : {1, 4, 16, 300}) {
+        for (const auto& [h, hv] : {std::pair{16, 16}, std::pair{16, 32}, std::pair{4, 4}}) {
+          for (const std::int64_t kv : {64, 128, 256}) {
+            const Shapes s{t, n, h, hv, kv, kv};
+            CAPTURE(arch.str());
+            CAPTURE(t);
+            CAPTURE(n);
+            CAPTURE(hv);
+            CAPTURE(kv);
+            const Plan plan = plan_for(s, device);
+            if (!plan.mode.starts_with("chunked") || plan.launches.empty()) continue;
+            // The rule: the state kernel forms P for the sequential whole-V tile without GVA.
+            const bool want = plan.mode == "chunked_bv128" && h == hv;
+            for (const PlannedLaunch& launch : plan.launches) {
+              if (launch.spec.family == "gdn_prefill_cp_scan") continue;
+              CHECK(launch.spec.get_or("statep", "0") == (want ? "1" : "0"));
+            }
+            // Forced either way where the tile is wide; both kernels follow.
+            if (plan.mode == "chunked_bv128" || plan.mode == "chunked_bv64") {
+              for (const char* suffix : {"_p0", "_p1"}) {
+                const Plan forced = plan_for(s, device, DType::f32, plan.mode + suffix);
+                for (const PlannedLaunch& launch : forced.launches) {
+                  CHECK(launch.spec.get_or("statep", "0") == (suffix[2] == '1' ? "1" : "0"));
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  const Shapes s{131072, 16, 16, 16, 128, 128};
+  // A narrow tile or the wgmma tiles cannot form P: refused with the reason.
+  CHECK_THROWS_WITH_AS(plan_for(s, h200, DType::f32, "chunked_bv32_p1"),
+                       doctest::Contains("wide mma.sync tiles only"), Error);
+  CHECK_THROWS_WITH_AS(plan_for(s, h200, DType::f32, "chunked_bv128_wgmma_p1"),
+                       doctest::Contains("not with _wgmma"), Error);
+  // A suffix on a fused mode is not a mode.
+  CHECK_THROWS_WITH_AS(plan_for(s, h200, DType::f32, "bv64_p1"), doctest::Contains("is not a mode"),
+                       Error);
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -1259,13 +1307,13 @@ TEST_CASE("gdn_prefill plans a K-major pool (V contiguous) as the state_layout=k
           CHECK(b.get("state_layout") == "kv");
           // Everything else as for the V-major pool: the layout is one more parameter.
           // (In declaration order: the sequential state kernel declares its stages after the
-          // layout.)
+          // layout, both state kernels statep.)
           std::string expected = a.str();
+          std::size_t at = expected.find(",statep=");
+          if (at == std::string::npos) at = expected.find('@');
           const std::size_t stages = expected.find(",stages=");
-          expected.insert(a.family == "gdn_prefill_state" && stages != std::string::npos
-                              ? stages
-                              : expected.find('@'),
-                          ",state_layout=kv");
+          if (a.family == "gdn_prefill_state" && stages != std::string::npos) at = stages;
+          expected.insert(at, ",state_layout=kv");
           CHECK(b.str() == expected);
         } else {
           CHECK(b == a);  // the chunk kernel and the scan never touch the pool

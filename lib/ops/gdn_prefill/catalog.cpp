@@ -29,6 +29,9 @@ std::string check_gdn_prefill_state(const KernelSpec& spec) {
   const std::int64_t v = spec.get_int("v");
   const std::int64_t bv = spec.get_int("bv");
   if (v % bv != 0) return fmt::format("bv = {} does not divide v = {}", bv, v);
+  if (bv < 64 && spec.get_or("statep", "0") != "0") {
+    return fmt::format("statep = 1 needs a wide tile (bv >= 64; bv = {})", bv);
+  }
   if (bv < 64 && spec.get_or("stages", "2") != "2") {
     return fmt::format("stages = {} needs a wide tile (bv >= 64; bv = {})",
                        spec.get_or("stages", "2"), bv);
@@ -91,6 +94,18 @@ ParamDecl state_layout_param() {
                        "the [HV, V, K] block of the pool, final states and checkpoints: vk (K "
                        "contiguous) or kv (V contiguous, fla's states)",
                    .omitted_default = "vk"};
+}
+
+// Whether the state kernel forms each chunk's P itself (its wide mma.sync tiles) instead of
+// reading it from the chunk kernel's workspace; the chunk kernel and the state kernel of a plan
+// take the same value. Declared last, so specs without it keep their text.
+ParamDecl state_p_param() {
+  return ParamDecl{.name = "statep",
+                   .kind = ParamKind::boolean,
+                   .doc =
+                       "1: the state kernel forms P = tril(Q K^T ...) from its q and k tiles "
+                       "(wide mma.sync tiles); the chunk kernel writes P's row factors instead",
+                   .omitted_default = "0"};
 }
 
 // A choice whose values are rendered as they are spelled (sizes, counts, phases).
@@ -189,11 +204,13 @@ FamilyDecl gdn_prefill_chunk_family() {
               head_dim_param("k", "key head dim K"),
               flag_param("gated", "1: a/b hold precomputed f32 g (log decay) and beta"),
               flag_param("l2norm", "1: L2-normalize q and k"),
+              state_p_param(),
           },
       .min_sm = 80,
       .doc =
           "Gated DeltaNet chunked prefill, kernel 1 of the chunked path: per (chunk, key head) "
-          "T' = (I + A)^-1 diag(beta), P and decay scales into the workspace",
+          "T' = (I + A)^-1 diag(beta), P (or, statep = 1, P's row factors) and decay scales into "
+          "the workspace",
   };
 }
 
@@ -218,11 +235,14 @@ FamilyDecl gdn_prefill_state_family() {
               flag_param("ckpt", "1: write state checkpoints every n full chunks"),
               state_layout_param(),
               stages_param("2"),
+              state_p_param(),
           }),
       .min_sm = 80,
       .doc =
           "Gated DeltaNet chunked prefill, kernel 2 of the chunked path: the state recurrence "
           "over chunks with cp.async prefetch",
+      // The planner's tile for most shapes (all of V), so that statep = 1 is a typical spec.
+      .typical = {{"bv", "128"}},
       .check = check_gdn_prefill_state,
   };
 }
@@ -260,6 +280,7 @@ FamilyDecl gdn_prefill_state_cp_family() {
                                   "resume pass (outputs from the exact initial states)"),
                    stages_param(),
                    state_layout_param(),
+                   state_p_param(),
                }),
       .min_sm = 80,
       .doc =
@@ -322,7 +343,8 @@ std::vector<OpParam> gdn_prefill_params() {
       option("mode", "",
              "force a path and value tile (bv64, bv32, bv16: fused; chunked, chunked_bv128 .. "
              "_bv16; a chunked mode + _wgmma: sm_90a warpgroup MMA; chunked_cp or chunked_cp<L>: "
-             "context-parallel, segments of L chunks, optionally + _s2/_s3 input stages)"),
+             "context-parallel, segments of L chunks, optionally + _s2/_s3 input stages; any "
+             "chunked mode + _p0/_p1: P formed by the chunk or the state kernel)"),
       option("checkpoint", "0",
              "state checkpoints every this many tokens (a multiple of 64; 0: none)"),
   };

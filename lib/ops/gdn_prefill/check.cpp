@@ -282,7 +282,8 @@ constexpr const char* kModes =
     "auto, chunked, chunked_bv128, chunked_bv64, chunked_bv32, chunked_bv16, bv64, bv32, bv16, "
     "a chunked mode with the suffix _wgmma, chunked_cp (context-parallel, planner's segments) or "
     "chunked_cp<L> (segments of L >= 1 chunks), either optionally followed by _s2 or _s3 (input "
-    "stages of its state passes)";
+    "stages of its state passes); any chunked mode may end in _p0 or _p1 (P formed by the chunk "
+    "kernel or by the state kernel's wide mma.sync tiles)";
 constexpr std::string_view kCpPrefix = "chunked_cp";
 constexpr std::string_view kWgmmaSuffix = "_wgmma";
 
@@ -356,17 +357,32 @@ std::vector<int> value_tiles(std::int64_t k, std::int64_t v) {
 }
 
 void parse_mode(Problem& pr, const std::string& force) {
-  if (force.empty() || force == "auto") {
+  // A chunked mode's last suffix may say which kernel forms P.
+  std::string mode = force;
+  if (mode.rfind("chunked", 0) == 0) {
+    for (int p : {0, 1}) {
+      if (mode.ends_with(fmt::format("_p{}", p))) {
+        pr.forced_state_p = static_cast<std::int8_t>(p);
+        mode.resize(mode.size() - 3);
+      }
+    }
+  }
+  if (mode.empty() || mode == "auto") {
     pr.forced_kind = ModeKind::automatic;
-  } else if (force.rfind(kCpPrefix, 0) == 0) {
-    parse_cp_mode(pr, force);
-  } else if (force.rfind("chunked", 0) == 0) {
-    const bool wgmma = force.ends_with(kWgmmaSuffix);
-    parse_chunked_mode(pr, wgmma ? force.substr(0, force.size() - kWgmmaSuffix.size()) : force,
-                       force);
+  } else if (mode.rfind(kCpPrefix, 0) == 0) {
+    parse_cp_mode(pr, mode);
+  } else if (mode.rfind("chunked", 0) == 0) {
+    const bool wgmma = mode.ends_with(kWgmmaSuffix);
+    parse_chunked_mode(pr, wgmma ? mode.substr(0, mode.size() - kWgmmaSuffix.size()) : mode, force);
     pr.forced_wgmma = wgmma;
   } else {
-    parse_fused_mode(pr, force);
+    parse_fused_mode(pr, mode);
+  }
+  if (pr.forced_state_p == 1 && pr.forced_wgmma) {
+    fail(
+        fmt::format("options.force_mode '{}': P is formed by the state kernel's mma.sync tiles "
+                    "only, not with _wgmma",
+                    force));
   }
   // Every accepted spelling is shorter (the longest is "chunked_cp999999_s3_s2").
   if (force.size() >= kModeTextBytes) not_a_mode(force);

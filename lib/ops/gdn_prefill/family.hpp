@@ -94,8 +94,10 @@ struct Problem {
   bool k_major = false;
   /// options.workspace has a data pointer: the call allocates no workspace.
   bool caller_workspace = false;
-  /// Keeps the size a multiple of 8 with every byte a member (the memo hashes the bytes).
-  std::uint8_t unused = 0;
+  /// A "_p0" / "_p1" suffix: P formed by the chunk kernel (0) or by the state kernel (1); -1:
+  /// the planner's rule. (Also keeps the size a multiple of 8 with every byte a member: the memo
+  /// hashes the bytes.)
+  std::int8_t forced_state_p = -1;
   /// options.force_mode as the caller spelled it, for messages only (the planner reads the
   /// parsed fields above); zero bytes after the text.
   char mode_text[kModeTextBytes] = {};

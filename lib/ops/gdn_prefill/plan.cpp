@@ -409,7 +409,7 @@ std::int64_t chunk_grid_x(const Problem& pr, const DeviceLimits& device) {
 using SpecValues = std::vector<std::pair<std::string, std::string>>;
 
 // `stages`: the state kernels' input stages (Decision::state_stages or cp_stages).
-SpecValues spec_values(const Problem& pr, int bv, int stages = 2) {
+SpecValues spec_values(const Problem& pr, int bv, int stages, bool state_p) {
   return {{"qkv", std::string(to_string(pr.qkv))},
           {"gate", std::string(to_string(pr.gate))},
           {"param", std::string(to_string(pr.param))},
@@ -426,7 +426,8 @@ SpecValues spec_values(const Problem& pr, int bv, int stages = 2) {
           {"phase", "1"},
           {"stages", std::to_string(stages)},
           // Left out of V-major specs (the families' omitted default): their text is unchanged.
-          {"state_layout", pr.k_major ? "kv" : "vk"}};
+          {"state_layout", pr.k_major ? "kv" : "vk"},
+          {"statep", state_p ? "1" : "0"}};
 }
 
 KernelSpec family_spec(std::string_view family, const SpecValues& values, Arch arch) {
@@ -518,8 +519,32 @@ Plan make_chunked_plan(const Problem& pr, Decision choice, const DeviceLimits& d
     plan.reasons.push_back("no sequences: nothing to launch");
     return plan;
   }
-  const SpecValues values =
-      spec_values(pr, choice.bv, choice.cp_chunks > 0 ? choice.cp_stages : choice.state_stages);
+  // Who forms each chunk's P = tril(Q K^T ...). The state kernel's wide mma.sync tiles can, from
+  // the q and k tiles they hold anyway: the chunk kernel then skips Q K^T and the P rows (24%
+  // less chunk-kernel time at 128k tokens), the state kernel forms P during the chunk before
+  // (14% more state-kernel time). Measured on the H200 (docs/performance.md, "P formed by the
+  // state kernel"), that pays for the whole-V tile of the sequential path without GVA (3-5%
+  // less per call at H = HV = 16); with GVA the chunk kernel's Q K^T serves HV / H value heads
+  // and the state kernel would form it once per value head, 4 warps (bv = 64) each take 2-3 of
+  // the ten 16 x 16 blocks, and the context-parallel passes form P twice per chunk: slower.
+  const bool wide_mma_sync = gdn_prefill_state_wide(choice.bv) && !choice.wgmma;
+  if (pr.forced_state_p == 1 && !wide_mma_sync) {
+    throw PlanError(fmt::format(
+        "{}: options.force_mode '{}': P is formed by the state kernel's wide mma.sync tiles only "
+        "(value tile 64 or 128; this plan's is {}{})",
+        kOp, pr.mode_text, choice.bv, choice.wgmma ? ", on wgmma" : ""));
+  }
+  const bool state_p = pr.forced_state_p >= 0
+                           ? pr.forced_state_p == 1
+                           : wide_mma_sync && choice.bv == 128 && choice.cp_chunks == 0 &&
+                                 pr.heads == pr.value_heads;
+  plan.reasons.push_back(
+      state_p ? "P formed by the state kernel from its q and k tiles, during the chunk before (the "
+                "chunk kernel writes P's row factors instead of P: no Q K^T there)"
+              : "P formed by the chunk kernel (the state kernel forms it only with its whole-V "
+                "mma.sync tile, sequential, H = HV)");
+  const SpecValues values = spec_values(
+      pr, choice.bv, choice.cp_chunks > 0 ? choice.cp_stages : choice.state_stages, state_p);
   // With "_wgmma" both kernels multiply on warpgroup wgmma (sm_90a): the chunk kernel's K K^T
   // and Q K^T too. Opt-in: on the H200 the chunk kernel was 7-9% slower on wgmma than on
   // mma.sync (docs/performance.md, "The chunk kernel's products on wgmma").
@@ -618,7 +643,7 @@ Plan make_plan(const Problem& pr, Decision choice, const DeviceLimits& device) {
   if (choice.chunked) {
     return make_chunked_plan(pr, std::move(choice), device);
   }
-  KernelSpec spec = family_spec("gdn_prefill", spec_values(pr, choice.bv), device.arch);
+  KernelSpec spec = family_spec("gdn_prefill", spec_values(pr, choice.bv, 2, false), device.arch);
   Plan plan;
   plan.op = kOp;
   plan.mode = fmt::format("bv{}", choice.bv);
