@@ -234,7 +234,9 @@ Result verify(std::int64_t batch, std::int64_t value_heads, const DeviceBuffer& 
 // 64 MiB of unrelated writes ("dirty"). GPU us and the ratio to a same-run cold copy of the
 // bytes the call moves, each copy preceded by the same flush or writes (both leave dirty lines
 // in L2 that the next kernel writes back; the JSON also has the ratio to the rotation copy).
-bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options, std::FILE* json) {
+// With KJIT_BENCH_CUPTI=1, B <= 32 at the 2x random pool also by kernel duration.
+bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options, std::FILE* json,
+                   kjit::bench::ActivityTimer* durations) {
   constexpr std::int64_t value_heads = 32, draws = 16;
   const std::int64_t width = 2 * kHeads * kDim + value_heads * kDim;
   const std::size_t slot_bytes = static_cast<std::size_t>(value_heads * kDim * kDim * 4);
@@ -274,6 +276,7 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
     const double copy_flushed = kjit::bench::copy_gbs(gpu, moved, kjit::bench::L2Protocol::flushed);
     const double copy_dirty = kjit::bench::copy_gbs(gpu, moved, kjit::bench::L2Protocol::dirty);
     std::printf("%6lld |", static_cast<long long>(batch));
+    std::string durations_line;
     struct Layout {
       std::int64_t factor;
       bool sorted;
@@ -327,9 +330,37 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
       }
       std::printf(" |");
       std::fflush(stdout);
+      // Calls this small are below the event pairs' floor: with KJIT_BENCH_CUPTI=1 the 2x random
+      // pool is also timed by kernel duration under both protocols (the flush and the dirtying
+      // writes are memsets, outside the records).
+      if (durations != nullptr && batch <= 32 && layout.factor == 2 && !layout.sorted) {
+        double by_protocol[2] = {-1, -1};
+        for (const bool dirty : {false, true}) {
+          std::int64_t call = 0;
+          by_protocol[dirty ? 1 : 0] =
+              durations
+                  ->median_us(
+                      gpu,
+                      [&](kjit::Stream stream) {
+                        dirty ? kjit::bench::dirty_l2(gpu) : kjit::bench::flush_l2(gpu);
+                        kjit::gdn_decode(
+                            v_qkv, v_a, v_b, v_alog, v_dtb, pool_view,
+                            view(indices, DType::i32, {batch},
+                                 static_cast<std::size_t>((call++ % draws) * batch * 4)),
+                            v_out, options, stream);
+                      },
+                      50, "gdn_decode_kernel")
+                  .value_or(-1);
+        }
+        durations_line = fmt::format(
+            "       B={} pool 2x random, kernel durations (CUPTI): flushed {:.2f} us, dirty {:.2f} "
+            "us\n",
+            batch, by_protocol[0], by_protocol[1]);
+      }
     }
     std::printf(" copy GB/s: rotation %.0f, flushed %.0f, dirty %.0f\n", copy_rotation,
                 copy_flushed, copy_dirty);
+    std::printf("%s", durations_line.c_str());
   }
   return all_ok;
 }
@@ -535,7 +566,7 @@ int main(int argc, char** argv) {
     bool ok = true;
     for (const Variant& variant : variants) {
       std::printf("\nvariant %s", variant.name.c_str());
-      ok = serving_table(*gpu, variant.applied_to(base), json) && ok;
+      ok = serving_table(*gpu, variant.applied_to(base), json, durations) && ok;
     }
     if (json != nullptr) std::fclose(json);
     return ok ? 0 : 1;
@@ -691,7 +722,7 @@ int main(int argc, char** argv) {
     std::printf("\n");
   }
   if (serving != nullptr && std::string(serving) == "1") {
-    all_ok = serving_table(*gpu, base, json) && all_ok;
+    all_ok = serving_table(*gpu, base, json, durations) && all_ok;
   }
   if (fused_conv != nullptr && std::string(fused_conv) == "1") {
     all_ok = fused_conv_table(*gpu, base, durations, json) && all_ok;

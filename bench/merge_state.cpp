@@ -7,7 +7,9 @@
 //
 // KJIT_MERGE_BENCH_DIRTY=1: each shape also timed with 64 MiB of unrelated writes before every
 // call, leaving L2 dirty as a serving engine's previous kernels do. KJIT_BENCH_CUPTI=1: T = 1
-// shapes also by kernel duration beside an empty kernel and a copy (bench/activity_timer.hpp).
+// shapes also by kernel duration beside an empty kernel and a copy (bench/activity_timer.hpp),
+// and, with an anchor, the anchor and kjit at T <= 64 by kernel duration under three L2 states
+// (warm, flushed, dirtied before each call).
 // KJIT_MERGE_BENCH_SHAPES=DxHxT,...: only those shapes of the table (e.g. 512x128x4096).
 // KJIT_MERGE_BENCH_MODES=m1,m2,...: time these forced modes beside the planner's on each shape
 // (options.force_mode, suffixes included: e.g. token_major:c1,flat:c1:t128); implies --modes.
@@ -174,6 +176,10 @@ struct MergeAnchor {
     return MergeAnchor{*library, merge};
   }
 
+  /// What the anchor's kernel names contain, for its kernel durations (vLLM's kernel name; an
+  /// anchor whose kernels are named otherwise reports no durations).
+  static std::string kernel_name_part() { return "merge_attn_states"; }
+
   /// Enqueues the anchor on slot `slot` of `p`; false (and `error`) if it refused or failed.
   bool run(const Pools& p, std::size_t slot, kjit::Stream stream, std::string* error) const {
     char message[512] = "";
@@ -214,12 +220,51 @@ struct KjitBeside {
   double us = 0, dirty_us = 0, max_abs = 0, max_rel = 0, lse_max_abs = 0;
 };
 
+/// Median kernel durations (CUPTI, us; -1 when no record came back) of one call with L2 warm
+/// (back-to-back calls), flushed and dirtied before each call. The flush and the dirtying writes
+/// are memsets, not kernels, so only the call's own kernels are in the records.
+struct Durations {
+  double warm = -1, flushed = -1, dirty = -1;
+};
+Durations durations_of(kjit::bench::ActivityTimer& timer, kjit::bench::Gpu& gpu,
+                       const std::function<void(kjit::Stream)>& call, const std::string& name) {
+  constexpr int kReps = 50;
+  Durations d;
+  d.warm = timer.median_us(gpu, call, kReps, name).value_or(-1);
+  d.flushed = timer
+                  .median_us(
+                      gpu,
+                      [&](kjit::Stream stream) {
+                        kjit::bench::flush_l2(gpu);
+                        call(stream);
+                      },
+                      kReps, name)
+                  .value_or(-1);
+  d.dirty = timer
+                .median_us(
+                    gpu,
+                    [&](kjit::Stream stream) {
+                      kjit::bench::dirty_l2(gpu);
+                      call(stream);
+                    },
+                    kReps, name)
+                .value_or(-1);
+  return d;
+}
+
 struct AnchorResult {
   bool ran = false;   // false: the anchor refused the shape or failed (`error`)
   std::string error;  // why it did not run
   double us = 0, dirty_us = 0;
   std::vector<KjitBeside> kjit;
+  // Small calls (T <= kDurationMaxTokens) with KJIT_BENCH_CUPTI=1: kernel durations of the anchor
+  // and of kjit's planner run in the anchor's layout, where event pairs measure their own floor.
+  std::optional<Durations> anchor_durations, kjit_durations;
 };
+
+// The largest T whose calls are also compared by kernel duration (event pairs read ~4-7 us for
+// any call below that).
+constexpr std::int64_t kDurationMaxTokens = 64;
 
 /// Slot 0's output (v rows of up to 64 tokens spread over T, and the whole LSE) after `enqueue`,
 /// written over poison (0xFF bytes: NaN in bf16 and f32) so that an element left unwritten fails.
@@ -298,7 +343,8 @@ void compare(const Pools& p, const Output& got, const Output& want, KjitBeside* 
 /// (L2 flushed first; with `dirty_protocol` also L2 dirtied before each call), each call on the
 /// next slot of the same rotation.
 AnchorResult run_anchor(kjit::bench::Gpu& gpu, const Pools& p, const MergeAnchor& anchor,
-                        const std::vector<std::string>& modes, int reps, bool dirty_protocol) {
+                        const std::vector<std::string>& modes, int reps, bool dirty_protocol,
+                        kjit::bench::ActivityTimer* durations) {
   AnchorResult r;
   bool failed = false;
   const Output got = output_after(
@@ -317,6 +363,10 @@ AnchorResult run_anchor(kjit::bench::Gpu& gpu, const Pools& p, const MergeAnchor
   kjit::bench::flush_l2(gpu);
   r.us = kjit::bench::median_gpu_us(gpu, anchor_call, reps);
   if (dirty_protocol) r.dirty_us = kjit::bench::median_gpu_us(gpu, anchor_call, reps, 10, dirty);
+  const bool by_duration = durations != nullptr && p.t <= kDurationMaxTokens;
+  if (by_duration) {
+    r.anchor_durations = durations_of(*durations, gpu, anchor_call, anchor.kernel_name_part());
+  }
   for (const std::string& mode : modes) {
     KjitBeside k;
     k.mode = mode;
@@ -340,6 +390,9 @@ AnchorResult run_anchor(kjit::bench::Gpu& gpu, const Pools& p, const MergeAnchor
     kjit::bench::flush_l2(gpu);
     k.us = kjit::bench::median_gpu_us(gpu, kjit_call, reps);
     if (dirty_protocol) k.dirty_us = kjit::bench::median_gpu_us(gpu, kjit_call, reps, 10, dirty);
+    if (by_duration && mode.empty()) {
+      r.kjit_durations = durations_of(*durations, gpu, kjit_call, "merge_state_kernel");
+    }
     r.kjit.push_back(k);
   }
   return r;
@@ -541,7 +594,8 @@ int main(int argc, char** argv) {
         }
         for (int pass = 0; anchor && pass < anchor_passes; ++pass) {
           const int reps = bytes > 1e9 ? 50 : 100;
-          const AnchorResult a = run_anchor(gpu, pools, *anchor, modes, reps, dirty_protocol);
+          const AnchorResult a =
+              run_anchor(gpu, pools, *anchor, modes, reps, dirty_protocol, durations);
           const std::string pass_label =
               anchor_passes > 1 ? fmt::format(" (pass {} of {})", pass + 1, anchor_passes) : "";
           if (!a.ran) {
@@ -552,6 +606,27 @@ int main(int argc, char** argv) {
                         pass_label.c_str(), a.us, a.dirty_us);
           } else {
             std::printf("      anchor%s %.2f us\n", pass_label.c_str(), a.us);
+          }
+          if (a.anchor_durations && a.kjit_durations) {
+            const Durations& ad = *a.anchor_durations;
+            const Durations& kd = *a.kjit_durations;
+            const auto ratio = [](double x, double y) { return x > 0 && y > 0 ? x / y : -1.0; };
+            std::printf(
+                "      kernel durations (CUPTI) warm / L2 flushed / L2 dirty before each call: "
+                "anchor %.2f / %.2f / %.2f us, kjit on LSE [H, T] base e %.2f / %.2f / %.2f us, "
+                "anchor/kjit %.3f / %.3f / %.3f\n",
+                ad.warm, ad.flushed, ad.dirty, kd.warm, kd.flushed, kd.dirty,
+                ratio(ad.warm, kd.warm), ratio(ad.flushed, kd.flushed), ratio(ad.dirty, kd.dirty));
+            if (json != nullptr) {
+              std::fprintf(json,
+                           "{\"bench\":\"merge_state_anchor_durations\",\"D\":%lld,\"H\":%lld,"
+                           "\"T\":%lld,\"anchor_warm_us\":%.3f,\"anchor_flushed_us\":%.3f,"
+                           "\"anchor_dirty_us\":%.3f,\"kjit_warm_us\":%.3f,"
+                           "\"kjit_flushed_us\":%.3f,\"kjit_dirty_us\":%.3f}\n",
+                           static_cast<long long>(d), static_cast<long long>(h),
+                           static_cast<long long>(t), ad.warm, ad.flushed, ad.dirty, kd.warm,
+                           kd.flushed, kd.dirty);
+            }
           }
           for (const KjitBeside& k : a.kjit) {
             const std::string label = k.mode.empty() ? "kjit" : "kjit =" + k.mode;
