@@ -228,28 +228,14 @@ struct Durations {
 };
 Durations durations_of(kjit::bench::ActivityTimer& timer, kjit::bench::Gpu& gpu,
                        const std::function<void(kjit::Stream)>& call, const std::string& name) {
-  constexpr int kReps = 50;
-  Durations d;
-  d.warm = timer.median_us(gpu, call, kReps, name).value_or(-1);
-  d.flushed = timer
-                  .median_us(
-                      gpu,
-                      [&](kjit::Stream stream) {
-                        kjit::bench::flush_l2(gpu);
-                        call(stream);
-                      },
-                      kReps, name)
-                  .value_or(-1);
-  d.dirty = timer
-                .median_us(
-                    gpu,
-                    [&](kjit::Stream stream) {
-                      kjit::bench::dirty_l2(gpu);
-                      call(stream);
-                    },
-                    kReps, name)
-                .value_or(-1);
-  return d;
+  const auto timed = [&](void (*before)(kjit::bench::Gpu&)) {
+    const auto enqueue = [&](kjit::Stream stream) {
+      if (before != nullptr) before(gpu);
+      call(stream);
+    };
+    return timer.median_us(gpu, enqueue, 50, name).value_or(-1);
+  };
+  return Durations{timed(nullptr), timed(&kjit::bench::flush_l2), timed(&kjit::bench::dirty_l2)};
 }
 
 struct AnchorResult {
