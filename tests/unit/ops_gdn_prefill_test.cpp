@@ -1117,8 +1117,9 @@ TEST_CASE("gdn_prefill: who forms P, over a grid of shapes, and the _p0 / _p1 su
             CAPTURE(kv);
             const Plan plan = plan_for(s, device);
             if (!plan.mode.starts_with("chunked") || plan.launches.empty()) continue;
-            // The rule: the state kernel forms P for the sequential whole-V tile without GVA.
-            const bool want = plan.mode == "chunked_bv128" && h == hv;
+            // The rule: the state kernel forms P for the sequential whole-V tile without GVA, at
+            // K = V = 128.
+            const bool want = plan.mode == "chunked_bv128" && h == hv && kv == 128;
             for (const PlannedLaunch& launch : plan.launches) {
               if (launch.spec.family == "gdn_prefill_cp_scan") continue;
               CHECK(launch.spec.get_or("statep", "0") == (want ? "1" : "0"));
