@@ -66,14 +66,6 @@ namespace kjit {
 namespace gdn_prefill_chunk_detail {
 
 constexpr int kLdA = 68;  // f32 row pitch of A (and of the parked T blocks)
-constexpr float kLog2e = 1.4426950408889634f;
-
-/// 2^x (MUFU, flushing results below 2^-126 to zero).
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 /// A 16x16 mma A operand in tf32: two k-slices of 8 columns. The order of k inside a product
 /// is free as long as A and B agree, so slice s takes column 8 s + 2 t4 as its k = t4 and column

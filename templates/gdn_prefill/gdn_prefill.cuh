@@ -258,12 +258,21 @@ __device__ void rank_sequences_longest_first(const GdnPrefillParams& p, i64 firs
   }
 }
 
+constexpr float kLog2e = 1.4426950408889634f;
+
+/// 2^x (MUFU, flushing results below 2^-126 to zero): the chunked path's decay factors.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 /// What the state kernel needs of row i to form P itself (kStateP):
 /// P_ij = s rq_i rk_j (Q K^T)_ij 2^(x_i - x_j) for i >= j, with x = gamma log2(e) (the gamma
 /// scan is non-increasing, so 2^(x_i - x_j) <= 1 and no factor can overflow, whatever the
 /// gates); {x_i, s rq_i (the output scale included), rk_i, 0}.
 __device__ __forceinline__ float4 gdn_prefill_p_factors(float gamma, float scaled_rq, float rk) {
-  return make_float4(gamma * 1.4426950408889634f, scaled_rq, rk, 0.f);
+  return make_float4(gamma * kLog2e, scaled_rq, rk, 0.f);
 }
 
 }  // namespace gdn_prefill_detail

@@ -626,11 +626,8 @@ __device__ __forceinline__ void form_p(const __nv_bfloat16* s_q, const __nv_bflo
       for (int nt = 0; nt < 2; ++nt) {
         const int j = jb * 16 + nt * 8 + 2 * t4;
         const float4 f0 = factors(j), f1 = factors(j + 1);
-        float d0, d1;
-        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(d0) : "f"(fi.x - f0.x));
-        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(d1) : "f"(fi.x - f1.x));
-        const float y0 = fi.y * f0.z * d0 * acc[nt][2 * hf];
-        const float y1 = fi.y * f1.z * d1 * acc[nt][2 * hf + 1];
+        const float y0 = fi.y * f0.z * ex2(fi.x - f0.x) * acc[nt][2 * hf];
+        const float y1 = fi.y * f1.z * ex2(fi.x - f1.x) * acc[nt][2 * hf + 1];
         const bool row_ok = i < rows;
         *reinterpret_cast<u32*>(s_p + i * kLd + j) =
             mma::pack_bf16(row_ok && i >= j ? y0 : 0.f, row_ok && i >= j + 1 ? y1 : 0.f);
@@ -777,6 +774,14 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
                        ok ? pf_g + (t + r) * i64(hv_count) : pf_g, ok);
     }
   };
+  // kStateP: the P of the chunk starting at token t (`rows` rows), from and into the stage at
+  // `base` (form_p).
+  [[maybe_unused]] const auto form_stage_p = [&](unsigned char* base, i64 t, int rows) {
+    form_p<kK, kWarps>(reinterpret_cast<const __nv_bfloat16*>(base + kSmem.q),
+                       reinterpret_cast<const __nv_bfloat16*>(base + kSmem.k0),
+                       reinterpret_cast<__nv_bfloat16*>(base + kSmem.p), rows, warp, g, t4,
+                       (t - bos) / kGdnPrefillChunk);
+  };
   // The warp's state rows: element (vw + g + 8 hf, kk) with kk = ni * 8 + 2 t4 + e at
   // s_acc[0][ni][2 hf + e] (the layout of store_state_tile with wm = warp, wn = 0).
   float s_acc[1][kSN][4];
@@ -866,10 +871,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         // The first chunk's P, before the loop; each later chunk's during the chunk before it.
         if (want_out) {
           mbarrier::wait(full, 0u);
-          form_p<kK, kWarps>(reinterpret_cast<const __nv_bfloat16*>(smem + kSmem.q),
-                             reinterpret_cast<const __nv_bfloat16*>(smem + kSmem.k0),
-                             reinterpret_cast<__nv_bfloat16*>(smem + kSmem.p), rows_at(bos), warp,
-                             g, t4, 0);
+          form_stage_p(smem, bos, rows_at(bos));
           mbarrier::arrive(p_ready);
         }
       }
@@ -1143,11 +1145,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       if (want_out && tn < eos) {
         const int sn = cur + 1 == kStages ? 0 : cur + 1;
         mbarrier::wait(full + sn, (full_phase >> sn) & 1u);
-        unsigned char* const next = smem + sn * kStage;
-        form_p<kK, kWarps>(reinterpret_cast<const __nv_bfloat16*>(next + kSmem.q),
-                           reinterpret_cast<const __nv_bfloat16*>(next + kSmem.k0),
-                           reinterpret_cast<__nv_bfloat16*>(next + kSmem.p), rows_at(tn), warp, g,
-                           t4, (tn - bos) / 64);
+        form_stage_p(smem + sn * kStage, tn, rows_at(tn));
         mbarrier::arrive(p_ready + sn);
       }
       // This chunk's P, formed by every warp during the chunk before.

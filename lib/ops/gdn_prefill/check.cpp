@@ -359,13 +359,9 @@ std::vector<int> value_tiles(std::int64_t k, std::int64_t v) {
 void parse_mode(Problem& pr, const std::string& force) {
   // A chunked mode's last suffix may say which kernel forms P.
   std::string mode = force;
-  if (mode.rfind("chunked", 0) == 0) {
-    for (int p : {0, 1}) {
-      if (mode.ends_with(fmt::format("_p{}", p))) {
-        pr.forced_state_p = static_cast<std::int8_t>(p);
-        mode.resize(mode.size() - 3);
-      }
-    }
+  if (mode.rfind("chunked", 0) == 0 && (mode.ends_with("_p0") || mode.ends_with("_p1"))) {
+    pr.forced_state_p = mode.back() == '1' ? 1 : 0;
+    mode.resize(mode.size() - 3);
   }
   if (mode.empty() || mode == "auto") {
     pr.forced_kind = ModeKind::automatic;
