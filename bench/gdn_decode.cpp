@@ -302,18 +302,18 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
       const Result check =
           verify(batch, value_heads, qkv, ab, params, pool, indices, out, options, gpu);
       all_ok = all_ok && check.ok;
+      // One step on the next of the `draws` slot lists (`call` counts the steps).
+      std::int64_t call = 0;
+      const auto step = [&](kjit::Stream stream) {
+        kjit::gdn_decode(v_qkv, v_a, v_b, v_alog, v_dtb, pool_view,
+                         view(indices, DType::i32, {batch},
+                              static_cast<std::size_t>((call++ % draws) * batch * 4)),
+                         v_out, options, stream);
+      };
       for (const bool dirty : {false, true}) {
-        std::int64_t call = 0;
-        const double us = kjit::bench::median_gpu_us(
-            gpu,
-            [&](kjit::Stream stream) {
-              kjit::gdn_decode(v_qkv, v_a, v_b, v_alog, v_dtb, pool_view,
-                               view(indices, DType::i32, {batch},
-                                    static_cast<std::size_t>((call++ % draws) * batch * 4)),
-                               v_out, options, stream);
-            },
-            100, 10,
-            [&](kjit::Stream) { dirty ? kjit::bench::dirty_l2(gpu) : kjit::bench::flush_l2(gpu); });
+        const double us = kjit::bench::median_gpu_us(gpu, step, 100, 10, [&](kjit::Stream) {
+          dirty ? kjit::bench::dirty_l2(gpu) : kjit::bench::flush_l2(gpu);
+        });
         const double gbs = static_cast<double>(moved) / (us * 1e3);
         const double ratio = gbs / (dirty ? copy_dirty : copy_flushed);
         std::printf(" %8.2f (%.2f)%s", us, ratio, check.ok ? "" : "!");
@@ -336,18 +336,13 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
       if (durations != nullptr && batch <= 32 && layout.factor == 2 && !layout.sorted) {
         double by_protocol[2] = {-1, -1};
         for (const bool dirty : {false, true}) {
-          std::int64_t call = 0;
           by_protocol[dirty ? 1 : 0] =
               durations
                   ->median_us(
                       gpu,
                       [&](kjit::Stream stream) {
                         dirty ? kjit::bench::dirty_l2(gpu) : kjit::bench::flush_l2(gpu);
-                        kjit::gdn_decode(
-                            v_qkv, v_a, v_b, v_alog, v_dtb, pool_view,
-                            view(indices, DType::i32, {batch},
-                                 static_cast<std::size_t>((call++ % draws) * batch * 4)),
-                            v_out, options, stream);
+                        step(stream);
                       },
                       50, "gdn_decode_kernel")
                   .value_or(-1);
