@@ -534,17 +534,19 @@ Plan make_chunked_plan(const Problem& pr, Decision choice, const DeviceLimits& d
         "(value tile 64 or 128; this plan's is {}{})",
         kOp, pr.mode_text, choice.bv, choice.wgmma ? ", on wgmma" : ""));
   }
-  // (K = V = 128 only: the shapes measured. With V = 256 two tiles per value head would each
-  // form P, and K = 64 has not run on a GPU with it.)
+  // (K = V = 128 with the 3 stages handed over by mbarriers only: the configurations measured.
+  // With V = 256 two tiles per value head would each form P; K = 64 and the 2-stage form, which
+  // forms P within the step behind a block barrier, have not run on a GPU in this form.)
   const bool state_p = pr.forced_state_p >= 0
                            ? pr.forced_state_p == 1
                            : wide_mma_sync && choice.bv == 128 && choice.cp_chunks == 0 &&
-                                 pr.heads == pr.value_heads && pr.k == 128 && pr.v == 128;
+                                 choice.state_stages >= 3 && pr.heads == pr.value_heads &&
+                                 pr.k == 128 && pr.v == 128;
   plan.reasons.push_back(
       state_p ? "P formed by the state kernel from its q and k tiles, during the chunk before (the "
                 "chunk kernel writes P's row factors instead of P: no Q K^T there)"
               : "P formed by the chunk kernel (the state kernel forms it only with its whole-V "
-                "mma.sync tile, sequential, H = HV, K = V = 128)");
+                "mma.sync tile, sequential, H = HV, K = V = 128, 3 stages)");
   const SpecValues values = spec_values(
       pr, choice.bv, choice.cp_chunks > 0 ? choice.cp_stages : choice.state_stages, state_p);
   // With "_wgmma" both kernels multiply on warpgroup wgmma (sm_90a): the chunk kernel's K K^T
