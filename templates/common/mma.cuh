@@ -27,6 +27,15 @@ __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
   return (u32(__bfloat16_as_ushort(v.y)) << 16) | u32(__bfloat16_as_ushort(v.x));
 }
 
+/// The transpose of an 8 x 8 matrix of 16-bit elements spread over a warp as an mma accumulator
+/// tile is (lane holds row lane / 4, columns 2 (lane % 4) and + 1, the lower column in the low
+/// half): afterwards lane holds row lane / 4 of the transpose in the same way.
+__device__ __forceinline__ u32 transpose8x8(u32 x) {
+  u32 y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
 /// d += a * b for one 16x8x16 tile.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   asm volatile(

@@ -32,8 +32,9 @@
 #include "templates/common/wgmma.cuh"
 // sm_90a (the planner compiles for it only when options.force_mode asks for "_wgmma"): the wide
 // tiles' products run as warpgroup wgmma, which reads each B tile (k, q, T', P) from shared
-// memory once per four warps instead of once per warp through ldmatrix. Correct, but slower
-// than mma.sync on the H200 (docs/architecture.md).
+// memory once per four warps instead of once per warp through ldmatrix. Correct; on the H200
+// level with the mma.sync tile that reads P from the chunk kernel, slower than the default that
+// forms P itself (docs/performance.md, "The state kernel on warpgroup wgmma").
 #define KJIT_GDN_STATE_WGMMA 1
 #else
 #define KJIT_GDN_STATE_WGMMA 0
@@ -532,6 +533,16 @@ __device__ __forceinline__ void state_tiles(const GdnPrefillParams& p) {
 /// barrier kept changed nothing.
 /// The A fragment (mma.cuh layout) of k-step ks of a warp's 16 state rows held as accumulators
 /// (s[ni][e]: row g + 8 (e / 2), column 8 ni + 2 t4 + e % 2), rounded to bf16.
+// Whether the outputs are bf16 (the wgmma tiles store them as transposed pairs).
+template <typename T>
+struct OutIsBf16 {
+  static constexpr bool value = false;
+};
+template <>
+struct OutIsBf16<__nv_bfloat16> {
+  static constexpr bool value = true;
+};
+
 template <int kSN>
 __device__ __forceinline__ void state_fragment(const float (&s)[kSN][4], int ks, u32 (&a)[4]) {
   a[0] = mma::pack_bf16(s[2 * ks][0], s[2 * ks][1]);
@@ -657,7 +668,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   static_assert(kStages >= 2, "the wide tiles fetch chunk c + stages - 1 during chunk c");
   // Three stages on sm_90 hand them over by mbarriers instead of a block barrier per chunk:
   // chunk c + 1 is fetched into the stage chunk c - 2 used, so warps may drift a chunk apart.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !KJIT_GDN_STATE_WGMMA
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr bool kHandoff = kStages >= 3;
 #else
   constexpr bool kHandoff = false;
@@ -895,6 +906,11 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     if constexpr (kHandoff) {
       mbarrier::wait(full + st, (full_phase >> st) & 1u);
       full_phase ^= 1u << st;
+#if KJIT_GDN_STATE_WGMMA
+      // The stage's bytes came through cp.async (the generic proxy); wgmma reads them through
+      // the async proxy. The barrier made every thread's copies visible to this thread.
+      wgmma::fence_shared_writes();
+#endif
       const int sn = st + 1 == kStages ? 0 : st + 1;
       const i64 tn = t0 + kGdnPrefillChunk;
       if (tn < eos) {
@@ -964,16 +980,17 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       wgmma::mma_m64n64k16<0>(acc_r, s_frag[ks],
                               wgmma::descriptor(k_addr + ks * 256, 128, kRowGroupK));
     }
+    // With the handoff, R is formed while S_w Q^T runs on (needed only for O, in step 5); the
+    // 2-stage form waits for both (the split spilled 24 bytes there at K = 128).
+    if constexpr (kHandoff) wgmma::commit();
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       wgmma::mma_m64n64k16<0>(acc_o, s_frag[ks],
                               wgmma::descriptor(q_addr + ks * 256, 128, kRowGroupK));
     }
-    // (Waiting for S_w K^T alone and forming R while S_w Q^T ran spilled 48 bytes.)
     wgmma::commit();
-    wgmma::wait<0>();
+    wgmma::wait<kHandoff ? 1 : 0>();
     wgmma::hold_registers(acc_r);
-    wgmma::hold_registers(acc_o);
 
     // 2. R_w^T and the update's column scales.
     u32 ra[4][4];
@@ -997,6 +1014,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::hold_registers(acc_v);
+    wgmma::hold_registers(acc_o);
     u32 vb[4][4], vd[4][4];
     pack_vn(acc_v, kd, vb, vd);
 
@@ -1040,16 +1058,32 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       wgmma::wait<1>();
       wgmma::hold_registers(acc_o);
     }
-    // The chunk's outputs: element (v = vw + g + 8 hf, i = 8 nt + 2 t4 + e) of O^T.
+    // The chunk's outputs: element (v = vw + g + 8 hf, i = 8 nt + 2 t4 + e) of O^T. bf16 rows
+    // go out as pairs of v: each 8 x 8 tile packed and transposed in registers (movmatrix), so
+    // that a lane holds (i = 8 nt + g, v = 2 t4 + 8 hf and + 1) and stores 4 bytes, not 2 x 2.
+    if constexpr (OutIsBf16<Tout>::value) {
+      Tout* const o_rows = o_base + (t0 + g) * p.out_stride_t + 2 * t4;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
+      for (int nt = 0; nt < 8; ++nt) {
+        const u32 lo = mma::transpose8x8(mma::pack_bf16(acc_o[nt][0], acc_o[nt][1]));
+        const u32 hi = mma::transpose8x8(mma::pack_bf16(acc_o[nt][2], acc_o[nt][3]));
+        if (nt * 8 + g < rows) {
+          u32* const orow = reinterpret_cast<u32*>(o_rows + nt * 8 * p.out_stride_t);
+          orow[0] = lo;
+          orow[4] = hi;
+        }
+      }
+    } else {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int i = nt * 8 + 2 * t4 + e;
-        if (i < rows) {
-          Tout* orow = o_base + (t0 + i) * p.out_stride_t + g;
-          store_one(orow, acc_o[nt][e]);
-          store_one(orow + 8, acc_o[nt][2 + e]);
+      for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = nt * 8 + 2 * t4 + e;
+          if (i < rows) {
+            Tout* orow = o_base + (t0 + i) * p.out_stride_t + g;
+            store_one(orow, acc_o[nt][e]);
+            store_one(orow + 8, acc_o[nt][2 + e]);
+          }
         }
       }
     }

@@ -378,8 +378,6 @@ Decision choose(const Problem& pr, const DeviceLimits& device) {
         kOp, force, device.arch.str(), choice.bv, pr.k));
   }
   choice.wgmma = true;
-  // The mbarrier handoff is written for the mma.sync chain; the wgmma chain keeps 2 stages.
-  choice.state_stages = 2;
   choice.reasons.push_back(fmt::format(
       "state kernel (and the chunk kernel's K K^T and Q K^T) on warpgroup wgmma (forced by "
       "options.force_mode '{}'): both compiled for sm_90a",
