@@ -673,6 +673,12 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 #else
   constexpr bool kHandoff = false;
 #endif
+  // With the handoff and P formed here, chunk c + kStages - 1 is fetched during chunk c, after
+  // the chunk's first products, into the stage chunk c - 1 used (fetch_ahead); otherwise chunk
+  // c + 1 at the top of chunk c into the stage of chunk c - 2. Measured on the H200 (same call,
+  // docs/performance.md "Fetching two chunks ahead"): 1.4% less per call with P formed here,
+  // 2-3% more on the context-parallel passes and the wgmma tiles, which keep the top fetch.
+  constexpr bool kFetchAhead = kHandoff && kStateP && kStages >= 3;
   constexpr GdnPrefillStateSmem kSmem = gdn_prefill_state_smem(kK, kBV, kStages);
   static_assert(kSmem.total >= (kThreads + 1) * sizeof(i64), "ranked_sequence's scratch");
   constexpr u32 kStage = kSmem.k1 - kSmem.k0;
@@ -878,6 +884,17 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     if (bos < eos) {
       fill(0, bos);
       mbarrier::cp_async_arrive_noinc(full);
+      if constexpr (kFetchAhead) {
+        // Chunks 1 .. kStages - 2 before the loop too.
+#pragma unroll
+        for (int c = 1; c < kStages - 1; ++c) {
+          const i64 t = bos + i64(c) * kGdnPrefillChunk;
+          if (t < eos) {
+            fill(c, t);
+            mbarrier::cp_async_arrive_noinc(full + c);
+          }
+        }
+      }
       if constexpr (kStateP) {
         // The first chunk's P, before the loop; each later chunk's during the chunk before it.
         if (want_out) {
@@ -913,7 +930,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 #endif
       const int sn = st + 1 == kStages ? 0 : st + 1;
       const i64 tn = t0 + kGdnPrefillChunk;
-      if (tn < eos) {
+      if (!kFetchAhead && tn < eos) {
         // Stage sn last held chunk c + 1 - kStages: wait until every warp has released it.
         if (t0 - bos >= i64(kStages - 1) * kGdnPrefillChunk) {
           mbarrier::wait(empty + sn, (empty_phase >> sn) & 1u);
@@ -924,6 +941,23 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       }
     }
 #endif
+    // kFetchAhead: chunk c + kStages - 1 into the stage chunk c - 1 used, once every warp has
+    // released it; called after the chunk's first products, by when the other warps are almost
+    // always past chunk c - 1. The copies then have about one and a half chunk steps to land.
+    [[maybe_unused]] const auto fetch_ahead = [&] {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      const i64 ta = t0 + i64(kStages - 1) * kGdnPrefillChunk;
+      if (ta < eos) {
+        const int sa = cur == 0 ? kStages - 1 : cur - 1;
+        if (t0 > bos) {
+          mbarrier::wait(empty + sa, (empty_phase >> sa) & 1u);
+          empty_phase ^= 1u << sa;
+        }
+        fill(sa, ta);
+        mbarrier::cp_async_arrive_noinc(full + sa);
+      }
+#endif
+    };
     // This chunk's inputs have landed (every thread's copies, after the barrier); every warp is
     // done with chunk c - 1, whose stage now takes chunk c + kStages - 1.
     if constexpr (!kHandoff) {
@@ -1119,6 +1153,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         }
       }
     }
+
+    if constexpr (kFetchAhead) fetch_ahead();
 
     // 2. R_w^T = V_w^T - S_w K^T diag(e^gamma / |k|), packed as the A fragments of its four
     // 16-column blocks; the state update's scales e^(gamma_last - gamma_j) / |k_j| of the same
