@@ -203,6 +203,12 @@ double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOption
   const std::int64_t cp_chunks =
       cp ? std::stoll(plan.mode.substr(10, plan.mode.find("_bv") - 10)) : 0;
   const std::int64_t segments = cp ? t / (64 * cp_chunks) + n : 0;
+  // The plan's value tile ("..._bv<N>..."): the state kernel's blocks are (sequence, value head,
+  // tile), so the tile count must match the grid (v_tiles = 1 with bv = 64 sent half the blocks
+  // past the last sequence).
+  const std::size_t bv_at = plan.mode.find("_bv");
+  const std::int64_t bv =
+      bv_at == std::string::npos ? kDim : std::stoll(plan.mode.substr(bv_at + 3));
   const kjit::GdnPrefillCpWorkspace cp_layout =
       kjit::gdn_prefill_cp_workspace(layout.total, static_cast<std::uint64_t>(segments),
                                      static_cast<std::uint64_t>(hv), kDim, kDim);
@@ -223,13 +229,18 @@ double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOption
   p.ws_t = base + layout.t;
   p.ws_p = base + layout.p;
   p.ws_scales = base + layout.scales;
+  // The sequence order the call's state kernel takes (lib/ops/gdn_prefill/launch.cpp): longest
+  // first for 2 .. kGdnPrefillOrderMaxSeqs sequences. Left null, the state kernel alone took the
+  // sequences in index order, 1.4x longer than in the call at 128k tokens in 16 uneven sequences
+  // (1532 us against 1090 under Nsight Compute; docs/performance.md).
+  p.ws_order = !cp && n > 1 && n <= kjit::kGdnPrefillOrderMaxSeqs ? base + layout.order : nullptr;
   if (cp) {
     p.cp_b = reinterpret_cast<float*>(base + cp_layout.b);
     p.cp_m = reinterpret_cast<float*>(base + cp_layout.m);
     p.cp_x = reinterpret_cast<float*>(base + cp_layout.x);
     p.cp_segment_chunks = cp_chunks;
     p.cp_segments = segments;
-    p.k_tiles = 1;
+    p.k_tiles = static_cast<std::uint32_t>(kDim / bv);
   }
   p.q_stride_t = p.k_stride_t = h * kDim;
   p.q_stride_h = p.k_stride_h = kDim;
@@ -242,7 +253,7 @@ double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOption
   p.num_seqs = static_cast<std::uint32_t>(n);
   p.num_value_heads = static_cast<std::uint32_t>(hv);
   p.heads_per_group = static_cast<std::uint32_t>(hv / h);
-  p.v_tiles = 1;
+  p.v_tiles = static_cast<std::uint32_t>(kDim / bv);
   p.num_heads = static_cast<std::uint32_t>(h);
   p.num_tokens = t;
   p.scale = 1.0f;
