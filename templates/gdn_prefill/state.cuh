@@ -15,7 +15,7 @@
 // warp 16 rows of V and keep every product of the chain in registers (state_wide, one barrier
 // per chunk); the tiles of 16 and 32 rows split each product over 4 warps and pass R^T, Vn^T and
 // the state copy through shared memory (state_tiles, three barriers per chunk). Compiled for
-// sm_90a, the wide tiles run the same chain on warpgroup wgmma instead of mma.sync (opt-in).
+// sm_90a, the wide tiles run the same chain on warpgroup wgmma instead of mma.sync.
 //
 // Rows past the end of a sequence are zero-filled (q, k, v, T', P and scales): their R, Vn
 // and contributions are exactly zero, and their outputs are not stored.
@@ -30,11 +30,11 @@
 #include "templates/common/vec.cuh"
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #include "templates/common/wgmma.cuh"
-// sm_90a (the planner compiles for it only when options.force_mode asks for "_wgmma"): the wide
-// tiles' products run as warpgroup wgmma, which reads each B tile (k, q, T', P) from shared
-// memory once per four warps instead of once per warp through ldmatrix. Correct; on the H200
-// level with the mma.sync tile that reads P from the chunk kernel, slower than the default that
-// forms P itself (docs/performance.md, "The state kernel on warpgroup wgmma").
+// sm_90a (the planner's choice for the whole-V tile at K = V = 128 on compute capability 9.0,
+// or asked for by a "_wgmma" mode): the wide tiles' products run as warpgroup wgmma, which reads
+// each B tile (k, q, T', P) from 128-byte-swizzled shared memory once per four warps instead of
+// once per warp through ldmatrix. On the H200 6-17% less per call than the mma.sync tile that
+// forms P itself (docs/performance.md, "The wgmma state kernel's tiles, swizzled").
 #define KJIT_GDN_STATE_WGMMA 1
 #else
 #define KJIT_GDN_STATE_WGMMA 0
@@ -683,7 +683,15 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   static_assert(kSmem.total >= (kThreads + 1) * sizeof(i64), "ranked_sequence's scratch");
   constexpr u32 kStage = kSmem.k1 - kSmem.k0;
 
+#if KJIT_GDN_STATE_WGMMA
+  // The swizzled tiles take their swizzle from address bits 4..9: every tile starts on 1024 bytes.
+  static_assert(kSmem.k0 % 1024 == 0 && kSmem.q % 1024 == 0 && kSmem.t0 % 1024 == 0 &&
+                    kSmem.p % 1024 == 0 && kStage % 1024 == 0,
+                "the wgmma tiles start on 1024-byte boundaries");
+  extern __shared__ __align__(1024) unsigned char smem[];
+#else
   extern __shared__ __align__(16) unsigned char smem[];
+#endif
 
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -741,22 +749,29 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     }
   };
 #if KJIT_GDN_STATE_WGMMA
-  // The wgmma operands k, q, T' and P go to shared memory as no-swizzle core matrices (8 rows x
-  // 16 bytes, 128 contiguous bytes; core (r / 8, part) at (r / 8) * parts * 128 + part * 128, the
-  // descriptors' strides below). Eight consecutive threads fill one core matrix: no bank
-  // conflicts.
+  // The wgmma operands k, q, T' and P go to shared memory 128-byte swizzled (wgmma::
+  // descriptor_sw128): columns in halves of 64 (8 KiB of 64 rows each), row r of a half at
+  // r * 128 with its 16-byte chunk j at chunk j ^ (r % 8). Eight consecutive threads copy one
+  // 128-byte line of a row into one 128-byte line of shared memory. The no-swizzle core matrices
+  // had eight threads copy eight rows' 16 bytes each (Nsight Compute on the H200: 32 shared-memory
+  // wavefronts and 32 L2 sectors per copy instruction, against 4 and 16 ideal;
+  // docs/performance.md).
   const auto issue_core = [&](unsigned char* dst, const __nv_bfloat16* src, i64 stride,
                               auto parts_c, i64 t, int rows) {
     constexpr int kParts = decltype(parts_c)::value;
+    static_assert(kThreads % kParts == 0 && (kThreads / kParts) % 8 == 0 && 64 * kParts >= kThreads,
+                  "every thread copies whole passes of rows, a multiple of 8 apart");
+    // As issue_rows: one row address per tensor and chunk, the others a block-uniform step
+    // away; rows kRowsPerPass apart keep their swizzle (a multiple of 8).
+    constexpr int kRowsPerPass = kThreads / kParts;
+    const int r0 = tid / kParts, part = tid % kParts;
+    unsigned char* const d = dst + (part >> 3) * (64 * 128) + r0 * 128 + (((part ^ r0) & 7) << 4);
+    const __nv_bfloat16* row = src + (t + r0) * stride + part * 8;
 #pragma unroll
-    for (int it = 0; it < (64 * kParts + kThreads - 1) / kThreads; ++it) {
-      const int c = tid + it * kThreads;
-      if ((64 * kParts) % kThreads == 0 || c < 64 * kParts) {
-        const int r = (c / (8 * kParts)) * 8 + (c & 7), part = (c >> 3) % kParts;
-        const bool ok = r < rows;
-        cp_async::copy16(dst + (r >> 3) * (kParts * 128) + part * 128 + (r & 7) * 16,
-                         ok ? src + (t + r) * stride + part * 8 : src, ok);
-      }
+    for (int it = 0; it < 64 / kRowsPerPass; ++it) {
+      const bool ok = rows == kGdnPrefillChunk || r0 + it * kRowsPerPass < rows;
+      cp_async::copy16(d + it * kRowsPerPass * 128, ok ? row + it * kRowsPerPass * stride : src,
+                       ok);
     }
   };
 #endif
@@ -993,8 +1008,10 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     // warpgroup from the core-matrix tiles. O comes out transposed (rows v, columns i).
     const u32 k_addr = mma::smem_addr(s_k), q_addr = mma::smem_addr(s_q);
     const u32 t_addr = mma::smem_addr(s_t), p_addr = mma::smem_addr(s_p);
-    constexpr u32 kRowGroupK = kK * 16;   // bytes between 8-row groups of the k and q tiles
-    constexpr u32 kRowGroup64 = 64 * 16;  // of the T' and P tiles
+    // K-major k-step ks of a k or q tile: 32 bytes into the row's 128-byte line, in half ks / 4.
+    const auto k_step = [](u32 tile, int ks) {
+      return tile + u32(ks >> 2) * (64 * 128) + u32(ks & 3) * 32;
+    };
 
     // 1. S_w K^T (acc_r: rows v, columns j) and S_w Q^T (acc_o: rows v, columns i), over K.
     u32 s_frag[kKSteps][4];
@@ -1012,7 +1029,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       wgmma::mma_m64n64k16<0>(acc_r, s_frag[ks],
-                              wgmma::descriptor(k_addr + ks * 256, 128, kRowGroupK));
+                              wgmma::descriptor_sw128(k_step(k_addr, ks), 16, 1024));
     }
     // With the handoff, R is formed while S_w Q^T runs on (needed only for O, in step 5); the
     // 2-stage form waits for both (the split spilled 24 bytes there at K = 128).
@@ -1020,7 +1037,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       wgmma::mma_m64n64k16<0>(acc_o, s_frag[ks],
-                              wgmma::descriptor(q_addr + ks * 256, 128, kRowGroupK));
+                              wgmma::descriptor_sw128(k_step(q_addr, ks), 16, 1024));
     }
     wgmma::commit();
     wgmma::wait<kHandoff ? 1 : 0>();
@@ -1042,8 +1059,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     wgmma::fence();
 #pragma unroll
     for (int jb = 0; jb < 4; ++jb) {
-      wgmma::mma_m64n64k16<0>(acc_v, ra[jb],
-                              wgmma::descriptor(t_addr + jb * 256, 128, kRowGroup64));
+      wgmma::mma_m64n64k16<0>(acc_v, ra[jb], wgmma::descriptor_sw128(t_addr + jb * 32, 16, 1024));
     }
     wgmma::commit();
     wgmma::wait<0>();
@@ -1074,13 +1090,13 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       wgmma::fence();
 #pragma unroll
       for (int jb = 0; jb < 4; ++jb) {
-        wgmma::mma_m64n64k16<0>(acc_o, vb[jb],
-                                wgmma::descriptor(p_addr + jb * 256, 128, kRowGroup64));
+        wgmma::mma_m64n64k16<0>(acc_o, vb[jb], wgmma::descriptor_sw128(p_addr + jb * 32, 16, 1024));
       }
       wgmma::commit();
 #pragma unroll
       for (int jb = 0; jb < 4; ++jb) {
-        const u64 kn = wgmma::descriptor(k_addr + jb * 2 * kRowGroupK, kRowGroupK, 128);
+        // N-major: 16 token rows per k-step (2048 bytes), the column halves 8 KiB apart.
+        const u64 kn = wgmma::descriptor_sw128(k_addr + jb * 2048, 64 * 128, 1024);
         if constexpr (kK == 128) {
           wgmma::mma_m64n128k16<1>(s_acc[0], vd[jb], kn);
         } else {

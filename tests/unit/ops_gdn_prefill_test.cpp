@@ -391,7 +391,10 @@ TEST_CASE("gdn_prefill plans are legal for every shape, N = 4096 and T = 100k in
       CHECK(chunk.shape.grid.y == static_cast<std::uint32_t>(s.h));
       CHECK(chunk.shape.dynamic_smem == gdn_prefill_chunk_smem(static_cast<int>(s.k)).total);
       const int bv = std::stoi(state.spec.get("bv"));
-      CHECK(plan.mode == fmt::format("chunked_bv{}", bv));
+      // The whole-V tile at K = V = 128 runs on wgmma where sm_90a exists (prefer_wgmma).
+      const bool wgmma = bv == 128 && s.k == 128 && s.v == 128 && device.arch == Arch{9, 0};
+      CHECK(plan.mode == fmt::format("chunked_bv{}{}", bv, wgmma ? "_wgmma" : ""));
+      CHECK(state.spec.arch == (wgmma ? Arch{9, 0, 'a'} : device.arch));
       CHECK(s.v % bv == 0);
       CHECK(bv * s.k <= 2048 * gdn_prefill_state_warps(bv));
       CHECK(chunk.shape.block.x == kGdnPrefillThreads);
@@ -466,10 +469,12 @@ TEST_CASE("gdn_prefill plans are legal for every shape, N = 4096 and T = 100k in
       CHECK(plan_for({8192, sms / 8 + 1, 1, 1, 128, 128}, device, DType::f32, "chunked").mode ==
             "chunked_bv64");
       CHECK(plan_for({8192, sms / 2, 1, 1, 128, 128}, device).mode == "chunked_bv64");
-      CHECK(plan_for({8192, sms / 2 + 1, 1, 1, 128, 128}, device).mode == "chunked_bv128");
+      CHECK(
+          plan_for({8192, sms / 2 + 1, 1, 1, 128, 128}, device).mode.starts_with("chunked_bv128"));
     }
     if (whole_v_fits) {
-      CHECK(plan_for({100000, 4096, 16, 32, 128, 128}, device).mode == "chunked_bv128");
+      CHECK(plan_for({100000, 4096, 16, 32, 128, 128}, device).mode ==
+            (device.arch == Arch{9, 0} ? "chunked_bv128_wgmma" : "chunked_bv128"));
       CHECK(plan_for({1000, 4, 1, 1, 128, 128}, device, DType::bf16, "chunked_bv128").mode ==
             "chunked_bv128");
     } else {
@@ -520,7 +525,7 @@ TEST_CASE("gdn_prefill: force_mode '_wgmma' compiles the wide state tile for sm_
     CAPTURE(mode);
     const Plan plan = plan_for({100000, 4096, 16, 32, 128, 128}, h200, DType::f32, mode);
     REQUIRE(plan.launches.size() == 2);
-    CHECK(plan.launches[0].spec.arch == Arch{9, 0, 'a'});  // the chunk kernel's products too
+    CHECK(plan.launches[0].spec.arch == Arch{9, 0});  // the chunk kernel stays on mma.sync
     CHECK(plan.launches[1].spec.arch == Arch{9, 0, 'a'});
     CHECK(plan.launches[1].spec.str().ends_with("@sm_90a"));
     bool said = false;
@@ -528,12 +533,22 @@ TEST_CASE("gdn_prefill: force_mode '_wgmma' compiles the wide state tile for sm_
       said |= r.find("warpgroup wgmma") != std::string::npos;
     CHECK(said);
   }
-  // The default stays on mma.sync, compiled for the device's own target.
+  // The default takes wgmma for the whole-V tile at K = V = 128 (prefer_wgmma), with the chunk
+  // kernel on mma.sync; the 64-row tile, other sizes and the context-parallel passes stay on
+  // mma.sync, compiled for the device's own target.
   const Plan plain = plan_for({100000, 4096, 16, 32, 128, 128}, h200);
   REQUIRE(plain.launches.size() == 2);
-  CHECK(plain.launches[1].spec.arch == Arch{9, 0});
-  // Without the suffix the chunk kernel stays on mma.sync too, on every target.
+  CHECK(plain.mode == "chunked_bv128_wgmma");
+  CHECK(plain.launches[1].spec.arch == Arch{9, 0, 'a'});
   CHECK(plain.launches[0].spec.arch == Arch{9, 0});
+  for (const Shapes& s : {Shapes{8192, 4, 16, 16, 128, 128}, Shapes{100000, 4096, 16, 32, 64, 64},
+                          Shapes{32768, 1, 16, 16, 128, 128}}) {
+    CAPTURE(s.n);
+    CAPTURE(s.k);
+    const Plan other = plan_for(s, h200);
+    for (const PlannedLaunch& launch : other.launches) CHECK(launch.spec.arch == Arch{9, 0});
+    CHECK(other.mode.find("wgmma") == std::string::npos);
+  }
   for (const Arch arch : {Arch{8, 0}, Arch{8, 9}, Arch{10, 0}, Arch{12, 0}}) {
     CAPTURE(arch.str());
     const Plan other = plan_for({100000, 4096, 16, 32, 128, 128}, DeviceLimits::for_arch(arch));

@@ -91,12 +91,14 @@ struct GdnPrefillOptions {
   /// the fused single-kernel path with that tile; "chunked" forces the two-kernel chunked path
   /// (planner's tile), "chunked_bv128", "chunked_bv64", "chunked_bv32", "chunked_bv16" with that
   /// tile. A chunked mode with the suffix "_wgmma" (e.g. "chunked_bv128_wgmma") runs the state
-  /// kernel's 64- and 128-row tiles on warpgroup wgmma, compiled for sm_90a: compute capability
-  /// 9.0 only (a PlanError elsewhere), and slower than the default mma.sync on the H200; it is
-  /// there for A/B runs. "chunked_cp" forces the context-parallel path (segments of the
-  /// planner's length), "chunked_cp<L>" with segments of L >= 1 chunks of 64 tokens; either may
-  /// end in "_s2" or "_s3" (input stages of its state passes). The planner takes that path by
-  /// itself for few long sequences: see plan.explain(). Any chunked mode may end in "_p0" or
+  /// kernel's 64- and 128-row tiles on warpgroup wgmma, compiled for sm_90a (the chunk kernel
+  /// stays on mma.sync): compute capability 9.0 only (a PlanError elsewhere). The planner takes
+  /// it itself for the whole-V tile at K = V = 128 there (mode "chunked_bv128_wgmma"); a plain
+  /// "chunked_bv128" keeps mma.sync, for A/B runs. "chunked_cp" forces the context-parallel path
+  /// (segments of the planner's length), "chunked_cp<L>" with segments of L >= 1 chunks of 64
+  /// tokens; either may end in "_s2" or "_s3" (input stages of its state passes). The planner takes
+  /// that path by itself for few long sequences: see plan.explain(). Any chunked mode may end in
+  /// "_p0" or
   /// "_p1": P = tril(Q K^T ...) formed by the chunk kernel, or by the state kernel's 64- and
   /// 128-row mma.sync tiles (the planner's choice for the 128-row tile without GVA at K = V =
   /// 128 on sm_90 and later; "_p1" with another tile or "_wgmma" is a PlanError /

@@ -326,11 +326,30 @@ CpDecision cp_decision(const Problem& pr, const DeviceLimits& device, bool expla
                    explain);
 }
 
+// The sequential whole-V state kernel on warpgroup wgmma (sm_90a, compute capability 9.0 only):
+// with its operand tiles 128-byte swizzled it took the call at 128k tokens from 1710 to 1553 us
+// (H = HV = 16) and from 3222 to 2694 (HV = 32) on the H200, 6-17% less at every whole-V shape
+// of bench_gdn_prefill, beside the mma.sync tile that forms P itself (docs/performance.md,
+// "The wgmma state kernel's tiles, swizzled"). Chosen where measured: K = V = 128 with the 3
+// stages handed over by mbarriers; the 64-row tile, the context-parallel passes (mma.sync only)
+// and other sizes keep mma.sync.
+void prefer_wgmma(const Problem& pr, const DeviceLimits& device, Decision& choice) {
+  if (!choice.chunked || choice.cp_chunks > 0 || choice.bv != 128 || pr.k != 128 || pr.v != 128 ||
+      choice.state_stages < 3 || !(device.arch.major == 9 && device.arch.minor == 0)) {
+    return;
+  }
+  choice.wgmma = true;
+  choice.reasons.push_back(
+      "state kernel on warpgroup wgmma, compiled for sm_90a (whole-V tile, K = V = 128, 3 "
+      "stages: 6-17% faster per call than mma.sync on the H200); the chunk kernel stays on "
+      "mma.sync and forms P");
+}
+
 // The path and tiles of a call. The state kernel's wide tiles (value tile >= 64, K <= 128) can
 // multiply on warpgroup wgmma, which reads each chunk's k, q, T' and P from shared memory once
 // per four warps instead of once per warp. It exists only in the arch-specific target sm_90a
-// (not on sm_100 and later), and on the H200 it was slower than mma.sync
-// (docs/performance.md), so it is never chosen, only asked for (a "_wgmma" mode).
+// (not on sm_100 and later); the planner takes it for the whole-V tile (prefer_wgmma), and a
+// "_wgmma" mode asks for it on the 64-row tile too.
 Decision choose(const Problem& pr, const DeviceLimits& device) {
   const std::string_view force = pr.mode();
   switch (pr.forced_kind) {
@@ -347,6 +366,7 @@ Decision choose(const Problem& pr, const DeviceLimits& device) {
           choice.reasons.push_back(cp.why_not);
         }
       }
+      prefer_wgmma(pr, device, choice);
       return choice;
     }
     case ModeKind::fused:
@@ -379,8 +399,8 @@ Decision choose(const Problem& pr, const DeviceLimits& device) {
   }
   choice.wgmma = true;
   choice.reasons.push_back(fmt::format(
-      "state kernel (and the chunk kernel's K K^T and Q K^T) on warpgroup wgmma (forced by "
-      "options.force_mode '{}'): both compiled for sm_90a",
+      "state kernel on warpgroup wgmma (forced by options.force_mode '{}'): compiled for "
+      "sm_90a; the chunk kernel stays on mma.sync",
       force));
   return choice;
 }
@@ -504,8 +524,9 @@ Plan make_chunked_plan(const Problem& pr, Decision choice, const DeviceLimits& d
   const std::int64_t every = pr.checkpoint_every;
   Plan plan;
   plan.op = kOp;
-  plan.mode = choice.cp_chunks > 0 ? fmt::format("chunked_cp{}_bv{}", choice.cp_chunks, choice.bv)
-                                   : fmt::format("chunked_bv{}", choice.bv);
+  plan.mode = choice.cp_chunks > 0
+                  ? fmt::format("chunked_cp{}_bv{}", choice.cp_chunks, choice.bv)
+                  : fmt::format("chunked_bv{}{}", choice.bv, choice.wgmma ? "_wgmma" : "");
   plan.reasons = std::move(choice.reasons);
   plan.device = device;
   plan.reasons.push_back(checkpoint_reason(every));
@@ -547,11 +568,10 @@ Plan make_chunked_plan(const Problem& pr, Decision choice, const DeviceLimits& d
                 "mma.sync tile, sequential, H = HV, K = V = 128, 3 stages)");
   const SpecValues values = spec_values(
       pr, choice.bv, choice.cp_chunks > 0 ? choice.cp_stages : choice.state_stages, state_p);
-  // With "_wgmma" both kernels multiply on warpgroup wgmma (sm_90a): the chunk kernel's K K^T
-  // and Q K^T too. Opt-in: on the H200 the chunk kernel was 7-9% slower on wgmma than on
-  // mma.sync (docs/performance.md, "The chunk kernel's products on wgmma").
-  KernelSpec chunk_spec =
-      family_spec("gdn_prefill_chunk", values, choice.wgmma ? Arch{9, 0, 'a'} : device.arch);
+  // "_wgmma" moves the state kernel to warpgroup wgmma (sm_90a) only: the chunk kernel's K K^T
+  // and Q K^T were 7-9% slower there than on mma.sync (docs/performance.md, "The chunk kernel's
+  // products on wgmma"), so it stays on the device's own target.
+  KernelSpec chunk_spec = family_spec("gdn_prefill_chunk", values, device.arch);
   KernelSpec state_spec =
       family_spec("gdn_prefill_state", values, choice.wgmma ? Arch{9, 0, 'a'} : device.arch);
   if (pr.heads > device.max_grid_dim[1]) {
