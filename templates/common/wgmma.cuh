@@ -32,7 +32,7 @@ __device__ __forceinline__ u64 descriptor(u32 smem_addr, u32 lbo, u32 sbo) {
 /// swizzle is taken from the address bits). K-major: `sbo` is the distance between 8-row groups
 /// along N (lbo unused), and a k-step inside the 128-byte row moves the start by 32 bytes.
 /// N-major: `lbo` is the distance between 64-column atoms along N, `sbo` between 8-row groups
-/// along K. Both readings checked on the H200 by bench/experiments/wgmma_sw128_check.cu.
+/// along K. Both readings checked on the H200 by bench/experiments/wgmma_layout_check.cu.
 /// Measured on the H200 (docs/performance.md): copies into this layout move whole 128-byte lines,
 /// where the no-swizzle core matrices took every 16 bytes on its own (8x the shared-memory
 /// wavefronts and 2x the L2 sectors of the copies).
