@@ -65,9 +65,15 @@ contains "$OUT" "ckpt=1,stages=3@sm_90"
 contains "$OUT" "state checkpoints every 128 tokens"
 run 2 plan gdn_prefill --tokens 1000 --seqs 4 --heads 16 --v-heads 32 --k 128 --v 128 --checkpoint 100 --arch h200
 contains "$ERR" "checkpoint_every_n_tokens = 100"
-# Who forms P: the state kernel for the whole-V tile without GVA (both kernels say so), the
-# chunk kernel when forced with _p0; _p1 on a narrow tile refused.
+# The whole-V state kernel on wgmma by default on sm_90 (compiled for sm_90a), with P formed by
+# the chunk kernel.
 run 0 plan gdn_prefill --tokens 131072 --seqs 16 --heads 16 --v-heads 16 --k 128 --v 128 --arch h200
+contains "$OUT" "mode chunked_bv128_wgmma"
+contains "$OUT" "stages=3@sm_90a"
+contains "$OUT" "P formed by the chunk kernel"
+# Who forms P on the mma.sync tiles: the state kernel for the whole-V tile without GVA (both
+# kernels say so), the chunk kernel when forced with _p0; _p1 on a narrow tile refused.
+run 0 plan gdn_prefill --tokens 131072 --seqs 16 --heads 16 --v-heads 16 --k 128 --v 128 --mode chunked_bv128 --arch h200
 contains "$OUT" "l2norm=1,statep=1@sm_90"
 contains "$OUT" "stages=3,statep=1@sm_90"
 contains "$OUT" "P formed by the state kernel"
