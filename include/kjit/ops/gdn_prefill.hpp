@@ -98,9 +98,8 @@ struct GdnPrefillOptions {
   /// (segments of the planner's length), "chunked_cp<L>" with segments of L >= 1 chunks of 64
   /// tokens; either may end in "_s2" or "_s3" (input stages of its state passes). The planner takes
   /// that path by itself for few long sequences: see plan.explain(). Any chunked mode may end in
-  /// "_p0" or
-  /// "_p1": P = tril(Q K^T ...) formed by the chunk kernel, or by the state kernel's 64- and
-  /// 128-row mma.sync tiles (the planner's choice for the 128-row tile without GVA at K = V =
+  /// "_p0" or "_p1": P = tril(Q K^T ...) formed by the chunk kernel, or by the state kernel's 64-
+  /// and 128-row mma.sync tiles (the planner's choice for the 128-row tile without GVA at K = V =
   /// 128 on sm_90 and later; "_p1" with another tile or "_wgmma" is a PlanError /
   /// InvalidArgument).
   std::string force_mode;
