@@ -18,7 +18,7 @@ foreach(run first second)
   # The real op kernels, for both targets (not test kernels).
   foreach(kernel merge_state gdn_decode gdn_prefill_chunk gdn_prefill_state)
     foreach(arch sm_90 sm_100a)
-      # (sm_90 or sm_90a: the planner compiles the whole-V state kernel for sm_90a.)
+      # (sm_90 or sm_90a: the planner compiles both kernels of the whole-V wgmma plan for sm_90a.)
       if(NOT out MATCHES "\n +${kernel}:[^\n]*@${arch}a?\n +from ")
         message(FATAL_ERROR "the demo's ${run} run shows no ${kernel} kernel for ${arch}")
       endif()

@@ -105,19 +105,18 @@ __device__ __forceinline__ void load_a_trans(u32 (&a)[4], const __nv_bfloat16* b
   ldmatrix_x4_trans(a, smem_addr(base + (i + 8 * (m >> 1)) * ld + 8 * (m & 1)));
 }
 
-/// Byte offset of the 16-byte row segment (row, col .. col + 7) in a bf16 tile of no-swizzle core
-/// matrices (wgmma.cuh's layout: 8 rows x 16 bytes, 128 contiguous bytes each; `parts` 16-byte
-/// parts per row, core (row / 8, col / 8) at ((row / 8) parts + col / 8) 128).
-__device__ __forceinline__ u32 core_offset(int row, int col, int parts) {
-  return u32(((row >> 3) * parts + (col >> 3)) * 128 + (row & 7) * 16);
-}
-
-/// load_a from a core-matrix tile at shared address `tile`: rows row0 .. row0 + 15, columns
-/// col0 .. col0 + 15. Each 8 x 8 matrix is one core matrix: no bank conflicts.
-__device__ __forceinline__ void load_a_core(u32 (&a)[4], u32 tile, int row0, int col0, int parts) {
+/// load_a from a 128-byte-swizzled tile at shared address `tile` (wgmma::descriptor_sw128's
+/// layout: columns in slices of 64, `slice_bytes` apart; row r of a slice at r * 128 with its
+/// 16-byte chunk j at chunk j ^ (r % 8)): rows row0 .. row0 + 15 (row0 a multiple of 8), columns
+/// col0 .. col0 + 15 (col0 a multiple of 16). The eight rows of each 8 x 8 matrix sit in eight
+/// different chunks: no bank conflicts.
+__device__ __forceinline__ void load_a_sw128(u32 (&a)[4], u32 tile, int row0, int col0,
+                                             u32 slice_bytes) {
   const int lane = static_cast<int>(threadIdx.x & 31u);
   const int m = lane >> 3, i = lane & 7;
-  ldmatrix_x4(a, tile + core_offset(row0 + i + 8 * (m & 1), col0 + 8 * (m >> 1), parts));
+  const int chunk = ((col0 >> 3) & 7) + (m >> 1);
+  ldmatrix_x4(a, tile + u32(col0 >> 6) * slice_bytes + u32(row0 + i + 8 * (m & 1)) * 128 +
+                     u32((chunk ^ i) << 4));
 }
 
 /// A fragment from an f32 row-major tile (element (r, c) at base[r * ld + c]), rounded to

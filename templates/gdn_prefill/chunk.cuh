@@ -51,10 +51,10 @@
 #include "templates/common/mma.cuh"
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #include "templates/common/wgmma.cuh"
-// sm_90a (opt-in: force_mode "_wgmma" compiles both kernels for it): the products K K^T and
-// Q K^T run as two warpgroup wgmma reading q and k from shared memory (no-swizzle core
-// matrices) instead of mma.sync with per-warp ldmatrix. Correct, but on the H200 7-9% slower
-// (docs/performance.md, "The chunk kernel's products on wgmma").
+// sm_90a (the planner's wgmma plans compile both kernels for it): the products K K^T and
+// Q K^T run as two warpgroup wgmma reading q and k from 128-byte-swizzled shared memory instead
+// of mma.sync with per-warp ldmatrix (docs/performance.md, "The chunk kernel's products on
+// wgmma": 7-9% slower with no-swizzle core matrices).
 #define KJIT_GDN_CHUNK_WGMMA 1
 #else
 #define KJIT_GDN_CHUNK_WGMMA 0
@@ -174,7 +174,12 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
   constexpr int kRowCopies = kK / 8;  // 16-byte copies per q/k row
   constexpr GdnPrefillChunkSmem kSmem = gdn_prefill_chunk_smem(kK);
 
+#if KJIT_GDN_CHUNK_WGMMA
+  // The swizzled q and k tiles take their swizzle from address bits 4..9.
+  extern __shared__ __align__(1024) unsigned char smem[];
+#else
   extern __shared__ __align__(16) unsigned char smem[];
+#endif
   __nv_bfloat16* s_q = reinterpret_cast<__nv_bfloat16*>(smem + kSmem.q);
   __nv_bfloat16* s_k = reinterpret_cast<__nv_bfloat16*>(smem + kSmem.k);
   float* s_a = reinterpret_cast<float*>(smem + kSmem.a);
@@ -246,48 +251,38 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
   const Tin* q_head = static_cast<const Tin*>(p.q) + i64(h) * p.q_stride_h;
   const Tin* k_head = static_cast<const Tin*>(p.k) + i64(h) * p.k_stride_h;
 #if KJIT_GDN_CHUNK_WGMMA
-  // Core-matrix tiles for wgmma: eight consecutive threads fill one core matrix (eight rows of
-  // one 16-byte part: no bank conflicts). q's 16-row blocks are stored in reverse order, so that
-  // the product's row block w, which wgmma gives warp w, is Q K^T's block row 3 - w: warp w
-  // then takes G's block row w and Q K^T's 3 - w, the balanced split of the triangles below.
-  // A pass of the block's 128 threads covers kGroupsPerPass 8-row groups (K = 64) or 1 / kSplit
-  // of one (K >= 128); every shared-memory offset is a per-thread base plus a constant, and the
-  // global rows are reached by pointer steps, so no per-copy address stays in a register.
-  constexpr int kGroupCopies = 8 * kRowCopies;  // 16-byte copies per 8-row group
-  static_assert(kGroupCopies % kGdnPrefillThreads == 0 || kGdnPrefillThreads % kGroupCopies == 0);
-  constexpr int kSplit = kGroupCopies >= kGdnPrefillThreads ? kGroupCopies / kGdnPrefillThreads : 1;
-  constexpr int kGroupsPerPass =
-      kGroupCopies >= kGdnPrefillThreads ? 1 : kGdnPrefillThreads / kGroupCopies;
-  static_assert(kGroupsPerPass <= 2, "q's reversed blocks assume at most two groups per pass");
-  const int copy_lane8 = tid & 7;
-  const int copy_group0 = kGroupsPerPass == 1 ? 0 : tid / kGroupCopies;
-  const int copy_part0 =
-      (tid % (kGroupCopies >= kGdnPrefillThreads ? kGdnPrefillThreads : kGroupCopies)) >> 3;
-  const u32 copy_k_base = u32((copy_group0 * kRowCopies + copy_part0) * 128 + copy_lane8 * 16);
-  const u32 copy_q_base = copy_k_base;  // the group's reversed position is in the constant
+  // 128-byte-swizzled tiles for wgmma (wgmma::descriptor_sw128, as the state kernel's): columns
+  // in slices of 64 (kSwSlice bytes of 64 rows each), row r of a slice at r * 128 with its 16-byte
+  // chunk j at chunk j ^ (r % 8). Eight consecutive threads copy one 128-byte line of a row into
+  // one 128-byte line of shared memory (the no-swizzle core matrices took 8x the shared-memory
+  // wavefronts and 2x the L2 sectors per copy in the state kernel; docs/performance.md). q's
+  // 16-row blocks are stored in reverse order, so that the product's row block w, which wgmma
+  // gives warp w, is Q K^T's block row 3 - w: warp w then takes G's block row w and Q K^T's
+  // 3 - w, the balanced split of the triangles below. Moving whole 8-row groups keeps each row's
+  // swizzle (r % 8).
+  constexpr u32 kSwSlice = 64 * 128, kSwAtom = 8 * 128;
+  static_assert(kSmem.q % kSwAtom == 0 && kSmem.k % kSwAtom == 0,
+                "the swizzled tiles start on 1024-byte boundaries");
+  static_assert(kGdnPrefillThreads % kRowCopies == 0, "whole rows per pass");
+  constexpr int kRowsPerPass = kGdnPrefillThreads / kRowCopies;  // 16, 8 or 4
+  const int copy_part = tid % kRowCopies, copy_r0 = tid / kRowCopies;
+  const u32 copy_base = u32(copy_part >> 3) * kSwSlice + u32(copy_r0) * 128;
   const auto copy_qk = [&](i64 t0, int rows) {
-    const int r0 = copy_group0 * 8 + copy_lane8;
-    const Tin* src_q = q_head + (t0 + r0) * p.q_stride_t + copy_part0 * 8;
-    const Tin* src_k = k_head + (t0 + r0) * p.k_stride_t + copy_part0 * 8;
-    unsigned char* const dst_q = reinterpret_cast<unsigned char*>(s_q) + copy_q_base;
-    unsigned char* const dst_k = reinterpret_cast<unsigned char*>(s_k) + copy_k_base;
+    const Tin* src_q = q_head + (t0 + copy_r0) * p.q_stride_t + copy_part * 8;
+    const Tin* src_k = k_head + (t0 + copy_r0) * p.k_stride_t + copy_part * 8;
+    unsigned char* const dst_q = reinterpret_cast<unsigned char*>(s_q) + copy_base;
+    unsigned char* const dst_k = reinterpret_cast<unsigned char*>(s_k) + copy_base;
 #pragma unroll
-    for (int i = 0; i < 8 / kGroupsPerPass; ++i) {
-      const bool valid = r0 + 8 * kGroupsPerPass * i < rows;
-      // 8-row group of k: copy_group0 + kGroupsPerPass i; of q: its block reversed, the same
-      // half of the block.
-      const int k_group = kGroupsPerPass * i;
-      const int q_group = kGroupsPerPass == 1 ? (3 - (i >> 1)) * 2 + (i & 1) : (3 - i) * 2;
-#pragma unroll
-      for (int sp = 0; sp < kSplit; ++sp) {
-        const int part = 16 * sp;
-        cp_async::copy16(dst_q + (q_group * kRowCopies + part) * 128,
-                         valid ? src_q + part * 8 : q_head, valid);
-        cp_async::copy16(dst_k + (k_group * kRowCopies + part) * 128,
-                         valid ? src_k + part * 8 : k_head, valid);
-      }
-      src_q += 8 * kGroupsPerPass * p.q_stride_t;
-      src_k += 8 * kGroupsPerPass * p.k_stride_t;
+    for (int i = 0; i < 64 / kRowsPerPass; ++i) {
+      const int r = i * kRowsPerPass;  // this pass's row offset (copy_r0 < kRowsPerPass)
+      const bool valid = copy_r0 + r < rows;
+      // (copy_r0 + r) % 8: constant over the passes when kRowsPerPass is a multiple of 8.
+      const u32 swz = u32(((copy_part ^ (copy_r0 + r)) & 7) << 4);
+      const int q_row = (3 - r / 16) * 16 + r % 16;  // q's reversed 16-row blocks
+      cp_async::copy16(dst_q + q_row * 128 + swz, valid ? src_q : q_head, valid);
+      cp_async::copy16(dst_k + r * 128 + swz, valid ? src_k : k_head, valid);
+      src_q += kRowsPerPass * p.q_stride_t;
+      src_k += kRowsPerPass * p.k_stride_t;
     }
     cp_async::commit();
   };
@@ -373,19 +368,21 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
     {
       // Whole 64 x 64 products (the blocks above the diagonal are computed and never read).
       const u32 k_addr = mma::smem_addr(s_k), q_addr = mma::smem_addr(s_q);
-      constexpr u32 kRowGroup = kK * 16;  // bytes between 8-row groups of the q and k tiles
+      // K-major k-step ks: 32 bytes into the row's 128-byte line, in column slice ks / 4.
+      const auto k_step = [](u32 tile, int ks) {
+        return tile + u32(ks >> 2) * kSwSlice + u32(ks & 3) * 32;
+      };
       wgmma::hold_registers(acc_g);
       wgmma::hold_registers(acc_p);
-      // Step ks starts 256 bytes further: 16 in the descriptor's address field (addresses stay
-      // below 2^18, so the field never carries).
-      const u64 kd0 = wgmma::descriptor(k_addr, 128, kRowGroup);
-      const u64 qd0 = wgmma::descriptor(q_addr, 128, kRowGroup);
       wgmma::fence();
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
-        const u64 kd = kd0 + u64(16 * ks);
+        const u64 kd = wgmma::descriptor_sw128(k_step(k_addr, ks), 16, kSwAtom);
         wgmma::mma_m64n64k16_ss<0>(acc_g, kd, kd);
-        if constexpr (!kStateP) wgmma::mma_m64n64k16_ss<0>(acc_p, qd0 + u64(16 * ks), kd);
+        if constexpr (!kStateP) {
+          wgmma::mma_m64n64k16_ss<0>(acc_p,
+                                     wgmma::descriptor_sw128(k_step(q_addr, ks), 16, kSwAtom), kd);
+        }
       }
       wgmma::commit();
       // The diagonal block of Q Q^T of block row rp (stored at block position 3 - rp = warp) on
@@ -394,7 +391,7 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
 #pragma unroll
         for (int ks = 0; ks < kKSteps; ++ks) {
           u32 aq[4];
-          mma::load_a_core(aq, q_addr, 16 * warp, 16 * ks, kRowCopies);
+          mma::load_a_sw128(aq, q_addr, 16 * warp, 16 * ks, kSwSlice);
           mma::mma_bf16(acc_qq[0], aq, aq[0], aq[2]);
           mma::mma_bf16(acc_qq[1], aq, aq[1], aq[3]);
         }

@@ -65,11 +65,12 @@ contains "$OUT" "ckpt=1,stages=3@sm_90"
 contains "$OUT" "state checkpoints every 128 tokens"
 run 2 plan gdn_prefill --tokens 1000 --seqs 4 --heads 16 --v-heads 32 --k 128 --v 128 --checkpoint 100 --arch h200
 contains "$ERR" "checkpoint_every_n_tokens = 100"
-# The whole-V state kernel on wgmma by default on sm_90 (compiled for sm_90a), with P formed by
-# the chunk kernel.
+# The whole-V state kernel and the chunk kernel's products on wgmma by default on sm_90 (both
+# compiled for sm_90a), with P formed by the chunk kernel.
 run 0 plan gdn_prefill --tokens 131072 --seqs 16 --heads 16 --v-heads 16 --k 128 --v 128 --arch h200
 contains "$OUT" "mode chunked_bv128_wgmma"
 contains "$OUT" "stages=3@sm_90a"
+contains "$OUT" "l2norm=1@sm_90a"
 contains "$OUT" "P formed by the chunk kernel"
 # Who forms P on the mma.sync tiles: the state kernel for the whole-V tile without GVA (both
 # kernels say so), the chunk kernel when forced with _p0; _p1 on a narrow tile refused.

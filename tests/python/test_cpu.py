@@ -85,9 +85,10 @@ def test_plan_gdn_prefill():
     plan = kjit.plan("gdn_prefill", tokens=8192, seqs=4, heads=16, v_heads=32, k=128, v=128,
                      arch="h200")
     assert plan.op == "gdn_prefill"
-    # The chunk kernel for the device's target; the whole-V state kernel on wgmma (sm_90a).
+    # Both kernels on wgmma (sm_90a) with the whole-V state tile.
     assert plan.mode == "chunked_bv128_wgmma"
-    assert plan.launches and plan.specs[0].endswith("@sm_90")
+    assert plan.launches and plan.specs[0].startswith("gdn_prefill_chunk:")
+    assert plan.specs[0].endswith("@sm_90a")
     assert plan.specs[1].endswith("@sm_90a")
 
 

@@ -519,13 +519,14 @@ TEST_CASE("gdn_prefill: the plan memo's key holds the context-parallel segment i
   CHECK(seq.cp_segment_ids == 0);
 }
 
-TEST_CASE("gdn_prefill: force_mode '_wgmma' compiles the wide state tile for sm_90a, only there") {
+TEST_CASE("gdn_prefill: force_mode '_wgmma' compiles both kernels for sm_90a, only there") {
   const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
   for (const std::string mode : {"chunked_bv128_wgmma", "chunked_bv64_wgmma", "chunked_wgmma"}) {
     CAPTURE(mode);
     const Plan plan = plan_for({100000, 4096, 16, 32, 128, 128}, h200, DType::f32, mode);
     REQUIRE(plan.launches.size() == 2);
-    CHECK(plan.launches[0].spec.arch == Arch{9, 0});  // the chunk kernel stays on mma.sync
+    // The chunk kernel's products on wgmma too (swizzled tiles).
+    CHECK(plan.launches[0].spec.arch == Arch{9, 0, 'a'});
     CHECK(plan.launches[1].spec.arch == Arch{9, 0, 'a'});
     CHECK(plan.launches[1].spec.str().ends_with("@sm_90a"));
     bool said = false;
@@ -533,14 +534,14 @@ TEST_CASE("gdn_prefill: force_mode '_wgmma' compiles the wide state tile for sm_
       said |= r.find("warpgroup wgmma") != std::string::npos;
     CHECK(said);
   }
-  // The default takes wgmma for the whole-V tile at K = V = 128 (prefer_wgmma), with the chunk
-  // kernel on mma.sync; the 64-row tile, other sizes and the context-parallel passes stay on
-  // mma.sync, compiled for the device's own target.
+  // The default takes wgmma for the whole-V tile at K = V = 128 (prefer_wgmma), both kernels;
+  // the 64-row tile, other sizes and the context-parallel passes stay on mma.sync, compiled for
+  // the device's own target.
   const Plan plain = plan_for({100000, 4096, 16, 32, 128, 128}, h200);
   REQUIRE(plain.launches.size() == 2);
   CHECK(plain.mode == "chunked_bv128_wgmma");
   CHECK(plain.launches[1].spec.arch == Arch{9, 0, 'a'});
-  CHECK(plain.launches[0].spec.arch == Arch{9, 0});
+  CHECK(plain.launches[0].spec.arch == Arch{9, 0, 'a'});
   for (const Shapes& s : {Shapes{8192, 4, 16, 16, 128, 128}, Shapes{100000, 4096, 16, 32, 64, 64},
                           Shapes{32768, 1, 16, 16, 128, 128}}) {
     CAPTURE(s.n);

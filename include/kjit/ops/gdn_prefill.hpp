@@ -91,8 +91,8 @@ struct GdnPrefillOptions {
   /// the fused single-kernel path with that tile; "chunked" forces the two-kernel chunked path
   /// (planner's tile), "chunked_bv128", "chunked_bv64", "chunked_bv32", "chunked_bv16" with that
   /// tile. A chunked mode with the suffix "_wgmma" (e.g. "chunked_bv128_wgmma") runs the state
-  /// kernel's 64- and 128-row tiles on warpgroup wgmma, compiled for sm_90a (the chunk kernel
-  /// stays on mma.sync): compute capability 9.0 only (a PlanError elsewhere). The planner takes
+  /// kernel's 64- and 128-row tiles and the chunk kernel's products on warpgroup wgmma, both
+  /// compiled for sm_90a: compute capability 9.0 only (a PlanError elsewhere). The planner takes
   /// it itself for the whole-V tile at K = V = 128 there (mode "chunked_bv128_wgmma"); a plain
   /// "chunked_bv128" keeps mma.sync, for A/B runs. "chunked_cp" forces the context-parallel path
   /// (segments of the planner's length), "chunked_cp<L>" with segments of L >= 1 chunks of 64

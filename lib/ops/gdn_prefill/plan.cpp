@@ -330,9 +330,10 @@ CpDecision cp_decision(const Problem& pr, const DeviceLimits& device, bool expla
 // with its operand tiles 128-byte swizzled it took the call at 128k tokens from 1710 to 1553 us
 // (H = HV = 16) and from 3222 to 2694 (HV = 32) on the H200, 6-17% less at every whole-V shape
 // of bench_gdn_prefill, beside the mma.sync tile that forms P itself (docs/performance.md,
-// "The wgmma state kernel's tiles, swizzled"). Chosen where measured: K = V = 128 with the 3
-// stages handed over by mbarriers; the 64-row tile, the context-parallel passes (mma.sync only)
-// and other sizes keep mma.sync.
+// "The wgmma state kernel's tiles, swizzled"); the chunk kernel's products on wgmma from swizzled
+// tiles then took 128k/16 from 1561 to 1425 us ("The chunk kernel's products on wgmma,
+// swizzled"). Chosen where measured: K = V = 128 with the 3 stages handed over by mbarriers; the
+// 64-row tile, the context-parallel passes (mma.sync only) and other sizes keep mma.sync.
 void prefer_wgmma(const Problem& pr, const DeviceLimits& device, Decision& choice) {
   if (!choice.chunked || choice.cp_chunks > 0 || choice.bv != 128 || pr.k != 128 || pr.v != 128 ||
       choice.state_stages < 3 || !(device.arch.major == 9 && device.arch.minor == 0)) {
@@ -340,9 +341,8 @@ void prefer_wgmma(const Problem& pr, const DeviceLimits& device, Decision& choic
   }
   choice.wgmma = true;
   choice.reasons.push_back(
-      "state kernel on warpgroup wgmma, compiled for sm_90a (whole-V tile, K = V = 128, 3 "
-      "stages: 6-17% faster per call than mma.sync on the H200); the chunk kernel stays on "
-      "mma.sync and forms P");
+      "both kernels on warpgroup wgmma, compiled for sm_90a (whole-V tile, K = V = 128, 3 "
+      "stages: 14-16% less time per call than mma.sync on the H200); the chunk kernel forms P");
 }
 
 // The path and tiles of a call. The state kernel's wide tiles (value tile >= 64, K <= 128) can
@@ -398,10 +398,10 @@ Decision choose(const Problem& pr, const DeviceLimits& device) {
         kOp, force, device.arch.str(), choice.bv, pr.k));
   }
   choice.wgmma = true;
-  choice.reasons.push_back(fmt::format(
-      "state kernel on warpgroup wgmma (forced by options.force_mode '{}'): compiled for "
-      "sm_90a; the chunk kernel stays on mma.sync",
-      force));
+  choice.reasons.push_back(
+      fmt::format("state kernel and the chunk kernel's products on warpgroup wgmma (forced by "
+                  "options.force_mode '{}'): both compiled for sm_90a",
+                  force));
   return choice;
 }
 
@@ -568,12 +568,12 @@ Plan make_chunked_plan(const Problem& pr, Decision choice, const DeviceLimits& d
                 "mma.sync tile, sequential, H = HV, K = V = 128, 3 stages)");
   const SpecValues values = spec_values(
       pr, choice.bv, choice.cp_chunks > 0 ? choice.cp_stages : choice.state_stages, state_p);
-  // "_wgmma" moves the state kernel to warpgroup wgmma (sm_90a) only: the chunk kernel's K K^T
-  // and Q K^T were 7-9% slower there than on mma.sync (docs/performance.md, "The chunk kernel's
-  // products on wgmma"), so it stays on the device's own target.
-  KernelSpec chunk_spec = family_spec("gdn_prefill_chunk", values, device.arch);
-  KernelSpec state_spec =
-      family_spec("gdn_prefill_state", values, choice.wgmma ? Arch{9, 0, 'a'} : device.arch);
+  // A wgmma plan compiles both kernels for sm_90a: the chunk kernel's K K^T and Q K^T then run
+  // on warpgroup wgmma from 128-byte-swizzled tiles too (docs/performance.md, "The chunk kernel's
+  // products on wgmma, swizzled").
+  const Arch arch = choice.wgmma ? Arch{9, 0, 'a'} : device.arch;
+  KernelSpec chunk_spec = family_spec("gdn_prefill_chunk", values, arch);
+  KernelSpec state_spec = family_spec("gdn_prefill_state", values, arch);
   if (pr.heads > device.max_grid_dim[1]) {
     throw PlanError(fmt::format("{}: grid y is {}, the chunk kernel needs H = {}", kOp,
                                 device.max_grid_dim[1], pr.heads));
