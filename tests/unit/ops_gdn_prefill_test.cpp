@@ -535,8 +535,9 @@ TEST_CASE("gdn_prefill: force_mode '_wgmma' compiles both kernels for sm_90a, on
     CHECK(said);
   }
   // The default takes wgmma for the whole-V tile at K = V = 128 (prefer_wgmma), both kernels;
-  // the 64-row tile, other sizes and the context-parallel passes stay on mma.sync, compiled for
-  // the device's own target.
+  // the 64-row tile and the context-parallel passes keep their state kernels on mma.sync for the
+  // device's own target, with the chunk kernel on wgmma at K = 128 (sm_90a); other sizes keep
+  // both on the device's target.
   const Plan plain = plan_for({100000, 4096, 16, 32, 128, 128}, h200);
   REQUIRE(plain.launches.size() == 2);
   CHECK(plain.mode == "chunked_bv128_wgmma");
@@ -547,7 +548,11 @@ TEST_CASE("gdn_prefill: force_mode '_wgmma' compiles both kernels for sm_90a, on
     CAPTURE(s.n);
     CAPTURE(s.k);
     const Plan other = plan_for(s, h200);
-    for (const PlannedLaunch& launch : other.launches) CHECK(launch.spec.arch == Arch{9, 0});
+    for (const PlannedLaunch& launch : other.launches) {
+      CAPTURE(launch.spec.str());
+      const bool chunk_wgmma = launch.spec.family == "gdn_prefill_chunk" && s.k == 128;
+      CHECK(launch.spec.arch == (chunk_wgmma ? Arch{9, 0, 'a'} : Arch{9, 0}));
+    }
     CHECK(other.mode.find("wgmma") == std::string::npos);
   }
   for (const Arch arch : {Arch{8, 0}, Arch{8, 9}, Arch{10, 0}, Arch{12, 0}}) {

@@ -326,23 +326,30 @@ CpDecision cp_decision(const Problem& pr, const DeviceLimits& device, bool expla
                    explain);
 }
 
+// The arch-specific target of warpgroup wgmma: sm_90a, which only compute capability 9.0 runs
+// (not sm_100 and later).
+constexpr Arch kSm90a{9, 0, 'a'};
+bool has_sm90a(const DeviceLimits& device) {
+  return device.arch.major == 9 && device.arch.minor == 0;
+}
+
 // The sequential whole-V state kernel on warpgroup wgmma (sm_90a, compute capability 9.0 only):
 // with its operand tiles 128-byte swizzled it took the call at 128k tokens from 1710 to 1553 us
 // (H = HV = 16) and from 3222 to 2694 (HV = 32) on the H200, 6-17% less at every whole-V shape
 // of bench_gdn_prefill, beside the mma.sync tile that forms P itself (docs/performance.md,
 // "The wgmma state kernel's tiles, swizzled"); the chunk kernel's products on wgmma from swizzled
-// tiles then took 128k/16 from 1561 to 1425 us ("The chunk kernel's products on wgmma,
+// tiles then took 128k/16 from 1553 to 1380 us ("The chunk kernel's products on wgmma,
 // swizzled"). Chosen where measured: K = V = 128 with the 3 stages handed over by mbarriers; the
 // 64-row tile, the context-parallel passes (mma.sync only) and other sizes keep mma.sync.
 void prefer_wgmma(const Problem& pr, const DeviceLimits& device, Decision& choice) {
   if (!choice.chunked || choice.cp_chunks > 0 || choice.bv != 128 || pr.k != 128 || pr.v != 128 ||
-      choice.state_stages < 3 || !(device.arch.major == 9 && device.arch.minor == 0)) {
+      choice.state_stages < 3 || !has_sm90a(device)) {
     return;
   }
   choice.wgmma = true;
   choice.reasons.push_back(
       "both kernels on warpgroup wgmma, compiled for sm_90a (whole-V tile, K = V = 128, 3 "
-      "stages: 14-16% less time per call than mma.sync on the H200); the chunk kernel forms P");
+      "stages: 16-20% less time per call than mma.sync on the H200); the chunk kernel forms P");
 }
 
 // The path and tiles of a call. The state kernel's wide tiles (value tile >= 64, K <= 128) can
@@ -391,7 +398,7 @@ Decision choose(const Problem& pr, const DeviceLimits& device) {
   Decision choice = choose_path(pr, true, pr.forced_bv, device, force);
   if (!pr.forced_wgmma) return choice;
   // (A wide tile at K > 128 never gets here: state_tile_limit refuses it in parse_mode.)
-  if (!(device.arch.major == 9 && device.arch.minor == 0) || !gdn_prefill_state_wide(choice.bv)) {
+  if (!has_sm90a(device) || !gdn_prefill_state_wide(choice.bv)) {
     throw PlanError(fmt::format(
         "{}: options.force_mode '{}': warpgroup wgmma needs compute capability 9.0 (sm_90a), a "
         "value tile of 64 or 128 and K <= 128; here {}, value tile {}, K = {}",
@@ -568,12 +575,22 @@ Plan make_chunked_plan(const Problem& pr, Decision choice, const DeviceLimits& d
                 "mma.sync tile, sequential, H = HV, K = V = 128, 3 stages)");
   const SpecValues values = spec_values(
       pr, choice.bv, choice.cp_chunks > 0 ? choice.cp_stages : choice.state_stages, state_p);
-  // A wgmma plan compiles both kernels for sm_90a: the chunk kernel's K K^T and Q K^T then run
-  // on warpgroup wgmma from 128-byte-swizzled tiles too (docs/performance.md, "The chunk kernel's
-  // products on wgmma, swizzled").
-  const Arch arch = choice.wgmma ? Arch{9, 0, 'a'} : device.arch;
-  KernelSpec chunk_spec = family_spec("gdn_prefill_chunk", values, arch);
-  KernelSpec state_spec = family_spec("gdn_prefill_state", values, arch);
+  // The chunk kernel's K K^T and Q K^T run on warpgroup wgmma from 128-byte-swizzled tiles
+  // (sm_90a) in a wgmma plan and at K = 128 on every other chunked plan of compute capability 9.0:
+  // the chunk kernel alone took 9-20% less than on mma.sync at K = 128 (docs/performance.md,
+  // "The chunk kernel's products on wgmma, swizzled"); K = 64 and 256 (12 bytes of spills there)
+  // are not measured and keep mma.sync unless the plan is a wgmma one.
+  const bool chunk_wgmma = choice.wgmma || (has_sm90a(device) && pr.k == 128);
+  if (chunk_wgmma && !choice.wgmma) {
+    plan.reasons.push_back(
+        "chunk kernel's K K^T and Q K^T on warpgroup wgmma, compiled for sm_90a (K = 128 on "
+        "compute capability 9.0: 9-20% less chunk-kernel time than mma.sync on the H200); the "
+        "state kernel on mma.sync");
+  }
+  KernelSpec chunk_spec =
+      family_spec("gdn_prefill_chunk", values, chunk_wgmma ? kSm90a : device.arch);
+  KernelSpec state_spec =
+      family_spec("gdn_prefill_state", values, choice.wgmma ? kSm90a : device.arch);
   if (pr.heads > device.max_grid_dim[1]) {
     throw PlanError(fmt::format("{}: grid y is {}, the chunk kernel needs H = {}", kOp,
                                 device.max_grid_dim[1], pr.heads));
