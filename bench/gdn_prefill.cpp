@@ -203,12 +203,10 @@ double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOption
   const std::int64_t cp_chunks =
       cp ? std::stoll(plan.mode.substr(10, plan.mode.find("_bv") - 10)) : 0;
   const std::int64_t segments = cp ? t / (64 * cp_chunks) + n : 0;
-  // The plan's value tile ("..._bv<N>..."): the state kernel's blocks are (sequence, value head,
-  // tile), so the tile count must match the grid (v_tiles = 1 with bv = 64 sent half the blocks
-  // past the last sequence).
-  const std::size_t bv_at = plan.mode.find("_bv");
-  const std::int64_t bv =
-      bv_at == std::string::npos ? kDim : std::stoll(plan.mode.substr(bv_at + 3));
+  // The state kernel's value tile (its spec's bv): its blocks are (sequence, value head, tile),
+  // so the tile count must match the grid (v_tiles = 1 with bv = 64 sent half the blocks past the
+  // last sequence).
+  const std::int64_t bv = std::stoll(plan.launches[1].spec.get_or("bv", std::to_string(kDim)));
   const kjit::GdnPrefillCpWorkspace cp_layout =
       kjit::gdn_prefill_cp_workspace(layout.total, static_cast<std::uint64_t>(segments),
                                      static_cast<std::uint64_t>(hv), kDim, kDim);

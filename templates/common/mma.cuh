@@ -11,6 +11,7 @@
 
 #include <cuda_bf16.h>
 
+#include "templates/common/swizzle.cuh"
 #include "templates/common/types.h"
 
 namespace kjit {
@@ -105,18 +106,13 @@ __device__ __forceinline__ void load_a_trans(u32 (&a)[4], const __nv_bfloat16* b
   ldmatrix_x4_trans(a, smem_addr(base + (i + 8 * (m >> 1)) * ld + 8 * (m & 1)));
 }
 
-/// load_a from a 128-byte-swizzled tile at shared address `tile` (wgmma::descriptor_sw128's
-/// layout: columns in slices of 64, `slice_bytes` apart; row r of a slice at r * 128 with its
-/// 16-byte chunk j at chunk j ^ (r % 8)): rows row0 .. row0 + 15 (row0 a multiple of 8), columns
-/// col0 .. col0 + 15 (col0 a multiple of 16). The eight rows of each 8 x 8 matrix sit in eight
-/// different chunks: no bank conflicts.
-__device__ __forceinline__ void load_a_sw128(u32 (&a)[4], u32 tile, int row0, int col0,
-                                             u32 slice_bytes) {
+/// load_a from a 128-byte-swizzled 64-row tile at shared address `tile` (swizzle.cuh): rows
+/// row0 .. row0 + 15 (row0 a multiple of 8), columns col0 .. col0 + 15 (col0 a multiple of 16).
+/// The eight rows of each 8 x 8 matrix sit in eight different chunks: no bank conflicts.
+__device__ __forceinline__ void load_a_sw128(u32 (&a)[4], u32 tile, int row0, int col0) {
   const int lane = static_cast<int>(threadIdx.x & 31u);
   const int m = lane >> 3, i = lane & 7;
-  const int chunk = ((col0 >> 3) & 7) + (m >> 1);
-  ldmatrix_x4(a, tile + u32(col0 >> 6) * slice_bytes + u32(row0 + i + 8 * (m & 1)) * 128 +
-                     u32((chunk ^ i) << 4));
+  ldmatrix_x4(a, tile + u32(sw128::offset(row0 + i + 8 * (m & 1), (col0 >> 3) + (m >> 1))));
 }
 
 /// A fragment from an f32 row-major tile (element (r, c) at base[r * ld + c]), rounded to

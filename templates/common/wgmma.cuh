@@ -27,15 +27,15 @@ __device__ __forceinline__ u64 descriptor(u32 smem_addr, u32 lbo, u32 sbo) {
          (u64((sbo >> 4) & 0x3fffu) << 32);
 }
 
-/// The descriptor of a 128-byte-swizzled tile (layout type 1): rows of 128 bytes whose 16-byte
-/// chunk j sits at chunk j ^ (row % 8), in atoms of 8 rows (1024 bytes, 1024-byte aligned: the
-/// swizzle is taken from the address bits). K-major: `sbo` is the distance between 8-row groups
-/// along N (lbo unused), and a k-step inside the 128-byte row moves the start by 32 bytes.
-/// N-major: `lbo` is the distance between 64-column atoms along N, `sbo` between 8-row groups
-/// along K. Both readings checked on the H200 by bench/experiments/wgmma_layout_check.cu.
-/// Measured on the H200 (docs/performance.md): copies into this layout move whole 128-byte lines,
-/// where the no-swizzle core matrices took every 16 bytes on its own (8x the shared-memory
-/// wavefronts and 2x the L2 sectors of the copies).
+/// The descriptor of a 128-byte-swizzled tile (layout type 1, templates/common/swizzle.cuh):
+/// rows of 128 bytes whose 16-byte chunk j sits at chunk j ^ (row % 8), in atoms of 8 rows (1024
+/// bytes, 1024-byte aligned: the swizzle is taken from the address bits). K-major: `sbo` is the
+/// distance between 8-row groups along N (lbo unused), and a k-step inside the 128-byte row moves
+/// the start by 32 bytes. N-major: `lbo` is the distance between 64-column atoms along N, `sbo`
+/// between 8-row groups along K. Both readings checked on the H200 by
+/// bench/experiments/wgmma_layout_check.cu. Measured on the H200 (docs/performance.md): copies into
+/// this layout move whole 128-byte lines, where the no-swizzle core matrices took every 16 bytes on
+/// its own (8x the shared-memory wavefronts and 2x the L2 sectors of the copies).
 __device__ __forceinline__ u64 descriptor_sw128(u32 smem_addr, u32 lbo, u32 sbo) {
   return descriptor(smem_addr, lbo, sbo) | (u64(1) << 62);
 }

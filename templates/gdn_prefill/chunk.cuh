@@ -49,6 +49,7 @@
 #include "templates/common/gdn_math.cuh"
 #include "templates/common/grid_dependency.cuh"
 #include "templates/common/mma.cuh"
+#include "templates/common/swizzle.cuh"
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #include "templates/common/wgmma.cuh"
 // sm_90a (the planner's wgmma plans compile both kernels for it): the products K K^T and
@@ -251,22 +252,22 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
   const Tin* q_head = static_cast<const Tin*>(p.q) + i64(h) * p.q_stride_h;
   const Tin* k_head = static_cast<const Tin*>(p.k) + i64(h) * p.k_stride_h;
 #if KJIT_GDN_CHUNK_WGMMA
-  // 128-byte-swizzled tiles for wgmma (wgmma::descriptor_sw128, as the state kernel's): columns
-  // in slices of 64 (kSwSlice bytes of 64 rows each), row r of a slice at r * 128 with its 16-byte
-  // chunk j at chunk j ^ (r % 8). Eight consecutive threads copy one 128-byte line of a row into
+  // 128-byte-swizzled tiles for wgmma (templates/common/swizzle.cuh, as the state kernel's).
+  // Eight consecutive threads copy one 128-byte line of a row into
   // one 128-byte line of shared memory (the no-swizzle core matrices took 8x the shared-memory
   // wavefronts and 2x the L2 sectors per copy in the state kernel; docs/performance.md). q's
   // 16-row blocks are stored in reverse order, so that the product's row block w, which wgmma
   // gives warp w, is Q K^T's block row 3 - w: warp w then takes G's block row w and Q K^T's
   // 3 - w, the balanced split of the triangles below. Moving whole 8-row groups keeps each row's
   // swizzle (r % 8).
-  constexpr u32 kSwSlice = 64 * 128, kSwAtom = 8 * 128;
-  static_assert(kSmem.q % kSwAtom == 0 && kSmem.k % kSwAtom == 0,
+  static_assert(kSmem.q % sw128::kAtom == 0 && kSmem.k % sw128::kAtom == 0,
                 "the swizzled tiles start on 1024-byte boundaries");
   static_assert(kGdnPrefillThreads % kRowCopies == 0, "whole rows per pass");
   constexpr int kRowsPerPass = kGdnPrefillThreads / kRowCopies;  // 16, 8 or 4
   const int copy_part = tid % kRowCopies, copy_r0 = tid / kRowCopies;
-  const u32 copy_base = u32(copy_part >> 3) * kSwSlice + u32(copy_r0) * 128;
+  // sw128::offset(copy_r0 + r, copy_part) of pass r, split into the part fixed per thread and the
+  // per-pass row and swizzle, so that each pass adds a constant where it can.
+  const u32 copy_base = u32(copy_part >> 3) * sw128::kSlice + u32(copy_r0) * 128;
   const auto copy_qk = [&](i64 t0, int rows) {
     const Tin* src_q = q_head + (t0 + copy_r0) * p.q_stride_t + copy_part * 8;
     const Tin* src_k = k_head + (t0 + copy_r0) * p.k_stride_t + copy_part * 8;
@@ -368,20 +369,16 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
     {
       // Whole 64 x 64 products (the blocks above the diagonal are computed and never read).
       const u32 k_addr = mma::smem_addr(s_k), q_addr = mma::smem_addr(s_q);
-      // K-major k-step ks: 32 bytes into the row's 128-byte line, in column slice ks / 4.
-      const auto k_step = [](u32 tile, int ks) {
-        return tile + u32(ks >> 2) * kSwSlice + u32(ks & 3) * 32;
-      };
       wgmma::hold_registers(acc_g);
       wgmma::hold_registers(acc_p);
       wgmma::fence();
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
-        const u64 kd = wgmma::descriptor_sw128(k_step(k_addr, ks), 16, kSwAtom);
+        const u64 kd = wgmma::descriptor_sw128(sw128::k_step(k_addr, ks), 16, sw128::kAtom);
         wgmma::mma_m64n64k16_ss<0>(acc_g, kd, kd);
         if constexpr (!kStateP) {
-          wgmma::mma_m64n64k16_ss<0>(acc_p,
-                                     wgmma::descriptor_sw128(k_step(q_addr, ks), 16, kSwAtom), kd);
+          wgmma::mma_m64n64k16_ss<0>(
+              acc_p, wgmma::descriptor_sw128(sw128::k_step(q_addr, ks), 16, sw128::kAtom), kd);
         }
       }
       wgmma::commit();
@@ -391,7 +388,7 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
 #pragma unroll
         for (int ks = 0; ks < kKSteps; ++ks) {
           u32 aq[4];
-          mma::load_a_sw128(aq, q_addr, 16 * warp, 16 * ks, kSwSlice);
+          mma::load_a_sw128(aq, q_addr, 16 * warp, 16 * ks);
           mma::mma_bf16(acc_qq[0], aq, aq[0], aq[2]);
           mma::mma_bf16(acc_qq[1], aq, aq[1], aq[3]);
         }

@@ -27,6 +27,7 @@
 #include "templates/common/grid_dependency.cuh"
 #include "templates/common/mbarrier.cuh"
 #include "templates/common/mma.cuh"
+#include "templates/common/swizzle.cuh"
 #include "templates/common/vec.cuh"
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #include "templates/common/wgmma.cuh"
@@ -684,9 +685,9 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   constexpr u32 kStage = kSmem.k1 - kSmem.k0;
 
 #if KJIT_GDN_STATE_WGMMA
-  // The 128-byte-swizzled tiles: 64 rows x 128 bytes per half of the columns, atoms of 8 rows.
-  constexpr u32 kSwHalf = 64 * 128, kSwAtom = 8 * 128;
-  // The swizzled tiles take their swizzle from address bits 4..9: every tile starts on 1024 bytes.
+  // The swizzled tiles (swizzle.cuh) take their swizzle from address bits 4..9: every tile
+  // starts on 1024 bytes.
+  constexpr u32 kSwAtom = sw128::kAtom;
   static_assert(kSmem.k0 % kSwAtom == 0 && kSmem.q % kSwAtom == 0 && kSmem.t0 % kSwAtom == 0 &&
                     kSmem.p % kSwAtom == 0 && kStage % kSwAtom == 0,
                 "the wgmma tiles start on 1024-byte boundaries");
@@ -751,9 +752,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     }
   };
 #if KJIT_GDN_STATE_WGMMA
-  // The wgmma operands k, q, T' and P go to shared memory 128-byte swizzled (wgmma::
-  // descriptor_sw128): columns in halves of 64 (kSwHalf bytes of 64 rows each), row r of a half at
-  // r * 128 with its 16-byte chunk j at chunk j ^ (r % 8). Eight consecutive threads copy one
+  // The wgmma operands k, q, T' and P go to shared memory 128-byte swizzled (swizzle.cuh,
+  // wgmma::descriptor_sw128). Eight consecutive threads copy one
   // 128-byte line of a row into one 128-byte line of shared memory. The no-swizzle core matrices
   // had eight threads copy eight rows' 16 bytes each (Nsight Compute on the H200: 32 shared-memory
   // wavefronts and 32 L2 sectors per copy instruction, against 4 and 16 ideal;
@@ -767,7 +767,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     // away; rows kRowsPerPass apart keep their swizzle (a multiple of 8).
     constexpr int kRowsPerPass = kThreads / kParts;
     const int r0 = tid / kParts, part = tid % kParts;
-    unsigned char* const d = dst + (part >> 3) * kSwHalf + r0 * 128 + (((part ^ r0) & 7) << 4);
+    unsigned char* const d = dst + sw128::offset(r0, part);
     const __nv_bfloat16* row = src + (t + r0) * stride + part * 8;
 #pragma unroll
     for (int it = 0; it < 64 / kRowsPerPass; ++it) {
@@ -1007,13 +1007,9 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 #if KJIT_GDN_STATE_WGMMA
     // The same chain on warpgroup products: each warpgroup's four warps (64 rows of V) give
     // their state rows as A fragments and the tensor cores read k, q, T' and P once per
-    // warpgroup from the core-matrix tiles. O comes out transposed (rows v, columns i).
+    // warpgroup from the swizzled tiles. O comes out transposed (rows v, columns i).
     const u32 k_addr = mma::smem_addr(s_k), q_addr = mma::smem_addr(s_q);
     const u32 t_addr = mma::smem_addr(s_t), p_addr = mma::smem_addr(s_p);
-    // K-major k-step ks of a k or q tile: 32 bytes into the row's 128-byte line, in half ks / 4.
-    const auto k_step = [](u32 tile, int ks) {
-      return tile + u32(ks >> 2) * kSwHalf + u32(ks & 3) * 32;
-    };
 
     // 1. S_w K^T (acc_r: rows v, columns j) and S_w Q^T (acc_o: rows v, columns i), over K.
     u32 s_frag[kKSteps][4];
@@ -1031,7 +1027,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       wgmma::mma_m64n64k16<0>(acc_r, s_frag[ks],
-                              wgmma::descriptor_sw128(k_step(k_addr, ks), 16, kSwAtom));
+                              wgmma::descriptor_sw128(sw128::k_step(k_addr, ks), 16, kSwAtom));
     }
     // With the handoff, R is formed while S_w Q^T runs on (needed only for O, in step 5); the
     // 2-stage form waits for both (the split spilled 24 bytes there at K = 128).
@@ -1039,7 +1035,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       wgmma::mma_m64n64k16<0>(acc_o, s_frag[ks],
-                              wgmma::descriptor_sw128(k_step(q_addr, ks), 16, kSwAtom));
+                              wgmma::descriptor_sw128(sw128::k_step(q_addr, ks), 16, kSwAtom));
     }
     wgmma::commit();
     wgmma::wait<kHandoff ? 1 : 0>();
@@ -1099,8 +1095,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       wgmma::commit();
 #pragma unroll
       for (int jb = 0; jb < 4; ++jb) {
-        // N-major: 16 token rows (two atoms) per k-step, the column halves kSwHalf apart.
-        const u64 kn = wgmma::descriptor_sw128(k_addr + jb * 2 * kSwAtom, kSwHalf, kSwAtom);
+        // N-major: 16 token rows (two atoms) per k-step, the column slices sw128::kSlice apart.
+        const u64 kn = wgmma::descriptor_sw128(k_addr + jb * 2 * kSwAtom, sw128::kSlice, kSwAtom);
         if constexpr (kK == 128) {
           wgmma::mma_m64n128k16<1>(s_acc[0], vd[jb], kn);
         } else {
