@@ -509,6 +509,18 @@ int run(int argc, char** argv) {
     std::printf("profile: 5 calls of H = HV = 16, T = 131072, 16 sequences\n");
     return 0;
   }
+  // "profile_chunk1": the chunk kernel alone with one block per SM (the occupancy experiment
+  // below), for a profiler's view of a single chunk block's latency (before the checks, so
+  // that the profiler's first matching launch is one of these).
+  if (argc > 2 && std::string(argv[2]) == "profile_chunk1") {
+    Inputs in = make_inputs(131072, 16, 16, 16);
+    std::printf(
+        "profile_chunk1: chunk kernel alone, one block per SM, H = HV = 16, T = 131072: "
+        "%.1f us\n",
+        kernel_us(*gpu, in, options, 0, kOneBlockPerSmSmem));
+    return 0;
+  }
+
   if (!verify(*gpu, options)) return 1;
   const std::optional<PrefillAnchor> anchor = PrefillAnchor::open();
   if (anchor) std::printf("anchor: %s (KJIT_PREFILL_ANCHOR_LIB)\n", anchor->library.name().c_str());
@@ -524,17 +536,6 @@ int run(int argc, char** argv) {
     if (json != nullptr) std::fclose(json);
     return 0;
   }
-  // "profile_chunk1": the chunk kernel alone with one block per SM (the occupancy experiment
-  // below), for a profiler's view of a single chunk block's latency.
-  if (argc > 2 && std::string(argv[2]) == "profile_chunk1") {
-    Inputs in = make_inputs(131072, 16, 16, 16);
-    std::printf(
-        "profile_chunk1: chunk kernel alone, one block per SM, H = HV = 16, T = 131072: "
-        "%.1f us\n",
-        kernel_us(*gpu, in, options, 0, kOneBlockPerSmSmem));
-    return 0;
-  }
-
   // fla chunk_gated_delta_rule on the same H200 (BENCHMARKING.md), GPU us per call.
   const std::vector<Anchor> anchors = {
       {16, 16, 8192, 4, 284}, {16, 16, 32768, 16, 1076}, {16, 16, 131072, 16, 4179},

@@ -32,6 +32,28 @@ __device__ __forceinline__ float log_decay(float a, float a_log, float dt_bias,
   return -expf(a_log) * softplus(a + dt_bias, softplus_threshold);
 }
 
+/// The gates from the hardware approximations (ex2, lg2 and a reciprocal, ~2 ulp each) instead of
+/// the accurate library calls, for the prefill chunk kernel, where each warp computes a chunk's
+/// gates inside the latency of one chunk step and the library calls were ~150 instructions per
+/// lane and step. Below x = -5, where 1 + e^x would lose e^x's low bits before the log, softplus
+/// is the series y - y^2 / 2 + y^3 / 3 of log(1 + y), y = e^x < 0.0068 (relative error < y^3 / 4,
+/// under 1e-7), so a slowly decaying gate keeps its relative precision over 100k tokens; above it
+/// the log's absolute error (2^-21.4) is under 6e-5 of the value.
+__device__ __forceinline__ float fast_softplus(float x, float threshold) {
+  const float y = __expf(x);
+  const float series = y * (1.f - y * (0.5f - y * (1.f / 3.f)));
+  return x > threshold ? x : (x < -5.f ? series : __logf(1.f + y));
+}
+
+/// 1 / (1 + e^-x) from the approximations; e^-x = inf (x < -88) gives 0 as the limit.
+__device__ __forceinline__ float fast_sigmoid(float x) { return __fdividef(1.f, 1.f + __expf(-x)); }
+
+/// log_decay from the approximations (fast_softplus).
+__device__ __forceinline__ float fast_log_decay(float a, float a_log, float dt_bias,
+                                                float softplus_threshold) {
+  return -__expf(a_log) * fast_softplus(a + dt_bias, softplus_threshold);
+}
+
 /// 1 / sqrt(sum_sq + 1e-6): the L2-norm factor with eps inside the root (fla, vLLM, SGLang).
 __device__ __forceinline__ float l2_inv_norm(float sum_sq) { return rsqrtf(sum_sq + 1e-6f); }
 

@@ -68,6 +68,12 @@ namespace gdn_prefill_chunk_detail {
 
 constexpr int kLdA = 68;  // f32 row pitch of A (and of the parked T blocks)
 
+/// A warp index as a type, for code compiled once per warp of the block.
+template <int kWarp>
+struct WarpIndex {
+  static constexpr int value = kWarp;
+};
+
 /// A 16x16 mma A operand in tf32: two k-slices of 8 columns. The order of k inside a product
 /// is free as long as A and B agree, so slice s takes column 8 s + 2 t4 as its k = t4 and column
 /// 8 s + 2 t4 + 1 as its k = t4 + 4: then an accumulator's two adjacent columns are directly the
@@ -223,19 +229,27 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
   // row count; chunk_ids when none is left.
   i64 next_t0 = 0;
   int next_rows = 0;
+  i64 seq = 0;  // the sequence of the last id looked up (ids only grow along a block's walk)
   const auto find_chunk = [&](i64 b) {
     for (; b < chunk_ids; b += gridDim.x) {
       if (b < base(0)) continue;
-      // The sequence this chunk id belongs to: the largest n with base(n) <= b.
-      i64 lo = 0, hi = i64(p.num_seqs) - 1;
-      while (lo < hi) {
-        const i64 mid = (lo + hi + 1) >> 1;
-        if (base(mid) <= b) {
-          lo = mid;
-        } else {
-          hi = mid - 1;
+      // The sequence this chunk id belongs to: the largest n with base(n) <= b. It is the last
+      // id's sequence unless the next one starts at or before b (one load, where a binary search
+      // over every sequence was ~230 instructions of dependent loads and index arithmetic in
+      // each chunk's prologue); else a binary search over the sequences after it.
+      i64 lo = seq, hi = i64(p.num_seqs) - 1;
+      if (lo < hi && base(lo + 1) <= b) {
+        ++lo;
+        while (lo < hi) {
+          const i64 mid = (lo + hi + 1) >> 1;
+          if (base(mid) <= b) {
+            lo = mid;
+          } else {
+            hi = mid - 1;
+          }
         }
       }
+      seq = lo;
       const i64 bos = static_cast<i64>(__ldg(cu + lo));
       const i64 eos = static_cast<i64>(__ldg(cu + lo + 1));
       const i64 t0 = bos + 64 * (b - base(lo));
@@ -479,9 +493,9 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
               gl[x] = gdn::to_f32(gate_a[x]);
               bl[x] = gdn::to_f32(gate_b[x]);
             } else {
-              gl[x] = gdn::log_decay(gdn::to_f32(gate_a[x]), gdn::to_f32(gate_a_log),
-                                     gdn::to_f32(gate_dt_bias), p.softplus_threshold);
-              bl[x] = gdn::sigmoid(gdn::to_f32(gate_b[x]));
+              gl[x] = gdn::fast_log_decay(gdn::to_f32(gate_a[x]), gdn::to_f32(gate_a_log),
+                                          gdn::to_f32(gate_dt_bias), p.softplus_threshold);
+              bl[x] = gdn::fast_sigmoid(gdn::to_f32(gate_b[x]));
             }
           }
         }
@@ -519,71 +533,92 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
       // row rp, zero above the diagonal block) of hv. Off-diagonal blocks take the decay as a
       // row factor times the column factor s_cf; the diagonal block one exponential per element
       // (masked by selects: the upper part's exponentials may overflow and are discarded).
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int i = rg * 16 + g + 8 * hf;
-        const float gi = s_gamma[i], fi = s_beta[i] * s_rk[i];
-#pragma unroll
-        for (int jb = 0; jb < 4; ++jb) {
-          if (jb < rg) {
-            const float rf = fi * ex2((gi - s_ref[jb]) * kLog2e);
-#pragma unroll
-            for (int h2 = 0; h2 < 2; ++h2) {
-              const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
-              const float2 cf = *reinterpret_cast<const float2*>(s_cf + j);
-              *reinterpret_cast<float2*>(s_a + i * kLdA + j) =
-                  make_float2(rf * cf.x * acc_g[nt][2 * hf], rf * cf.y * acc_g[nt][2 * hf + 1]);
-            }
-          } else if (jb == rg) {
-#pragma unroll
-            for (int h2 = 0; h2 < 2; ++h2) {
-              const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
-              const float2 gj = *reinterpret_cast<const float2*>(s_gamma + j);
-              const float2 kj = *reinterpret_cast<const float2*>(s_rk + j);
-              const float x0 = fi * kj.x * ex2((gi - gj.x) * kLog2e) * acc_g[nt][2 * hf];
-              const float x1 = fi * kj.y * ex2((gi - gj.y) * kLog2e) * acc_g[nt][2 * hf + 1];
-              *reinterpret_cast<float2*>(s_a + i * kLdA + j) =
-                  make_float2(i > j ? x0 : 0.f, i > j + 1 ? x1 : 0.f);
-            }
-          }
-        }
-      }
-      if constexpr (!kStateP) {
+      // Compiled once per warp index (rg = warp, rp = 3 - warp as constants): which blocks of a
+      // warp's rows are off-diagonal, diagonal or zero is then known at compile time, with no
+      // branch per block (13% of this pass's instructions were branches when rg was a variable).
+      const auto a_p_pass = [&](auto warp_index) {
+        constexpr int kRg = decltype(warp_index)::value;
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          const int i = rp * 16 + g + 8 * hf;
-          const float gi = s_gamma[i], fi = s_rq[i];
+          const int i = kRg * 16 + g + 8 * hf;
+          const float gi = s_gamma[i], fi = s_beta[i] * s_rk[i];
 #pragma unroll
           for (int jb = 0; jb < 4; ++jb) {
-            if (jb < rp) {
+            if (jb < kRg) {
               const float rf = fi * ex2((gi - s_ref[jb]) * kLog2e);
 #pragma unroll
               for (int h2 = 0; h2 < 2; ++h2) {
                 const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
                 const float2 cf = *reinterpret_cast<const float2*>(s_cf + j);
-                *reinterpret_cast<u32*>(s_p + i * kLd + j) = mma::pack_bf16(
-                    rf * cf.x * acc_p[nt][2 * hf], rf * cf.y * acc_p[nt][2 * hf + 1]);
+                *reinterpret_cast<float2*>(s_a + i * kLdA + j) =
+                    make_float2(rf * cf.x * acc_g[nt][2 * hf], rf * cf.y * acc_g[nt][2 * hf + 1]);
               }
-            } else if (jb == rp) {
+            } else if (jb == kRg) {
 #pragma unroll
               for (int h2 = 0; h2 < 2; ++h2) {
                 const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
                 const float2 gj = *reinterpret_cast<const float2*>(s_gamma + j);
                 const float2 kj = *reinterpret_cast<const float2*>(s_rk + j);
-                const float y0 = fi * kj.x * ex2((gi - gj.x) * kLog2e) * acc_p[nt][2 * hf];
-                const float y1 = fi * kj.y * ex2((gi - gj.y) * kLog2e) * acc_p[nt][2 * hf + 1];
-                *reinterpret_cast<u32*>(s_p + i * kLd + j) =
-                    mma::pack_bf16(i >= j ? y0 : 0.f, i >= j + 1 ? y1 : 0.f);
-              }
-            } else {
-#pragma unroll
-              for (int h2 = 0; h2 < 2; ++h2) {
-                const int j = (2 * jb + h2) * 8 + 2 * t4;
-                *reinterpret_cast<u32*>(s_p + i * kLd + j) = 0u;
+                const float x0 = fi * kj.x * ex2((gi - gj.x) * kLog2e) * acc_g[nt][2 * hf];
+                const float x1 = fi * kj.y * ex2((gi - gj.y) * kLog2e) * acc_g[nt][2 * hf + 1];
+                *reinterpret_cast<float2*>(s_a + i * kLdA + j) =
+                    make_float2(i > j ? x0 : 0.f, i > j + 1 ? x1 : 0.f);
               }
             }
           }
         }
+        if constexpr (!kStateP) {
+          constexpr int kRp = 3 - kRg;
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int i = kRp * 16 + g + 8 * hf;
+            const float gi = s_gamma[i], fi = s_rq[i];
+#pragma unroll
+            for (int jb = 0; jb < 4; ++jb) {
+              if (jb < kRp) {
+                const float rf = fi * ex2((gi - s_ref[jb]) * kLog2e);
+#pragma unroll
+                for (int h2 = 0; h2 < 2; ++h2) {
+                  const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
+                  const float2 cf = *reinterpret_cast<const float2*>(s_cf + j);
+                  *reinterpret_cast<u32*>(s_p + i * kLd + j) = mma::pack_bf16(
+                      rf * cf.x * acc_p[nt][2 * hf], rf * cf.y * acc_p[nt][2 * hf + 1]);
+                }
+              } else if (jb == kRp) {
+#pragma unroll
+                for (int h2 = 0; h2 < 2; ++h2) {
+                  const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
+                  const float2 gj = *reinterpret_cast<const float2*>(s_gamma + j);
+                  const float2 kj = *reinterpret_cast<const float2*>(s_rk + j);
+                  const float y0 = fi * kj.x * ex2((gi - gj.x) * kLog2e) * acc_p[nt][2 * hf];
+                  const float y1 = fi * kj.y * ex2((gi - gj.y) * kLog2e) * acc_p[nt][2 * hf + 1];
+                  *reinterpret_cast<u32*>(s_p + i * kLd + j) =
+                      mma::pack_bf16(i >= j ? y0 : 0.f, i >= j + 1 ? y1 : 0.f);
+                }
+              } else {
+#pragma unroll
+                for (int h2 = 0; h2 < 2; ++h2) {
+                  const int j = (2 * jb + h2) * 8 + 2 * t4;
+                  *reinterpret_cast<u32*>(s_p + i * kLd + j) = 0u;
+                }
+              }
+            }
+          }
+        }
+      };
+      switch (warp) {
+        case 0:
+          a_p_pass(WarpIndex<0>{});
+          break;
+        case 1:
+          a_p_pass(WarpIndex<1>{});
+          break;
+        case 2:
+          a_p_pass(WarpIndex<2>{});
+          break;
+        default:
+          a_p_pass(WarpIndex<3>{});
+          break;
       }
       if (tid < 64 && tid < rows) {
         const float gi = s_gamma[tid], g_last = s_gamma[63];
