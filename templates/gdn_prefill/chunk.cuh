@@ -229,27 +229,29 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
   // row count; chunk_ids when none is left.
   i64 next_t0 = 0;
   int next_rows = 0;
-  i64 seq = 0;  // the sequence of the last id looked up (ids only grow along a block's walk)
   const auto find_chunk = [&](i64 b) {
     for (; b < chunk_ids; b += gridDim.x) {
-      if (b < base(0)) continue;
-      // The sequence this chunk id belongs to: the largest n with base(n) <= b. It is the last
-      // id's sequence unless the next one starts at or before b (one load, where a binary search
-      // over every sequence was ~230 instructions of dependent loads and index arithmetic in
-      // each chunk's prologue); else a binary search over the sequences after it.
-      i64 lo = seq, hi = i64(p.num_seqs) - 1;
-      if (lo < hi && base(lo + 1) <= b) {
-        ++lo;
-        while (lo < hi) {
-          const i64 mid = (lo + hi + 1) >> 1;
-          if (base(mid) <= b) {
-            lo = mid;
-          } else {
-            hi = mid - 1;
-          }
+      // The sequence this chunk id belongs to: the largest n with base(n) <= b (base does not
+      // decrease), found by the warp together: each lane tests one of 32 evenly spaced candidates
+      // of the range, the ballot's highest lane narrows it to one stride; one load per level (one
+      // level up to 32 sequences, two up to 1024), where a binary search was a chain of dependent
+      // loads and ~220 instructions in each chunk's prologue. b below base(0): no candidate holds.
+      i64 lo = 0, count = p.num_seqs;
+      bool found = true;
+      for (;;) {
+        const i64 stride = (count + 31) / 32;
+        const i64 m = lo + i64(lane) * stride;
+        const u32 below = __ballot_sync(0xffffffffu, m < lo + count && base(m) <= b);
+        if (below == 0) {
+          found = false;
+          break;
         }
+        const i64 last = i64(31 - __clz(below)) * stride;
+        count = count - last < stride ? count - last : stride;
+        lo += last;
+        if (stride == 1) break;
       }
-      seq = lo;
+      if (!found) continue;
       const i64 bos = static_cast<i64>(__ldg(cu + lo));
       const i64 eos = static_cast<i64>(__ldg(cu + lo + 1));
       const i64 t0 = bos + 64 * (b - base(lo));
