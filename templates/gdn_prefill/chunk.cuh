@@ -23,8 +23,8 @@
 //
 // Chunks are numbered without knowing the lengths on the host: chunk c of sequence n is block
 // floor(cu[n] / 64) + n + c. These ids never collide (floor((bos + L) / 64) + 1 >=
-// floor(bos / 64) + ceil(L / 64)) and stay below floor(T / 64) + N, the grid size; a block
-// finds its sequence by binary search on cu_seqlens (a few L1 hits) and skips ids that are
+// floor(bos / 64) + ceil(L / 64)) and stay below floor(T / 64) + N, the grid size; each warp
+// finds a chunk's sequence by a 32-way search on cu_seqlens (find_chunk) and skips ids that are
 // holes. The workspace is indexed by token, so holes cost no memory.
 //
 // Each block walks its chunk ids in a grid-stride loop. The raw q/k rows of the next chunk are
