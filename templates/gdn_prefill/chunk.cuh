@@ -385,16 +385,17 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
     {
       // Whole 64 x 64 products (the blocks above the diagonal are computed and never read).
       const u32 k_addr = mma::smem_addr(s_k), q_addr = mma::smem_addr(s_q);
+      const u64 k_desc = wgmma::descriptor_sw128(k_addr, 16, sw128::kAtom),
+                q_desc = wgmma::descriptor_sw128(q_addr, 16, sw128::kAtom);
       wgmma::hold_registers(acc_g);
       wgmma::hold_registers(acc_p);
       wgmma::fence();
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
-        const u64 kd = wgmma::descriptor_sw128(sw128::k_step(k_addr, ks), 16, sw128::kAtom);
+        const u64 kd = wgmma::advance(k_desc, sw128::k_step(0, ks));
         wgmma::mma_m64n64k16_ss<0>(acc_g, kd, kd);
         if constexpr (!kStateP) {
-          wgmma::mma_m64n64k16_ss<0>(
-              acc_p, wgmma::descriptor_sw128(sw128::k_step(q_addr, ks), 16, sw128::kAtom), kd);
+          wgmma::mma_m64n64k16_ss<0>(acc_p, wgmma::advance(q_desc, sw128::k_step(0, ks)), kd);
         }
       }
       wgmma::commit();

@@ -1010,6 +1010,12 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     // warpgroup from the swizzled tiles. O comes out transposed (rows v, columns i).
     const u32 k_addr = mma::smem_addr(s_k), q_addr = mma::smem_addr(s_q);
     const u32 t_addr = mma::smem_addr(s_t), p_addr = mma::smem_addr(s_p);
+    // Each tile's descriptor once; a k-step's is it advanced by a constant (wgmma::advance).
+    const u64 k_desc = wgmma::descriptor_sw128(k_addr, 16, kSwAtom),
+              q_desc = wgmma::descriptor_sw128(q_addr, 16, kSwAtom),
+              t_desc = wgmma::descriptor_sw128(t_addr, 16, kSwAtom),
+              p_desc = wgmma::descriptor_sw128(p_addr, 16, kSwAtom),
+              kn_desc = wgmma::descriptor_sw128(k_addr, sw128::kSlice, kSwAtom);
 
     // 1. S_w K^T (acc_r: rows v, columns j) and S_w Q^T (acc_o: rows v, columns i), over K.
     u32 s_frag[kKSteps][4];
@@ -1026,16 +1032,14 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
-      wgmma::mma_m64n64k16<0>(acc_r, s_frag[ks],
-                              wgmma::descriptor_sw128(sw128::k_step(k_addr, ks), 16, kSwAtom));
+      wgmma::mma_m64n64k16<0>(acc_r, s_frag[ks], wgmma::advance(k_desc, sw128::k_step(0, ks)));
     }
     // With the handoff, R is formed while S_w Q^T runs on (needed only for O, in step 5); the
     // 2-stage form waits for both (the split spilled 24 bytes there at K = 128).
     if constexpr (kHandoff) wgmma::commit();
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
-      wgmma::mma_m64n64k16<0>(acc_o, s_frag[ks],
-                              wgmma::descriptor_sw128(sw128::k_step(q_addr, ks), 16, kSwAtom));
+      wgmma::mma_m64n64k16<0>(acc_o, s_frag[ks], wgmma::advance(q_desc, sw128::k_step(0, ks)));
     }
     wgmma::commit();
     wgmma::wait<kHandoff ? 1 : 0>();
@@ -1057,8 +1061,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     wgmma::fence();
 #pragma unroll
     for (int jb = 0; jb < 4; ++jb) {
-      wgmma::mma_m64n64k16<0>(acc_v, ra[jb],
-                              wgmma::descriptor_sw128(t_addr + jb * 32, 16, kSwAtom));
+      wgmma::mma_m64n64k16<0>(acc_v, ra[jb], wgmma::advance(t_desc, jb * 32));
     }
     wgmma::commit();
     wgmma::wait<0>();
@@ -1089,14 +1092,13 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       wgmma::fence();
 #pragma unroll
       for (int jb = 0; jb < 4; ++jb) {
-        wgmma::mma_m64n64k16<0>(acc_o, vb[jb],
-                                wgmma::descriptor_sw128(p_addr + jb * 32, 16, kSwAtom));
+        wgmma::mma_m64n64k16<0>(acc_o, vb[jb], wgmma::advance(p_desc, jb * 32));
       }
       wgmma::commit();
 #pragma unroll
       for (int jb = 0; jb < 4; ++jb) {
         // N-major: 16 token rows (two atoms) per k-step, the column slices sw128::kSlice apart.
-        const u64 kn = wgmma::descriptor_sw128(k_addr + jb * 2 * kSwAtom, sw128::kSlice, kSwAtom);
+        const u64 kn = wgmma::advance(kn_desc, jb * 2 * kSwAtom);
         if constexpr (kK == 128) {
           wgmma::mma_m64n128k16<1>(s_acc[0], vd[jb], kn);
         } else {
