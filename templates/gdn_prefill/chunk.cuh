@@ -68,10 +68,10 @@ namespace gdn_prefill_chunk_detail {
 
 constexpr int kLdA = 68;  // f32 row pitch of A (and of the parked T blocks)
 
-/// A warp index as a type, for code compiled once per warp of the block.
-template <int kWarp>
-struct WarpIndex {
-  static constexpr int value = kWarp;
+/// An int as a type (a warp index, a flag), for code compiled once per value.
+template <int kValue>
+struct Constant {
+  static constexpr int value = kValue;
 };
 
 /// A 16x16 mma A operand in tf32: two k-slices of 8 columns. The order of k inside a product
@@ -539,88 +539,74 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
       // Compiled once per warp index (rg = warp, rp = 3 - warp as constants): which blocks of a
       // warp's rows are off-diagonal, diagonal or zero is then known at compile time, with no
       // branch per block (13% of this pass's instructions were branches when rg was a variable).
-      const auto a_p_pass = [&](auto warp_index) {
-        constexpr int kRg = decltype(warp_index)::value;
+      // Row block kRow of a decayed product X (acc_g or acc_p): element (i, j) = f_i
+      // e^(gamma_i - gamma_j) X_ij with f_i = row_factor(i) and, below the diagonal block, the
+      // decay split through the column factors; store_pair(i, j, x_j, x_j+1) writes two columns.
+      // kWithDiagonal = 0 (A): strictly lower, the upper blocks left alone (the parked T blocks
+      // live there); 1 (P): the diagonal included and the upper blocks zero-filled.
+      const auto decay_row_block = [&](auto row_block, auto with_diagonal, const float(&x)[8][4],
+                                       auto&& row_factor, auto&& store_pair) {
+        constexpr int kRow = decltype(row_block)::value;
+        constexpr int kWithDiagonal = decltype(with_diagonal)::value;
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          const int i = kRg * 16 + g + 8 * hf;
-          const float gi = s_gamma[i], fi = s_beta[i] * s_rk[i];
+          const int i = kRow * 16 + g + 8 * hf;
+          const float gi = s_gamma[i], fi = row_factor(i);
 #pragma unroll
           for (int jb = 0; jb < 4; ++jb) {
-            if (jb < kRg) {
+            if (jb < kRow) {
               const float rf = fi * ex2((gi - s_ref[jb]) * kLog2e);
 #pragma unroll
               for (int h2 = 0; h2 < 2; ++h2) {
                 const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
                 const float2 cf = *reinterpret_cast<const float2*>(s_cf + j);
-                *reinterpret_cast<float2*>(s_a + i * kLdA + j) =
-                    make_float2(rf * cf.x * acc_g[nt][2 * hf], rf * cf.y * acc_g[nt][2 * hf + 1]);
+                store_pair(i, j, rf * cf.x * x[nt][2 * hf], rf * cf.y * x[nt][2 * hf + 1]);
               }
-            } else if (jb == kRg) {
+            } else if (jb == kRow) {
 #pragma unroll
               for (int h2 = 0; h2 < 2; ++h2) {
                 const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
                 const float2 gj = *reinterpret_cast<const float2*>(s_gamma + j);
                 const float2 kj = *reinterpret_cast<const float2*>(s_rk + j);
-                const float x0 = fi * kj.x * ex2((gi - gj.x) * kLog2e) * acc_g[nt][2 * hf];
-                const float x1 = fi * kj.y * ex2((gi - gj.y) * kLog2e) * acc_g[nt][2 * hf + 1];
-                *reinterpret_cast<float2*>(s_a + i * kLdA + j) =
-                    make_float2(i > j ? x0 : 0.f, i > j + 1 ? x1 : 0.f);
+                const float x0 = fi * kj.x * ex2((gi - gj.x) * kLog2e) * x[nt][2 * hf];
+                const float x1 = fi * kj.y * ex2((gi - gj.y) * kLog2e) * x[nt][2 * hf + 1];
+                store_pair(i, j, i + kWithDiagonal > j ? x0 : 0.f,
+                           i + kWithDiagonal > j + 1 ? x1 : 0.f);
               }
-            }
-          }
-        }
-        if constexpr (!kStateP) {
-          constexpr int kRp = 3 - kRg;
+            } else if (kWithDiagonal) {
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int i = kRp * 16 + g + 8 * hf;
-            const float gi = s_gamma[i], fi = s_rq[i];
-#pragma unroll
-            for (int jb = 0; jb < 4; ++jb) {
-              if (jb < kRp) {
-                const float rf = fi * ex2((gi - s_ref[jb]) * kLog2e);
-#pragma unroll
-                for (int h2 = 0; h2 < 2; ++h2) {
-                  const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
-                  const float2 cf = *reinterpret_cast<const float2*>(s_cf + j);
-                  *reinterpret_cast<u32*>(s_p + i * kLd + j) = mma::pack_bf16(
-                      rf * cf.x * acc_p[nt][2 * hf], rf * cf.y * acc_p[nt][2 * hf + 1]);
-                }
-              } else if (jb == kRp) {
-#pragma unroll
-                for (int h2 = 0; h2 < 2; ++h2) {
-                  const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
-                  const float2 gj = *reinterpret_cast<const float2*>(s_gamma + j);
-                  const float2 kj = *reinterpret_cast<const float2*>(s_rk + j);
-                  const float y0 = fi * kj.x * ex2((gi - gj.x) * kLog2e) * acc_p[nt][2 * hf];
-                  const float y1 = fi * kj.y * ex2((gi - gj.y) * kLog2e) * acc_p[nt][2 * hf + 1];
-                  *reinterpret_cast<u32*>(s_p + i * kLd + j) =
-                      mma::pack_bf16(i >= j ? y0 : 0.f, i >= j + 1 ? y1 : 0.f);
-                }
-              } else {
-#pragma unroll
-                for (int h2 = 0; h2 < 2; ++h2) {
-                  const int j = (2 * jb + h2) * 8 + 2 * t4;
-                  *reinterpret_cast<u32*>(s_p + i * kLd + j) = 0u;
-                }
-              }
+              for (int h2 = 0; h2 < 2; ++h2) store_pair(i, (2 * jb + h2) * 8 + 2 * t4, 0.f, 0.f);
             }
           }
         }
       };
+      const auto a_p_pass = [&](auto warp_index) {
+        constexpr int kRg = decltype(warp_index)::value;
+        decay_row_block(
+            warp_index, Constant<0>{}, acc_g, [&](int i) { return s_beta[i] * s_rk[i]; },
+            [&](int i, int j, float x0, float x1) {
+              *reinterpret_cast<float2*>(s_a + i * kLdA + j) = make_float2(x0, x1);
+            });
+        if constexpr (!kStateP) {
+          decay_row_block(
+              Constant<3 - kRg>{}, Constant<1>{}, acc_p, [&](int i) { return s_rq[i]; },
+              [&](int i, int j, float x0, float x1) {
+                *reinterpret_cast<u32*>(s_p + i * kLd + j) = mma::pack_bf16(x0, x1);
+              });
+        }
+      };
       switch (warp) {
         case 0:
-          a_p_pass(WarpIndex<0>{});
+          a_p_pass(Constant<0>{});
           break;
         case 1:
-          a_p_pass(WarpIndex<1>{});
+          a_p_pass(Constant<1>{});
           break;
         case 2:
-          a_p_pass(WarpIndex<2>{});
+          a_p_pass(Constant<2>{});
           break;
         default:
-          a_p_pass(WarpIndex<3>{});
+          a_p_pass(Constant<3>{});
           break;
       }
       if (tid < 64 && tid < rows) {
