@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# A/B of kernel changes on the GPU machine in one device call: several source trees built side
+# by side, one GPU-test filter run on the last tree, one benchmark run on every tree in turn
+# (same process order, same inputs), a compact table last. The trees are the working tree and
+# git revisions exported beforehand (the GPU machine gets no .git):
+#
+#   here:   bash scripts/device_ab.sh prepare a1f8b59 HEAD~1      (-> .ab/<rev>/, git-ignored)
+#   there:  bash scripts/device_ab.sh run                          (carry .deps and .ab)
+#
+# run takes every tree under .ab (in the order prepare was given) and then the working tree
+# ("work"). Knobs (all optional):
+#   AB_TARGETS  build targets (default: kjit_gpu_tests bench_gdn_prefill)
+#   AB_TESTS    doctest -tc filters for the working tree, ';'-separated, each in its own process
+#               (default: the three prefill groups); AB_TESTS=none skips
+#   AB_BENCH    benchmark binary and arguments (default: bench_gdn_prefill)
+#   AB_ENV      environment for the working tree's benchmark only, e.g. an anchor library:
+#               AB_ENV="KJIT_PREFILL_ANCHOR_LIB=$PWD/.anchors/fi/libkjit_fi_prefill.so"
+#   AB_GREP     extended regex of the benchmark lines to summarize (default: prefill rows)
+#   AB_SANITIZE doctest filter to run once under compute-sanitizer racecheck and once under
+#               memcheck, beside the tests (default: none)
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+ab=$root/.ab
+
+if [ "${1:-}" = prepare ]; then
+  shift
+  rm -rf "$ab" && mkdir -p "$ab"
+  i=0
+  for rev in "$@"; do
+    name=$(printf '%02d-%s' "$i" "$(git -C "$root" rev-parse --short "$rev")") || exit 1
+    mkdir -p "$ab/$name"
+    git -C "$root" archive "$rev" | tar -x -C "$ab/$name"
+    i=$((i + 1))
+  done
+  ls "$ab"
+  exit 0
+fi
+[ "${1:-}" = run ] || {
+  echo "usage: $0 prepare REV... | run" >&2
+  exit 2
+}
+
+out=${OUT:-$root/out}
+logs=/tmp/ab-logs
+mkdir -p "$out" "$logs" /tmp/deps
+for f in "$root"/.deps/*.deb; do dpkg -x "$f" /tmp/deps; done
+t0=$(date +%s)
+elapsed() { echo "[$(($(date +%s) - t0)) s] $*"; }
+
+trees=()
+names=()
+for d in "$ab"/*/; do
+  [ -d "$d" ] || continue
+  trees+=("${d%/}")
+  names+=("$(basename "$d")")
+done
+trees+=("$root")
+names+=(work)
+
+read -r -a targets <<<"${AB_TARGETS:-kjit_gpu_tests bench_gdn_prefill}"
+jobs=$((16 / ${#trees[@]} + 1))  # the GPU machine's 16 cores shared by the parallel builds
+for i in "${!trees[@]}"; do
+  (
+    build=/tmp/ab-build-${names[$i]}
+    cmake -S "${trees[$i]}" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKJIT_WERROR=OFF \
+      -DCMAKE_PREFIX_PATH=/tmp/deps/usr >"$logs/configure-${names[$i]}.log" 2>&1 &&
+      cmake --build "$build" --target "${targets[@]}" -- -j$jobs -k 0 \
+        >"$logs/build-${names[$i]}.log" 2>&1 || echo "build ${names[$i]} failed (see $logs)"
+  ) &
+done
+wait
+elapsed "built ${names[*]}"
+
+export KJIT_LOG=warn
+work=/tmp/ab-build-work
+pids=()
+if [ "${AB_TESTS:-}" != none ]; then
+  IFS=';' read -r -a filters <<<"${AB_TESTS:-gdn_prefill: *;gdn_prefill chunked*;gdn_prefill context-parallel*}"
+  for i in "${!filters[@]}"; do
+    (cd "$work" && KJIT_CACHE_DIR=/tmp/ab-cache-t$i timeout 400 ./tests/kjit_gpu_tests \
+      -tc="${filters[$i]}" >"$logs/tests-$i.log" 2>&1
+    echo "rc=$?" >>"$logs/tests-$i.log") &
+    pids+=($!)
+  done
+fi
+if [ -n "${AB_SANITIZE:-}" ]; then
+  for tool in racecheck memcheck; do
+    (cd "$work" && KJIT_CACHE_DIR=/tmp/ab-cache-$tool timeout 400 \
+      /usr/local/cuda/bin/compute-sanitizer --tool $tool ./tests/kjit_gpu_tests \
+      -tc="$AB_SANITIZE" >"$logs/$tool.log" 2>&1
+    echo "rc=$?" >>"$logs/$tool.log") &
+    pids+=($!)
+  done
+fi
+for p in "${pids[@]}"; do wait "$p"; done
+elapsed "tests"
+for f in "$logs"/tests-*.log "$logs"/racecheck.log "$logs"/memcheck.log; do
+  [ -f "$f" ] || continue
+  echo "-- $(basename "$f" .log): $(grep -hE 'assertions:|SUMMARY' "$f" | tr -s ' ' | tr '\n' ' ')$(tail -1 "$f")"
+  grep -E "ERROR:|FAILED" -A3 "$f" | grep -v "ERROR SUMMARY: 0" | head -8
+done
+
+read -r -a bench <<<"${AB_BENCH:-bench_gdn_prefill}"
+for i in "${!trees[@]}"; do
+  build=/tmp/ab-build-${names[$i]}
+  extra=()
+  [ "${names[$i]}" = work ] && [ -n "${AB_ENV:-}" ] && read -r -a extra <<<"$AB_ENV"
+  (cd "$build" && env "${extra[@]}" KJIT_CACHE_DIR="/tmp/ab-cache-${names[$i]}" timeout 300 \
+    "./bench/${bench[0]}" "${bench[@]:1}" >"$out/bench-${names[$i]}.txt" 2>&1
+  echo "rc=$?" >>"$out/bench-${names[$i]}.txt")
+  elapsed "bench ${names[$i]}"
+done
+for i in "${!trees[@]}"; do
+  echo "== ${names[$i]}"
+  grep -E "${AB_GREP:-^ +16 +(16|32) +|anchor|rc=|FAIL|mismatch|profile}" "$out/bench-${names[$i]}.txt" |
+    cut -c1-200 | head -40
+done
+elapsed "done"
