@@ -40,6 +40,7 @@ inline unsigned __float_as_uint(float f) {
   return u;
 }
 inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float x, float y) { return x / y; }
 /// st.global.wb: a plain store on the host.
 template <typename T>

@@ -241,5 +241,43 @@ TEST_CASE("gdn_decode emulated: K-major tiles over several warps (the planner's 
                          kGdnHintStream, false, true, kGdnInvalidNegative, false, kGdnStateKMajor>);
 }
 
+// The prefill chunk kernel's gates (gdn::fast_softplus, fast_sigmoid), with the intrinsics they
+// call emulated exactly: this checks their formulas, the series below x = -5 above all (where
+// log(1 + e^x) in f32 loses e^x's low bits: 30% off at x = -15). The intrinsics' own error on
+// the H200 is in docs/performance.md ("The chunk kernel's instructions per chunk step").
+TEST_CASE("gdn fast gates: softplus keeps its relative precision down to e^-100, sigmoid") {
+  constexpr float kThreshold = 20.f;
+  double worst_series = 0, worst_log = 0, worst_sigmoid = 0;
+  for (int i = 0; i <= 130000; ++i) {
+    const float x = -100.f + 0.001f * static_cast<float>(i);
+    const double xd = x;
+    const double softplus = xd > kThreshold ? xd : std::log1p(std::exp(xd));
+    const double got = gdn::fast_softplus(x, kThreshold);
+    // Relative errors where f32 has its full precision (values above 1e-30; e^x is subnormal
+    // below x = -87).
+    if (softplus > 1e-30) {
+      const double error = std::fabs(got - softplus) / softplus;
+      double& worst = x < -5.f ? worst_series : worst_log;
+      worst = std::max(worst, error);
+    }
+    const double sigmoid = 1.0 / (1.0 + std::exp(-xd));
+    if (sigmoid > 1e-30) {
+      worst_sigmoid = std::max(worst_sigmoid, std::fabs(gdn::fast_sigmoid(x) - sigmoid) / sigmoid);
+    }
+  }
+  INFO("worst relative error: series " << worst_series << ", log " << worst_log << ", sigmoid "
+                                       << worst_sigmoid);
+  CHECK(worst_series < 1e-6);
+  CHECK(worst_log < 2e-5);  // 1 + e^x rounded to f32 near x = -5 (the H200 showed 1.4e-5)
+  CHECK(worst_sigmoid < 1e-6);
+  // The limits: e^-x overflows to inf below x = -88 and the sigmoid is 0; the threshold cuts
+  // softplus to x.
+  CHECK(gdn::fast_sigmoid(-100.f) == 0.f);
+  CHECK(gdn::fast_sigmoid(100.f) == 1.f);
+  CHECK(gdn::fast_softplus(25.f, kThreshold) == 25.f);
+  CHECK(gdn::fast_log_decay(0.5f, std::log(2.f), -0.5f, kThreshold) ==
+        doctest::Approx(-2.0 * std::log(2.0)).epsilon(1e-6));
+}
+
 }  // namespace
 }  // namespace kjit
