@@ -13,6 +13,7 @@
 
 #include "templates/common/swizzle.cuh"
 #include "templates/common/types.h"
+#include "templates/common/vec.cuh"
 
 namespace kjit {
 namespace mma {
@@ -46,16 +47,8 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/// f32 -> tf32 (round to nearest, ties away; the result is an f32 bit pattern whose low 13 bits
-/// are zero).
-__device__ __forceinline__ u32 to_tf32(float x) {
-  // cvt.rna.tf32.f32's rounding (to nearest, ties away from zero) on the bit pattern: add half a
-  // tf32 ulp and clear the 13 bits below it. Two integer instructions, where sm_90 expands the
-  // cvt into ~4 with a NaN check (a third of the chunk kernel's block-product stretches); a carry
-  // into the exponent is the correct rounding up, and inf stays inf. Only NaNs whose payload lies
-  // in the 13 low bits would differ (they become inf); the products here have finite inputs.
-  return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-}
+/// f32 -> tf32 operand bits (vec::to_tf32_bits: round to nearest, ties away, on the bit pattern).
+__device__ __forceinline__ u32 to_tf32(float x) { return vec::to_tf32_bits(x); }
 
 /// d += a * b for one 16x8x8 tile of tf32 operands, f32 accumulate.
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {

@@ -39,6 +39,18 @@ __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
+/// f32 -> tf32, the operand format of tf32 mma (1 sign, 8 exponent, 10 mantissa bits: an f32 bit
+/// pattern with the 13 low bits clear), rounded to nearest with ties away from zero as
+/// cvt.rna.tf32.f32 rounds: half a tf32 ulp added to the bit pattern, the 13 bits below it
+/// cleared. Two integer instructions, where sm_90 expands the cvt into ~4 with a NaN check (a
+/// third of the prefill chunk kernel's block-product stretches). A carry into the exponent is
+/// the correct rounding up, and inf stays inf; only NaNs whose payload lies in the 13 low bits
+/// would become inf. Checked on the host against a rounding in double
+/// (ops_gdn_decode_emulated_test).
+__device__ __forceinline__ u32 to_tf32_bits(float x) {
+  return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+}
+
 /// An element's bits as the element (elem) and as f32 (to_f32), and f32 rounded to nearest even
 /// as the element's bits (from_f32). A 16-bit element's bits are the low half of the word;
 /// from_f32 leaves the high half zero. to_f32 takes the bits in any unsigned type (u32, or the

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -277,6 +278,42 @@ TEST_CASE("gdn fast gates: softplus keeps its relative precision down to e^-100,
   CHECK(gdn::fast_softplus(25.f, kThreshold) == 25.f);
   CHECK(gdn::fast_log_decay(0.5f, std::log(2.f), -0.5f, kThreshold) ==
         doctest::Approx(-2.0 * std::log(2.0)).epsilon(1e-6));
+}
+
+// vec::to_tf32_bits (the tf32 mma operands of the prefill chunk kernel's block products) against
+// cvt.rna.tf32.f32's rounding done in double: the value to 11 significant bits (subnormals on
+// the f32 grid of 2^-136), ties away from zero, past the largest finite value inf.
+TEST_CASE("tf32 operand bits: round to nearest, ties away, over every exponent") {
+  const auto reference = [](float x) -> std::uint32_t {
+    const double magnitude = std::fabs(static_cast<double>(x));
+    const int exponent = std::max(std::ilogb(magnitude), -126);
+    const double ulp = std::ldexp(1.0, exponent - 10);
+    const double rounded = std::floor(magnitude / ulp + 0.5) * ulp;  // ties away (magnitude)
+    const float value = rounded >= std::ldexp(1.0, 128) ? INFINITY : static_cast<float>(rounded);
+    return __float_as_uint(std::signbit(x) ? -value : value);
+  };
+  std::mt19937 rng(7);
+  std::vector<float> values = {0.f,     -0.f,   INFINITY, -INFINITY, FLT_MAX, -FLT_MAX,
+                               FLT_MIN, 1e-40f, 1.f,      -1.f,      3.f};
+  for (int i = 0; i < 200000; ++i) {
+    std::uint32_t bits = rng();
+    if ((bits & 0x7f800000u) == 0x7f800000u) bits &= 0xbfffffffu;  // finite only
+    if (i % 4 == 0) bits = (bits & 0xffffe000u) | 0x1000u;         // exact ties
+    values.push_back(__uint_as_float(bits));
+  }
+  int mismatches = 0;
+  for (const float x : values) {
+    if (std::isinf(x) || x == 0.f) {
+      CHECK(vec::to_tf32_bits(x) == __float_as_uint(x));
+      continue;
+    }
+    if (vec::to_tf32_bits(x) != reference(x) && ++mismatches <= 5) {
+      FAIL_CHECK(fmt::format("x = {:a}: 0x{:08x}, expected 0x{:08x}", x, vec::to_tf32_bits(x),
+                             reference(x)));
+    }
+  }
+  CHECK(mismatches == 0);
+  CHECK(vec::to_tf32_bits(FLT_MAX) == __float_as_uint(INFINITY));
 }
 
 }  // namespace
