@@ -46,7 +46,7 @@ __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
 /// third of the prefill chunk kernel's block-product stretches). A carry into the exponent is
 /// the correct rounding up, and inf stays inf; only NaNs whose payload lies in the 13 low bits
 /// would become inf. Checked on the host against a rounding in double
-/// (ops_gdn_decode_emulated_test).
+/// (tests/unit/templates_common_emulated_test.cpp).
 __device__ __forceinline__ u32 to_tf32_bits(float x) {
   return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
 }
