@@ -42,7 +42,8 @@ __device__ __forceinline__ u64 descriptor_sw128(u32 smem_addr, u32 lbo, u32 sbo)
 /// The descriptor `desc` moved `bytes` (a multiple of 16) further into shared memory: one add to
 /// its address field, where building each k-step's descriptor from its address took ~6 uniform
 /// instructions per wgmma (mask, shift, or, moves). Shared addresses stay below 256 KiB, so the
-/// 14-bit field (address / 16) cannot carry into the next one.
+/// 14-bit field (address / 16) cannot carry into the next one (tests/unit/
+/// templates_common_emulated_test.cpp checks every tile start and offset the kernels use).
 __device__ __forceinline__ u64 advance(u64 desc, u32 bytes) { return desc + u64(bytes >> 4); }
 
 /// Orders this thread's register writes (A fragments, accumulators) before the next wgmma.

@@ -16,7 +16,9 @@
 // compiler does not know #pragma unroll: tests/CMakeLists.txt silences that here)
 #include "common/cuda_warp_emulation.hpp"
 #include "templates/common/gdn_math.cuh"
+#include "templates/common/swizzle.cuh"
 #include "templates/common/vec.cuh"
+#include "templates/common/wgmma.cuh"
 
 namespace kjit {
 namespace {
@@ -93,6 +95,36 @@ TEST_CASE("tf32 operand bits: round to nearest, ties away, over every exponent")
   }
   CHECK(mismatches == 0);
   CHECK(vec::to_tf32_bits(FLT_MAX) == __float_as_uint(INFINITY));
+}
+
+// The prefill kernels build each swizzled tile's wgmma descriptor once and advance it by a
+// constant per k-step (wgmma::advance adds offset / 16 to the 14-bit address field): the same
+// descriptor as one built from the k-step's address, for every 1024-byte-aligned tile start an
+// SM's shared memory allows and every offset the kernels use (K-major k-steps over two 64-column
+// slices, the 32-byte steps of T' and P, N-major 16-row steps), so the field never carries.
+TEST_CASE("wgmma descriptors: a k-step's descriptor is its tile's advanced by the offset") {
+  constexpr std::uint32_t kSharedBytes = 232448;  // sm_90's opt-in maximum per block
+  int checked = 0;
+  for (std::uint32_t tile = 0; tile + sw128::kAtom <= kSharedBytes; tile += sw128::kAtom) {
+    for (int ks = 0; ks < 16; ++ks) {
+      const std::uint32_t offset = sw128::k_step(0, ks);
+      if (tile + offset + 8 * 128 > kSharedBytes) continue;
+      CHECK(wgmma::descriptor_sw128(sw128::k_step(tile, ks), 16, sw128::kAtom) ==
+            wgmma::advance(wgmma::descriptor_sw128(tile, 16, sw128::kAtom), offset));
+      ++checked;
+    }
+    for (std::uint32_t jb = 0; jb < 4; ++jb) {
+      CHECK(wgmma::descriptor_sw128(tile + jb * 32, 16, sw128::kAtom) ==
+            wgmma::advance(wgmma::descriptor_sw128(tile, 16, sw128::kAtom), jb * 32));
+      if (tile + jb * 2 * sw128::kAtom < kSharedBytes) {
+        CHECK(wgmma::descriptor_sw128(tile + jb * 2 * sw128::kAtom, sw128::kSlice, sw128::kAtom) ==
+              wgmma::advance(wgmma::descriptor_sw128(tile, sw128::kSlice, sw128::kAtom),
+                             jb * 2 * sw128::kAtom));
+      }
+      checked += 2;
+    }
+  }
+  CHECK(checked > 4000);
 }
 
 }  // namespace
