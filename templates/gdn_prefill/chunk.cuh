@@ -175,8 +175,8 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
   using namespace gdn_prefill_chunk_detail;
   static_assert(kK == 64 || kK == 128 || kK == 256, "K must be 64, 128 or 256");
   static_assert(sizeof(Tin) == 2, "q/k are 16-bit rows");
-  constexpr int kLdK = kK + 8;  // bf16 row pitch of q and k
-  constexpr int kLd = 72;       // bf16 row pitch of the staging tiles
+  [[maybe_unused]] constexpr int kLdK = kK + 8;  // bf16 row pitch of q and k (mma.sync path)
+  constexpr int kLd = 72;                        // bf16 row pitch of the staging tiles
   constexpr int kKSteps = kK / 16;
   constexpr int kRowCopies = kK / 8;  // 16-byte copies per q/k row
   constexpr GdnPrefillChunkSmem kSmem = gdn_prefill_chunk_smem(kK);
@@ -581,7 +581,6 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
         }
       };
       const auto a_p_pass = [&](auto warp_index) {
-        constexpr int kRg = decltype(warp_index)::value;
         decay_row_block(
             warp_index, Constant<0>{}, acc_g, [&](int i) { return s_beta[i] * s_rk[i]; },
             [&](int i, int j, float x0, float x1) {
@@ -589,7 +588,8 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
             });
         if constexpr (!kStateP) {
           decay_row_block(
-              Constant<3 - kRg>{}, Constant<1>{}, acc_p, [&](int i) { return s_rq[i]; },
+              Constant<3 - decltype(warp_index)::value>{}, Constant<1>{}, acc_p,
+              [&](int i) { return s_rq[i]; },
               [&](int i, int j, float x0, float x1) {
                 *reinterpret_cast<u32*>(s_p + i * kLd + j) = mma::pack_bf16(x0, x1);
               });
