@@ -9,7 +9,8 @@
 #
 # run takes every tree under .ab (in the order prepare was given) and then the working tree
 # ("work"). Knobs (all optional):
-#   AB_TARGETS  build targets (default: kjit_gpu_tests bench_gdn_prefill)
+#   AB_TARGETS  the working tree's build targets (default: kjit_gpu_tests bench_gdn_prefill);
+#               the other trees build only the benchmark binary
 #   AB_TESTS    doctest -tc filters for the working tree, ';'-separated, each in its own process
 #               (default: the three prefill groups); AB_TESTS=none skips
 #   AB_BENCH    benchmark binary and arguments (default: bench_gdn_prefill)
@@ -58,10 +59,13 @@ trees+=("$root")
 names+=(work)
 
 read -r -a targets <<<"${AB_TARGETS:-kjit_gpu_tests bench_gdn_prefill}"
+read -r -a bench <<<"${AB_BENCH:-bench_gdn_prefill}"
 jobs=$((16 / ${#trees[@]} + 1))  # the GPU machine's 16 cores shared by the parallel builds
 for i in "${!trees[@]}"; do
   (
     build=/tmp/ab-build-${names[$i]}
+    # The tests run on the working tree only: the other trees build just the benchmark.
+    [ "${names[$i]}" = work ] || targets=("${bench[0]}")
     cmake -S "${trees[$i]}" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKJIT_WERROR=OFF \
       -DCMAKE_PREFIX_PATH=/tmp/deps/usr >"$logs/configure-${names[$i]}.log" 2>&1 &&
       cmake --build "$build" --target "${targets[@]}" -- -j$jobs -k 0 \
@@ -100,7 +104,6 @@ for f in "$logs"/tests-*.log "$logs"/racecheck.log "$logs"/memcheck.log; do
   grep -E "ERROR:|FAILED" -A3 "$f" | grep -v "ERROR SUMMARY: 0" | head -8
 done
 
-read -r -a bench <<<"${AB_BENCH:-bench_gdn_prefill}"
 for i in "${!trees[@]}"; do
   build=/tmp/ab-build-${names[$i]}
   extra=()

@@ -887,6 +887,23 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   // (form_p), so that no warp waits for P on its own chain.
   [[maybe_unused]] u64* const p_ready = empty + kStages;
   [[maybe_unused]] u32 full_phase = 0, empty_phase = 0, p_ready_phase = 0;
+#if KJIT_GDN_STATE_WGMMA
+  // Two warpgroups (the whole-V tile) take turns issuing a chunk's first products (named
+  // barriers 2 and 3, 256 threads: one warpgroup waits, the other arrives): warpgroup 1 issues
+  // after warpgroup 0, and warpgroup 0 its next chunk's only after warpgroup 1 has issued this
+  // one's. Each warpgroup's element-wise work (R, Vn, the outputs) then runs while the other's
+  // products hold the tensor cores, instead of both waiting on the tensor cores at once.
+  constexpr bool kTakeTurns = kWarps == 8 && kHandoff;
+  const int wg = warp >> 2;
+  const auto turn_wait = [&] {
+    if constexpr (kTakeTurns) asm volatile("bar.sync %0, 256;" ::"r"(2 + wg) : "memory");
+  };
+  const auto turn_pass = [&] {
+    if constexpr (kTakeTurns) asm volatile("bar.arrive %0, 256;" ::"r"(3 - wg) : "memory");
+  };
+  // Warpgroup 0 goes first; the arrivals balance at the end (warpgroup 0 waits once more).
+  if (wg == 1) turn_pass();
+#endif
   if constexpr (kHandoff) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (tid == 0) {
@@ -1029,6 +1046,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     }
     wgmma::hold_registers(acc_r);
     wgmma::hold_registers(acc_o);
+    turn_wait();
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
@@ -1042,6 +1060,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       wgmma::mma_m64n64k16<0>(acc_o, s_frag[ks], wgmma::advance(q_desc, sw128::k_step(0, ks)));
     }
     wgmma::commit();
+    turn_pass();
     wgmma::wait<kHandoff ? 1 : 0>();
     wgmma::hold_registers(acc_r);
 
@@ -1303,6 +1322,9 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       }
     }
   }
+#if KJIT_GDN_STATE_WGMMA
+  if (wg == 0) turn_wait();
+#endif
   // No copies are in flight at exit: none is issued past the end of the sequence.
   if constexpr (kPhase == 0) {
     store_final_state<Tstate, kK, kV, kKMajor>(p, n, slot, padded, hv, v0, s_acc, warp, 0, g, t4);
