@@ -120,6 +120,22 @@ __device__ __forceinline__ void mma_m64n64k16_ss(float (&d)[8][4], u64 a, u64 b)
       : "l"(a), "l"(b), "n"(kTransB));
 }
 
+/// d (64 x 32) += a (64 x 16, K-major in shared memory behind the descriptor `a`) * b (16 x 32,
+/// as in mma_m64n64k16): mma_m64n64k16_ss on half the columns, for two warpgroups that split a
+/// product's columns between them.
+template <int kTransB>
+__device__ __forceinline__ void mma_m64n32k16_ss(float (&d)[4][4], u64 a, u64 b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
+      "}, %16, %17, p, 1, 1, 0, %18;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(a), "l"(b), "n"(kTransB));
+}
+
 /// d (64 x 128, f32, d[nt][e] as in mma.cuh's C fragments of n-tile nt) += a (64 x 16,
 /// bf16, the warp's 16 rows as an mma.cuh A fragment) * b (16 x 128, bf16, in shared memory
 /// behind the descriptor `b`). kTransB 0: b K-major, 1: b N-major.

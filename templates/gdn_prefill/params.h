@@ -266,6 +266,73 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillStateSmem gdn_prefill_state_smem(int k, 
   return m;
 }
 
+/// The warp-specialized kernel (ws.cuh, sm_90a, K = V = 128): the whole-V state tile's three
+/// stages (k, q, v, T', P and its row factors, the scales per stage, then the full / empty /
+/// P-ready mbarriers), a fourth mbarrier per stage (the chunk warpgroup's T', scales and factors
+/// of the stage are in), and the chunk warpgroup's own tiles.
+struct GdnPrefillWsSmem {
+  GdnPrefillStateSmem state;
+  u32 chunk_ready;  // u64 [3]
+  u32 a;            // f32 [64][68]: A, and the parked f32 blocks of T above its diagonal
+  u32 gamma;        // f32 [4][64]: one copy per warp
+  u32 beta;         // f32 [4][64]: one copy per warp
+  u32 cf;           // f32 [4][64]: rk_j e^(gamma_ref - gamma_j)
+  u32 ref;          // f32 [4][4]
+  u32 rq;           // f32 [64]
+  u32 rk;           // f32 [64]
+  u32 total;
+};
+
+inline constexpr int kGdnPrefillWsStages = 3;
+/// Threads of the warp-specialized kernel: two state warpgroups, then the chunk warpgroup.
+inline constexpr int kGdnPrefillWsThreads = 384;
+
+KJIT_GDN_PREFILL_HD constexpr GdnPrefillWsSmem gdn_prefill_ws_smem(int k) {
+  GdnPrefillWsSmem m{};
+  // The whole-V stages as the state kernel's (gdn_prefill_state_smem), but k, q and T' without
+  // the mma.sync padding (their swizzled tiles are 128 bytes a row): 67 KiB a stage instead of
+  // 70, so that the chunk warpgroup's tiles fit beside three of them.
+  GdnPrefillStateSmem& st = m.state;
+  u32 at = 0;
+  st.k0 = at;
+  at += 64u * u32(k) * 2u;
+  st.q = at;
+  at += 64u * u32(k) * 2u;
+  st.v = at;
+  at += 64u * (128u + 8u) * 2u;
+  st.t0 = at;
+  at += 64u * 64u * 2u;
+  st.p = at;
+  at += 64u * 64u * 2u + 64u * 16u;  // P, then each row's factors
+  st.sc0 = at;
+  at += 64u * 16u;
+  st.k1 = st.k0 + at;
+  st.t1 = st.t0 + at;
+  st.sc1 = st.sc0 + at;
+  st.total = at * u32(kGdnPrefillWsStages);
+  st.barriers = st.total;
+  st.total += 24u * u32(kGdnPrefillWsStages);
+  at = st.total;
+  m.chunk_ready = at;
+  at = gdn_prefill_align16(at + 8u * kGdnPrefillWsStages);
+  m.a = at;
+  at += 64u * 68u * 4u;
+  m.gamma = at;
+  at += 1024u;
+  m.beta = at;
+  at += 1024u;
+  m.cf = at;
+  at += 1024u;
+  m.ref = at;
+  at += 64u;
+  m.rq = at;
+  at += 256u;
+  m.rk = at;
+  at += 256u;
+  m.total = at;
+  return m;
+}
+
 /// Arguments of one prefill call. Pointers are typed by the kernel's template parameters; all
 /// strides are in elements of the tensor they belong to; the last dimension of every tensor is
 /// contiguous.

@@ -648,15 +648,73 @@ __device__ __forceinline__ void form_p(const __nv_bfloat16* s_q, const __nv_bflo
   }
 }
 
+#if KJIT_GDN_STATE_WGMMA
+/// Where the P tile of a wgmma stage keeps each row's factors {x, s rq, rk} (kStateP): the 64 x 64
+/// bf16 tile takes 8 KiB of its 9 KiB region, the float4 of row r sits at 8 KiB + 16 r.
+inline constexpr u32 kWgmmaPFactors = 64 * 128;
+
+/// Issues (without waiting) the Q K^T half of warpgroup `wg` of two for kStateP on wgmma: its 32
+/// columns j = 32 wg .. of the 64 x 64 product, from the stage's 128-byte-swizzled q and k tiles
+/// (`q_addr`, `k_addr`; one SS wgmma per k-step, both operands read by the tensor cores).
+template <int kK>
+__device__ __forceinline__ void issue_qk_half(float (&acc)[4][4], u32 q_addr, u32 k_addr, int wg) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+  const u64 q_desc = wgmma::descriptor_sw128(q_addr, 16, sw128::kAtom);
+  // Rows 32 wg .. of k start four 8-row atoms further per warpgroup (the swizzle stays aligned).
+  const u64 k_desc = wgmma::descriptor_sw128(k_addr + u32(wg) * 32 * 128, 16, sw128::kAtom);
+  wgmma::hold_registers(acc);
+  wgmma::fence();
+#pragma unroll
+  for (int ks = 0; ks < kK / 16; ++ks) {
+    wgmma::mma_m64n32k16_ss<0>(acc, wgmma::advance(q_desc, sw128::k_step(0, ks)),
+                               wgmma::advance(k_desc, sw128::k_step(0, ks)));
+  }
+  wgmma::commit();
+}
+
+/// P from the finished Q K^T half of issue_qk_half (after the wait and hold_registers): element
+/// (i, j) = s rq_i rk_j (Q K^T)_ij 2^(x_i - x_j) for j <= i < rows, else 0 (selected, not
+/// multiplied: above the diagonal the exponential may overflow), stored as bf16 pairs into the
+/// stage's swizzled P tile at `p_tile`, whose factors sit at kWgmmaPFactors. Warp `wq` (of its
+/// warpgroup) holds rows 16 wq + g (+ 8).
+__device__ __forceinline__ void store_p_half(const float (&acc)[4][4], unsigned char* p_tile,
+                                             int rows, int wg, int wq, int g, int t4) {
+  const float4* factors = reinterpret_cast<const float4*>(p_tile + kWgmmaPFactors);
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int i = 16 * wq + g + 8 * hf;
+    const float4 fi = factors[i];
+    const bool row_ok = i < rows;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const int j = 32 * wg + 8 * nt + 2 * t4;
+      const float4 f0 = factors[j], f1 = factors[j + 1];
+      const float y0 = fi.y * f0.z * ex2(fi.x - f0.x) * acc[nt][2 * hf];
+      const float y1 = fi.y * f1.z * ex2(fi.x - f1.x) * acc[nt][2 * hf + 1];
+      *reinterpret_cast<u32*>(p_tile + sw128::offset(i, j >> 3) + (j & 7) * 2) =
+          mma::pack_bf16(row_ok && i >= j ? y0 : 0.f, row_ok && i >= j + 1 ? y1 : 0.f);
+    }
+  }
+}
+#endif
+
+/// The chunk role of state_wide's blocks: none (the chunk kernel ran before). The warp-specialized
+/// kernel (ws.cuh) passes its chunk warpgroup's role instead.
+struct NoChunkRole {
+  static constexpr bool kActive = false;
+  static __device__ __forceinline__ void run(const GdnPrefillParams&, const StateWork&,
+                                             unsigned char*) {}
+};
+
 template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
           int kBV, bool kCkpt, int kPhase = 0, int kStagesWanted = 0, bool kKMajor = false,
-          bool kStateP = false>
+          bool kStateP = false, typename ChunkRole = NoChunkRole>
 __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   static_assert(kK == 64 || kK == 128, "wide tiles carry 16 rows of a K <= 128 state per warp");
   static_assert(kPhase == 0 || (!KJIT_GDN_STATE_WGMMA && kK % kBV == 0),
                 "the context-parallel passes run on mma.sync, with tiles that divide K");
   static_assert(kV % kBV == 0 && kV <= 256, "the value tile must divide V");
-  static_assert(!(kStateP && KJIT_GDN_STATE_WGMMA), "P is formed in the mma.sync kernel only");
   constexpr int kWarps = kBV / 16;
   static_assert(kWarps == gdn_prefill_state_warps(kBV), "one warp per 16 rows of the tile");
   constexpr int kThreads = 32 * kWarps;
@@ -679,8 +737,18 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   // c + 1 at the top of chunk c into the stage of chunk c - 2. Measured on the H200 (same call,
   // docs/performance.md "Fetching two chunks ahead"): 1.4% less per call with P formed here,
   // 2-3% more on the context-parallel passes and the wgmma tiles, which keep the top fetch.
-  constexpr bool kFetchAhead = kHandoff && kStateP && kStages >= 3;
-  constexpr GdnPrefillStateSmem kSmem = gdn_prefill_state_smem(kK, kBV, kStages);
+  constexpr bool kFetchAhead = kHandoff && kStateP && kStages >= 3 && !KJIT_GDN_STATE_WGMMA;
+  static_assert(!(kStateP && KJIT_GDN_STATE_WGMMA) || (kWarps == 8 && kHandoff),
+                "on wgmma, P is formed by the whole-V tile's two warpgroups (half the columns "
+                "each), during the chunk before (3 stages, handed over by mbarriers)");
+  // The warp-specialized kernel (ws.cuh): a third warpgroup computes each chunk's T', scales and
+  // P factors into the stages (and copies their q, k and v rows) while the state warpgroups walk
+  // the chunks; every chunk's P is formed here. No chunk kernel, no workspace.
+  constexpr bool kWs = ChunkRole::kActive;
+  static_assert(!kWs || (KJIT_GDN_STATE_WGMMA && kStateP && kPhase == 0 && kStages == 3),
+                "the warp-specialized kernel runs the whole-V wgmma tile forming P, 3 stages");
+  constexpr GdnPrefillStateSmem kSmem =
+      kWs ? gdn_prefill_ws_smem(kK).state : gdn_prefill_state_smem(kK, kBV, kStages);
   static_assert(kSmem.total >= (kThreads + 1) * sizeof(i64), "ranked_sequence's scratch");
   constexpr u32 kStage = kSmem.k1 - kSmem.k0;
 
@@ -705,6 +773,33 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   if constexpr (kPhase == 0) {
     work = state_work<Tcu, Tidx, kThreads>(p, kBV, reinterpret_cast<i64*>(smem));
     cp.out = true;
+#if KJIT_GDN_STATE_WGMMA
+    if constexpr (kWs) {
+      // full[s]: the chunk warpgroup's copies into stage s have landed (its 128 threads'
+      // cp.async.mbarrier.arrive.noinc); empty[s]: every state warp is done with it; p_ready[s]:
+      // both state warpgroups stored their half of its P; chunk_ready[s]: the chunk warpgroup
+      // stored its T', scales and P factors.
+      u64* const bars = reinterpret_cast<u64*>(smem + kSmem.barriers);
+      if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < kStages; ++s) {
+          mbarrier::init(bars + s, kGdnPrefillThreads);
+          mbarrier::init(bars + kStages + s, kWarps);
+          mbarrier::init(bars + 2 * kStages + s, kThreads);
+          mbarrier::init(reinterpret_cast<u64*>(smem + kSmem.total) + s, kGdnPrefillThreads);
+        }
+      }
+      __syncthreads();
+      if (warp >= kWarps) {
+        // The chunk warpgroup gives registers to the state warpgroups (setmaxnreg moves them
+        // within the block's allocation of 168 per thread: 2 x 128 x 184 + 128 x 136).
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 136;\n" ::: "memory");
+        ChunkRole::run(p, work, smem);
+        return;
+      }
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n" ::: "memory");
+    }
+#endif
   } else {
     cp = cp_state_work<Tcu, Tidx, kPhase>(p, kBV, work);
     if (!cp.run) return;  // uniform over the block, before any barrier
@@ -785,7 +880,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     issue_core(base + kSmem.q, q_g, p.q_stride_t, IntC<kK / 8>{}, t, rows);
     issue_rows(base + kSmem.v, kLdV, v_g, p.v_stride_t, IntC<kBV / 8>{}, t, rows);
     issue_core(base + kSmem.t0, t_g, i64(hv_count) * 64, IntC<8>{}, t, rows);
-    issue_core(base + kSmem.p, p_g, i64(hv_count) * 64, IntC<8>{}, t, rows);
+    if constexpr (!kStateP) issue_core(base + kSmem.p, p_g, i64(hv_count) * 64, IntC<8>{}, t, rows);
 #else
     issue_rows(base + kSmem.k0, kLdK, k_g, p.k_stride_t, IntC<kK / 8>{}, t, rows);
     // q and P feed only the outputs: blocks that store none zero-fill them instead of loading.
@@ -804,17 +899,33 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       // P's row factors, past each row of the stage's P tile (form_p).
       const int r = tid - 64;
       const bool ok = want_out && r < rows;
-      cp_async::copy16(base + kSmem.p + r * (kLd * 2) + 128,
-                       ok ? pf_g + (t + r) * i64(hv_count) : pf_g, ok);
+#if KJIT_GDN_STATE_WGMMA
+      unsigned char* const dst = base + kSmem.p + kWgmmaPFactors + r * 16;
+#else
+      unsigned char* const dst = base + kSmem.p + r * (kLd * 2) + 128;
+#endif
+      cp_async::copy16(dst, ok ? pf_g + (t + r) * i64(hv_count) : pf_g, ok);
     }
   };
   // kStateP: the P of the chunk starting at token t (`rows` rows), from and into the stage at
   // `base` (form_p).
   [[maybe_unused]] const auto form_stage_p = [&](unsigned char* base, i64 t, int rows) {
+#if KJIT_GDN_STATE_WGMMA
+    // The stage's copies have landed (the caller waited for them); the tensor cores read them.
+    wgmma::fence_shared_writes();
+    float acc_qk[4][4];
+    issue_qk_half<kK>(acc_qk, mma::smem_addr(base + kSmem.q), mma::smem_addr(base + kSmem.k0),
+                      warp >> 2);
+    wgmma::wait<0>();
+    wgmma::hold_registers(acc_qk);
+    store_p_half(acc_qk, base + kSmem.p, rows, warp >> 2, warp & 3, g, t4);
+    wgmma::fence_shared_writes();  // P's stores, before the output products read them
+#else
     form_p<kK, kWarps>(reinterpret_cast<const __nv_bfloat16*>(base + kSmem.q),
                        reinterpret_cast<const __nv_bfloat16*>(base + kSmem.k0),
                        reinterpret_cast<__nv_bfloat16*>(base + kSmem.p), rows, warp, g, t4,
                        (t - bos) / kGdnPrefillChunk);
+#endif
   };
   // The warp's state rows: element (vw + g + 8 hf, kk) with kk = ni * 8 + 2 t4 + e at
   // s_acc[0][ni][2 hf + e] (the layout of store_state_tile with wm = warp, wn = 0).
@@ -887,6 +998,18 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   // (form_p), so that no warp waits for P on its own chain.
   [[maybe_unused]] u64* const p_ready = empty + kStages;
   [[maybe_unused]] u32 full_phase = 0, empty_phase = 0, p_ready_phase = 0;
+  // kWs: chunk_ready[s] (see above), after the stages' barriers.
+  [[maybe_unused]] u64* const chunk_ready = reinterpret_cast<u64*>(smem + kSmem.total);
+  [[maybe_unused]] u32 chunk_ready_phase = 0;
+  // kWs: waits until the chunk warpgroup's results for stage s are in (once per chunk).
+  [[maybe_unused]] const auto wait_chunk_ready = [&](int s) {
+#if KJIT_GDN_STATE_WGMMA
+    if constexpr (kWs) {
+      mbarrier::wait(chunk_ready + s, (chunk_ready_phase >> s) & 1u);
+      chunk_ready_phase ^= 1u << s;
+    }
+#endif
+  };
 #if KJIT_GDN_STATE_WGMMA
   // Two warpgroups (the whole-V tile) take turns issuing a chunk's first products (named
   // barriers 2 and 3, 256 threads: one warpgroup waits, the other arrives): warpgroup 1 issues
@@ -906,7 +1029,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 #endif
   if constexpr (kHandoff) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (tid == 0) {
+    if (!kWs && tid == 0) {
 #pragma unroll
       for (int s = 0; s < kStages; ++s) {
         mbarrier::init(full + s, kThreads);
@@ -914,10 +1037,13 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         mbarrier::init(p_ready + s, kThreads);
       }
     }
-    __syncthreads();
+    // (kWs: initialized before the roles split; the chunk warpgroup is gone from block barriers.)
+    if constexpr (!kWs) __syncthreads();
     if (bos < eos) {
-      fill(0, bos);
-      mbarrier::cp_async_arrive_noinc(full);
+      if constexpr (!kWs) {
+        fill(0, bos);
+        mbarrier::cp_async_arrive_noinc(full);
+      }
       if constexpr (kFetchAhead) {
         // Chunks 1 .. kStages - 2 before the loop too.
 #pragma unroll
@@ -933,6 +1059,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         // The first chunk's P, before the loop; each later chunk's during the chunk before it.
         if (want_out) {
           mbarrier::wait(full, 0u);
+          wait_chunk_ready(0);  // kWs: the first chunk's P factors (and T', scales)
           form_stage_p(smem, bos, rows_at(bos));
           mbarrier::arrive(p_ready);
         }
@@ -964,7 +1091,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 #endif
       const int sn = st + 1 == kStages ? 0 : st + 1;
       const i64 tn = t0 + kGdnPrefillChunk;
-      if (!kFetchAhead && tn < eos) {
+      if (!kWs && !kFetchAhead && tn < eos) {
         // Stage sn last held chunk c + 1 - kStages: wait until every warp has released it.
         if (t0 - bos >= i64(kStages - 1) * kGdnPrefillChunk) {
           mbarrier::wait(empty + sn, (empty_phase >> sn) & 1u);
@@ -1108,6 +1235,12 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       }
       wgmma::hold_registers(s_acc[0]);
       wgmma::hold_registers(acc_o);
+      if constexpr (kStateP) {
+        // This chunk's P, formed by both warpgroups during the chunk before.
+        mbarrier::wait(p_ready + cur, (p_ready_phase >> cur) & 1u);
+        p_ready_phase ^= 1u << cur;
+        wgmma::fence_shared_writes();
+      }
       wgmma::fence();
 #pragma unroll
       for (int jb = 0; jb < 4; ++jb) {
@@ -1129,6 +1262,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       wgmma::wait<1>();
       wgmma::hold_registers(acc_o);
     }
+
     // The chunk's outputs: element (v = vw + g + 8 hf, i = 8 nt + 2 t4 + e) of O^T. bf16 rows
     // go out as pairs of v: each 8 x 8 tile packed and transposed in registers (movmatrix), so
     // that a lane holds (i = 8 nt + g, v = 2 t4 + 8 hf and + 1) and stores 4 bytes, not 2 x 2.
@@ -1158,8 +1292,39 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         }
       }
     }
+    // kStateP: the next chunk's half of Q K^T behind the state update, once its copies have
+    // landed (issued a whole chunk ago); its P goes to the next stage when both are done.
+    [[maybe_unused]] float acc_qk[4][4];
+    [[maybe_unused]] const i64 t_next = t0 + kGdnPrefillChunk;
+    [[maybe_unused]] const int s_next = cur + 1 == kStages ? 0 : cur + 1;
+    if constexpr (kStateP) {
+      if (t_next < eos) {
+        mbarrier::wait(full + s_next, (full_phase >> s_next) & 1u);
+        wait_chunk_ready(s_next);  // kWs: the next chunk's P factors (and T', scales)
+        wgmma::fence_shared_writes();
+        unsigned char* const nb = smem + s_next * kStage;
+        issue_qk_half<kK>(acc_qk, mma::smem_addr(nb + kSmem.q), mma::smem_addr(nb + kSmem.k0),
+                          warp >> 2);
+      }
+    }
     wgmma::wait<0>();
     wgmma::hold_registers(s_acc[0]);
+    // The warp's last read of this chunk's stage is done (the products have completed): release
+    // it before forming the next chunk's P, so that whoever refills it (the next fill here, the
+    // chunk warpgroup of the warp-specialized kernel) need not wait for that too.
+    if constexpr (kHandoff) {
+      __syncwarp();
+      if (lane == 0) mbarrier::arrive(empty + cur);
+    }
+    if constexpr (kStateP) {
+      if (t_next < eos) {
+        wgmma::hold_registers(acc_qk);
+        unsigned char* const nb = smem + s_next * kStage;
+        store_p_half(acc_qk, nb + kSmem.p, rows_at(t_next), warp >> 2, warp & 3, g, t4);
+        wgmma::fence_shared_writes();  // P's stores, before the output products read them
+        mbarrier::arrive(p_ready + s_next);
+      }
+    }
 #else
     // 1. S_w K^T (rows v, columns j: acc_r[nt], j = 8 nt + 2 t4 + e) and Q S_w^T (rows i,
     // columns v: acc_o[mt][nv], i = 16 mt + g + 8 hf, v = 8 nv + 2 t4 + e) in one pass over K.
@@ -1301,7 +1466,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 
 #endif
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !KJIT_GDN_STATE_WGMMA
     if constexpr (kHandoff) {
       __syncwarp();
       if (lane == 0) mbarrier::arrive(empty + cur);

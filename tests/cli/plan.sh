@@ -81,7 +81,14 @@ contains "$OUT" "P formed by the state kernel"
 run 0 plan gdn_prefill --tokens 131072 --seqs 16 --heads 16 --v-heads 16 --k 128 --v 128 --mode chunked_bv128_p0 --arch h200
 contains "$OUT" "P formed by the chunk kernel"
 run 2 plan gdn_prefill --tokens 131072 --seqs 16 --heads 16 --v-heads 16 --k 128 --v 128 --mode chunked_bv32_p1 --arch h200
-contains "$ERR" "wide mma.sync tiles only"
+contains "$ERR" "P is formed by the state kernel's wide mma.sync tiles"
+# The warp-specialized kernel: one launch on sm_90a, no workspace; refused before sm_90a.
+run 0 plan gdn_prefill --tokens 131072 --seqs 16 --heads 16 --v-heads 16 --k 128 --v 128 --mode chunked_ws --arch h200
+contains "$OUT" "mode chunked_ws"
+contains "$OUT" "launch 1 of 1: gdn_prefill_ws:"
+contains "$OUT" "@sm_90a"
+run 2 plan gdn_prefill --tokens 8192 --seqs 4 --heads 16 --v-heads 16 --k 128 --v 128 --mode chunked_ws --arch a100
+contains "$ERR" "needs compute capability 9.0"
 # One long sequence: the context-parallel path (4 launches) and why; a forced segment length; a
 # segment length that is no positive number is a usage error.
 run 0 plan gdn_prefill --tokens 32768 --seqs 1 --heads 16 --v-heads 16 --k 128 --v 128 --arch h200

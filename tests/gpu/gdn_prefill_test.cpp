@@ -198,9 +198,9 @@ void run_case(const Case& c) {
     MESSAGE("mode " << plan.mode);
     if (!c.expect_mode.empty()) CHECK(plan.mode.starts_with(c.expect_mode));
     for (const PlannedLaunch& launch : plan.launches) {
-      const bool touches_state = launch.spec.family == "gdn_prefill" ||
-                                 launch.spec.family == "gdn_prefill_state" ||
-                                 launch.spec.family == "gdn_prefill_state_cp";
+      const bool touches_state =
+          launch.spec.family == "gdn_prefill" || launch.spec.family == "gdn_prefill_ws" ||
+          launch.spec.family == "gdn_prefill_state" || launch.spec.family == "gdn_prefill_state_cp";
       CHECK(launch.spec.get_or("state_layout", "vk") == (c.k_major && touches_state ? "kv" : "vk"));
       // Both kernels of a chunked plan agree on who forms P.
       if (c.expect_state_p >= 0 && launch.spec.family != "gdn_prefill_cp_scan") {
@@ -631,6 +631,101 @@ TEST_CASE("gdn_prefill chunked: the wide tiles on warpgroup wgmma (sm_90a, force
     padded.out_head_pad = 2;
     padded.force_mode = "chunked_bv128_wgmma";
     run_case(padded);
+  }
+}
+
+TEST_CASE("gdn_prefill chunked: P formed by the wgmma state kernel's two warpgroups (_wgmma_p1)") {
+  const DeviceLimits limits = test::runtime().device_limits(test::device());
+  if (!(limits.arch.major == 9 && limits.arch.minor == 0)) {
+    MESSAGE("skipped: wgmma needs compute capability 9.0; this device is " << limits.arch.str());
+    return;
+  }
+  // Gates of down to e^-8 per token: a difference of gammas may overflow above the diagonal.
+  for (const double max_decay : {0.2, 8.0}) state_p_case("chunked_bv128_wgmma_p1", 1, max_decay);
+  {
+    Case c;  // GVA (2 value heads per key head), raw gates, checkpoints
+    c.lengths = {300, 64, 0, 129};
+    c.ckpt_every = 64;
+    c.force_mode = "chunked_bv128_wgmma_p1";
+    c.expect_state_p = 1;
+    run_case(c);
+  }
+  Case c;  // K = 64 (four k-steps), bf16 pool, f16 out, lengths around the chunk
+  c.lengths = {63, 65, 1, 300, 128};
+  c.heads = 1;
+  c.value_heads = 1;
+  c.k = 64;
+  c.state = DType::bf16;
+  c.out = DType::f16;
+  c.force_mode = "chunked_bv128_wgmma_p1";
+  c.expect_state_p = 1;
+  run_case(c);
+}
+
+TEST_CASE("gdn_prefill chunked_ws: the warp-specialized kernel (sm_90a), every option") {
+  const DeviceLimits limits = test::runtime().device_limits(test::device());
+  if (!(limits.arch.major == 9 && limits.arch.minor == 0)) {
+    MESSAGE("skipped: the warp-specialized kernel needs compute capability 9.0; this device is "
+            << limits.arch.str());
+    return;
+  }
+  const std::string mode = "chunked_ws";
+  {
+    Case c;  // lengths around the chunk and the stage ring (0, 1, 63 .. 2000), raw bf16 gates
+    c.lengths = {65, 0, 130, 1, 1000, 63, 64, 2000, 192, 193};
+    c.force_mode = mode;
+    c.expect_mode = mode;
+    run_case(c);
+  }
+  run_case(checkpoint_case(mode));  // f32 out, i64 offsets, precomputed gates, final states apart
+  {
+    Case c;  // GVA (3 value heads per key head), bf16 pool, f16 out, every sequence from the pool
+    c.lengths = {63, 65, 1, 300};
+    c.heads = 1;
+    c.value_heads = 3;
+    c.state = DType::bf16;
+    c.out = DType::f16;
+    c.all_have_state = true;
+    c.force_mode = mode;
+    run_case(c);
+  }
+  {
+    Case c;  // fla's K-major pool, out heads padded (strides even, not multiples of 4)
+    c.lengths = {129, 5, 640};
+    c.k_major = true;
+    c.out_head_pad = 2;
+    c.force_mode = mode;
+    run_case(c);
+  }
+  for (const double max_decay : {0.2, 8.0}) {
+    CAPTURE(max_decay);
+    Case c;  // precomputed gates down to e^-8 per token: P's exponentials overflow above the
+             // diagonal, and e^gamma of a chunk's later rows underflows
+    c.lengths = {65, 0, 1000, 1, 64, 200};
+    c.heads = 2;
+    c.value_heads = 2;
+    c.precomputed = true;
+    c.max_decay = max_decay;
+    c.force_mode = mode;
+    run_case(c);
+  }
+  {
+    Case c;  // without the L2 norm; i64 indices
+    c.lengths = {300, 17, 64};
+    c.l2norm = false;
+    c.index = DType::i64;
+    c.force_mode = mode;
+    run_case(c);
+  }
+  {
+    Case c;  // 200 sequences: more than a block ranks, so they run in index order
+    test::Rng rng(test::fresh_seed());
+    std::uniform_int_distribution<std::int64_t> length(0, 300);
+    for (int i = 0; i < 200; ++i) c.lengths.push_back(length(rng));
+    c.heads = 1;
+    c.value_heads = 1;
+    c.force_mode = mode;
+    run_case(c);
   }
 }
 

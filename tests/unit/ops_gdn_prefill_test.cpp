@@ -1122,6 +1122,42 @@ std::int64_t check_cp_plan(const Plan& plan, const Shapes& s, const DeviceLimits
   return l;
 }
 
+TEST_CASE("gdn_prefill: the warp-specialized mode plans one legal sm_90a launch or says why not") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  for (const std::int64_t seqs : {std::int64_t{1}, std::int64_t{16}, std::int64_t{128},
+                                  std::int64_t{129}, std::int64_t{4096}}) {
+    CAPTURE(seqs);
+    const Shapes s{131072, seqs, 16, 32, 128, 128};
+    const Plan plan = plan_for(s, h200, DType::f32, "chunked_ws");
+    CHECK(plan.mode == "chunked_ws");
+    REQUIRE(plan.launches.size() == 1);
+    const PlannedLaunch& launch = plan.launches[0];
+    CHECK(launch.spec.family == "gdn_prefill_ws");
+    CHECK(launch.spec.arch == Arch{9, 0, 'a'});
+    CHECK(launch.shape.block.x == 384);
+    CHECK(launch.shape.grid.x == seqs * 32);
+    CHECK(launch.shape.dynamic_smem <= h200.max_smem_per_block_optin);
+    for (const LimitCheck& check : launch.checks) CHECK_MESSAGE(check.ok(), check.limit);
+    // No workspace: the chunks' rows stay in shared memory.
+    for (const std::string& r : plan.reasons) CHECK_FALSE(r.starts_with("workspace for T"));
+    const bool ranked = std::any_of(plan.reasons.begin(), plan.reasons.end(), [](const auto& r) {
+      return r.find("longest first") != std::string::npos;
+    });
+    CHECK(ranked == (seqs > 1 && seqs <= 128));
+  }
+  const Shapes s{8192, 4, 16, 16, 128, 128};
+  // Another arch, or K / V other than 128: refused with the reason.
+  CHECK_THROWS_WITH_AS(plan_for(s, DeviceLimits::for_arch(Arch{8, 0}), DType::f32, "chunked_ws"),
+                       doctest::Contains("needs compute capability 9.0"), Error);
+  CHECK_THROWS_WITH_AS(plan_for(s, DeviceLimits::for_arch(Arch{10, 0}), DType::f32, "chunked_ws"),
+                       doctest::Contains("needs compute capability 9.0"), Error);
+  CHECK_THROWS_WITH_AS(plan_for(Shapes{8192, 4, 16, 16, 64, 128}, h200, DType::f32, "chunked_ws"),
+                       doctest::Contains("K = V = 128"), Error);
+  // No suffix applies to it.
+  CHECK_THROWS_WITH_AS(plan_for(s, h200, DType::f32, "chunked_ws_p1"),
+                       doctest::Contains("is not a mode"), Error);
+}
+
 TEST_CASE("gdn_prefill: who forms P, over a grid of shapes, and the _p0 / _p1 suffixes") {
   if (!family_registered()) return;
   for (const Arch arch : {Arch{9, 0}, Arch{8, 0}, Arch{10, 0, 'a'}}) {
@@ -1162,11 +1198,19 @@ TEST_CASE("gdn_prefill: who forms P, over a grid of shapes, and the _p0 / _p1 su
   }
   const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
   const Shapes s{131072, 16, 16, 16, 128, 128};
-  // A narrow tile or the wgmma tiles cannot form P: refused with the reason.
+  // A narrow tile, or the 64-row tile on wgmma, cannot form P: refused with the reason.
   CHECK_THROWS_WITH_AS(plan_for(s, h200, DType::f32, "chunked_bv32_p1"),
-                       doctest::Contains("wide mma.sync tiles only"), Error);
-  CHECK_THROWS_WITH_AS(plan_for(s, h200, DType::f32, "chunked_bv128_wgmma_p1"),
-                       doctest::Contains("not with _wgmma"), Error);
+                       doctest::Contains("P is formed by the state kernel's wide mma.sync tiles"),
+                       Error);
+  CHECK_THROWS_WITH_AS(plan_for(s, h200, DType::f32, "chunked_bv64_wgmma_p1"),
+                       doctest::Contains("this plan's tile is 64 on wgmma"), Error);
+  // The whole-V wgmma tile forms P with its two warpgroups: both kernels say so, on sm_90a.
+  const Plan wgmma_p = plan_for(s, h200, DType::f32, "chunked_bv128_wgmma_p1");
+  REQUIRE(wgmma_p.launches.size() == 2);
+  for (const PlannedLaunch& launch : wgmma_p.launches) {
+    CHECK(launch.spec.get_or("statep", "0") == "1");
+    CHECK(launch.spec.arch == Arch{9, 0, 'a'});
+  }
   // A suffix on a fused mode is not a mode.
   CHECK_THROWS_WITH_AS(plan_for(s, h200, DType::f32, "bv64_p1"), doctest::Contains("is not a mode"),
                        Error);

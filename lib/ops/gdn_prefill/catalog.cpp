@@ -311,7 +311,43 @@ FamilyDecl gdn_prefill_cp_scan_family() {
   };
 }
 
+// The warp-specialized path: one kernel of three warpgroups per (sequence, value head), the chunk
+// work of chunk c + 1 beside the state recurrence of chunk c (sm_90a). Order = the template
+// parameters of kjit::gdn_prefill_ws_kernel (templates/gdn_prefill/ws.cuh).
+FamilyDecl gdn_prefill_ws_family() {
+  return FamilyDecl{
+      .name = "gdn_prefill_ws",
+      .include = "templates/gdn_prefill/ws.cuh",
+      .kernel = "kjit::gdn_prefill_ws_kernel",
+      .params =
+          {
+              ParamDecl{.name = "qkv",
+                        .kind = ParamKind::dtype,
+                        .choices = {"bf16"},
+                        .doc = "element type of q, k and v (raw rows are wgmma operands)"},
+              gate_param(),
+              param_param(),
+              state_param(),
+              out_param(),
+              integer_dtype_param("cu", "element type of cu_seqlens"),
+              integer_dtype_param("index", "element type of state_indices"),
+              literal_choice("k", {"128"}, "key head dim K"),
+              literal_choice("v", {"128"}, "value head dim V"),
+              flag_param("gated", "1: a/b hold precomputed f32 g (log decay) and beta"),
+              flag_param("l2norm", "1: L2-normalize q and k"),
+              flag_param("ckpt", "1: write state checkpoints every n full chunks"),
+              state_layout_param(),
+          },
+      .min_sm = 90,
+      .doc =
+          "Gated DeltaNet chunked prefill in one warp-specialized kernel (sm_90a): a chunk "
+          "warpgroup computes T', the scales and P's factors of chunk c + 1 into shared memory "
+          "while two state warpgroups carry the state through chunk c on wgmma",
+  };
+}
+
 const codegen::FamilyRegistration kFused(&gdn_prefill_family);
+const codegen::FamilyRegistration kWs(&gdn_prefill_ws_family);
 const codegen::FamilyRegistration kChunk(&gdn_prefill_chunk_family);
 const codegen::FamilyRegistration kState(&gdn_prefill_state_family);
 const codegen::FamilyRegistration kStateCp(&gdn_prefill_state_cp_family);
@@ -344,7 +380,8 @@ std::vector<OpParam> gdn_prefill_params() {
              "force a path and value tile (bv64, bv32, bv16: fused; chunked, chunked_bv128 .. "
              "_bv16; a chunked mode + _wgmma: sm_90a warpgroup MMA; chunked_cp or chunked_cp<L>: "
              "context-parallel, segments of L chunks, optionally + _s2/_s3 input stages; any "
-             "chunked mode + _p0/_p1: P formed by the chunk or the state kernel)"),
+             "chunked mode + _p0/_p1: P formed by the chunk or the state kernel; chunked_ws: one "
+             "warp-specialized kernel, sm_90a, K = V = 128)"),
       option("checkpoint", "0",
              "state checkpoints every this many tokens (a multiple of 64; 0: none)"),
   };

@@ -282,8 +282,9 @@ constexpr const char* kModes =
     "auto, chunked, chunked_bv128, chunked_bv64, chunked_bv32, chunked_bv16, bv64, bv32, bv16, "
     "a chunked mode with the suffix _wgmma, chunked_cp (context-parallel, planner's segments) or "
     "chunked_cp<L> (segments of L >= 1 chunks), either optionally followed by _s2 or _s3 (input "
-    "stages of its state passes); any chunked mode may end in _p0 or _p1 (P formed by the chunk "
-    "kernel or by the state kernel's wide mma.sync tiles)";
+    "stages of its state passes); chunked_ws (one warp-specialized kernel, sm_90a, K = V = 128); "
+    "any other chunked mode may end in _p0 or _p1 (P formed by the chunk "
+    "kernel or by the state kernel's wide tiles: mma.sync, or the whole-V tile on wgmma)";
 constexpr std::string_view kCpPrefix = "chunked_cp";
 constexpr std::string_view kWgmmaSuffix = "_wgmma";
 
@@ -365,6 +366,9 @@ void parse_mode(Problem& pr, const std::string& force) {
   }
   if (mode.empty() || mode == "auto") {
     pr.forced_kind = ModeKind::automatic;
+  } else if (force == "chunked_ws") {
+    pr.forced_kind = ModeKind::warp_specialized;
+    pr.forced_bv = 128;
   } else if (mode.rfind(kCpPrefix, 0) == 0) {
     parse_cp_mode(pr, mode);
   } else if (mode.rfind("chunked", 0) == 0) {
@@ -373,12 +377,6 @@ void parse_mode(Problem& pr, const std::string& force) {
     pr.forced_wgmma = wgmma;
   } else {
     parse_fused_mode(pr, mode);
-  }
-  if (pr.forced_state_p == 1 && pr.forced_wgmma) {
-    fail(
-        fmt::format("options.force_mode '{}': P is formed by the state kernel's mma.sync tiles "
-                    "only, not with _wgmma",
-                    force));
   }
   // Every accepted spelling is shorter (the longest is "chunked_cp999999_s3_s2").
   if (force.size() >= kModeTextBytes) not_a_mode(force);

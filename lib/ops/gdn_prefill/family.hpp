@@ -45,6 +45,8 @@ enum class ModeKind : std::uint8_t {
   chunked,
   /// "chunked_cp" or "chunked_cp<L>", optionally + "_s2" / "_s3": the context-parallel path.
   context_parallel,
+  /// "chunked_ws": the warp-specialized kernel (sm_90a, K = V = 128).
+  warp_specialized,
 };
 
 /// The longest spelling of a mode the parser accepts ("chunked_cp999999_s3_s2") fits with room:
@@ -114,6 +116,8 @@ enum class Path : std::uint8_t {
   chunked,
   /// The chunk kernel, the segment pass, the scan, the resume pass.
   context_parallel,
+  /// One warp-specialized kernel (gdn_prefill_ws): the chunk work in shared memory, no workspace.
+  warp_specialized,
 };
 
 /// The planner's decisions the launch needs, as values.
@@ -183,6 +187,12 @@ std::int64_t cp_workspace_bytes(const Problem& pr, std::int64_t chunks);
 /// function of the sequence count only, which the memoized plans are keyed by (T is not).
 inline bool orders_longest_first(const Problem& pr) {
   return pr.seqs > 1 && pr.seqs <= kGdnPrefillOrderMaxSeqs;
+}
+
+/// Whether the warp-specialized kernel's blocks take the sequences longest first: they rank
+/// them themselves (no chunk kernel ranks into a workspace), up to kGdnPrefillRankInStateMaxSeqs.
+inline bool ws_ranks_sequences(const Problem& pr) {
+  return pr.seqs > 1 && pr.seqs <= static_cast<std::int64_t>(kGdnPrefillRankInStateMaxSeqs);
 }
 
 }  // namespace kjit::ops::prefill

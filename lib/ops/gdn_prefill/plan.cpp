@@ -28,6 +28,8 @@ struct Decision {
   int cp_stages = 2;
   // The sequential state kernel's input stages (state_stages).
   int state_stages = 2;
+  // The warp-specialized kernel (gdn_prefill_ws) in place of the chunk and state kernels.
+  bool ws = false;
   std::vector<std::string> reasons;
 };
 
@@ -392,6 +394,29 @@ Decision choose(const Problem& pr, const DeviceLimits& device) {
       choice.reasons.back() = cp.reason;  // in place of the sequential state kernel's tile
       return choice;
     }
+    case ModeKind::warp_specialized: {
+      // What the chunked path needs (bf16 rows, v aligned for 16-byte copies) holds for it too.
+      Decision choice = choose_path(pr, true, 128, device, force);
+      if (!has_sm90a(device) || pr.k != 128 || pr.v != 128) {
+        throw PlanError(fmt::format(
+            "{}: options.force_mode '{}': the warp-specialized kernel needs compute capability "
+            "9.0 (sm_90a: wgmma, setmaxnreg) and K = V = 128; here {}, K = {}, V = {}",
+            kOp, force, device.arch.str(), pr.k, pr.v));
+      }
+      choice.bv = 128;
+      choice.wgmma = true;
+      choice.ws = true;
+      choice.cp_chunks = 0;
+      choice.reasons.clear();  // the two kernels' tiles and stages do not apply
+      choice.reasons.push_back(fmt::format(
+          "warp-specialized kernel (forced by options.force_mode '{}'): per (sequence, value "
+          "head) one block of {} threads, compiled for sm_90a; a chunk warpgroup copies each "
+          "chunk's q, k, v rows into {} shared-memory stages and computes T', the scales and P's "
+          "row factors there one chunk ahead; two state warpgroups carry the state on wgmma and "
+          "form P; no workspace",
+          force, kGdnPrefillWsThreads, kGdnPrefillWsStages));
+      return choice;
+    }
     case ModeKind::chunked:
       break;
   }
@@ -554,11 +579,16 @@ Plan make_chunked_plan(const Problem& pr, Decision choice, const DeviceLimits& d
   // and the state kernel would form it once per value head, 4 warps (bv = 64) each take 2-3 of
   // the ten 16 x 16 blocks, and the context-parallel passes form P twice per chunk: slower.
   const bool wide_mma_sync = gdn_prefill_state_wide(choice.bv) && !choice.wgmma;
-  if (pr.forced_state_p == 1 && !wide_mma_sync) {
+  // On wgmma the whole-V tile's two warpgroups form half of P's columns each, during the chunk
+  // before (3 stages handed over by mbarriers, the sequential kernel).
+  const bool wgmma_can_form_p =
+      choice.wgmma && choice.bv == 128 && choice.cp_chunks == 0 && choice.state_stages >= 3;
+  if (pr.forced_state_p == 1 && !wide_mma_sync && !wgmma_can_form_p) {
     throw PlanError(fmt::format(
-        "{}: options.force_mode '{}': P is formed by the state kernel's wide mma.sync tiles only "
-        "(value tile 64 or 128; this plan's is {}{})",
-        kOp, pr.mode_text, choice.bv, choice.wgmma ? ", on wgmma" : ""));
+        "{}: options.force_mode '{}': P is formed by the state kernel's wide mma.sync tiles "
+        "(value tile 64 or 128) or its whole-V wgmma tile with 3 stages (this plan's tile is "
+        "{}{}, {} stages)",
+        kOp, pr.mode_text, choice.bv, choice.wgmma ? " on wgmma" : "", choice.state_stages));
   }
   // (K = V = 128 with the 3 stages handed over by mbarriers only: the configurations measured.
   // With V = 256 two tiles per value head would each form P; K = 64 and the 2-stage form, which
@@ -670,6 +700,43 @@ Plan make_chunked_plan(const Problem& pr, Decision choice, const DeviceLimits& d
   return plan;
 }
 
+// The warp-specialized path's one launch: a block per (sequence, value head), longest first when
+// the block can rank the sequences itself (up to kGdnPrefillRankInStateMaxSeqs).
+Plan make_ws_plan(const Problem& pr, Decision choice, const DeviceLimits& device) {
+  Plan plan;
+  plan.op = kOp;
+  plan.mode = "chunked_ws";
+  plan.reasons = std::move(choice.reasons);
+  plan.device = device;
+  plan.reasons.push_back(checkpoint_reason(pr.checkpoint_every));
+  if (pr.seqs == 0) {
+    plan.reasons.push_back("no sequences: nothing to launch");
+    return plan;
+  }
+  const std::int64_t blocks = pr.seqs * pr.value_heads;
+  if (blocks > device.max_grid_dim[0]) {
+    throw PlanError(fmt::format("{}: grid x is {}, the warp-specialized kernel needs {} blocks",
+                                kOp, device.max_grid_dim[0], blocks));
+  }
+  LaunchShape shape;
+  shape.grid = Dim3{static_cast<std::uint32_t>(blocks), 1, 1};
+  shape.block = Dim3{kGdnPrefillWsThreads, 1, 1};
+  shape.dynamic_smem = gdn_prefill_ws_smem(static_cast<int>(pr.k)).total;
+  plan.reasons.push_back(fmt::format(
+      "{} blocks, {} bytes of shared memory each (one per SM); sequences {}", blocks,
+      shape.dynamic_smem,
+      ws_ranks_sequences(pr)
+          ? "longest first (ranked by each block: a sequence bounds the time once it starts late)"
+          : fmt::format("in index order (blocks rank up to {} sequences)",
+                        kGdnPrefillRankInStateMaxSeqs)));
+  KernelSpec spec =
+      family_spec("gdn_prefill_ws", spec_values(pr, 128, kGdnPrefillWsStages, true), kSm90a);
+  PlannedLaunch launch{std::move(spec), shape, check_launch(shape, device)};
+  require_legal(launch.checks, fmt::format("{} ({})", kOp, launch.spec.str()));
+  plan.launches.push_back(std::move(launch));
+  return plan;
+}
+
 Plan make_plan(const Problem& pr, Decision choice, const DeviceLimits& device) {
   const std::int64_t every = pr.checkpoint_every;
   const bool ckpt = every > 0;
@@ -679,6 +746,7 @@ Plan make_plan(const Problem& pr, Decision choice, const DeviceLimits& device) {
         "(strides [*, V*K, 1, V]: a transposed [.., HV, K, V] tensor); the state kernels read and "
         "write element (v, k) at k * V + v (spec state_layout=kv)");
   }
+  if (choice.ws) return make_ws_plan(pr, std::move(choice), device);
   if (choice.chunked) {
     return make_chunked_plan(pr, std::move(choice), device);
   }
@@ -746,6 +814,7 @@ Planned<Choice> Family::plan(const Problem& problem, const DeviceLimits& limits)
   Decision decision = choose(problem, limits);
   Choice choice;
   choice.path = !decision.chunked        ? Path::fused
+                : decision.ws            ? Path::warp_specialized
                 : decision.cp_chunks > 0 ? Path::context_parallel
                                          : Path::chunked;
   choice.bv = decision.bv;
