@@ -66,6 +66,9 @@
 namespace kjit {
 namespace gdn_prefill_chunk_detail {
 
+using gdn_prefill_detail::ex2;
+using gdn_prefill_detail::kLog2e;
+
 constexpr int kLdA = 68;  // f32 row pitch of A (and of the parked T blocks)
 
 /// An int as a type (a warp index, a flag), for code compiled once per value.
@@ -144,18 +147,308 @@ __device__ __forceinline__ void park_neg_transposed(float* dst, const float (&c)
   }
 }
 
-/// Stores block (bi, bj) of T' = T diag(beta) as bf16 from c = -(T_ij)^T.
-__device__ __forceinline__ void store_t_block(__nv_bfloat16* s_t, int ld, const float* s_beta,
-                                              int bi, int bj, const float (&c)[2][4], int g,
-                                              int t4) {
+/// Stores block (bi, bj) of T' = T diag(beta) as bf16 from c = -(T_ij)^T; `element(r, c)` is the
+/// address of T' element (r, c) (a padded tile in the chunk kernel, a swizzled one in ws.cuh).
+template <typename Element>
+__device__ __forceinline__ void store_t_block(Element&& element, const float* s_beta, int bi,
+                                              int bj, const float (&c)[2][4], int g, int t4) {
   const float b0 = s_beta[16 * bj + g], b1 = s_beta[16 * bj + g + 8];
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int m = g + 8 * (e >> 1), n = 8 * nt + 2 * t4 + (e & 1);
-      s_t[(16 * bi + n) * ld + 16 * bj + m] = __float2bfloat16_rn(-c[nt][e] * (e < 2 ? b0 : b1));
+      *element(16 * bi + n, 16 * bj + m) = __float2bfloat16_rn(-c[nt][e] * (e < 2 ? b0 : b1));
     }
+  }
+}
+
+/// The f32 blocks of T parked in the unused upper blocks of A's tile (pitch kLdA): block (r, c).
+__device__ __forceinline__ float* parked_block(float* s_a, int r, int c) {
+  return s_a + (16 * r) * kLdA + 16 * c;
+}
+/// T_ii at (0, i + 1) for i < 3, T33 at (1, 2); T10 at (1, 3), T32 at (2, 3).
+__device__ __forceinline__ float* t_diag_block(float* s_a, int i) {
+  return i < 3 ? parked_block(s_a, 0, i + 1) : parked_block(s_a, 1, 2);
+}
+
+/// Step 2 of a chunk: the inverse norms from the diagonals of K K^T (block row `k_block` of
+/// acc_g, the warp's) and of Q Q^T (acc_qq, the diagonal block of q's block row `q_block`): row g
+/// of a 16x16 accumulator block sits in n-tile 0, row g + 8 in n-tile 1, at lane 4 g' + t4 with
+/// 2 t4 + (e & 1) = g; a quad sum gathers them. The output scale rides on 1 / |q| (see the top
+/// of the file).
+template <bool kL2Norm>
+__device__ __forceinline__ void store_inverse_norms(const float (&acc_g)[8][4],
+                                                    const float (&acc_qq)[2][4], int k_block,
+                                                    int q_block, float* s_rk, float* s_rq,
+                                                    float scale, int g, int t4) {
+  float dk[2] = {0.f, 0.f}, dq[2] = {0.f, 0.f};
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+    for (int jb = 0; jb < 4; ++jb) {
+      if (jb == k_block) {
+        const float(&c)[4] = acc_g[2 * jb + hf];
+        dk[hf] = 2 * t4 == g ? c[2 * hf] : (2 * t4 + 1 == g ? c[2 * hf + 1] : 0.f);
+      }
+    }
+    dq[hf] = 2 * t4 == g ? acc_qq[hf][2 * hf] : (2 * t4 + 1 == g ? acc_qq[hf][2 * hf + 1] : 0.f);
+#pragma unroll
+    for (int off = 1; off < 4; off *= 2) {
+      dk[hf] += __shfl_xor_sync(0xffffffffu, dk[hf], off);
+      dq[hf] += __shfl_xor_sync(0xffffffffu, dq[hf], off);
+    }
+  }
+  if (t4 == 0) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      s_rk[16 * k_block + g + 8 * hf] = kL2Norm ? gdn::l2_inv_norm(dk[hf]) : 1.f;
+      s_rq[16 * q_block + g + 8 * hf] = scale * (kL2Norm ? gdn::l2_inv_norm(dq[hf]) : 1.f);
+    }
+  }
+}
+
+/// A warp's raw gates of one (chunk, value head) in registers, two rows per lane (2 lane, 2 lane
+/// + 1), with A_log and dt_bias, loaded a step ahead of their use. They stay in their own type
+/// until used: converted at the load, each conversion waited for its load there (8% of a lone
+/// chunk block's stall samples, docs/performance.md).
+template <typename Tgate, typename Tparam, bool kGated>
+struct ChunkGates {
+  Tgate a[2] = {Tgate{}, Tgate{}}, b[2] = {Tgate{}, Tgate{}};
+  Tparam a_log{}, dt_bias{};
+
+  __device__ __forceinline__ void load(const GdnPrefillParams& p, i64 t0, int rows, u32 hv,
+                                       int lane) {
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      const int r = 2 * lane + x;
+      if (r < rows) {
+        a[x] = static_cast<const Tgate*>(p.a)[(t0 + r) * p.a_stride_t + hv];
+        b[x] = static_cast<const Tgate*>(p.b)[(t0 + r) * p.b_stride_t + hv];
+      }
+    }
+    if constexpr (!kGated) {
+      a_log = static_cast<const Tparam*>(p.a_log)[hv];
+      dt_bias = static_cast<const Tparam*>(p.dt_bias)[hv];
+    }
+  }
+
+  /// Step 3: g (log decay) and beta of the chunk's `rows` rows (0 past them), the inclusive scan
+  /// gamma into the warp's s_gamma, beta into s_beta, and the column factors of the
+  /// off-diagonal blocks: with gamma_ref the gamma of the last row of the column's 16-row block,
+  /// e^(gamma_i - gamma_j) = e^(gamma_i - gamma_ref) e^(gamma_ref - gamma_j) for every row i of
+  /// a later block, both factors <= 1 (gamma does not rise): s_cf[j] = rk_j e^(gamma_ref -
+  /// gamma_j), s_ref[b] = gamma_ref of block b. `load_next()` runs once these gates are
+  /// converted (it may load the next ones into this object).
+  template <typename LoadNext>
+  __device__ __forceinline__ void scan(const GdnPrefillParams& p, int rows, int lane,
+                                       const float* s_rk, float* s_gamma, float* s_beta,
+                                       float* s_cf, float* s_ref, LoadNext&& load_next) {
+    float gl[2], bl[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      const int r = 2 * lane + x;
+      gl[x] = 0.f;
+      bl[x] = 0.f;
+      if (r < rows) {
+        if constexpr (kGated) {
+          gl[x] = gdn::to_f32(a[x]);
+          bl[x] = gdn::to_f32(b[x]);
+        } else {
+          gl[x] = gdn::fast_log_decay(gdn::to_f32(a[x]), gdn::to_f32(a_log), gdn::to_f32(dt_bias),
+                                      p.softplus_threshold);
+          bl[x] = gdn::fast_sigmoid(gdn::to_f32(b[x]));
+        }
+      }
+    }
+    load_next();
+    const float local = gl[0] + gl[1];
+    float incl = local;
+#pragma unroll
+    for (int off = 1; off < 32; off *= 2) {
+      const float y = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += y;
+    }
+    const float g0 = incl - local + gl[0];
+    s_gamma[2 * lane] = g0;
+    s_gamma[2 * lane + 1] = incl;
+    s_beta[2 * lane] = bl[0];
+    s_beta[2 * lane + 1] = bl[1];
+    const float ref = __shfl_sync(0xffffffffu, incl, (lane & ~7) | 7);
+    const float2 rk = *reinterpret_cast<const float2*>(s_rk + 2 * lane);
+    *reinterpret_cast<float2*>(s_cf + 2 * lane) =
+        make_float2(rk.x * ex2((ref - g0) * kLog2e), rk.y * ex2((ref - incl) * kLog2e));
+    if ((lane & 7) == 0) s_ref[lane >> 3] = ref;
+  }
+};
+
+/// Step 4 for row block kRow of a decayed product X (K K^T for A, Q K^T for P): element (i, j) =
+/// f_i e^(gamma_i - gamma_j) X_ij with f_i = row_factor(i); below the diagonal block the decay is
+/// a row factor times the column factor s_cf, the diagonal block takes one exponential per
+/// element (masked by selects: the upper part's exponentials may overflow and are discarded).
+/// store_pair(i, j, x_j, x_j+1) writes two columns. kWithDiagonal = 0 (A): strictly lower, the
+/// upper blocks left alone (the parked T blocks live there); 1 (P): the diagonal included and the
+/// upper blocks zero-filled. kRow is a constant, so which blocks are off-diagonal, diagonal or
+/// zero is known at compile time (13% of this pass's instructions were branches when it was not).
+template <int kRow, int kWithDiagonal, typename RowFactor, typename StorePair>
+__device__ __forceinline__ void decay_row_block(const float (&x)[8][4], const float* s_gamma,
+                                                const float* s_ref, const float* s_cf,
+                                                const float* s_rk, int g, int t4,
+                                                RowFactor&& row_factor, StorePair&& store_pair) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int i = kRow * 16 + g + 8 * hf;
+    const float gi = s_gamma[i], fi = row_factor(i);
+#pragma unroll
+    for (int jb = 0; jb < 4; ++jb) {
+      if (jb < kRow) {
+        const float rf = fi * ex2((gi - s_ref[jb]) * kLog2e);
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
+          const float2 cf = *reinterpret_cast<const float2*>(s_cf + j);
+          store_pair(i, j, rf * cf.x * x[nt][2 * hf], rf * cf.y * x[nt][2 * hf + 1]);
+        }
+      } else if (jb == kRow) {
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
+          const float2 gj = *reinterpret_cast<const float2*>(s_gamma + j);
+          const float2 kj = *reinterpret_cast<const float2*>(s_rk + j);
+          const float x0 = fi * kj.x * ex2((gi - gj.x) * kLog2e) * x[nt][2 * hf];
+          const float x1 = fi * kj.y * ex2((gi - gj.y) * kLog2e) * x[nt][2 * hf + 1];
+          store_pair(i, j, i + kWithDiagonal > j ? x0 : 0.f, i + kWithDiagonal > j + 1 ? x1 : 0.f);
+        }
+      } else if (kWithDiagonal) {
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) store_pair(i, (2 * jb + h2) * 8 + 2 * t4, 0.f, 0.f);
+      }
+    }
+  }
+}
+
+/// Calls pass(Constant<w>{}) for w = warp (0..3): code compiled once per warp index.
+template <typename Pass>
+__device__ __forceinline__ void per_warp_index(int warp, Pass&& pass) {
+  switch (warp) {
+    case 0:
+      pass(Constant<0>{});
+      break;
+    case 1:
+      pass(Constant<1>{});
+      break;
+    case 2:
+      pass(Constant<2>{});
+      break;
+    default:
+      pass(Constant<3>{});
+      break;
+  }
+}
+
+/// Step 5a, warp w: T_ww = (I + A_ww)^-1 by forward substitution, lane c (mod 16) owning column c:
+/// x_r = -sum_{m<r} A_rm x_m (r > c), x_c = 1, x_r = 0 above (exact zeros in the sums); parked in
+/// f32 and stored as T' (times beta_c) through `element`.
+template <typename Element>
+__device__ __forceinline__ void invert_diagonal_block(float* s_a, const float* s_beta0, int warp,
+                                                      int lane, Element&& element) {
+  const int c = lane & 15;
+  const float* ab = s_a + (16 * warp) * kLdA + 16 * warp;
+  float x[16];
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    float acc = 0.f;
+#pragma unroll
+    for (int m4 = 0; m4 < r; m4 += 4) {
+      const float4 av = *reinterpret_cast<const float4*>(ab + r * kLdA + m4);
+      acc = fmaf(av.x, x[m4], acc);
+      if (m4 + 1 < r) acc = fmaf(av.y, x[m4 + 1], acc);
+      if (m4 + 2 < r) acc = fmaf(av.z, x[m4 + 2], acc);
+      if (m4 + 3 < r) acc = fmaf(av.w, x[m4 + 3], acc);
+    }
+    x[r] = r < c ? 0.f : (r == c ? 1.f : -acc);
+  }
+  if (lane < 16) {
+    float* td = t_diag_block(s_a, warp);
+    const float bc = s_beta0[16 * warp + c];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      td[r * kLdA + c] = x[r];
+      *element(16 * warp + r, 16 * warp + c) = __float2bfloat16_rn(x[r] * bc);
+    }
+  }
+}
+
+/// Step 5b, products in transposed form (c = -T_ij^T, Z = X^T); T' blocks through `element`:
+///   warp 0: T10 = -T11 (A10 T00)            warp 1: T32 = -T33 (A32 T22)
+///   warp 2: T21 = -T22 (A21 T11); Z21 = (A21 T11)^T and Z31 = (A31 T11)^T kept
+///   warp 3: Z20 = (A20 T00)^T, Z30 = (A30 T00)^T kept
+template <typename Element>
+__device__ __forceinline__ void invert_first_products(float* s_a, const float* s_beta0, int warp,
+                                                      int g, int t4, float (&z1)[2][4],
+                                                      float (&z2)[2][4], Element&& element) {
+  const auto a_blk = [&](int r, int c) {
+    return static_cast<const float*>(parked_block(s_a, r, c));
+  };
+  zero_acc(z1);
+  zero_acc(z2);
+  float c[2][4];
+  zero_acc(c);
+  if (warp == 0) {
+    mma_bt(z1, load_a_transposed(t_diag_block(s_a, 0), g, t4), a_blk(1, 0), g, t4);
+    mma_bt(c, a_from_acc(z1), t_diag_block(s_a, 1), g, t4);
+    park_neg_transposed(parked_block(s_a, 1, 3), c, g, t4);
+    store_t_block(element, s_beta0, 1, 0, c, g, t4);
+  } else if (warp == 1) {
+    mma_bt(z1, load_a_transposed(t_diag_block(s_a, 2), g, t4), a_blk(3, 2), g, t4);
+    mma_bt(c, a_from_acc(z1), t_diag_block(s_a, 3), g, t4);
+    park_neg_transposed(parked_block(s_a, 2, 3), c, g, t4);
+    store_t_block(element, s_beta0, 3, 2, c, g, t4);
+  } else if (warp == 2) {
+    const TfA t11 = load_a_transposed(t_diag_block(s_a, 1), g, t4);
+    mma_bt(z1, t11, a_blk(2, 1), g, t4);
+    mma_bt(z2, t11, a_blk(3, 1), g, t4);
+    mma_bt(c, a_from_acc(z1), t_diag_block(s_a, 2), g, t4);
+    store_t_block(element, s_beta0, 2, 1, c, g, t4);
+  } else {
+    const TfA t00 = load_a_transposed(t_diag_block(s_a, 0), g, t4);
+    mma_bt(z1, t00, a_blk(2, 0), g, t4);
+    mma_bt(z2, t00, a_blk(3, 0), g, t4);
+  }
+}
+
+/// Step 5c (after a barrier behind 5b), T' blocks through `element`:
+///   warp 0: T20 = -T22 (A20 T00 + A21 T10)
+///   warp 2: T31 = -(T32 X21 + T33 X31), X_m1 = A_m1 T11 (Z21, Z31 of 5b)
+///   warp 3: T30 = -(T32 X20 + T33 X30), X_m0 = A_m0 T00 + A_m1 T10
+template <typename Element>
+__device__ __forceinline__ void invert_second_products(float* s_a, const float* s_beta0, int warp,
+                                                       int g, int t4, float (&z1)[2][4],
+                                                       float (&z2)[2][4], Element&& element) {
+  const auto a_blk = [&](int r, int c) {
+    return static_cast<const float*>(parked_block(s_a, r, c));
+  };
+  float* const t10 = parked_block(s_a, 1, 3);
+  float* const t32 = parked_block(s_a, 2, 3);
+  float c[2][4];
+  zero_acc(c);
+  if (warp == 0) {
+    zero_acc(z1);
+    mma_bt(z1, load_a_transposed(t_diag_block(s_a, 0), g, t4), a_blk(2, 0), g, t4);
+    mma_bt(z1, load_a_transposed(t10, g, t4), a_blk(2, 1), g, t4);
+    mma_bt(c, a_from_acc(z1), t_diag_block(s_a, 2), g, t4);
+    store_t_block(element, s_beta0, 2, 0, c, g, t4);
+  } else if (warp == 2) {
+    mma_bt(c, a_from_acc(z1), t32, g, t4);
+    mma_bt(c, a_from_acc(z2), t_diag_block(s_a, 3), g, t4);
+    store_t_block(element, s_beta0, 3, 1, c, g, t4);
+  } else if (warp == 3) {
+    const TfA t10a = load_a_transposed(t10, g, t4);
+    mma_bt(z1, t10a, a_blk(2, 1), g, t4);
+    mma_bt(z2, t10a, a_blk(3, 1), g, t4);
+    mma_bt(c, a_from_acc(z1), t32, g, t4);
+    mma_bt(c, a_from_acc(z2), t_diag_block(s_a, 3), g, t4);
+    store_t_block(element, s_beta0, 3, 0, c, g, t4);
   }
 }
 
@@ -194,13 +487,7 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
   __nv_bfloat16* s_t = reinterpret_cast<__nv_bfloat16*>(smem + kSmem.t);
   float* s_rq = reinterpret_cast<float*>(smem + kSmem.rq);
   float* s_rk = reinterpret_cast<float*>(smem + kSmem.rk);
-  // The parked f32 blocks of T, in the upper blocks of A's tile (never written by A).
-  const auto parked = [&](int r, int c) { return s_a + (16 * r) * kLdA + 16 * c; };
-  // T_ii at (0, i + 1) for i < 3, T33 at (1, 2).
-  const auto t_diag = [&](int i) { return i < 3 ? parked(0, i + 1) : parked(1, 2); };
-  float* const t10 = parked(1, 3);
-  float* const t32 = parked(2, 3);
-  const auto a_blk = [&](int r, int c) { return static_cast<const float*>(parked(r, c)); };
+  // The f32 blocks of T are parked in the upper blocks of A's tile (parked_block, t_diag_block).
 
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -326,30 +613,13 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
 #endif
 
   // Every warp holds the raw gates of the next value head in registers (with its A_log and
-  // dt_bias), loaded one step ahead, so no gate load latency sits between the barriers. They stay
-  // in their own type until used: converted at the load, each conversion waited for its load
-  // there (8% of a lone chunk block's stall samples, docs/performance.md).
-  Tgate gate_a[2] = {Tgate{}, Tgate{}}, gate_b[2] = {Tgate{}, Tgate{}};
-  Tparam gate_a_log{}, gate_dt_bias{};
-  const auto load_gates = [&](i64 t0, int rows, u32 hv) {
-#pragma unroll
-    for (int x = 0; x < 2; ++x) {
-      const int r = 2 * lane + x;
-      if (r < rows) {
-        gate_a[x] = static_cast<const Tgate*>(p.a)[(t0 + r) * p.a_stride_t + hv];
-        gate_b[x] = static_cast<const Tgate*>(p.b)[(t0 + r) * p.b_stride_t + hv];
-      }
-    }
-    if constexpr (!kGated) {
-      gate_a_log = static_cast<const Tparam*>(p.a_log)[hv];
-      gate_dt_bias = static_cast<const Tparam*>(p.dt_bias)[hv];
-    }
-  };
+  // dt_bias), loaded one step ahead, so no gate load latency sits between the barriers.
+  ChunkGates<Tgate, Tparam, kGated> gates;
 
   i64 b = find_chunk(blockIdx.x);
   if (b >= chunk_ids) return;
   copy_qk(next_t0, next_rows);
-  load_gates(next_t0, next_rows, h * p.heads_per_group);
+  gates.load(p, next_t0, next_rows, h * p.heads_per_group, lane);
   // The blocks of T' above the diagonal blocks are zero, and nothing else writes them.
   for (int e = tid; e < 64 * 64; e += kGdnPrefillThreads) {
     const int r = e >> 6, c = e & 63;
@@ -443,36 +713,8 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
       }
     }
 #endif
-    // 2. Inverse norms from the diagonals: row g of a 16x16 accumulator block sits in n-tile 0,
-    // row g + 8 in n-tile 1, at lane 4 g' + t4 with 2 t4 + (e & 1) = g; a quad sum gathers them.
-    {
-      float dk[2] = {0.f, 0.f}, dq[2] = {0.f, 0.f};
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-#pragma unroll
-        for (int jb = 0; jb < 4; ++jb) {
-          if (jb == rg) {
-            const float(&c)[4] = acc_g[2 * jb + hf];
-            dk[hf] = 2 * t4 == g ? c[2 * hf] : (2 * t4 + 1 == g ? c[2 * hf + 1] : 0.f);
-          }
-        }
-        dq[hf] =
-            2 * t4 == g ? acc_qq[hf][2 * hf] : (2 * t4 + 1 == g ? acc_qq[hf][2 * hf + 1] : 0.f);
-#pragma unroll
-        for (int off = 1; off < 4; off *= 2) {
-          dk[hf] += __shfl_xor_sync(0xffffffffu, dk[hf], off);
-          dq[hf] += __shfl_xor_sync(0xffffffffu, dq[hf], off);
-        }
-      }
-      if (t4 == 0) {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          s_rk[16 * rg + g + 8 * hf] = kL2Norm ? gdn::l2_inv_norm(dk[hf]) : 1.f;
-          // The output scale rides on 1 / |q| into P and the scales (see the top of the file).
-          s_rq[16 * rp + g + 8 * hf] = p.scale * (kL2Norm ? gdn::l2_inv_norm(dq[hf]) : 1.f);
-        }
-      }
-    }
+    // 2. Inverse norms from the diagonals (K K^T's block row rg, Q Q^T's diagonal block of row rp).
+    store_inverse_norms<kL2Norm>(acc_g, acc_qq, rg, rp, s_rk, s_rq, p.scale, g, t4);
     // Every warp is done with s_q / s_k (and the norms are visible): the next chunk's rows go in.
     __syncthreads();
     if (b_next < chunk_ids) copy_qk(next_t0, next_rows);
@@ -483,132 +725,36 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
       const u32 hv = h * p.heads_per_group + e;
 
       // 3. Gates of hv: g (log decay) and beta per row, then the inclusive scan gamma (each warp
-      // its own copy).
-      {
-        float gl[2], bl[2];
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          const int r = 2 * lane + x;
-          gl[x] = 0.f;
-          bl[x] = 0.f;
-          if (r < rows) {
-            if constexpr (kGated) {
-              gl[x] = gdn::to_f32(gate_a[x]);
-              bl[x] = gdn::to_f32(gate_b[x]);
-            } else {
-              gl[x] = gdn::fast_log_decay(gdn::to_f32(gate_a[x]), gdn::to_f32(gate_a_log),
-                                          gdn::to_f32(gate_dt_bias), p.softplus_threshold);
-              bl[x] = gdn::fast_sigmoid(gdn::to_f32(gate_b[x]));
-            }
-          }
-        }
+      // its own copy); the next value head's (or chunk's) gates load once these are converted.
+      gates.scan(p, rows, lane, s_rk, s_gamma, s_beta, s_cf, s_ref, [&] {
         if (e + 1 < p.heads_per_group) {
-          load_gates(t0, rows, hv + 1);
+          gates.load(p, t0, rows, hv + 1, lane);
         } else if (b_next < chunk_ids) {
-          load_gates(next_t0, next_rows, h * p.heads_per_group);
+          gates.load(p, next_t0, next_rows, h * p.heads_per_group, lane);
         }
-        const float local = gl[0] + gl[1];
-        float incl = local;
-#pragma unroll
-        for (int off = 1; off < 32; off *= 2) {
-          const float y = __shfl_up_sync(0xffffffffu, incl, off);
-          if (lane >= off) incl += y;
-        }
-        const float g0 = incl - local + gl[0];
-        s_gamma[2 * lane] = g0;
-        s_gamma[2 * lane + 1] = incl;
-        s_beta[2 * lane] = bl[0];
-        s_beta[2 * lane + 1] = bl[1];
-        // Column factors of the off-diagonal blocks: with gamma_ref the gamma of the last row of
-        // the column's 16-row block, e^(gamma_i - gamma_j) = e^(gamma_i - gamma_ref) e^(gamma_ref
-        // - gamma_j) for every row i of a later block, both factors <= 1 (gamma does not rise).
-        const float ref = __shfl_sync(0xffffffffu, incl, (lane & ~7) | 7);
-        const float2 rk = *reinterpret_cast<const float2*>(s_rk + 2 * lane);
-        *reinterpret_cast<float2*>(s_cf + 2 * lane) =
-            make_float2(rk.x * ex2((ref - g0) * kLog2e), rk.y * ex2((ref - incl) * kLog2e));
-        if ((lane & 7) == 0) s_ref[lane >> 3] = ref;
-      }
+      });
       // The gates are this warp's own; the P rows it rewrites below are the ones it stored in
       // stage 6 of the previous value head.
       __syncwarp();
 
       // 4. A (f32, strictly lower; block row rg) and P (bf16, lower with the diagonal; block
-      // row rp, zero above the diagonal block) of hv. Off-diagonal blocks take the decay as a
-      // row factor times the column factor s_cf; the diagonal block one exponential per element
-      // (masked by selects: the upper part's exponentials may overflow and are discarded).
-      // Compiled once per warp index (rg = warp, rp = 3 - warp as constants): which blocks of a
-      // warp's rows are off-diagonal, diagonal or zero is then known at compile time, with no
-      // branch per block (13% of this pass's instructions were branches when rg was a variable).
-      // Row block kRow of a decayed product X (acc_g or acc_p): element (i, j) = f_i
-      // e^(gamma_i - gamma_j) X_ij with f_i = row_factor(i) and, below the diagonal block, the
-      // decay split through the column factors; store_pair(i, j, x_j, x_j+1) writes two columns.
-      // kWithDiagonal = 0 (A): strictly lower, the upper blocks left alone (the parked T blocks
-      // live there); 1 (P): the diagonal included and the upper blocks zero-filled.
-      const auto decay_row_block = [&](auto row_block, auto with_diagonal, const float(&x)[8][4],
-                                       auto&& row_factor, auto&& store_pair) {
-        constexpr int kRow = decltype(row_block)::value;
-        constexpr int kWithDiagonal = decltype(with_diagonal)::value;
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int i = kRow * 16 + g + 8 * hf;
-          const float gi = s_gamma[i], fi = row_factor(i);
-#pragma unroll
-          for (int jb = 0; jb < 4; ++jb) {
-            if (jb < kRow) {
-              const float rf = fi * ex2((gi - s_ref[jb]) * kLog2e);
-#pragma unroll
-              for (int h2 = 0; h2 < 2; ++h2) {
-                const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
-                const float2 cf = *reinterpret_cast<const float2*>(s_cf + j);
-                store_pair(i, j, rf * cf.x * x[nt][2 * hf], rf * cf.y * x[nt][2 * hf + 1]);
-              }
-            } else if (jb == kRow) {
-#pragma unroll
-              for (int h2 = 0; h2 < 2; ++h2) {
-                const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
-                const float2 gj = *reinterpret_cast<const float2*>(s_gamma + j);
-                const float2 kj = *reinterpret_cast<const float2*>(s_rk + j);
-                const float x0 = fi * kj.x * ex2((gi - gj.x) * kLog2e) * x[nt][2 * hf];
-                const float x1 = fi * kj.y * ex2((gi - gj.y) * kLog2e) * x[nt][2 * hf + 1];
-                store_pair(i, j, i + kWithDiagonal > j ? x0 : 0.f,
-                           i + kWithDiagonal > j + 1 ? x1 : 0.f);
-              }
-            } else if (kWithDiagonal) {
-#pragma unroll
-              for (int h2 = 0; h2 < 2; ++h2) store_pair(i, (2 * jb + h2) * 8 + 2 * t4, 0.f, 0.f);
-            }
-          }
-        }
-      };
-      const auto a_p_pass = [&](auto warp_index) {
-        decay_row_block(
-            warp_index, Constant<0>{}, acc_g, [&](int i) { return s_beta[i] * s_rk[i]; },
+      // row rp, zero above the diagonal block) of hv (decay_row_block), compiled once per warp
+      // index (rg = warp, rp = 3 - warp as constants).
+      per_warp_index(warp, [&](auto warp_index) {
+        constexpr int kW = decltype(warp_index)::value;
+        decay_row_block<kW, 0>(
+            acc_g, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int i) { return s_beta[i] * s_rk[i]; },
             [&](int i, int j, float x0, float x1) {
               *reinterpret_cast<float2*>(s_a + i * kLdA + j) = make_float2(x0, x1);
             });
         if constexpr (!kStateP) {
-          decay_row_block(
-              Constant<3 - decltype(warp_index)::value>{}, Constant<1>{}, acc_p,
-              [&](int i) { return s_rq[i]; },
+          decay_row_block<3 - kW, 1>(
+              acc_p, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int i) { return s_rq[i]; },
               [&](int i, int j, float x0, float x1) {
                 *reinterpret_cast<u32*>(s_p + i * kLd + j) = mma::pack_bf16(x0, x1);
               });
         }
-      };
-      switch (warp) {
-        case 0:
-          a_p_pass(Constant<0>{});
-          break;
-        case 1:
-          a_p_pass(Constant<1>{});
-          break;
-        case 2:
-          a_p_pass(Constant<2>{});
-          break;
-        default:
-          a_p_pass(Constant<3>{});
-          break;
-      }
+      });
       if (tid < 64 && tid < rows) {
         const float gi = s_gamma[tid], g_last = s_gamma[63];
         const float eg = __expf(gi);
@@ -622,96 +768,15 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
       }
       __syncthreads();
 
-      // 5a. Warp w: T_ww = (I + A_ww)^-1 by forward substitution, lane c (mod 16) owning column
-      // c: x_r = -sum_{m<r} A_rm x_m (r > c), x_c = 1, x_r = 0 above (exact zeros in the sums).
-      {
-        const int c = lane & 15;
-        const float* ab = s_a + (16 * warp) * kLdA + 16 * warp;
-        float x[16];
-#pragma unroll
-        for (int r = 0; r < 16; ++r) {
-          float acc = 0.f;
-#pragma unroll
-          for (int m4 = 0; m4 < r; m4 += 4) {
-            const float4 av = *reinterpret_cast<const float4*>(ab + r * kLdA + m4);
-            acc = fmaf(av.x, x[m4], acc);
-            if (m4 + 1 < r) acc = fmaf(av.y, x[m4 + 1], acc);
-            if (m4 + 2 < r) acc = fmaf(av.z, x[m4 + 2], acc);
-            if (m4 + 3 < r) acc = fmaf(av.w, x[m4 + 3], acc);
-          }
-          x[r] = r < c ? 0.f : (r == c ? 1.f : -acc);
-        }
-        if (lane < 16) {
-          float* td = t_diag(warp);
-          const float bc = s_beta0[16 * warp + c];
-#pragma unroll
-          for (int r = 0; r < 16; ++r) {
-            td[r * kLdA + c] = x[r];
-            s_t[(16 * warp + r) * kLd + 16 * warp + c] = __float2bfloat16_rn(x[r] * bc);
-          }
-        }
-      }
+      // 5a-c. T = (I + A)^-1: the diagonal blocks by forward substitution, then the block
+      // products (see the top of the file), T' into the staging tile.
+      const auto t_element = [&](int r, int c) { return s_t + r * kLd + c; };
+      invert_diagonal_block(s_a, s_beta0, warp, lane, t_element);
       __syncthreads();
-
-      // 5b. Products in transposed form (c = -T_ij^T, Z = X^T):
-      //   warp 0: T10 = -T11 (A10 T00)            warp 1: T32 = -T33 (A32 T22)
-      //   warp 2: T21 = -T22 (A21 T11); Z21 = (A21 T11)^T and Z31 = (A31 T11)^T kept
-      //   warp 3: Z20 = (A20 T00)^T, Z30 = (A30 T00)^T kept
       float z1[2][4], z2[2][4];
-      zero_acc(z1);
-      zero_acc(z2);
-      {
-        float c[2][4];
-        zero_acc(c);
-        if (warp == 0) {
-          mma_bt(z1, load_a_transposed(t_diag(0), g, t4), a_blk(1, 0), g, t4);
-          mma_bt(c, a_from_acc(z1), t_diag(1), g, t4);
-          park_neg_transposed(t10, c, g, t4);
-          store_t_block(s_t, kLd, s_beta0, 1, 0, c, g, t4);
-        } else if (warp == 1) {
-          mma_bt(z1, load_a_transposed(t_diag(2), g, t4), a_blk(3, 2), g, t4);
-          mma_bt(c, a_from_acc(z1), t_diag(3), g, t4);
-          park_neg_transposed(t32, c, g, t4);
-          store_t_block(s_t, kLd, s_beta0, 3, 2, c, g, t4);
-        } else if (warp == 2) {
-          const TfA t11 = load_a_transposed(t_diag(1), g, t4);
-          mma_bt(z1, t11, a_blk(2, 1), g, t4);
-          mma_bt(z2, t11, a_blk(3, 1), g, t4);
-          mma_bt(c, a_from_acc(z1), t_diag(2), g, t4);
-          store_t_block(s_t, kLd, s_beta0, 2, 1, c, g, t4);
-        } else {
-          const TfA t00 = load_a_transposed(t_diag(0), g, t4);
-          mma_bt(z1, t00, a_blk(2, 0), g, t4);
-          mma_bt(z2, t00, a_blk(3, 0), g, t4);
-        }
-      }
+      invert_first_products(s_a, s_beta0, warp, g, t4, z1, z2, t_element);
       __syncthreads();
-
-      // 5c. warp 0: T20 = -T22 (A20 T00 + A21 T10)
-      //     warp 2: T31 = -(T32 X21 + T33 X31), X_m1 = A_m1 T11 (Z21, Z31 of 5b)
-      //     warp 3: T30 = -(T32 X20 + T33 X30), X_m0 = A_m0 T00 + A_m1 T10
-      {
-        float c[2][4];
-        zero_acc(c);
-        if (warp == 0) {
-          zero_acc(z1);
-          mma_bt(z1, load_a_transposed(t_diag(0), g, t4), a_blk(2, 0), g, t4);
-          mma_bt(z1, load_a_transposed(t10, g, t4), a_blk(2, 1), g, t4);
-          mma_bt(c, a_from_acc(z1), t_diag(2), g, t4);
-          store_t_block(s_t, kLd, s_beta0, 2, 0, c, g, t4);
-        } else if (warp == 2) {
-          mma_bt(c, a_from_acc(z1), t32, g, t4);
-          mma_bt(c, a_from_acc(z2), t_diag(3), g, t4);
-          store_t_block(s_t, kLd, s_beta0, 3, 1, c, g, t4);
-        } else if (warp == 3) {
-          const TfA t10a = load_a_transposed(t10, g, t4);
-          mma_bt(z1, t10a, a_blk(2, 1), g, t4);
-          mma_bt(z2, t10a, a_blk(3, 1), g, t4);
-          mma_bt(c, a_from_acc(z1), t32, g, t4);
-          mma_bt(c, a_from_acc(z2), t_diag(3), g, t4);
-          store_t_block(s_t, kLd, s_beta0, 3, 0, c, g, t4);
-        }
-      }
+      invert_second_products(s_a, s_beta0, warp, g, t4, z1, z2, t_element);
       __syncthreads();
 
       // 6. T' and P rows of hv to the workspace (16-byte stores of whole rows): warp w stores the

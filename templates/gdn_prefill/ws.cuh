@@ -75,11 +75,6 @@ struct WsChunkRole {
     float* const s_cf = reinterpret_cast<float*>(smem + kWsSmem.cf) + 64 * warp;
     float* const s_ref = reinterpret_cast<float*>(smem + kWsSmem.ref) + 4 * warp;
     const float* const s_beta0 = reinterpret_cast<const float*>(smem + kWsSmem.beta);
-    const auto parked = [&](int r, int c) { return s_a + (16 * r) * kLdA + 16 * c; };
-    const auto t_diag = [&](int i) { return i < 3 ? parked(0, i + 1) : parked(1, 2); };
-    float* const t10 = parked(1, 3);
-    float* const t32 = parked(2, 3);
-    const auto a_blk = [&](int r, int c) { return static_cast<const float*>(parked(r, c)); };
 
     // The blocks of T' above its diagonal blocks are zero in every stage (nothing else writes
     // them; the first chunk_ready arrival publishes them).
@@ -122,26 +117,11 @@ struct WsChunkRole {
     };
 
     // The raw gates of the next chunk in registers, loaded one chunk ahead (as the chunk kernel).
-    Tgate gate_a[2] = {Tgate{}, Tgate{}}, gate_b[2] = {Tgate{}, Tgate{}};
-    Tparam gate_a_log{}, gate_dt_bias{};
+    ChunkGates<Tgate, Tparam, kGated> gates;
     const u32 hv = w.hv;
-    const auto load_gates = [&](i64 t0, int rows) {
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const int r = 2 * lane + x;
-        if (r < rows) {
-          gate_a[x] = static_cast<const Tgate*>(p.a)[(t0 + r) * p.a_stride_t + hv];
-          gate_b[x] = static_cast<const Tgate*>(p.b)[(t0 + r) * p.b_stride_t + hv];
-        }
-      }
-      if constexpr (!kGated) {
-        gate_a_log = static_cast<const Tparam*>(p.a_log)[hv];
-        gate_dt_bias = static_cast<const Tparam*>(p.dt_bias)[hv];
-      }
-    };
 
     fill(0, bos);
-    load_gates(bos, rows_at(bos));
+    gates.load(p, bos, rows_at(bos), hv, lane);
     u32 full_phase = 0, empty_phase = 0;
     int st = 0;
     i64 chunk = 0;
@@ -193,126 +173,25 @@ struct WsChunkRole {
         wgmma::wait<0>();
         wgmma::hold_registers(acc_g);
       }
-      // 2. Inverse norms from the diagonals (as the chunk kernel; q's rows are in order here).
-      {
-        float dk[2] = {0.f, 0.f}, dq[2] = {0.f, 0.f};
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-#pragma unroll
-          for (int jb = 0; jb < 4; ++jb) {
-            if (jb == warp) {
-              const float(&c)[4] = acc_g[2 * jb + hf];
-              dk[hf] = 2 * t4 == g ? c[2 * hf] : (2 * t4 + 1 == g ? c[2 * hf + 1] : 0.f);
-            }
-          }
-          dq[hf] =
-              2 * t4 == g ? acc_qq[hf][2 * hf] : (2 * t4 + 1 == g ? acc_qq[hf][2 * hf + 1] : 0.f);
-#pragma unroll
-          for (int off = 1; off < 4; off *= 2) {
-            dk[hf] += __shfl_xor_sync(0xffffffffu, dk[hf], off);
-            dq[hf] += __shfl_xor_sync(0xffffffffu, dq[hf], off);
-          }
-        }
-        if (t4 == 0) {
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            s_rk[16 * warp + g + 8 * hf] = kL2Norm ? gdn::l2_inv_norm(dk[hf]) : 1.f;
-            s_rq[16 * warp + g + 8 * hf] = p.scale * (kL2Norm ? gdn::l2_inv_norm(dq[hf]) : 1.f);
-          }
-        }
-      }
+      // 2. Inverse norms from the diagonals (q's rows are in order here: block row w for both).
+      store_inverse_norms<kL2Norm>(acc_g, acc_qq, warp, warp, s_rk, s_rq, p.scale, g, t4);
       // The norms are visible; the previous chunk's readers of A, the parked blocks and beta are
       // past their last use.
       chunk_group_sync();
 
-      // 3. Gates: g (log decay) and beta per row, the inclusive scan gamma (each warp its own
-      // copy), the column factors of the off-diagonal blocks.
-      {
-        float gl[2], bl[2];
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          const int r = 2 * lane + x;
-          gl[x] = 0.f;
-          bl[x] = 0.f;
-          if (r < rows) {
-            if constexpr (kGated) {
-              gl[x] = gdn::to_f32(gate_a[x]);
-              bl[x] = gdn::to_f32(gate_b[x]);
-            } else {
-              gl[x] = gdn::fast_log_decay(gdn::to_f32(gate_a[x]), gdn::to_f32(gate_a_log),
-                                          gdn::to_f32(gate_dt_bias), p.softplus_threshold);
-              bl[x] = gdn::fast_sigmoid(gdn::to_f32(gate_b[x]));
-            }
-          }
-        }
-        if (tn < eos) load_gates(tn, rows_at(tn));
-        const float local = gl[0] + gl[1];
-        float incl = local;
-#pragma unroll
-        for (int off = 1; off < 32; off *= 2) {
-          const float y = __shfl_up_sync(0xffffffffu, incl, off);
-          if (lane >= off) incl += y;
-        }
-        const float g0 = incl - local + gl[0];
-        s_gamma[2 * lane] = g0;
-        s_gamma[2 * lane + 1] = incl;
-        s_beta[2 * lane] = bl[0];
-        s_beta[2 * lane + 1] = bl[1];
-        const float ref = __shfl_sync(0xffffffffu, incl, (lane & ~7) | 7);
-        const float2 rk = *reinterpret_cast<const float2*>(s_rk + 2 * lane);
-        *reinterpret_cast<float2*>(s_cf + 2 * lane) =
-            make_float2(rk.x * ex2((ref - g0) * kLog2e), rk.y * ex2((ref - incl) * kLog2e));
-        if ((lane & 7) == 0) s_ref[lane >> 3] = ref;
-      }
+      // 3. Gates (each warp its own copy); the next chunk's load once these are converted.
+      gates.scan(p, rows, lane, s_rk, s_gamma, s_beta, s_cf, s_ref, [&] {
+        if (tn < eos) gates.load(p, tn, rows_at(tn), hv, lane);
+      });
       __syncwarp();
-
-      // 4. A (f32, strictly lower) of block row `warp`, compiled once per warp index: the
-      // off-diagonal blocks take the decay as a row factor times the column factor, the diagonal
-      // block one exponential per element (the upper part selected away: it may overflow).
-      const auto a_pass = [&](auto row_block) {
-        constexpr int kRow = decltype(row_block)::value;
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int i = kRow * 16 + g + 8 * hf;
-          const float gi = s_gamma[i], fi = s_beta[i] * s_rk[i];
-#pragma unroll
-          for (int jb = 0; jb <= kRow; ++jb) {
-#pragma unroll
-            for (int h2 = 0; h2 < 2; ++h2) {
-              const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
-              float x0, x1;
-              if (jb < kRow) {
-                const float rf = fi * ex2((gi - s_ref[jb]) * kLog2e);
-                const float2 cf = *reinterpret_cast<const float2*>(s_cf + j);
-                x0 = rf * cf.x * acc_g[nt][2 * hf];
-                x1 = rf * cf.y * acc_g[nt][2 * hf + 1];
-              } else {
-                const float2 gj = *reinterpret_cast<const float2*>(s_gamma + j);
-                const float2 kj = *reinterpret_cast<const float2*>(s_rk + j);
-                const float y0 = fi * kj.x * ex2((gi - gj.x) * kLog2e) * acc_g[nt][2 * hf];
-                const float y1 = fi * kj.y * ex2((gi - gj.y) * kLog2e) * acc_g[nt][2 * hf + 1];
-                x0 = i > j ? y0 : 0.f;
-                x1 = i > j + 1 ? y1 : 0.f;
-              }
+      // 4. A (f32, strictly lower) of block row `warp` (decay_row_block, once per warp index).
+      per_warp_index(warp, [&](auto warp_index) {
+        decay_row_block<decltype(warp_index)::value, 0>(
+            acc_g, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int i) { return s_beta[i] * s_rk[i]; },
+            [&](int i, int j, float x0, float x1) {
               *reinterpret_cast<float2*>(s_a + i * kLdA + j) = make_float2(x0, x1);
-            }
-          }
-        }
-      };
-      switch (warp) {
-        case 0:
-          a_pass(Constant<0>{});
-          break;
-        case 1:
-          a_pass(Constant<1>{});
-          break;
-        case 2:
-          a_pass(Constant<2>{});
-          break;
-        default:
-          a_pass(Constant<3>{});
-          break;
-      }
+            });
+      });
       // The chunk's scales and P's row factors into the stage: every row (rows past the end have
       // zero q, k and gates, so their factors are finite and their P entries are masked).
       if (ctid < 64) {
@@ -325,103 +204,15 @@ struct WsChunkRole {
       }
       chunk_group_sync();
 
+      // 5. T = (I + A)^-1 as the chunk kernel, T' straight into the stage's swizzled tile.
       unsigned char* const t_tile = base + kS.t0;
-      // T' block (bi, bj) as bf16 from c = -(T_ij)^T (store_t_block's arithmetic, swizzled).
-      const auto store_t = [&](int bi, int bj, const float(&c)[2][4]) {
-        const float b0 = s_beta0[16 * bj + g], b1 = s_beta0[16 * bj + g + 8];
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int m = g + 8 * (e >> 1), n = 8 * nt + 2 * t4 + (e & 1);
-            *sw128_element(t_tile, 16 * bi + n, 16 * bj + m) =
-                __float2bfloat16_rn(-c[nt][e] * (e < 2 ? b0 : b1));
-          }
-        }
-      };
-
-      // 5a. T_ww = (I + A_ww)^-1 by forward substitution (lane c mod 16 owns column c).
-      {
-        const int c = lane & 15;
-        const float* ab = s_a + (16 * warp) * kLdA + 16 * warp;
-        float x[16];
-#pragma unroll
-        for (int r = 0; r < 16; ++r) {
-          float acc = 0.f;
-#pragma unroll
-          for (int m4 = 0; m4 < r; m4 += 4) {
-            const float4 av = *reinterpret_cast<const float4*>(ab + r * kLdA + m4);
-            acc = fmaf(av.x, x[m4], acc);
-            if (m4 + 1 < r) acc = fmaf(av.y, x[m4 + 1], acc);
-            if (m4 + 2 < r) acc = fmaf(av.z, x[m4 + 2], acc);
-            if (m4 + 3 < r) acc = fmaf(av.w, x[m4 + 3], acc);
-          }
-          x[r] = r < c ? 0.f : (r == c ? 1.f : -acc);
-        }
-        if (lane < 16) {
-          float* td = t_diag(warp);
-          const float bc = s_beta0[16 * warp + c];
-#pragma unroll
-          for (int r = 0; r < 16; ++r) {
-            td[r * kLdA + c] = x[r];
-            *sw128_element(t_tile, 16 * warp + r, 16 * warp + c) = __float2bfloat16_rn(x[r] * bc);
-          }
-        }
-      }
+      const auto t_element = [&](int r, int c) { return sw128_element(t_tile, r, c); };
+      invert_diagonal_block(s_a, s_beta0, warp, lane, t_element);
       chunk_group_sync();
-
-      // 5b / 5c. The off-diagonal blocks of T, as the chunk kernel (transposed products on tf32).
       float z1[2][4], z2[2][4];
-      zero_acc(z1);
-      zero_acc(z2);
-      {
-        float c[2][4];
-        zero_acc(c);
-        if (warp == 0) {
-          mma_bt(z1, load_a_transposed(t_diag(0), g, t4), a_blk(1, 0), g, t4);
-          mma_bt(c, a_from_acc(z1), t_diag(1), g, t4);
-          park_neg_transposed(t10, c, g, t4);
-          store_t(1, 0, c);
-        } else if (warp == 1) {
-          mma_bt(z1, load_a_transposed(t_diag(2), g, t4), a_blk(3, 2), g, t4);
-          mma_bt(c, a_from_acc(z1), t_diag(3), g, t4);
-          park_neg_transposed(t32, c, g, t4);
-          store_t(3, 2, c);
-        } else if (warp == 2) {
-          const TfA t11 = load_a_transposed(t_diag(1), g, t4);
-          mma_bt(z1, t11, a_blk(2, 1), g, t4);
-          mma_bt(z2, t11, a_blk(3, 1), g, t4);
-          mma_bt(c, a_from_acc(z1), t_diag(2), g, t4);
-          store_t(2, 1, c);
-        } else {
-          const TfA t00 = load_a_transposed(t_diag(0), g, t4);
-          mma_bt(z1, t00, a_blk(2, 0), g, t4);
-          mma_bt(z2, t00, a_blk(3, 0), g, t4);
-        }
-      }
+      invert_first_products(s_a, s_beta0, warp, g, t4, z1, z2, t_element);
       chunk_group_sync();
-      {
-        float c[2][4];
-        zero_acc(c);
-        if (warp == 0) {
-          zero_acc(z1);
-          mma_bt(z1, load_a_transposed(t_diag(0), g, t4), a_blk(2, 0), g, t4);
-          mma_bt(z1, load_a_transposed(t10, g, t4), a_blk(2, 1), g, t4);
-          mma_bt(c, a_from_acc(z1), t_diag(2), g, t4);
-          store_t(2, 0, c);
-        } else if (warp == 2) {
-          mma_bt(c, a_from_acc(z1), t32, g, t4);
-          mma_bt(c, a_from_acc(z2), t_diag(3), g, t4);
-          store_t(3, 1, c);
-        } else if (warp == 3) {
-          const TfA t10a = load_a_transposed(t10, g, t4);
-          mma_bt(z1, t10a, a_blk(2, 1), g, t4);
-          mma_bt(z2, t10a, a_blk(3, 1), g, t4);
-          mma_bt(c, a_from_acc(z1), t32, g, t4);
-          mma_bt(c, a_from_acc(z2), t_diag(3), g, t4);
-          store_t(3, 0, c);
-        }
-      }
+      invert_second_products(s_a, s_beta0, warp, g, t4, z1, z2, t_element);
       // This thread's T', scales and factors of the stage, to the state warpgroups' wgmma.
       wgmma::fence_shared_writes();
       mbarrier::arrive(chunk_ready + st);
