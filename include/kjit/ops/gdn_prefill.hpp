@@ -100,8 +100,10 @@ struct GdnPrefillOptions {
   /// that path by itself for few long sequences: see plan.explain(). Any chunked mode may end in
   /// "_p0" or "_p1": P = tril(Q K^T ...) formed by the chunk kernel, or by the state kernel's 64-
   /// and 128-row mma.sync tiles (the planner's choice for the 128-row tile without GVA at K = V =
-  /// 128 on sm_90 and later; "_p1" with another tile or "_wgmma" is a PlanError /
-  /// InvalidArgument).
+  /// 128 on sm_90 and later) or its 128-row wgmma tile ("chunked_bv128_wgmma_p1"; "_p1" with
+  /// another tile is a PlanError). "chunked_ws" runs one warp-specialized kernel per (sequence,
+  /// value head) instead of the two (sm_90a, K = V = 128, no workspace; a PlanError elsewhere):
+  /// for A/B runs, the planner does not take it (slower today, docs/performance.md).
   std::string force_mode;
   /// Scratch memory of the chunked path: a 1-D u8 tensor on the device, 256-byte aligned, of at
   /// least gdn_prefill_workspace_bytes(T, HV) bytes; it must not be in use by other work on the
