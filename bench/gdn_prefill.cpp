@@ -6,7 +6,8 @@
 // KJIT_PREFILL_ANCHOR_LIB=<library>: an anchor kernel (PrefillAnchor below) timed beside kjit on
 // every shape, on the same inputs, its out and final state compared with kjit's.
 //
-//   bench_gdn_prefill [results.jsonl] [profile]   (KJIT_PREFILL_BENCH_SWEEP=1: also every tile)
+//   bench_gdn_prefill [results.jsonl] [profile]   (KJIT_PREFILL_BENCH_SWEEP=1: also every tile;
+//   KJIT_PREFILL_BENCH_NO_VERIFY=1: a failed check does not end the run)
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -521,7 +522,10 @@ int run(int argc, char** argv) {
     return 0;
   }
 
-  if (!verify(*gpu, options)) return 1;
+  // KJIT_PREFILL_BENCH_NO_VERIFY=1: the checks report but do not end the run (measurement builds
+  // whose results are wrong on purpose, e.g. KJIT_GDN_WS_PACE).
+  const bool must_verify = std::getenv("KJIT_PREFILL_BENCH_NO_VERIFY") == nullptr;
+  if (!verify(*gpu, options) && must_verify) return 1;
   const std::optional<PrefillAnchor> anchor = PrefillAnchor::open();
   if (anchor) std::printf("anchor: %s (KJIT_PREFILL_ANCHOR_LIB)\n", anchor->library.name().c_str());
   {
@@ -529,7 +533,7 @@ int run(int argc, char** argv) {
     kjit::GdnPrefillOptions cp = options;
     cp.force_mode = "chunked_cp2";
     std::printf("(force_mode chunked_cp2) ");
-    if (!verify(*gpu, cp)) return 1;
+    if (!verify(*gpu, cp) && must_verify) return 1;
   }
   if (const char* few = std::getenv("KJIT_PREFILL_BENCH_FEW_ONLY"); few != nullptr) {
     few_sequences_table(*gpu, options, anchor, json);

@@ -16,6 +16,12 @@
 #   AB_BENCH    benchmark binary and arguments (default: bench_gdn_prefill)
 #   AB_ENV      environment for the working tree's benchmark only, e.g. an anchor library:
 #               AB_ENV="KJIT_PREFILL_ANCHOR_LIB=$PWD/.anchors/fi/libkjit_fi_prefill.so"
+#   AB_ENV_ALL  environment for every tree's benchmark, e.g. a forced mode
+#               (AB_ENV_ALL="KJIT_PREFILL_BENCH_FORCE=chunked_ws KJIT_PREFILL_BENCH_NO_VERIFY=1")
+#
+# Pace builds of the warp-specialized kernel (which side sets its step): after prepare,
+#   sed -i '1i #define KJIT_GDN_WS_PACE 1' .ab/00-*/templates/gdn_prefill/params.h   (state side)
+#   sed -i '1i #define KJIT_GDN_WS_PACE 2' .ab/01-*/templates/gdn_prefill/params.h   (chunk side)
 #   AB_GREP     extended regex of the benchmark lines to summarize (default: prefill rows)
 #   AB_SANITIZE doctest filter to run once under compute-sanitizer racecheck and once under
 #               memcheck, beside the tests (default: none)
@@ -107,7 +113,11 @@ done
 for i in "${!trees[@]}"; do
   build=/tmp/ab-build-${names[$i]}
   extra=()
-  [ "${names[$i]}" = work ] && [ -n "${AB_ENV:-}" ] && read -r -a extra <<<"$AB_ENV"
+  [ -n "${AB_ENV_ALL:-}" ] && read -r -a extra <<<"$AB_ENV_ALL"
+  if [ "${names[$i]}" = work ] && [ -n "${AB_ENV:-}" ]; then
+    read -r -a work_env <<<"$AB_ENV"
+    extra+=("${work_env[@]}")
+  fi
   (cd "$build" && env "${extra[@]}" KJIT_CACHE_DIR="/tmp/ab-cache-${names[$i]}" timeout 300 \
     "./bench/${bench[0]}" "${bench[@]:1}" >"$out/bench-${names[$i]}.txt" 2>&1
   echo "rc=$?" >>"$out/bench-${names[$i]}.txt")

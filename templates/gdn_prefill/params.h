@@ -284,6 +284,15 @@ struct GdnPrefillWsSmem {
 };
 
 inline constexpr int kGdnPrefillWsStages = 3;
+
+/// A measurement switch of the warp-specialized kernel, 0 (the kernel) unless a build defines it:
+/// 1, the chunk warpgroup only copies and signals (the state warpgroups' pace alone); 2, the
+/// state warpgroups only wait and release (the chunk warpgroup's pace alone). The results are
+/// then wrong; bench_gdn_prefill runs them with KJIT_PREFILL_BENCH_NO_VERIFY=1
+/// (docs/performance.md, "The state warpgroups' turns, ... the first warp-specialized kernel").
+#ifndef KJIT_GDN_WS_PACE
+#define KJIT_GDN_WS_PACE 0
+#endif
 /// Threads of the warp-specialized kernel: two state warpgroups, then the chunk warpgroup.
 inline constexpr int kGdnPrefillWsThreads = 384;
 

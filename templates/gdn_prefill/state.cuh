@@ -1060,7 +1060,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         if (want_out) {
           mbarrier::wait(full, 0u);
           wait_chunk_ready(0);  // kWs: the first chunk's P factors (and T', scales)
-          form_stage_p(smem, bos, rows_at(bos));
+          if (!(kWs && KJIT_GDN_WS_PACE == 2)) form_stage_p(smem, bos, rows_at(bos));
           mbarrier::arrive(p_ready);
         }
       }
@@ -1080,6 +1080,17 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   for (i64 t0 = bos; t0 < eos; t0 += kGdnPrefillChunk) {
     const int rows = rows_at(t0);
     [[maybe_unused]] const int cur = st;
+#if KJIT_GDN_STATE_WGMMA
+    if constexpr (kWs && KJIT_GDN_WS_PACE == 2) {  // measurement only: the chunk side's pace
+      mbarrier::wait(full + st, (full_phase >> st) & 1u);
+      full_phase ^= 1u << st;
+      if (t0 > bos) wait_chunk_ready(st);
+      __syncwarp();
+      if (lane == 0) mbarrier::arrive(empty + st);
+      st = st + 1 == kStages ? 0 : st + 1;
+      continue;
+    }
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if constexpr (kHandoff) {
       mbarrier::wait(full + st, (full_phase >> st) & 1u);

@@ -143,6 +143,12 @@ struct WsChunkRole {
         fill(sn, tn);
       }
       unsigned char* const base = smem + st * kStage;
+      if constexpr (KJIT_GDN_WS_PACE == 1) {  // measurement only: the state side's pace alone
+        if (tn < eos) gates.load(p, tn, rows_at(tn), hv, lane);
+        mbarrier::arrive(chunk_ready + st);
+        st = sn;
+        continue;
+      }
 
       // 1. G = K K^T on wgmma (warp w holds block row w) and, for |q_i|^2, the diagonal block of
       // Q Q^T of block row w on mma.sync while it runs.
