@@ -1122,6 +1122,58 @@ std::int64_t check_cp_plan(const Plan& plan, const Shapes& s, const DeviceLimits
   return l;
 }
 
+TEST_CASE(
+    "gdn_prefill: the warp-specialized kernel's shared memory: disjoint regions, aligned "
+    "swizzled tiles, one H200 block") {
+  const GdnPrefillWsSmem m = gdn_prefill_ws_smem(128);
+  const GdnPrefillStateSmem& st = m.state;
+  const std::uint32_t stage = st.k1 - st.k0;
+  CHECK(stage % 1024 == 0);  // every stage's swizzled tiles stay on 1024-byte boundaries
+  CHECK(st.t1 - st.t0 == stage);
+  CHECK(st.sc1 - st.sc0 == stage);
+  struct Region {
+    const char* what;
+    std::uint32_t begin, bytes;
+  };
+  std::vector<Region> regions;
+  for (std::uint32_t s = 0; s < static_cast<std::uint32_t>(kGdnPrefillWsStages); ++s) {
+    const std::uint32_t at = s * stage;
+    for (const std::uint32_t tile : {st.k0, st.q, st.t0, st.p}) CHECK((at + tile) % 1024 == 0);
+    regions.push_back({"k", at + st.k0, 64 * 128 * 2});
+    regions.push_back({"q", at + st.q, 64 * 128 * 2});
+    regions.push_back({"v", at + st.v, 64 * (128 + 8) * 2});
+    regions.push_back({"T'", at + st.t0, 64 * 64 * 2});
+    regions.push_back({"P and its row factors", at + st.p, 64 * 64 * 2 + 64 * 16});
+    regions.push_back({"scales", at + st.sc0, 64 * 16});
+  }
+  regions.push_back({"full, empty, p_ready", st.barriers, 3 * 8 * kGdnPrefillWsStages});
+  regions.push_back({"chunk_ready", m.chunk_ready, 8 * kGdnPrefillWsStages});
+  regions.push_back({"A", m.a, 64 * 68 * 4});
+  regions.push_back({"gamma", m.gamma, 4 * 64 * 4});
+  regions.push_back({"beta", m.beta, 4 * 64 * 4});
+  regions.push_back({"cf", m.cf, 4 * 64 * 4});
+  regions.push_back({"ref", m.ref, 4 * 4 * 4});
+  regions.push_back({"rq", m.rq, 64 * 4});
+  regions.push_back({"rk", m.rk, 64 * 4});
+  for (std::size_t i = 0; i < regions.size(); ++i) {
+    CAPTURE(regions[i].what);
+    CHECK(regions[i].begin + regions[i].bytes <= m.total);
+    CHECK(regions[i].begin % 8 == 0);
+    for (std::size_t j = i + 1; j < regions.size(); ++j) {
+      CAPTURE(regions[j].what);
+      const bool apart = regions[i].begin + regions[i].bytes <= regions[j].begin ||
+                         regions[j].begin + regions[j].bytes <= regions[i].begin;
+      CHECK(apart);
+    }
+  }
+  // The chunk warpgroup's f32 tiles are read as float4 / float2: 16-byte aligned.
+  CHECK(m.a % 16 == 0);
+  CHECK(m.cf % 16 == 0);
+  // One block per SM on the H200; the state warpgroups' ranking scratch (257 i64) fits stage 0.
+  CHECK(m.total <= DeviceLimits::for_arch(Arch{9, 0}).max_smem_per_block_optin);
+  CHECK(m.total >= (256 + 1) * 8);
+}
+
 TEST_CASE("gdn_prefill: the warp-specialized mode plans one legal sm_90a launch or says why not") {
   const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
   for (const std::int64_t seqs : {std::int64_t{1}, std::int64_t{16}, std::int64_t{128},
