@@ -18,13 +18,13 @@
 #               AB_ENV="KJIT_PREFILL_ANCHOR_LIB=$PWD/.anchors/fi/libkjit_fi_prefill.so"
 #   AB_ENV_ALL  environment for every tree's benchmark, e.g. a forced mode
 #               (AB_ENV_ALL="KJIT_PREFILL_BENCH_FORCE=chunked_ws KJIT_PREFILL_BENCH_NO_VERIFY=1")
+#   AB_GREP     extended regex of the benchmark lines to summarize (default: prefill rows)
+#   AB_SANITIZE doctest filter to run once under compute-sanitizer racecheck and once under
+#               memcheck, beside the tests (default: none)
 #
 # Pace builds of the warp-specialized kernel (which side sets its step): after prepare,
 #   sed -i '1i #define KJIT_GDN_WS_PACE 1' .ab/00-*/templates/gdn_prefill/params.h   (state side)
 #   sed -i '1i #define KJIT_GDN_WS_PACE 2' .ab/01-*/templates/gdn_prefill/params.h   (chunk side)
-#   AB_GREP     extended regex of the benchmark lines to summarize (default: prefill rows)
-#   AB_SANITIZE doctest filter to run once under compute-sanitizer racecheck and once under
-#               memcheck, beside the tests (default: none)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 ab=$root/.ab

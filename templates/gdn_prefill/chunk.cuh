@@ -452,6 +452,44 @@ __device__ __forceinline__ void invert_second_products(float* s_a, const float* 
   }
 }
 
+#if KJIT_GDN_CHUNK_WGMMA
+/// Step 1 on wgmma: the whole 64 x 64 products G = K K^T (acc_g) and, kWithP, Q K^T (acc_p) from
+/// the 128-byte-swizzled k and q tiles at `k_addr`, `q_addr` (the blocks above the diagonal are
+/// computed and never read), and, kL2Norm, on mma.sync while they run, the diagonal block of
+/// Q Q^T of the tile's block row `qq_row` (its A fragment is also its B fragment); waits for all.
+template <int kKSteps, bool kL2Norm, bool kWithP>
+__device__ __forceinline__ void chunk_products_wgmma(float (&acc_g)[8][4], float (&acc_p)[8][4],
+                                                     float (&acc_qq)[2][4], u32 k_addr, u32 q_addr,
+                                                     int qq_row) {
+  const u64 k_desc = wgmma::descriptor_sw128(k_addr, 16, sw128::kAtom),
+            q_desc = wgmma::descriptor_sw128(q_addr, 16, sw128::kAtom);
+  wgmma::hold_registers(acc_g);
+  if constexpr (kWithP) wgmma::hold_registers(acc_p);
+  wgmma::fence();
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+    const u64 kd = wgmma::advance(k_desc, sw128::k_step(0, ks));
+    wgmma::mma_m64n64k16_ss<0>(acc_g, kd, kd);
+    if constexpr (kWithP) {
+      wgmma::mma_m64n64k16_ss<0>(acc_p, wgmma::advance(q_desc, sw128::k_step(0, ks)), kd);
+    }
+  }
+  wgmma::commit();
+  if constexpr (kL2Norm) {
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      u32 aq[4];
+      mma::load_a_sw128(aq, q_addr, 16 * qq_row, 16 * ks);
+      mma::mma_bf16(acc_qq[0], aq, aq[0], aq[2]);
+      mma::mma_bf16(acc_qq[1], aq, aq[1], aq[3]);
+    }
+  }
+  wgmma::wait<0>();
+  wgmma::hold_registers(acc_g);
+  if constexpr (kWithP) wgmma::hold_registers(acc_p);
+}
+#endif
+
 }  // namespace gdn_prefill_chunk_detail
 
 /// Template parameters: element types of q/k, of the raw gates a/b (f32 for precomputed g and
@@ -653,36 +691,9 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
     zero_acc(acc_qq);
 #if KJIT_GDN_CHUNK_WGMMA
     {
-      // Whole 64 x 64 products (the blocks above the diagonal are computed and never read).
-      const u32 k_addr = mma::smem_addr(s_k), q_addr = mma::smem_addr(s_q);
-      const u64 k_desc = wgmma::descriptor_sw128(k_addr, 16, sw128::kAtom),
-                q_desc = wgmma::descriptor_sw128(q_addr, 16, sw128::kAtom);
-      wgmma::hold_registers(acc_g);
-      wgmma::hold_registers(acc_p);
-      wgmma::fence();
-#pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        const u64 kd = wgmma::advance(k_desc, sw128::k_step(0, ks));
-        wgmma::mma_m64n64k16_ss<0>(acc_g, kd, kd);
-        if constexpr (!kStateP) {
-          wgmma::mma_m64n64k16_ss<0>(acc_p, wgmma::advance(q_desc, sw128::k_step(0, ks)), kd);
-        }
-      }
-      wgmma::commit();
-      // The diagonal block of Q Q^T of block row rp (stored at block position 3 - rp = warp) on
-      // mma.sync while the products run: its A fragment is also its B fragment.
-      if constexpr (kL2Norm) {
-#pragma unroll
-        for (int ks = 0; ks < kKSteps; ++ks) {
-          u32 aq[4];
-          mma::load_a_sw128(aq, q_addr, 16 * warp, 16 * ks);
-          mma::mma_bf16(acc_qq[0], aq, aq[0], aq[2]);
-          mma::mma_bf16(acc_qq[1], aq, aq[1], aq[3]);
-        }
-      }
-      wgmma::wait<0>();
-      wgmma::hold_registers(acc_g);
-      wgmma::hold_registers(acc_p);
+      // The diagonal block of Q Q^T of block row rp is stored at block position 3 - rp = warp.
+      chunk_products_wgmma<kKSteps, kL2Norm, !kStateP>(acc_g, acc_p, acc_qq, mma::smem_addr(s_k),
+                                                       mma::smem_addr(s_q), warp);
     }
 #else
 #pragma unroll 2

@@ -383,7 +383,8 @@ struct GdnPrefillParams {
   void* ws_scales;
   /// [num_seqs] int32 when the state kernel is to take the sequences longest first (num_seqs
   /// <= kGdnPrefillOrderMaxSeqs), else null. The chunk kernel writes the ranks there only for
-  /// more than kGdnPrefillRankInStateMaxSeqs sequences; fewer are ranked by the state kernel.
+  /// more than kGdnPrefillRankInStateMaxSeqs sequences; 2 to that many are ranked by the state
+  /// kernel's (or the warp-specialized kernel's) blocks themselves, whatever this holds.
   void* ws_order;
   /// Context-parallel path only (gdn_prefill_cp_workspace): per segment id z and value head,
   /// f32 [Z, HV, V, K] states at the segment's end from a zero start (B), [Z, HV, K, K] the

@@ -90,9 +90,10 @@ __device__ __forceinline__ u64 ranked_sequence(const GdnPrefillParams& p, u64 ra
   return n;
 }
 
-/// The block's work. Sequences ranked by the block itself (up to kGdnPrefillRankInStateMaxSeqs)
-/// or in index order need nothing from the chunk kernel; ranks from the workspace are read after
-/// waiting for it. `scratch`: shared memory for ranked_sequence.
+/// The block's work. Sequences ranked by the block itself (2 to kGdnPrefillRankInStateMaxSeqs,
+/// whatever ws_order says) or in index order (ws_order null) need nothing from the chunk kernel;
+/// ranks from the workspace are read after waiting for it. `scratch`: shared memory for
+/// ranked_sequence.
 template <typename Tcu, typename Tidx, int kThreads>
 __device__ __forceinline__ StateWork state_work(const GdnPrefillParams& p, int bv, i64* scratch) {
   static_assert(kThreads >= int(kGdnPrefillRankInStateMaxSeqs),
@@ -101,13 +102,13 @@ __device__ __forceinline__ StateWork state_work(const GdnPrefillParams& p, int b
   const u64 tiles = p.v_tiles;
   const u64 block = blockIdx.x;
   const u64 rank = block / (tiles * p.num_value_heads);
-  if (p.ws_order == nullptr) {
-    w.n = rank;
-  } else if (p.num_seqs <= kGdnPrefillRankInStateMaxSeqs) {
+  if (p.num_seqs > 1 && p.num_seqs <= kGdnPrefillRankInStateMaxSeqs) {
     w.n = ranked_sequence<Tcu, kThreads>(p, rank, scratch);
-  } else {
+  } else if (p.ws_order != nullptr) {
     grid_dependency::wait_for_previous_grid();
     w.n = u64(static_cast<const int*>(p.ws_order)[rank]);
+  } else {
+    w.n = rank;
   }
   w.hv = static_cast<u32>((block / tiles) % p.num_value_heads);
   w.h = w.hv / p.heads_per_group;

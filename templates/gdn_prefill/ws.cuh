@@ -156,28 +156,11 @@ struct WsChunkRole {
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc_g[i][0] = acc_g[i][1] = acc_g[i][2] = acc_g[i][3] = 0.f;
       zero_acc(acc_qq);
-      const u32 k_addr = mma::smem_addr(base + kS.k0), q_addr = mma::smem_addr(base + kS.q);
       {
-        const u64 k_desc = wgmma::descriptor_sw128(k_addr, 16, sw128::kAtom);
-        wgmma::hold_registers(acc_g);
-        wgmma::fence();
-#pragma unroll
-        for (int ks = 0; ks < kKSteps; ++ks) {
-          const u64 kd = wgmma::advance(k_desc, sw128::k_step(0, ks));
-          wgmma::mma_m64n64k16_ss<0>(acc_g, kd, kd);
-        }
-        wgmma::commit();
-        if constexpr (kL2Norm) {
-#pragma unroll
-          for (int ks = 0; ks < kKSteps; ++ks) {
-            u32 aq[4];
-            mma::load_a_sw128(aq, q_addr, 16 * warp, 16 * ks);
-            mma::mma_bf16(acc_qq[0], aq, aq[0], aq[2]);
-            mma::mma_bf16(acc_qq[1], aq, aq[1], aq[3]);
-          }
-        }
-        wgmma::wait<0>();
-        wgmma::hold_registers(acc_g);
+        float unused_p[8][4];  // (no Q K^T here: the state warpgroups form P)
+        chunk_products_wgmma<kKSteps, kL2Norm, false>(acc_g, unused_p, acc_qq,
+                                                      mma::smem_addr(base + kS.k0),
+                                                      mma::smem_addr(base + kS.q), warp);
       }
       // 2. Inverse norms from the diagonals (q's rows are in order here: block row w for both).
       store_inverse_norms<kL2Norm>(acc_g, acc_qq, warp, warp, s_rk, s_rq, p.scale, g, t4);

@@ -120,6 +120,11 @@ enum class Path : std::uint8_t {
   warp_specialized,
 };
 
+/// Whether a path takes a workspace (T', P, scales between its kernels): the two chunked paths.
+inline bool uses_workspace(Path path) {
+  return path == Path::chunked || path == Path::context_parallel;
+}
+
 /// The planner's decisions the launch needs, as values.
 struct Choice {
   Path path = Path::fused;

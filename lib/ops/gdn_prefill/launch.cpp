@@ -27,9 +27,7 @@ namespace ops::prefill {
 
 std::size_t Family::workspace_bytes(const Problem& pr, const Choice& choice) {
   // The caller's workspace, when it has a data pointer (check() made sure it is large enough).
-  if (choice.path == Path::fused || choice.path == Path::warp_specialized || pr.caller_workspace) {
-    return 0;
-  }
+  if (!uses_workspace(choice.path) || pr.caller_workspace) return 0;
   if (choice.path == Path::context_parallel) {
     return static_cast<std::size_t>(cp_workspace_bytes(pr, choice.cp_chunks));
   }
@@ -108,15 +106,9 @@ GdnPrefillParams Family::params(const Args& args, const Problem& pr, const Choic
     // This call's segment ids (its T, not the T of the call that made the memoized plan).
     p.cp_segments = cp_segments(pr, choice.cp_chunks);
   }
-  // The fused and warp-specialized kernels keep every chunk's rows on chip: no workspace.
-  if (choice.path == Path::fused) return p;
-  if (choice.path == Path::warp_specialized) {
-    // ws_order only says "rank the sequences" here: the blocks rank up to
-    // kGdnPrefillRankInStateMaxSeqs themselves and never read it (state_work); any non-null
-    // device pointer does.
-    p.ws_order = ws_ranks_sequences(pr) ? const_cast<void*>(p.cu_seqlens) : nullptr;
-    return p;
-  }
+  // The fused and warp-specialized kernels keep every chunk's rows on chip: no workspace (the
+  // latter's blocks rank up to kGdnPrefillRankInStateMaxSeqs sequences themselves, state_work).
+  if (!uses_workspace(choice.path)) return p;
 
   // The chunked paths: the caller's workspace, else the runtime's (stream-ordered, freed on the
   // stream after the launches; under capture graph memory nodes). The context-parallel path's
@@ -190,8 +182,7 @@ Plan plan_gdn_prefill(const TensorView& q, const TensorView& k, const TensorView
   ops::Planned<ops::prefill::Choice> planned = Family::plan(pr, device);
   Plan& plan = planned.plan;
   // The workspace of this call's T (not part of the memoized plans, which T does not key).
-  if (!plan.launches.empty() && planned.choice.path != ops::prefill::Path::fused &&
-      planned.choice.path != ops::prefill::Path::warp_specialized) {
+  if (!plan.launches.empty() && ops::prefill::uses_workspace(planned.choice.path)) {
     const bool cp = planned.choice.path == ops::prefill::Path::context_parallel;
     plan.reasons.push_back(
         fmt::format("workspace for T = {}: {} bytes", pr.tokens,
