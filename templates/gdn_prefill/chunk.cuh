@@ -327,6 +327,48 @@ __device__ __forceinline__ void decay_row_block(const float (&x)[8][4], const fl
   }
 }
 
+/// Step 4 for P transposed, row block kRow of X = K Q^T (the warp-specialized kernel's chunk
+/// warpgroup, where wgmma gives warp w K's block row w and q's rows stay in order): element
+/// (j, i) = rq_i e^(gamma_i - gamma_j) rk_j X_ji for i >= j. The blocks i > j split the decay as
+/// decay_row_block does, e^(gamma_i - gamma_ref) e^(gamma_ref - gamma_j) with gamma_ref of block
+/// kRow, both factors <= 1; the diagonal block takes one exponential per element (masked by
+/// selects); the blocks left of it (i < j) are zero and not written (nothing else writes them).
+/// Warp w thus does 3 - w off-diagonal blocks here and w in A's row block w: balanced.
+template <int kRow, typename StorePair>
+__device__ __forceinline__ void decay_col_block(const float (&x)[8][4], const float* s_gamma,
+                                                const float* s_ref, const float* s_cf,
+                                                const float* s_rk, const float* s_rq, int g, int t4,
+                                                StorePair&& store_pair) {
+  const float ref = s_ref[kRow];
+#pragma unroll
+  for (int ib = kRow; ib < 4; ++ib) {
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      const int nt = 2 * ib + h2, i = nt * 8 + 2 * t4;
+      const float2 gi = *reinterpret_cast<const float2*>(s_gamma + i);
+      const float2 qi = *reinterpret_cast<const float2*>(s_rq + i);
+      if (ib > kRow) {
+        const float c0 = qi.x * ex2((gi.x - ref) * kLog2e), c1 = qi.y * ex2((gi.y - ref) * kLog2e);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int j = kRow * 16 + g + 8 * hf;
+          const float cf = s_cf[j];
+          store_pair(j, i, cf * c0 * x[nt][2 * hf], cf * c1 * x[nt][2 * hf + 1]);
+        }
+      } else {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int j = kRow * 16 + g + 8 * hf;
+          const float gj = s_gamma[j], kj = s_rk[j];
+          const float x0 = qi.x * kj * ex2((gi.x - gj) * kLog2e) * x[nt][2 * hf];
+          const float x1 = qi.y * kj * ex2((gi.y - gj) * kLog2e) * x[nt][2 * hf + 1];
+          store_pair(j, i, i >= j ? x0 : 0.f, i + 1 >= j ? x1 : 0.f);
+        }
+      }
+    }
+  }
+}
+
 /// Calls pass(Constant<w>{}) for w = warp (0..3): code compiled once per warp index.
 template <typename Pass>
 __device__ __forceinline__ void per_warp_index(int warp, Pass&& pass) {
@@ -453,25 +495,30 @@ __device__ __forceinline__ void invert_second_products(float* s_a, const float* 
 }
 
 #if KJIT_GDN_CHUNK_WGMMA
-/// Step 1 on wgmma: the whole 64 x 64 products G = K K^T (acc_g) and, kWithP, Q K^T (acc_p) from
-/// the 128-byte-swizzled k and q tiles at `k_addr`, `q_addr` (the blocks above the diagonal are
-/// computed and never read), and, kL2Norm, on mma.sync while they run, the diagonal block of
-/// Q Q^T of the tile's block row `qq_row` (its A fragment is also its B fragment); waits for all.
-template <int kKSteps, bool kL2Norm, bool kWithP>
+/// What chunk_products_wgmma computes besides K K^T: nothing, Q K^T, or K Q^T (P transposed).
+enum ChunkP : int { kChunkPNone = 0, kChunkPQK = 1, kChunkPKQ = 2 };
+
+/// Step 1 on wgmma: the whole 64 x 64 products G = K K^T (acc_g) and, kP, Q K^T or K Q^T (acc_p)
+/// from the 128-byte-swizzled k and q tiles at `k_addr`, `q_addr` (the blocks above the diagonal
+/// are computed and never read), and, kL2Norm, on mma.sync while they run, the diagonal block of Q
+/// Q^T of the tile's block row `qq_row` (its A fragment is also its B fragment); waits for all.
+template <int kKSteps, bool kL2Norm, int kP>
 __device__ __forceinline__ void chunk_products_wgmma(float (&acc_g)[8][4], float (&acc_p)[8][4],
                                                      float (&acc_qq)[2][4], u32 k_addr, u32 q_addr,
                                                      int qq_row) {
   const u64 k_desc = wgmma::descriptor_sw128(k_addr, 16, sw128::kAtom),
             q_desc = wgmma::descriptor_sw128(q_addr, 16, sw128::kAtom);
   wgmma::hold_registers(acc_g);
-  if constexpr (kWithP) wgmma::hold_registers(acc_p);
+  if constexpr (kP != kChunkPNone) wgmma::hold_registers(acc_p);
   wgmma::fence();
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) {
     const u64 kd = wgmma::advance(k_desc, sw128::k_step(0, ks));
     wgmma::mma_m64n64k16_ss<0>(acc_g, kd, kd);
-    if constexpr (kWithP) {
+    if constexpr (kP == kChunkPQK) {
       wgmma::mma_m64n64k16_ss<0>(acc_p, wgmma::advance(q_desc, sw128::k_step(0, ks)), kd);
+    } else if constexpr (kP == kChunkPKQ) {
+      wgmma::mma_m64n64k16_ss<0>(acc_p, kd, wgmma::advance(q_desc, sw128::k_step(0, ks)));
     }
   }
   wgmma::commit();
@@ -486,7 +533,7 @@ __device__ __forceinline__ void chunk_products_wgmma(float (&acc_g)[8][4], float
   }
   wgmma::wait<0>();
   wgmma::hold_registers(acc_g);
-  if constexpr (kWithP) wgmma::hold_registers(acc_p);
+  if constexpr (kP != kChunkPNone) wgmma::hold_registers(acc_p);
 }
 #endif
 
@@ -692,8 +739,8 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
 #if KJIT_GDN_CHUNK_WGMMA
     {
       // The diagonal block of Q Q^T of block row rp is stored at block position 3 - rp = warp.
-      chunk_products_wgmma<kKSteps, kL2Norm, !kStateP>(acc_g, acc_p, acc_qq, mma::smem_addr(s_k),
-                                                       mma::smem_addr(s_q), warp);
+      chunk_products_wgmma<kKSteps, kL2Norm, kStateP ? kChunkPNone : kChunkPQK>(
+          acc_g, acc_p, acc_qq, mma::smem_addr(s_k), mma::smem_addr(s_q), warp);
     }
 #else
 #pragma unroll 2

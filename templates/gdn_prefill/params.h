@@ -266,20 +266,22 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillStateSmem gdn_prefill_state_smem(int k, 
   return m;
 }
 
-/// The warp-specialized kernel (ws.cuh, sm_90a, K = V = 128): the whole-V state tile's three
-/// stages (k, q, v, T', P and its row factors, the scales per stage, then the full / empty /
-/// P-ready mbarriers), a fourth mbarrier per stage (the chunk warpgroup's T', scales and factors
-/// of the stage are in), and the chunk warpgroup's own tiles.
+/// The warp-specialized kernel (ws.cuh, sm_90a, K = V = 128): three stages of a chunk's k, q, v
+/// and scales, two slots of T' and P^T, the state warpgroups' shared S tile, the full / empty /
+/// p_ready mbarriers per stage and chunk_ready (the chunk warpgroup's T', P^T and scales of the
+/// stage's chunk are in), and the chunk warpgroup's own tiles.
 struct GdnPrefillWsSmem {
-  GdnPrefillStateSmem state;
-  u32 chunk_ready;  // u64 [3]
-  u32 a;            // f32 [64][68]: A, and the parked f32 blocks of T above its diagonal
-  u32 gamma;        // f32 [4][64]: one copy per warp
-  u32 beta;         // f32 [4][64]: one copy per warp
-  u32 cf;           // f32 [4][64]: rk_j e^(gamma_ref - gamma_j)
-  u32 ref;          // f32 [4][4]
-  u32 rq;           // f32 [64]
-  u32 rk;           // f32 [64]
+  GdnPrefillStateSmem state;  // the stages (k0, q, v, sc0; k1 - k0 apart); t0 and p: slot 0 below
+  u32 tp_stride;              // bytes from one T' / P^T slot to the next (two slots)
+  u32 s_tile;                 // bf16 [64][k] swizzled: a state warpgroup's rows of S at chunk start
+  u32 chunk_ready;            // u64 [3]
+  u32 a;                      // f32 [64][68]: A, and the parked f32 blocks of T above its diagonal
+  u32 gamma;                  // f32 [4][64]: one copy per warp
+  u32 beta;                   // f32 [4][64]: one copy per warp
+  u32 cf;                     // f32 [4][64]: rk_j e^(gamma_ref - gamma_j)
+  u32 ref;                    // f32 [4][4]
+  u32 rq;                     // f32 [64]
+  u32 rk;                     // f32 [64]
   u32 total;
 };
 
@@ -298,9 +300,12 @@ inline constexpr int kGdnPrefillWsThreads = 384;
 
 KJIT_GDN_PREFILL_HD constexpr GdnPrefillWsSmem gdn_prefill_ws_smem(int k) {
   GdnPrefillWsSmem m{};
-  // The whole-V stages as the state kernel's (gdn_prefill_state_smem), but k, q and T' without
-  // the mma.sync padding (their swizzled tiles are 128 bytes a row): 67 KiB a stage instead of
-  // 70, so that the chunk warpgroup's tiles fit beside three of them.
+  // Three stages of the chunk's rows (k, q swizzled without the mma.sync padding, v padded as the
+  // state kernel's, the scales), then the chunk warpgroup's T' and P^T in a ring of two slots:
+  // chunk c's slot is chunk c - 2's, whose stage the chunk warpgroup waits for anyway before it
+  // fills chunk c + 1. The slot saved pays for the state warpgroups' shared S tile (their first
+  // products read S from shared memory: with S's bf16 A fragments in registers ptxas serialized
+  // every wgmma of the kernel, docs/performance.md).
   GdnPrefillStateSmem& st = m.state;
   u32 at = 0;
   st.k0 = at;
@@ -309,19 +314,21 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillWsSmem gdn_prefill_ws_smem(int k) {
   at += 64u * u32(k) * 2u;
   st.v = at;
   at += 64u * (128u + 8u) * 2u;
-  st.t0 = at;
-  at += 64u * 64u * 2u;
-  st.p = at;
-  at += 64u * 64u * 2u + 64u * 16u;  // P, then each row's factors
   st.sc0 = at;
   at += 64u * 16u;
   st.k1 = st.k0 + at;
-  st.t1 = st.t0 + at;
   st.sc1 = st.sc0 + at;
-  st.total = at * u32(kGdnPrefillWsStages);
-  st.barriers = st.total;
-  st.total += 24u * u32(kGdnPrefillWsStages);
-  at = st.total;
+  at *= u32(kGdnPrefillWsStages);
+  st.t0 = at;  // 1024-byte aligned: the stage is a multiple of 1024 bytes at k = 128
+  st.p = at + 64u * 64u * 2u;
+  m.tp_stride = 2u * 64u * 64u * 2u;
+  st.t1 = st.t0 + m.tp_stride;
+  at += 2u * m.tp_stride;
+  m.s_tile = at;
+  at += 64u * u32(k) * 2u;
+  st.barriers = at;
+  at += 24u * u32(kGdnPrefillWsStages);
+  st.total = at;  // (state_wide finds chunk_ready here)
   m.chunk_ready = at;
   at = gdn_prefill_align16(at + 8u * kGdnPrefillWsStages);
   m.a = at;

@@ -708,6 +708,17 @@ struct NoChunkRole {
                                              unsigned char*) {}
 };
 
+/// bf16 element (r, c) of a 64-row 128-byte-swizzled tile (swizzle.cuh).
+__device__ __forceinline__ __nv_bfloat16* sw128_element(unsigned char* tile, int r, int c) {
+  return reinterpret_cast<__nv_bfloat16*>(tile + sw128::offset(r, c >> 3) + (c & 7) * 2);
+}
+
+/// The named barrier of warpgroup `wg`'s four warps in the warp-specialized kernel (5 and 6; 0 is
+/// __syncthreads, 1 the mma.sync tiles' P, 2 and 3 the turns, 4 the chunk warpgroup's).
+__device__ __forceinline__ void warpgroup_sync(int wg) {
+  asm volatile("bar.sync %0, 128;" ::"r"(5 + wg) : "memory");
+}
+
 template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
           int kBV, bool kCkpt, int kPhase = 0, int kStagesWanted = 0, bool kKMajor = false,
           bool kStateP = false, typename ChunkRole = NoChunkRole>
@@ -742,14 +753,15 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   static_assert(!(kStateP && KJIT_GDN_STATE_WGMMA) || (kWarps == 8 && kHandoff),
                 "on wgmma, P is formed by the whole-V tile's two warpgroups (half the columns "
                 "each), during the chunk before (3 stages, handed over by mbarriers)");
-  // The warp-specialized kernel (ws.cuh): a third warpgroup computes each chunk's T', scales and
-  // P factors into the stages (and copies their q, k and v rows) while the state warpgroups walk
-  // the chunks; every chunk's P is formed here. No chunk kernel, no workspace.
+  // The warp-specialized kernel (ws.cuh): a third warpgroup copies each chunk's q, k and v rows
+  // into the stages and computes its T', P^T and scales into them while the state warpgroups walk
+  // the chunks. No chunk kernel, no workspace.
   constexpr bool kWs = ChunkRole::kActive;
-  static_assert(!kWs || (KJIT_GDN_STATE_WGMMA && kStateP && kPhase == 0 && kStages == 3),
-                "the warp-specialized kernel runs the whole-V wgmma tile forming P, 3 stages");
+  static_assert(!kWs || (KJIT_GDN_STATE_WGMMA && !kStateP && kPhase == 0 && kStages == 3),
+                "the warp-specialized kernel runs the whole-V wgmma tile, 3 stages, P given");
+  [[maybe_unused]] constexpr GdnPrefillWsSmem kWsSmem = gdn_prefill_ws_smem(kK);
   constexpr GdnPrefillStateSmem kSmem =
-      kWs ? gdn_prefill_ws_smem(kK).state : gdn_prefill_state_smem(kK, kBV, kStages);
+      kWs ? kWsSmem.state : gdn_prefill_state_smem(kK, kBV, kStages);
   static_assert(kSmem.total >= (kThreads + 1) * sizeof(i64), "ranked_sequence's scratch");
   constexpr u32 kStage = kSmem.k1 - kSmem.k0;
 
@@ -777,9 +789,9 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 #if KJIT_GDN_STATE_WGMMA
     if constexpr (kWs) {
       // full[s]: the chunk warpgroup's copies into stage s have landed (its 128 threads'
-      // cp.async.mbarrier.arrive.noinc); empty[s]: every state warp is done with it; p_ready[s]:
-      // both state warpgroups stored their half of its P; chunk_ready[s]: the chunk warpgroup
-      // stored its T', scales and P factors.
+      // cp.async.mbarrier.arrive.noinc); empty[s]: every state warp is done with it (and with its
+      // chunk's T' / P^T slot); chunk_ready[s]: the chunk warpgroup stored the chunk's T', P^T
+      // and scales. (p_ready, initialized with the others, is the mma.sync tiles'.)
       u64* const bars = reinterpret_cast<u64*>(smem + kSmem.barriers);
       if (tid == 0) {
 #pragma unroll
@@ -793,12 +805,16 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       __syncthreads();
       if (warp >= kWarps) {
         // The chunk warpgroup gives registers to the state warpgroups (setmaxnreg moves them
-        // within the block's allocation of 168 per thread: 2 x 128 x 184 + 128 x 136).
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 136;\n" ::: "memory");
+        // within the block's allocation of 168 per thread: 2 x 128 x 192 + 128 x 120; asking for
+        // more than the allocation blocks forever). At 184 state registers ptxas serialized every
+        // wgmma of the kernel (C7512: each one waited for itself), at 192 it does not.
+        static_assert(2 * 128 * 192 + 128 * 120 <= 168 * kGdnPrefillWsThreads,
+                      "setmaxnreg cannot hand out more than the block's allocation");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 120;\n" ::: "memory");
         ChunkRole::run(p, work, smem);
         return;
       }
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n" ::: "memory");
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 192;\n" ::: "memory");
     }
 #endif
   } else {
@@ -1002,7 +1018,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   // kWs: chunk_ready[s] (see above), after the stages' barriers.
   [[maybe_unused]] u64* const chunk_ready = reinterpret_cast<u64*>(smem + kSmem.total);
   [[maybe_unused]] u32 chunk_ready_phase = 0;
-  // kWs: waits until the chunk warpgroup's results for stage s are in (once per chunk).
+  // kWs: waits until the chunk warpgroup's T', P^T and scales of stage s's chunk are in (once per
+  // chunk, before form_r reads the scales).
   [[maybe_unused]] const auto wait_chunk_ready = [&](int s) {
 #if KJIT_GDN_STATE_WGMMA
     if constexpr (kWs) {
@@ -1060,8 +1077,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         // The first chunk's P, before the loop; each later chunk's during the chunk before it.
         if (want_out) {
           mbarrier::wait(full, 0u);
-          wait_chunk_ready(0);  // kWs: the first chunk's P factors (and T', scales)
-          if (!(kWs && KJIT_GDN_WS_PACE == 2)) form_stage_p(smem, bos, rows_at(bos));
+          form_stage_p(smem, bos, rows_at(bos));
           mbarrier::arrive(p_ready);
         }
       }
@@ -1078,6 +1094,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   }
 
   int st = 0;
+  // kWs: the byte offset of this chunk's T' / P^T slot (two slots, chunks alternate).
+  [[maybe_unused]] u32 tp_off = 0;
   for (i64 t0 = bos; t0 < eos; t0 += kGdnPrefillChunk) {
     const int rows = rows_at(t0);
     [[maybe_unused]] const int cur = st;
@@ -1085,7 +1103,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     if constexpr (kWs && KJIT_GDN_WS_PACE == 2) {  // measurement only: the chunk side's pace
       mbarrier::wait(full + st, (full_phase >> st) & 1u);
       full_phase ^= 1u << st;
-      if (t0 > bos) wait_chunk_ready(st);
+      wait_chunk_ready(st);
       __syncwarp();
       if (lane == 0) mbarrier::arrive(empty + st);
       st = st + 1 == kStages ? 0 : st + 1;
@@ -1148,10 +1166,12 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     const __nv_bfloat16* s_k = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.k0);
     const __nv_bfloat16* s_q = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.q);
     const __nv_bfloat16* s_v = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.v);
-    const __nv_bfloat16* s_t = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.t0);
-    __nv_bfloat16* const s_p = reinterpret_cast<__nv_bfloat16*>(base + kSmem.p);
+    unsigned char* const tp_base = kWs ? smem + tp_off : base;
+    const __nv_bfloat16* s_t = reinterpret_cast<const __nv_bfloat16*>(tp_base + kSmem.t0);
+    __nv_bfloat16* const s_p = reinterpret_cast<__nv_bfloat16*>(tp_base + kSmem.p);
     const float4* s_sc = reinterpret_cast<const float4*>(base + kSmem.sc0);
     st = st + 1 == kStages ? 0 : st + 1;
+    if constexpr (kWs) tp_off = kWsSmem.tp_stride - tp_off;
 #if !KJIT_GDN_STATE_WGMMA
     // kStateP without the handoff (2 stages, or before sm_90): this chunk's P here, shared by
     // every warp's O through a block barrier before step 5.
@@ -1171,12 +1191,10 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
               q_desc = wgmma::descriptor_sw128(q_addr, 16, kSwAtom),
               t_desc = wgmma::descriptor_sw128(t_addr, 16, kSwAtom),
               p_desc = wgmma::descriptor_sw128(p_addr, 16, kSwAtom),
+              pt_desc = wgmma::descriptor_sw128(p_addr, sw128::kSlice, kSwAtom),
               kn_desc = wgmma::descriptor_sw128(k_addr, sw128::kSlice, kSwAtom);
 
     // 1. S_w K^T (acc_r: rows v, columns j) and S_w Q^T (acc_o: rows v, columns i), over K.
-    u32 s_frag[kKSteps][4];
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) state_fragment(s_acc[0], ks, s_frag[ks]);
     float acc_r[8][4], acc_o[8][4];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -1185,28 +1203,76 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     }
     wgmma::hold_registers(acc_r);
     wgmma::hold_registers(acc_o);
-    turn_wait();
-    wgmma::fence();
+    if constexpr (kWs) {
+      // S_w from the warpgroups' shared S tile (bf16, swizzled, K-major A): with S's A fragments
+      // in registers beside the state and the accumulators, 184 registers were too few for ptxas
+      // to keep any wgmma in flight (C7512: every wgmma of the kernel waited for itself). The
+      // tile is the warpgroup's from its turn until its products have read it.
+      unsigned char* const s_tile = smem + kWsSmem.s_tile;
+      turn_wait();
+      const int wr = (warp & 3) * 16 + g;  // the warp's rows of the tile
 #pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      wgmma::mma_m64n64k16<0>(acc_r, s_frag[ks], wgmma::advance(k_desc, sw128::k_step(0, ks)));
-    }
-    // With the handoff, R is formed while S_w Q^T runs on (needed only for O, in step 5); the
-    // 2-stage form waits for both (the split spilled 24 bytes there at K = 128).
-    if constexpr (kHandoff) wgmma::commit();
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        u32 f[4];
+        state_fragment(s_acc[0], ks, f);
+        *reinterpret_cast<u32*>(sw128_element(s_tile, wr, 16 * ks + 2 * t4)) = f[0];
+        *reinterpret_cast<u32*>(sw128_element(s_tile, wr + 8, 16 * ks + 2 * t4)) = f[1];
+        *reinterpret_cast<u32*>(sw128_element(s_tile, wr, 16 * ks + 8 + 2 * t4)) = f[2];
+        *reinterpret_cast<u32*>(sw128_element(s_tile, wr + 8, 16 * ks + 8 + 2 * t4)) = f[3];
+      }
+      wgmma::fence_shared_writes();
+      warpgroup_sync(wg);  // every warp's rows are in before the warpgroup's products read them
+      const u64 s_desc = wgmma::descriptor_sw128(mma::smem_addr(s_tile), 16, kSwAtom);
+      wgmma::fence();
 #pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      wgmma::mma_m64n64k16<0>(acc_o, s_frag[ks], wgmma::advance(q_desc, sw128::k_step(0, ks)));
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        wgmma::mma_m64n64k16_ss<0>(acc_r, wgmma::advance(s_desc, sw128::k_step(0, ks)),
+                                   wgmma::advance(k_desc, sw128::k_step(0, ks)));
+      }
+      wgmma::commit();
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        wgmma::mma_m64n64k16_ss<0>(acc_o, wgmma::advance(s_desc, sw128::k_step(0, ks)),
+                                   wgmma::advance(q_desc, sw128::k_step(0, ks)));
+      }
+      wgmma::commit();
+      wgmma::wait<1>();
+      wgmma::hold_registers(acc_r);
+      // This chunk's T', P^T and scales from the chunk warpgroup.
+      wait_chunk_ready(cur);
+    } else {
+      u32 s_frag[kKSteps][4];
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) state_fragment(s_acc[0], ks, s_frag[ks]);
+      turn_wait();
+      wgmma::fence();
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        wgmma::mma_m64n64k16<0>(acc_r, s_frag[ks], wgmma::advance(k_desc, sw128::k_step(0, ks)));
+      }
+      // With the handoff, R is formed while S_w Q^T runs on (needed only for O, in step 5); the
+      // 2-stage form waits for both (the split spilled 24 bytes there at K = 128).
+      if constexpr (kHandoff) wgmma::commit();
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        wgmma::mma_m64n64k16<0>(acc_o, s_frag[ks], wgmma::advance(q_desc, sw128::k_step(0, ks)));
+      }
+      wgmma::commit();
+      turn_pass();
+      wgmma::wait<kHandoff ? 1 : 0>();
+      wgmma::hold_registers(acc_r);
     }
-    wgmma::commit();
-    turn_pass();
-    wgmma::wait<kHandoff ? 1 : 0>();
-    wgmma::hold_registers(acc_r);
 
     // 2. R_w^T and the update's column scales.
     u32 ra[4][4];
     float kd[4][2][2];
     form_r(acc_r, s_v + vw, kLdV, s_sc, t4, ra, kd);
+    if constexpr (kWs) {
+      // S_w Q^T has read the shared S tile by now (it ran during R): the other warpgroup's turn.
+      wgmma::wait<0>();
+      wgmma::hold_registers(acc_o);
+      turn_pass();
+    }
 
     // 3. Vn_w^T = R_w^T T'^T (T''s zero upper blocks are multiplied too).
     float acc_v[8][4];
@@ -1256,7 +1322,12 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       wgmma::fence();
 #pragma unroll
       for (int jb = 0; jb < 4; ++jb) {
-        wgmma::mma_m64n64k16<0>(acc_o, vb[jb], wgmma::advance(p_desc, jb * 32));
+        if constexpr (kWs) {
+          // P^T from the chunk warpgroup: N-major, 16 token rows (two atoms) per k-step.
+          wgmma::mma_m64n64k16<1>(acc_o, vb[jb], wgmma::advance(pt_desc, jb * 2 * kSwAtom));
+        } else {
+          wgmma::mma_m64n64k16<0>(acc_o, vb[jb], wgmma::advance(p_desc, jb * 32));
+        }
       }
       wgmma::commit();
 #pragma unroll
@@ -1312,7 +1383,6 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     if constexpr (kStateP) {
       if (t_next < eos) {
         mbarrier::wait(full + s_next, (full_phase >> s_next) & 1u);
-        wait_chunk_ready(s_next);  // kWs: the next chunk's P factors (and T', scales)
         wgmma::fence_shared_writes();
         unsigned char* const nb = smem + s_next * kStage;
         issue_qk_half<kK>(acc_qk, mma::smem_addr(nb + kSmem.q), mma::smem_addr(nb + kSmem.k0),

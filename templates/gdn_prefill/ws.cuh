@@ -6,19 +6,25 @@
 //   warpgroup 2 (the chunk role, below): copies each chunk's raw q, k and v rows into a ring of
 //     three stages (cp.async, q and k 128-byte swizzled) and computes, one chunk ahead of the state
 //     warpgroups, what the chunk kernel (chunk.cuh) writes to the workspace: T' = (I + A)^-1
-//     diag(beta) into the stage's swizzled T' tile, the decay scales, and P's row factors
-//     (gdn_prefill_p_factors), from K K^T on wgmma, the norms from the diagonals of K K^T and
-//     Q Q^T, the gates, the forward substitution and the inverse's tf32 block products.
-//   warpgroups 0 and 1 (state.cuh, state_wide with kStateP): the state recurrence on wgmma, 64
-//     rows of V each, forming each chunk's P from the stage's q and k tiles during the chunk
-//     before.
+//     diag(beta) and P transposed (decay_col_block, from K Q^T, so that each warp's rows of P^T
+//     and of A balance) into a ring of two swizzled T' / P^T slots, and the decay scales into the
+//     stage; from K K^T and K Q^T on wgmma, the norms from the diagonals of K K^T and Q Q^T, the
+//     gates, the forward substitution and the inverse's tf32 block products.
+//   warpgroups 0 and 1 (state.cuh, state_wide with a chunk role): the state recurrence on wgmma,
+//     64 rows of V each, taking turns through one shared bf16 S tile for their first products.
 //
-// Four mbarriers per stage hand the stages around: full (the chunk warpgroup's copies landed),
-// chunk_ready (its T', scales and factors are in), p_ready (both halves of P are in), empty
-// (every state warp is done with the stage). The chunk warpgroup fetches chunk c + 1 while it
-// works on chunk c, into the stage of chunk c - 2, which the state warpgroups (on chunk c - 1)
-// have released. Compared with the two kernels, the T', P and scale rows (~0.57 GB at 128k
-// tokens, H = HV = 16) are never written, and q and k are read once instead of twice.
+// Three mbarriers per stage hand the stages around: full (the chunk warpgroup's copies landed),
+// chunk_ready (its T', P^T and scales are in), empty (every state warp is done with the stage
+// and with the chunk's T' / P^T slot). The chunk warpgroup fetches chunk c + 1 while it works on
+// chunk c, into the stage of chunk c - 2, which the state warpgroups (on chunk c - 1) have
+// released; chunk c's T' / P^T slot is chunk c - 2's. Compared with the two kernels, the T', P
+// and scale rows (~0.57 GB at 128k tokens, H = HV = 16) are never written, and q and k are read
+// once instead of twice.
+//
+// Registers: 2 x 128 x 192 + 128 x 120 = the block's 168 per thread (setmaxnreg, state.cuh).
+// With 184 for the state warpgroups ptxas serialized every wgmma of the kernel (C7512, each
+// waited for itself) until S's A fragments left the registers for the shared S tile and P left
+// the state warpgroups; at 192 it keeps them in flight.
 #pragma once
 
 #include "templates/gdn_prefill/chunk.cuh"
@@ -28,11 +34,6 @@ namespace kjit {
 namespace gdn_prefill_detail {
 
 #if KJIT_GDN_STATE_WGMMA
-
-/// bf16 element (r, c) of a 64 x 64 128-byte-swizzled tile (rows of 128 bytes, K-major).
-__device__ __forceinline__ __nv_bfloat16* sw128_element(unsigned char* tile, int r, int c) {
-  return reinterpret_cast<__nv_bfloat16*>(tile + sw128::offset(r, c >> 3) + (c & 7) * 2);
-}
 
 /// The named barrier of the chunk warpgroup's four warps (0 is __syncthreads, 2 and 3 the state
 /// warpgroups' turns).
@@ -76,13 +77,15 @@ struct WsChunkRole {
     float* const s_ref = reinterpret_cast<float*>(smem + kWsSmem.ref) + 4 * warp;
     const float* const s_beta0 = reinterpret_cast<const float*>(smem + kWsSmem.beta);
 
-    // The blocks of T' above its diagonal blocks are zero in every stage (nothing else writes
-    // them; the first chunk_ready arrival publishes them).
-    for (int st = 0; st < kStages; ++st) {
-      unsigned char* const t_tile = smem + st * kStage + kS.t0;
+    // The blocks of T' above its diagonal blocks and those of P^T left of them are zero in both
+    // slots (nothing else writes them; the first chunk_ready arrival publishes them).
+    for (int slot = 0; slot < 2; ++slot) {
+      unsigned char* const t_tile = smem + kS.t0 + slot * kWsSmem.tp_stride;
+      unsigned char* const pt_tile = smem + kS.p + slot * kWsSmem.tp_stride;
       for (int e = ctid; e < 64 * 64; e += kGdnPrefillThreads) {
         const int r = e >> 6, c = e & 63;
         if ((c >> 4) > (r >> 4)) *sw128_element(t_tile, r, c) = __float2bfloat16_rn(0.f);
+        if ((c >> 4) < (r >> 4)) *sw128_element(pt_tile, r, c) = __float2bfloat16_rn(0.f);
       }
     }
     const i64 bos = w.bos, eos = w.eos;
@@ -135,14 +138,15 @@ struct WsChunkRole {
       // held chunk c - 2; the state warpgroups are on chunk c - 1 by now).
       const i64 tn = t0 + kGdnPrefillChunk;
       const int sn = st + 1 == kStages ? 0 : st + 1;
-      if (tn < eos) {
-        if (chunk + 1 >= kStages) {
-          mbarrier::wait(empty + sn, (empty_phase >> sn) & 1u);
-          empty_phase ^= 1u << sn;
-        }
-        fill(sn, tn);
+      // Chunk c - 2's stage is also the one whose T' / P^T slot chunk c takes: waited for even
+      // when nothing is left to fill.
+      if (chunk + 1 >= kStages) {
+        mbarrier::wait(empty + sn, (empty_phase >> sn) & 1u);
+        empty_phase ^= 1u << sn;
       }
+      if (tn < eos) fill(sn, tn);
       unsigned char* const base = smem + st * kStage;
+      const u32 slot_off = u32(chunk & 1) * kWsSmem.tp_stride;
       if constexpr (KJIT_GDN_WS_PACE == 1) {  // measurement only: the state side's pace alone
         if (tn < eos) gates.load(p, tn, rows_at(tn), hv, lane);
         mbarrier::arrive(chunk_ready + st);
@@ -150,18 +154,19 @@ struct WsChunkRole {
         continue;
       }
 
-      // 1. G = K K^T on wgmma (warp w holds block row w) and, for |q_i|^2, the diagonal block of
-      // Q Q^T of block row w on mma.sync while it runs.
-      float acc_g[8][4], acc_qq[2][4];
+      // 1. G = K K^T and P's raw transpose K Q^T on wgmma (warp w holds block row w of both)
+      // and, for |q_i|^2, the diagonal block of Q Q^T of block row w on mma.sync while they run.
+      // (K Q^T issued after the A pass instead, so that the two accumulators are never live at
+      // once, spilled as much at 120 registers: 264 / 288 bytes against 244 / 288.)
+      float acc_g[8][4], acc_p[8][4], acc_qq[2][4];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc_g[i][0] = acc_g[i][1] = acc_g[i][2] = acc_g[i][3] = 0.f;
-      zero_acc(acc_qq);
-      {
-        float unused_p[8][4];  // (no Q K^T here: the state warpgroups form P)
-        chunk_products_wgmma<kKSteps, kL2Norm, false>(acc_g, unused_p, acc_qq,
-                                                      mma::smem_addr(base + kS.k0),
-                                                      mma::smem_addr(base + kS.q), warp);
+      for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_g[i][e] = acc_p[i][e] = 0.f;
       }
+      zero_acc(acc_qq);
+      chunk_products_wgmma<kKSteps, kL2Norm, kChunkPKQ>(
+          acc_g, acc_p, acc_qq, mma::smem_addr(base + kS.k0), mma::smem_addr(base + kS.q), warp);
       // 2. Inverse norms from the diagonals (q's rows are in order here: block row w for both).
       store_inverse_norms<kL2Norm>(acc_g, acc_qq, warp, warp, s_rk, s_rq, p.scale, g, t4);
       // The norms are visible; the previous chunk's readers of A, the parked blocks and beta are
@@ -173,28 +178,33 @@ struct WsChunkRole {
         if (tn < eos) gates.load(p, tn, rows_at(tn), hv, lane);
       });
       __syncwarp();
-      // 4. A (f32, strictly lower) of block row `warp` (decay_row_block, once per warp index).
+      // 4. A (f32, strictly lower) of block row `warp` (decay_row_block) and P^T's block row
+      // `warp` (decay_col_block) into the slot's swizzled tile, once per warp index.
+      unsigned char* const pt_tile = smem + kS.p + slot_off;
       per_warp_index(warp, [&](auto warp_index) {
-        decay_row_block<decltype(warp_index)::value, 0>(
+        constexpr int kW = decltype(warp_index)::value;
+        decay_row_block<kW, 0>(
             acc_g, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int i) { return s_beta[i] * s_rk[i]; },
             [&](int i, int j, float x0, float x1) {
               *reinterpret_cast<float2*>(s_a + i * kLdA + j) = make_float2(x0, x1);
             });
+        decay_col_block<kW>(
+            acc_p, s_gamma, s_ref, s_cf, s_rk, s_rq, g, t4, [&](int j, int i, float x0, float x1) {
+              *reinterpret_cast<u32*>(sw128_element(pt_tile, j, i)) = mma::pack_bf16(x0, x1);
+            });
       });
-      // The chunk's scales and P's row factors into the stage: every row (rows past the end have
-      // zero q, k and gates, so their factors are finite and their P entries are masked).
+      // The chunk's scales into the stage: every row (rows past the end have zero q, k and gates,
+      // so their scales are finite).
       if (ctid < 64) {
         const float gi = s_gamma[ctid], g_last = s_gamma[63];
         const float eg = __expf(gi);
         reinterpret_cast<float4*>(base + kS.sc0)[ctid] = make_float4(
             s_rq[ctid] * eg, s_rk[ctid] * eg, s_rk[ctid] * __expf(g_last - gi), __expf(g_last));
-        reinterpret_cast<float4*>(base + kS.p + kWgmmaPFactors)[ctid] =
-            gdn_prefill_p_factors(gi, s_rq[ctid], s_rk[ctid]);
       }
       chunk_group_sync();
 
-      // 5. T = (I + A)^-1 as the chunk kernel, T' straight into the stage's swizzled tile.
-      unsigned char* const t_tile = base + kS.t0;
+      // 5. T = (I + A)^-1 as the chunk kernel, T' straight into the slot's swizzled tile.
+      unsigned char* const t_tile = smem + kS.t0 + slot_off;
       const auto t_element = [&](int r, int c) { return sw128_element(t_tile, r, c); };
       invert_diagonal_block(s_a, s_beta0, warp, lane, t_element);
       chunk_group_sync();
@@ -202,7 +212,7 @@ struct WsChunkRole {
       invert_first_products(s_a, s_beta0, warp, g, t4, z1, z2, t_element);
       chunk_group_sync();
       invert_second_products(s_a, s_beta0, warp, g, t4, z1, z2, t_element);
-      // This thread's T', scales and factors of the stage, to the state warpgroups' wgmma.
+      // This thread's T', P^T and scales of the chunk, to the state warpgroups' wgmma.
       wgmma::fence_shared_writes();
       mbarrier::arrive(chunk_ready + st);
       st = sn;
@@ -227,7 +237,7 @@ __global__ void __launch_bounds__(kGdnPrefillWsThreads, 1)
   static_assert(kK == 128 && kV == 128, "the warp-specialized kernel is laid out for K = V = 128");
   gdn_prefill_detail::state_wide<
       Tin, Tstate, Tout, Tcu, Tidx, kK, kV, 128, kCkpt, 0, kGdnPrefillWsStages,
-      kStateLayout == kGdnStateKMajor, true,
+      kStateLayout == kGdnStateKMajor, false,
       gdn_prefill_detail::WsChunkRole<Tin, Tgate, Tparam, kK, kGated, kL2Norm>>(p);
 #endif
 }

@@ -1129,8 +1129,8 @@ TEST_CASE(
   const GdnPrefillStateSmem& st = m.state;
   const std::uint32_t stage = st.k1 - st.k0;
   CHECK(stage % 1024 == 0);  // every stage's swizzled tiles stay on 1024-byte boundaries
-  CHECK(st.t1 - st.t0 == stage);
   CHECK(st.sc1 - st.sc0 == stage);
+  CHECK(st.t1 - st.t0 == m.tp_stride);
   struct Region {
     const char* what;
     std::uint32_t begin, bytes;
@@ -1138,14 +1138,20 @@ TEST_CASE(
   std::vector<Region> regions;
   for (std::uint32_t s = 0; s < static_cast<std::uint32_t>(kGdnPrefillWsStages); ++s) {
     const std::uint32_t at = s * stage;
-    for (const std::uint32_t tile : {st.k0, st.q, st.t0, st.p}) CHECK((at + tile) % 1024 == 0);
+    for (const std::uint32_t tile : {st.k0, st.q}) CHECK((at + tile) % 1024 == 0);
     regions.push_back({"k", at + st.k0, 64 * 128 * 2});
     regions.push_back({"q", at + st.q, 64 * 128 * 2});
     regions.push_back({"v", at + st.v, 64 * (128 + 8) * 2});
-    regions.push_back({"T'", at + st.t0, 64 * 64 * 2});
-    regions.push_back({"P and its row factors", at + st.p, 64 * 64 * 2 + 64 * 16});
     regions.push_back({"scales", at + st.sc0, 64 * 16});
   }
+  for (std::uint32_t slot = 0; slot < 2; ++slot) {
+    const std::uint32_t at = slot * m.tp_stride;
+    for (const std::uint32_t tile : {st.t0, st.p}) CHECK((at + tile) % 1024 == 0);
+    regions.push_back({"T'", at + st.t0, 64 * 64 * 2});
+    regions.push_back({"P^T", at + st.p, 64 * 64 * 2});
+  }
+  CHECK(m.s_tile % 1024 == 0);
+  regions.push_back({"S tile", m.s_tile, 64 * 128 * 2});
   regions.push_back({"full, empty, p_ready", st.barriers, 3 * 8 * kGdnPrefillWsStages});
   regions.push_back({"chunk_ready", m.chunk_ready, 8 * kGdnPrefillWsStages});
   regions.push_back({"A", m.a, 64 * 68 * 4});
