@@ -411,9 +411,8 @@ Decision choose(const Problem& pr, const DeviceLimits& device) {
       choice.reasons.push_back(fmt::format(
           "warp-specialized kernel (forced by options.force_mode '{}'): per (sequence, value "
           "head) one block of {} threads, compiled for sm_90a; a chunk warpgroup copies each "
-          "chunk's q, k, v rows into {} shared-memory stages and computes T', the scales and P's "
-          "row factors there one chunk ahead; two state warpgroups carry the state on wgmma and "
-          "form P; no workspace",
+          "chunk's q, k, v rows into {} shared-memory stages and computes T', P and the scales "
+          "there one chunk ahead; two state warpgroups carry the state on wgmma; no workspace",
           force, kGdnPrefillWsThreads, kGdnPrefillWsStages));
       return choice;
     }
