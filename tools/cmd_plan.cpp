@@ -15,6 +15,7 @@
 #include "cache/bundle.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
+#include "compile/compiler.hpp"
 #include "kjit/catalog.hpp"
 #include "kjit/error.hpp"
 #include "kjit/runtime.hpp"
@@ -300,6 +301,9 @@ int cmd_inspect(const Argv& argv) {
     out += "\n";
   }
   out += resources_text(kernel->resources);
+  if (const auto why = compile::wgmma_serialization(kernel->log, kernel->lowered_name)) {
+    out += fmt::format("wgmma            serialized by ptxas (C7512: {})\n", *why);
+  }
   if (args.has("key")) out += "\n== key material ==\n" + kernel->key_material;
   if (args.has("ptx")) out += "\n== PTX ==\n" + kernel->ptx;
   if (args.has("sass")) out += "\n== SASS ==\n" + sass_of(*kernel, settings.resolved_cuda_home());

@@ -334,6 +334,12 @@ CompiledKernel Compiler::compile(const KernelSpec& spec) const {
     support::log(LogLevel::warn, "ptxas reported no resources for {} ({}); they read as zero",
                  spec_text, kernel.lowered_name);
   }
+  if (const auto why = wgmma_serialization(output.log, kernel.lowered_name)) {
+    support::log(LogLevel::warn,
+                 "ptxas serialized the wgmma of {} ({}; C7512): it is correct, but every "
+                 "warpgroup product waits for itself, far below the kernel's speed",
+                 spec_text, *why);
+  }
   kernel.resources.max_threads = ptx_max_threads(output.ptx, kernel.lowered_name);
   kernel.cubin = std::move(output.cubin);
   kernel.ptx = std::move(output.ptx);

@@ -129,6 +129,13 @@ std::vector<HeaderFile> embedded_headers();
 /// functions only; `max_threads` is not in the report, see ptx_max_threads()).
 std::map<std::string, KernelResources> parse_ptxas_report(std::string_view log);
 
+/// Why ptxas serialized the wgmma of entry point `kernel` ("insufficient register resources",
+/// ...), from its C7512 line in an NVRTC log with the `-Xptxas=-v` report; nullopt when it did
+/// not. A serialized kernel is correct but each warpgroup product waits for itself, k-step by
+/// k-step: the warp-specialized prefill kernel ran ~1.6x slower per step that way and nothing
+/// else said so (docs/performance.md, "The warp-specialized kernel's wgmma were serialized").
+std::optional<std::string> wgmma_serialization(std::string_view log, std::string_view kernel);
+
 /// Registers and stack frame of entry point `kernel` read from the cubin itself, for when
 /// NVRTC returns no ptxas report: on the H200 machine, with torch's NVRTC loaded in the
 /// process, the program log came back empty. The global ".nv.info" section of a CUDA ELF holds

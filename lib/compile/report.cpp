@@ -184,6 +184,29 @@ std::map<std::string, KernelResources> parse_ptxas_report(std::string_view log) 
   return kernels;
 }
 
+std::optional<std::string> wgmma_serialization(std::string_view log, std::string_view kernel) {
+  // "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are
+  // serialized due to <reason> for the function '<mangled name>'"
+  constexpr std::string_view kCode = "(C7512)";
+  constexpr std::string_view kDueTo = " due to ";
+  constexpr std::string_view kFor = " for the function '";
+  for (std::string_view line : split_lines(log)) {
+    if (line.find(kCode) == std::string_view::npos) continue;
+    const std::size_t function = line.find(kFor);
+    if (function == std::string_view::npos) continue;
+    const std::size_t name_begin = function + kFor.size();
+    const std::size_t name_end = line.find('\'', name_begin);
+    if (name_end == std::string_view::npos ||
+        line.substr(name_begin, name_end - name_begin) != kernel) {
+      continue;
+    }
+    const std::size_t due = line.find(kDueTo);
+    if (due == std::string_view::npos || due > function) return std::string("(no reason given)");
+    return std::string(line.substr(due + kDueTo.size(), function - due - kDueTo.size()));
+  }
+  return std::nullopt;
+}
+
 std::optional<KernelResources> cubin_resources(std::string_view cubin, std::string_view kernel) {
   // Little-endian ELF64 read with bounds checks: a malformed cubin gives nullopt, never a read
   // past the end.

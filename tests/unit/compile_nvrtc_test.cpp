@@ -252,6 +252,7 @@ TEST_CASE("gdn_prefill_state's wide tiles compile to wgmma for sm_90a without sp
     CHECK(is_elf(kernel.cubin));
     CHECK(kernel.ptx.find("wgmma.mma_async") != std::string::npos);
     CHECK(kernel.resources.spill_store_bytes == 0);
+    CHECK_FALSE(wgmma_serialization(kernel.log, kernel.lowered_name).has_value());
   }
   // The portable target keeps mma.sync.
   const CompiledKernel plain = c.compile(KernelSpec::parse(
@@ -431,6 +432,34 @@ TEST_CASE("gdn_prefill's K-major specializations compile for every shipped targe
     CHECK(kernels[i].resources.registers > 0);
   }
   CHECK(kernels.back().ptx.find("wgmma.mma_async") != std::string::npos);
+}
+
+TEST_CASE("the sm_90a prefill kernels keep their wgmma in flight (no ptxas C7512)") {
+  // ptxas serializes a kernel's wgmma when it runs short of registers for them, silently but for
+  // a C7512 line in the -Xptxas=-v report: the warp-specialized kernel ran that way for weeks
+  // (docs/performance.md). The chunk kernel's products and the warp-specialized kernel (192 /
+  // 120 registers between its roles): every product in flight. The state kernels are checked
+  // above.
+  const Compiler& c = nvrtc();
+  const std::vector<KernelSpec> specs = {
+      KernelSpec::parse("gdn_prefill_chunk:qkv=bf16,gate=bf16,param=f32,cu=i32,k=128,gated=0,"
+                        "l2norm=1@sm_90a"),
+      KernelSpec::parse("gdn_prefill_ws:qkv=bf16,gate=bf16,param=f32,state=f32,out=bf16,cu=i32,"
+                        "index=i32,k=128,v=128,gated=0,l2norm=1,ckpt=0@sm_90a"),
+      KernelSpec::parse("gdn_prefill_ws:qkv=bf16,gate=f32,param=f32,state=bf16,out=f16,cu=i64,"
+                        "index=i64,k=128,v=128,gated=1,l2norm=0,ckpt=1@sm_90a"),
+  };
+  std::vector<std::string> errors;
+  const std::vector<CompiledKernel> kernels = compile_on_two_threads(c, specs, errors);
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    CAPTURE(specs[i].str());
+    REQUIRE_MESSAGE(errors[i].empty(), errors[i]);
+    CHECK(kernels[i].ptx.find("wgmma.mma_async") != std::string::npos);
+    // The report is there to be read (an empty log would pass the check below vacuously).
+    CHECK(kernels[i].log.find("ptxas info") != std::string::npos);
+    const auto why = wgmma_serialization(kernels[i].log, kernels[i].lowered_name);
+    CHECK_MESSAGE(!why.has_value(), "ptxas serialized the wgmma: " << why.value_or(""));
+  }
 }
 
 TEST_CASE("every family's template compiles for sm_80, sm_90 and sm_100a") {

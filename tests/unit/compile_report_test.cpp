@@ -42,6 +42,33 @@ TEST_CASE("parse_ptxas_report reads the NVRTC 13 format") {
   CHECK(k2.max_threads == 0);
 }
 
+TEST_CASE("wgmma_serialization finds ptxas's C7512 line of the kernel asked about") {
+  // As nvcc 13.0 / NVRTC 13.0 printed it for the warp-specialized prefill kernel at 184 state
+  // registers (docs/performance.md); a second kernel without it.
+  const std::string ws = "_ZN4kjit21gdn_prefill_ws_kernelI13__nv_bfloat16EEvNS_16GdnPrefillParamsE";
+  const std::string log =
+      "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are "
+      "serialized due to insufficient register resources for the function '" +
+      ws +
+      "'\n"
+      "ptxas info    : 0 bytes gmem\n"
+      "ptxas info    : Compiling entry function '" +
+      ws +
+      "' for 'sm_90a'\n"
+      "ptxas info    : Used 168 registers, used 16 barriers, 184 bytes cumulative stack size\n"
+      "ptxas info    : Compiling entry function '_Z2k2v' for 'sm_90a'\n"
+      "ptxas info    : Used 14 registers, used 0 barriers\n";
+  const auto why = wgmma_serialization(log, ws);
+  REQUIRE(why.has_value());
+  CHECK(*why == "insufficient register resources");
+  CHECK_FALSE(wgmma_serialization(log, "_Z2k2v").has_value());
+  // A prefix of the name is another kernel.
+  CHECK_FALSE(wgmma_serialization(log, ws.substr(0, ws.size() - 1)).has_value());
+  CHECK_FALSE(wgmma_serialization("", ws).has_value());
+  // The reports still parse around the line.
+  CHECK(parse_ptxas_report(log).at(ws).registers == 168);
+}
+
 TEST_CASE("parse_ptxas_report reads older formats and keeps callees apart") {
   // nvcc-style indentation, a non-inlined callee whose frame precedes the entry's, and the
   // CUDA 11 "Used" line without barriers but with lmem.
