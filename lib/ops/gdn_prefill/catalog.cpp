@@ -341,7 +341,7 @@ FamilyDecl gdn_prefill_ws_family() {
       .min_sm = 90,
       .doc =
           "Gated DeltaNet chunked prefill in one warp-specialized kernel (sm_90a): a chunk "
-          "warpgroup computes T', the scales and P's factors of chunk c + 1 into shared memory "
+          "warpgroup computes T', P and the scales of chunk c + 1 into shared memory "
           "while two state warpgroups carry the state through chunk c on wgmma",
   };
 }
