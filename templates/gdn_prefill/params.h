@@ -297,6 +297,16 @@ inline constexpr int kGdnPrefillWsStages = 3;
 #endif
 /// Threads of the warp-specialized kernel: two state warpgroups, then the chunk warpgroup.
 inline constexpr int kGdnPrefillWsThreads = 384;
+/// Registers per thread the warp-specialized kernel's block holds (65,536 over its threads, in
+/// steps of 8), and what setmaxnreg gives each role of it: the two state warpgroups and the chunk
+/// warpgroup together may not ask for more (setmaxnreg.inc would wait forever). At 184 for the
+/// state warpgroups ptxas serialized every wgmma of the kernel (C7512); at 192 it does not.
+inline constexpr int kGdnPrefillWsBlockRegisters = 65536 / kGdnPrefillWsThreads / 8 * 8;  // 168
+inline constexpr int kGdnPrefillWsStateRegisters = 192;
+inline constexpr int kGdnPrefillWsChunkRegisters = 120;
+static_assert(2 * 128 * kGdnPrefillWsStateRegisters + 128 * kGdnPrefillWsChunkRegisters <=
+                  kGdnPrefillWsBlockRegisters * kGdnPrefillWsThreads,
+              "setmaxnreg cannot hand out more than the block's allocation");
 
 KJIT_GDN_PREFILL_HD constexpr GdnPrefillWsSmem gdn_prefill_ws_smem(int k) {
   GdnPrefillWsSmem m{};

@@ -805,16 +805,14 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       __syncthreads();
       if (warp >= kWarps) {
         // The chunk warpgroup gives registers to the state warpgroups (setmaxnreg moves them
-        // within the block's allocation of 168 per thread: 2 x 128 x 192 + 128 x 120; asking for
-        // more than the allocation blocks forever). At 184 state registers ptxas serialized every
-        // wgmma of the kernel (C7512: each one waited for itself), at 192 it does not.
-        static_assert(2 * 128 * 192 + 128 * 120 <= 168 * kGdnPrefillWsThreads,
-                      "setmaxnreg cannot hand out more than the block's allocation");
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 120;\n" ::: "memory");
+        // within the block's allocation, params.h kGdnPrefillWs*Registers).
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kGdnPrefillWsChunkRegisters)
+                     : "memory");
         ChunkRole::run(p, work, smem);
         return;
       }
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 192;\n" ::: "memory");
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kGdnPrefillWsStateRegisters)
+                   : "memory");
     }
 #endif
   } else {

@@ -72,6 +72,16 @@ DeviceBuffer upload(const Bytes& host) {
   return buffer;
 }
 
+/// Whether the test device is compute capability 9.0 (the sm_90a kernels: wgmma, the
+/// warp-specialized kernel); otherwise says that `what` is skipped and why.
+bool on_compute_capability_9_0(const char* what) {
+  const DeviceLimits limits = test::runtime().device_limits(test::device());
+  if (limits.arch.major == 9 && limits.arch.minor == 0) return true;
+  MESSAGE("skipped: " << what << " needs compute capability 9.0; this device is "
+                      << limits.arch.str());
+  return false;
+}
+
 void run_case(const Case& c) {
   test::Rng rng(test::fresh_seed());
   const std::int64_t n = static_cast<std::int64_t>(c.lengths.size());
@@ -600,11 +610,7 @@ TEST_CASE("gdn_prefill: K and V of 64 and 256, GVA") {
 }
 
 TEST_CASE("gdn_prefill chunked: the wide tiles on warpgroup wgmma (sm_90a, force_mode _wgmma)") {
-  const DeviceLimits limits = test::runtime().device_limits(test::device());
-  if (!(limits.arch.major == 9 && limits.arch.minor == 0)) {
-    MESSAGE("skipped: wgmma needs compute capability 9.0; this device is " << limits.arch.str());
-    return;
-  }
+  if (!on_compute_capability_9_0("wgmma")) return;
   for (const std::string mode : {"chunked_bv128_wgmma", "chunked_bv64_wgmma"}) {
     CAPTURE(mode);
     Case c;
@@ -635,11 +641,7 @@ TEST_CASE("gdn_prefill chunked: the wide tiles on warpgroup wgmma (sm_90a, force
 }
 
 TEST_CASE("gdn_prefill chunked: P formed by the wgmma state kernel's two warpgroups (_wgmma_p1)") {
-  const DeviceLimits limits = test::runtime().device_limits(test::device());
-  if (!(limits.arch.major == 9 && limits.arch.minor == 0)) {
-    MESSAGE("skipped: wgmma needs compute capability 9.0; this device is " << limits.arch.str());
-    return;
-  }
+  if (!on_compute_capability_9_0("wgmma")) return;
   // Gates of down to e^-8 per token: a difference of gammas may overflow above the diagonal.
   for (const double max_decay : {0.2, 8.0}) state_p_case("chunked_bv128_wgmma_p1", 1, max_decay);
   {
@@ -663,12 +665,7 @@ TEST_CASE("gdn_prefill chunked: P formed by the wgmma state kernel's two warpgro
 }
 
 TEST_CASE("gdn_prefill chunked_ws: the warp-specialized kernel (sm_90a), every option") {
-  const DeviceLimits limits = test::runtime().device_limits(test::device());
-  if (!(limits.arch.major == 9 && limits.arch.minor == 0)) {
-    MESSAGE("skipped: the warp-specialized kernel needs compute capability 9.0; this device is "
-            << limits.arch.str());
-    return;
-  }
+  if (!on_compute_capability_9_0("the warp-specialized kernel")) return;
   const std::string mode = "chunked_ws";
   {
     Case c;  // lengths around the chunk and the stage ring (0, 1, 63 .. 2000), raw bf16 gates

@@ -82,6 +82,13 @@ ParamDecl head_dim_param(std::string_view name, std::string_view doc) {
 ParamDecl flag_param(std::string_view name, std::string_view doc) {
   return ParamDecl{.name = name, .kind = ParamKind::boolean, .doc = doc};
 }
+ParamDecl gated_param() {
+  return flag_param("gated", "1: a/b hold precomputed f32 g (log decay) and beta");
+}
+ParamDecl l2norm_param() { return flag_param("l2norm", "1: L2-normalize q and k"); }
+ParamDecl ckpt_param() {
+  return flag_param("ckpt", "1: write state checkpoints every n full chunks");
+}
 
 // The layout of the pool, the final states and the checkpoints; declared after the fact as the
 // last template parameter, so V-major specs leave it out and keep their text.
@@ -172,9 +179,9 @@ FamilyDecl gdn_prefill_family() {
                         .choices = {"64", "32", "16"},
                         .rendered = {"64", "32", "16"},
                         .doc = "state rows (of V) per block; divides V, bv * K <= 8192"},
-              flag_param("gated", "1: a/b hold precomputed f32 g (log decay) and beta"),
-              flag_param("l2norm", "1: L2-normalize q and k"),
-              flag_param("ckpt", "1: write state checkpoints every n full chunks"),
+              gated_param(),
+              l2norm_param(),
+              ckpt_param(),
               state_layout_param(),
           },
       .min_sm = 80,
@@ -202,8 +209,8 @@ FamilyDecl gdn_prefill_chunk_family() {
               param_param(),
               integer_dtype_param("cu", "element type of cu_seqlens"),
               head_dim_param("k", "key head dim K"),
-              flag_param("gated", "1: a/b hold precomputed f32 g (log decay) and beta"),
-              flag_param("l2norm", "1: L2-normalize q and k"),
+              gated_param(),
+              l2norm_param(),
               state_p_param(),
           },
       .min_sm = 80,
@@ -232,7 +239,7 @@ FamilyDecl gdn_prefill_state_family() {
                         .rendered = {"32", "64", "16", "128"},
                         .doc = "state rows (of V) per block; divides V; bv * K <= 8192 (4 warps), "
                                "16384 for bv = 128 (8 warps)"},
-              flag_param("ckpt", "1: write state checkpoints every n full chunks"),
+              ckpt_param(),
               state_layout_param(),
               stages_param("2"),
               state_p_param(),
@@ -274,7 +281,7 @@ FamilyDecl gdn_prefill_state_cp_family() {
                    literal_choice("k", {"128", "64"}, "key head dim K"),
                    head_dim_param("v", "value head dim V"),
                    literal_choice("bv", {"128", "64"}, "state rows per block; divides V and K"),
-                   flag_param("ckpt", "1: write state checkpoints every n full chunks"),
+                   ckpt_param(),
                    literal_choice("phase", {"1", "2"},
                                   "1: segment pass (end states from zero and identity starts), 2: "
                                   "resume pass (outputs from the exact initial states)"),
@@ -333,9 +340,9 @@ FamilyDecl gdn_prefill_ws_family() {
               integer_dtype_param("index", "element type of state_indices"),
               literal_choice("k", {"128"}, "key head dim K"),
               literal_choice("v", {"128"}, "value head dim V"),
-              flag_param("gated", "1: a/b hold precomputed f32 g (log decay) and beta"),
-              flag_param("l2norm", "1: L2-normalize q and k"),
-              flag_param("ckpt", "1: write state checkpoints every n full chunks"),
+              gated_param(),
+              l2norm_param(),
+              ckpt_param(),
               state_layout_param(),
           },
       .min_sm = 90,
