@@ -4,8 +4,12 @@
 #            every fuzz target through the replay driver (corpus + mutations);
 #   2. tsan  (g++, ThreadSanitizer): a subset, the unit tests of tests/unit/cache_*,
 #            bundle_*, compile_nvrtc_* and plan_multi_device_* (the ones with threads or
-#            processes sharing the cache, the NVRTC pool, the runtime) and the stress tests;
-#            the op, planner and codegen tests are single-threaded and left to ASan;
+#            processes sharing the cache, the NVRTC pool, the runtime; a TSan tree builds only
+#            those) and the stress tests; the op, planner and codegen tests are single-threaded
+#            and left to ASan;
+#   Both run the compile sweeps of compile_nvrtc_test.cpp on a sample of their specs
+#   (KJIT_TEST_SAMPLE_SWEEPS=1, set by the test presets): a sweep's time is NVRTC's, which no
+#   sanitizer instruments; the main stage compiles every spec.
 #   3. fuzz  (clang + libFuzzer, ASan + UBSan): every target for KJIT_FUZZ_SECONDS seconds
 #            (default 20) from the committed seeds, new inputs kept in build-fuzz/fuzz/work.
 #            Not in the default stages: it is a third build of the library, too long for CI's
@@ -41,11 +45,9 @@ for stage in $stages; do
     tsan)
       configure tsan build-tsan
       cmake --build --preset tsan -j "$jobs"
-      # The subset, by source file (`ctest --preset tsan` runs every unit test instead).
-      export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1 second_deadlock_stack=1 suppressions=$KJIT_ROOT/scripts/tsan_suppressions.txt}
-      KJIT_LOG=error build-tsan/tests/kjit_unit_tests \
-        -sf='*cache_*,*bundle_*,*compile_nvrtc*,*plan_multi_device*'
-      KJIT_LOG=error build-tsan/tests/kjit_stress_tests
+      # A TSan tree's unit tests are the subset (tests/CMakeLists.txt), one process per test
+      # case as in the other stages, so that both cores run.
+      ctest --preset tsan -j "$jobs"
       ;;
     fuzz)
       if ! command -v clang++ >/dev/null; then

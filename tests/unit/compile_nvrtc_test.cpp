@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -90,10 +92,31 @@ std::vector<KernelSpec> representative_specs(const codegen::FamilyDecl& family, 
   return specs;
 }
 
+/// Whether the compile sweeps below run a sample only: the sanitizer stages set
+/// KJIT_TEST_SAMPLE_SWEEPS=1 (CMakePresets.json, scripts/test_sanitizers.sh). A sweep's time is
+/// NVRTC's and ptxas's, code no sanitizer instruments, and it runs kjit's side of a compile (spec,
+/// source, options, log parsing, two threads on one Compiler) the same way for every spec; the
+/// main stage runs every spec. Under ASan / TSan the full sweeps took ~5 minutes of CI.
+bool sample_sweeps() {
+  const char* text = std::getenv("KJIT_TEST_SAMPLE_SWEEPS");
+  return text != nullptr && std::string_view(text) == "1";
+}
+
+/// Under sample_sweeps(): the first two specs and the last two (two threads compile at once
+/// twice; the sweeps put their special case last), said in the test's output.
+void sample_specs(std::vector<KernelSpec>& specs) {
+  if (!sample_sweeps() || specs.size() <= 4) return;
+  const std::size_t all = specs.size();
+  specs.erase(specs.begin() + 2, specs.end() - 2);
+  MESSAGE("KJIT_TEST_SAMPLE_SWEEPS=1: compiling 4 of the sweep's " << all << " specs");
+}
+
 /// Every spec compiled, two at a time; errors[i] is spec i's error ("" when it compiled).
+/// Under sample_sweeps() `specs` is first cut to a sample (sample_specs).
 std::vector<CompiledKernel> compile_on_two_threads(const Compiler& c,
-                                                   const std::vector<KernelSpec>& specs,
+                                                   std::vector<KernelSpec>& specs,
                                                    std::vector<std::string>& errors) {
+  sample_specs(specs);
   errors.assign(specs.size(), "");
   std::vector<CompiledKernel> kernels(specs.size());
   std::vector<std::thread> threads;
@@ -441,7 +464,7 @@ TEST_CASE("the sm_90a prefill kernels keep their wgmma in flight (no ptxas C7512
   // 120 registers between its roles): every product in flight. The state kernels are checked
   // above.
   const Compiler& c = nvrtc();
-  const std::vector<KernelSpec> specs = {
+  std::vector<KernelSpec> specs = {
       KernelSpec::parse("gdn_prefill_chunk:qkv=bf16,gate=bf16,param=f32,cu=i32,k=128,gated=0,"
                         "l2norm=1@sm_90a"),
       KernelSpec::parse("gdn_prefill_ws:qkv=bf16,gate=bf16,param=f32,state=f32,out=bf16,cu=i32,"
@@ -481,6 +504,8 @@ TEST_CASE("every family's template compiles for sm_80, sm_90 and sm_100a") {
       continue;
     }
     for (const char* arch_text : {"sm_80", "sm_90", "sm_100a"}) {
+      // The sample: one target (sample_sweeps()).
+      if (sample_sweeps() && std::string_view(arch_text) != "sm_90") continue;
       const Arch arch = Arch::parse(arch_text);
       if (arch.sm() < family.min_sm) {
         MESSAGE("skipping " << family.name << " at " << arch_text << ": it needs sm_"
