@@ -44,6 +44,10 @@ function(kjit_add_layer name)
     target_link_libraries(kjit_${name} PRIVATE kjit_${dep})
   endforeach()
   kjit_target_defaults(kjit_${name})
+  # KJIT_UNITY_BUILD: the layer's files compiled in batches (one translation unit each), which
+  # parses the standard library, fmt and kjit's headers once per batch instead of once per file.
+  set_target_properties(kjit_${name} PROPERTIES UNITY_BUILD ${KJIT_UNITY_BUILD}
+                                                UNITY_BUILD_BATCH_SIZE 8)
 endfunction()
 
 # Fuzz targets (fuzz/). OFF by default; the asan and fuzz presets turn it on. The engine is

@@ -508,8 +508,8 @@ TEST_CASE("every family's template compiles for sm_80, sm_90 and sm_100a") {
       if (sample_sweeps() && std::string_view(arch_text) != "sm_90") continue;
       const Arch arch = Arch::parse(arch_text);
       if (arch.sm() < family.min_sm) {
-        MESSAGE("skipping " << family.name << " at " << arch_text << ": it needs sm_"
-                            << family.min_sm);
+        MESSAGE("skipping " << family.name << " at " << std::string_view(arch_text)
+                            << ": it needs sm_" << family.min_sm);
         continue;
       }
       const std::vector<KernelSpec> typical = representative_specs(family, arch, Pick::typical);
