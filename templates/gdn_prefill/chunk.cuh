@@ -244,6 +244,21 @@ struct ChunkGates {
   __device__ __forceinline__ void scan(const GdnPrefillParams& p, int rows, int lane,
                                        const float* s_rk, float* s_gamma, float* s_beta,
                                        float* s_cf, float* s_ref, LoadNext&& load_next) {
+    const Scanned sc = scan_gates(p, rows, lane, s_gamma, s_ref, load_next);
+    store_beta_and_factors(sc, lane, s_rk, s_beta, s_cf);
+  }
+
+  /// What scan_gates leaves for store_beta_and_factors.
+  struct Scanned {
+    float beta[2], g0, incl, ref;
+  };
+
+  /// The part of scan() that needs neither the norms nor s_beta free: g, beta and gamma's scan,
+  /// gamma and gamma_ref stored.
+  template <typename LoadNext>
+  __device__ __forceinline__ Scanned scan_gates(const GdnPrefillParams& p, int rows, int lane,
+                                                float* s_gamma, float* s_ref,
+                                                LoadNext&& load_next) {
     float gl[2], bl[2];
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
@@ -272,13 +287,20 @@ struct ChunkGates {
     const float g0 = incl - local + gl[0];
     s_gamma[2 * lane] = g0;
     s_gamma[2 * lane + 1] = incl;
-    s_beta[2 * lane] = bl[0];
-    s_beta[2 * lane + 1] = bl[1];
     const float ref = __shfl_sync(0xffffffffu, incl, (lane & ~7) | 7);
+    if ((lane & 7) == 0) s_ref[lane >> 3] = ref;
+    return Scanned{{bl[0], bl[1]}, g0, incl, ref};
+  }
+
+  /// The rest of scan(): beta stored, and the column factors from the norms.
+  static __device__ __forceinline__ void store_beta_and_factors(const Scanned& sc, int lane,
+                                                                const float* s_rk, float* s_beta,
+                                                                float* s_cf) {
+    s_beta[2 * lane] = sc.beta[0];
+    s_beta[2 * lane + 1] = sc.beta[1];
     const float2 rk = *reinterpret_cast<const float2*>(s_rk + 2 * lane);
     *reinterpret_cast<float2*>(s_cf + 2 * lane) =
-        make_float2(rk.x * ex2((ref - g0) * kLog2e), rk.y * ex2((ref - incl) * kLog2e));
-    if ((lane & 7) == 0) s_ref[lane >> 3] = ref;
+        make_float2(rk.x * ex2((sc.ref - sc.g0) * kLog2e), rk.y * ex2((sc.ref - sc.incl) * kLog2e));
   }
 };
 
@@ -502,10 +524,11 @@ enum ChunkP : int { kChunkPNone = 0, kChunkPQK = 1, kChunkPKQ = 2 };
 /// from the 128-byte-swizzled k and q tiles at `k_addr`, `q_addr` (the blocks above the diagonal
 /// are computed and never read), and, kL2Norm, on mma.sync while they run, the diagonal block of Q
 /// Q^T of the tile's block row `qq_row` (its A fragment is also its B fragment); waits for all.
-template <int kKSteps, bool kL2Norm, int kP>
-__device__ __forceinline__ void chunk_products_wgmma(float (&acc_g)[8][4], float (&acc_p)[8][4],
-                                                     float (&acc_qq)[2][4], u32 k_addr, u32 q_addr,
-                                                     int qq_row) {
+/// `while_running()` runs after the wgmma are issued, before they are waited for.
+template <int kKSteps, bool kL2Norm, int kP, typename WhileRunning = void (*)()>
+__device__ __forceinline__ void chunk_products_wgmma(
+    float (&acc_g)[8][4], float (&acc_p)[8][4], float (&acc_qq)[2][4], u32 k_addr, u32 q_addr,
+    int qq_row, WhileRunning&& while_running = [] {}) {
   const u64 k_desc = wgmma::descriptor_sw128(k_addr, 16, sw128::kAtom),
             q_desc = wgmma::descriptor_sw128(q_addr, 16, sw128::kAtom);
   wgmma::hold_registers(acc_g);
@@ -531,6 +554,7 @@ __device__ __forceinline__ void chunk_products_wgmma(float (&acc_g)[8][4], float
       mma::mma_bf16(acc_qq[1], aq, aq[1], aq[3]);
     }
   }
+  while_running();
   wgmma::wait<0>();
   wgmma::hold_registers(acc_g);
   if constexpr (kP != kChunkPNone) wgmma::hold_registers(acc_p);

@@ -105,16 +105,29 @@ struct WsChunkRole {
       unsigned char* const dst_q = base + kS.q + sw_base;
       unsigned char* const dst_k = base + kS.k0 + sw_base;
       unsigned char* const dst_v = base + kS.v + (copy_r0 * kLdV + copy_part * 8) * 2;
+      if (rows == kGdnPrefillChunk) {
+        // A whole chunk (all but a sequence's last): no zero fill, no predicates, no pointers
+        // carried across the rows: the chunk warpgroup's spills went 180 / 224 -> 96 / 112 bytes
+        // and the call 16% faster (128k/16 2129.3 -> 1785.4 us, docs/performance.md).
 #pragma unroll
-      for (int i = 0; i < 64 / kRowsPerPass; ++i) {
-        const bool ok = copy_r0 + i * kRowsPerPass < rows;
-        // Rows kRowsPerPass (8) apart keep their swizzle.
-        cp_async::copy16(dst_q + i * kRowsPerPass * 128, ok ? src_q : w.q_g, ok);
-        cp_async::copy16(dst_k + i * kRowsPerPass * 128, ok ? src_k : w.k_g, ok);
-        cp_async::copy16(dst_v + i * kRowsPerPass * kLdV * 2, ok ? src_v : w.v_g, ok);
-        src_q += kRowsPerPass * p.q_stride_t;
-        src_k += kRowsPerPass * p.k_stride_t;
-        src_v += kRowsPerPass * p.v_stride_t;
+        for (int i = 0; i < 64 / kRowsPerPass; ++i) {
+          cp_async::copy16(dst_q + i * kRowsPerPass * 128, src_q + i * kRowsPerPass * p.q_stride_t);
+          cp_async::copy16(dst_k + i * kRowsPerPass * 128, src_k + i * kRowsPerPass * p.k_stride_t);
+          cp_async::copy16(dst_v + i * kRowsPerPass * kLdV * 2,
+                           src_v + i * kRowsPerPass * p.v_stride_t);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 64 / kRowsPerPass; ++i) {
+          const bool ok = copy_r0 + i * kRowsPerPass < rows;
+          // Rows kRowsPerPass (8) apart keep their swizzle.
+          cp_async::copy16(dst_q + i * kRowsPerPass * 128, ok ? src_q : w.q_g, ok);
+          cp_async::copy16(dst_k + i * kRowsPerPass * 128, ok ? src_k : w.k_g, ok);
+          cp_async::copy16(dst_v + i * kRowsPerPass * kLdV * 2, ok ? src_v : w.v_g, ok);
+          src_q += kRowsPerPass * p.q_stride_t;
+          src_k += kRowsPerPass * p.k_stride_t;
+          src_v += kRowsPerPass * p.v_stride_t;
+        }
       }
       mbarrier::cp_async_arrive_noinc(full + st);
     };
@@ -139,7 +152,9 @@ struct WsChunkRole {
       const i64 tn = t0 + kGdnPrefillChunk;
       const int sn = st + 1 == kStages ? 0 : st + 1;
       // Chunk c - 2's stage is also the one whose T' / P^T slot chunk c takes: waited for even
-      // when nothing is left to fill.
+      // when nothing is left to fill. Before chunk c's work, not before its first write into the
+      // slot: the copies then had ~35% of a step less to land, and the call took 45% longer
+      // (docs/performance.md, "The chunk warpgroup's copies and gates").
       if (chunk + 1 >= kStages) {
         mbarrier::wait(empty + sn, (empty_phase >> sn) & 1u);
         empty_phase ^= 1u << sn;
@@ -165,18 +180,24 @@ struct WsChunkRole {
         for (int e = 0; e < 4; ++e) acc_g[i][e] = acc_p[i][e] = 0.f;
       }
       zero_acc(acc_qq);
+      const auto load_next_gates = [&] {
+        if (tn < eos) gates.load(p, tn, rows_at(tn), hv, lane);
+      };
+      // 3a. The gates' scan (each warp its own copy of gamma; the next chunk's gates loaded once
+      // these are converted) while the tensor cores run the products: ~4% of the call.
+      typename ChunkGates<Tgate, Tparam, kGated>::Scanned scanned;
       chunk_products_wgmma<kKSteps, kL2Norm, kChunkPKQ>(
-          acc_g, acc_p, acc_qq, mma::smem_addr(base + kS.k0), mma::smem_addr(base + kS.q), warp);
+          acc_g, acc_p, acc_qq, mma::smem_addr(base + kS.k0), mma::smem_addr(base + kS.q), warp,
+          [&] { scanned = gates.scan_gates(p, rows, lane, s_gamma, s_ref, load_next_gates); });
       // 2. Inverse norms from the diagonals (q's rows are in order here: block row w for both).
       store_inverse_norms<kL2Norm>(acc_g, acc_qq, warp, warp, s_rk, s_rq, p.scale, g, t4);
       // The norms are visible; the previous chunk's readers of A, the parked blocks and beta are
       // past their last use.
       chunk_group_sync();
 
-      // 3. Gates (each warp its own copy); the next chunk's load once these are converted.
-      gates.scan(p, rows, lane, s_rk, s_gamma, s_beta, s_cf, s_ref, [&] {
-        if (tn < eos) gates.load(p, tn, rows_at(tn), hv, lane);
-      });
+      // 3b. Beta (warp 0's copy is read by the previous chunk's inverse until the sync above)
+      // and the column factors, which need the norms.
+      gates.store_beta_and_factors(scanned, lane, s_rk, s_beta, s_cf);
       __syncwarp();
       // 4. A (f32, strictly lower) of block row `warp` (decay_row_block) and P^T's block row
       // `warp` (decay_col_block) into the slot's swizzled tile, once per warp index.
