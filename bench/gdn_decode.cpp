@@ -11,7 +11,8 @@
 // planner's), V tile, bulk stages, resident blocks per SM, state cache hints and row order. A
 // summary table of every shape x variant is printed last. KJIT_GDN_BENCH_SLOTS=sorted gives each
 // call its slots in ascending order instead of a random permutation. KJIT_GDN_BENCH_SERVING=1
-// adds the serving protocol's table (serving_table), "only" runs it alone, once per variant.
+// adds the serving protocol's table and its slot read-modify-write floor (serving_table), "only"
+// runs them alone, once per variant.
 // KJIT_BENCH_CUPTI=1:
 // B = 1 also by kernel duration beside an empty kernel and a copy (bench/activity_timer.hpp).
 // KJIT_GDN_BENCH_STATE_LAYOUT=kv passes every pool K-major (fla's layout: each slot [HV, K, V],
@@ -30,6 +31,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <string>
@@ -226,6 +228,85 @@ Result verify(std::int64_t batch, std::int64_t value_heads, const DeviceBuffer& 
   return result;
 }
 
+/// The floor kernels timed beside every serving cell: bench_slot_rmw shapes (rows per warp,
+/// warps per block, pool cache hint), each given the call's slots as drawn and in ascending order
+/// (gdn_decode visits them in slot order from 512 MiB of state; a floor may take the better
+/// order for free). The floor of a cell is the fastest candidate that passed its check.
+struct FloorShape {
+  int rows, warps;
+  const char* hint;
+};
+constexpr FloorShape kFloorShapes[] = {
+    {8, 1, "plain"}, {8, 1, "cs"}, {16, 1, "plain"}, {4, 4, "plain"}, {8, 1, "l2_256"}};
+
+struct FloorCandidate {
+  const kjit::bench::SlotRmw* kernel;
+  bool ascending;
+  std::string name() const {
+    return kernel->name() + (ascending ? ",order=ascending" : ",order=given");
+  }
+};
+
+/// A pool slot the floor check reads back, and its bytes before the check.
+struct FloorSample {
+  std::int32_t slot;
+  bool touched;
+  std::vector<std::uint32_t> before;
+};
+
+/// The 32-bit words a bench_slot_rmw call with `delta` writes to an output of `out_words`:
+/// output vector g is the xor of input vectors g, g + n, g + 2n, ... (n output vectors, the
+/// inputs one after the other) plus delta, i.e. word i of the inputs lands on word i mod
+/// out_words.
+std::vector<std::uint32_t> floor_output(const std::vector<std::uint32_t>& inputs,
+                                        std::size_t out_words, std::uint32_t delta) {
+  std::vector<std::uint32_t> out(out_words, 0);
+  for (std::size_t i = 0; i < inputs.size(); ++i) out[i % out_words] ^= inputs[i];
+  for (std::uint32_t& word : out) word += delta;
+  return out;
+}
+
+/// Runs a floor candidate on its first slot list (params.slots) with delta 1 and then
+/// 0xffffffff (so the pool is back to its bytes) and reads the samples back after each: every
+/// word of a touched slot must read before + 1 and then before, an untouched slot its bytes
+/// throughout, and the output (after the first) the fold of the inputs + 1. "" when so, else
+/// the first difference: a kernel that skips a slot, writes the wrong one or loses its stores
+/// fails here rather than timing as a fast floor.
+std::string check_floor(kjit::bench::Gpu& gpu, const FloorCandidate& candidate,
+                        kjit::SlotRmwParams params, std::int64_t batch, const DeviceBuffer& pool,
+                        const std::vector<FloorSample>& samples, const DeviceBuffer& out,
+                        const std::vector<std::uint32_t>& want_out) {
+  const std::size_t slot_words = params.slot_bytes / 4;
+  for (const std::uint32_t delta : {1u, 0xffffffffu}) {
+    params.delta = delta;
+    candidate.kernel->launch(gpu.stream, params, static_cast<std::size_t>(batch));
+    gpu.synchronize();
+    for (const FloorSample& sample : samples) {
+      const auto got = download<std::uint32_t>(
+          pool, static_cast<std::size_t>(sample.slot) * params.slot_bytes, slot_words);
+      const std::uint32_t added = sample.touched && delta == 1 ? 1 : 0;
+      for (std::size_t i = 0; i < slot_words; ++i) {
+        if (got[i] != sample.before[i] + added) {
+          return fmt::format(
+              "{} slot {} word {} after delta {:#x}: {:#010x}, expected {:#010x} (the slot's "
+              "bytes before the check{})",
+              sample.touched ? "touched" : "untouched", sample.slot, i, delta, got[i],
+              sample.before[i] + added, added != 0 ? " + 1" : "");
+        }
+      }
+    }
+    if (delta == 1) {
+      const auto got = download<std::uint32_t>(out, 0, want_out.size());
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        if (got[i] != want_out[i]) {
+          return fmt::format("output word {}: {:#010x}, expected {:#010x}", i, got[i], want_out[i]);
+        }
+      }
+    }
+  }
+  return {};
+}
+
 // KJIT_GDN_BENCH_SERVING=1 ("only": this table alone): a serving engine's pool holds more slots
 // than the batch and the previous layer's kernels leave L2 full of their (dirty) data. HV = 32,
 // pools 1x (each call a permutation of the whole pool, as the main table), 2x and 8x the batch
@@ -235,25 +316,43 @@ Result verify(std::int64_t batch, std::int64_t value_heads, const DeviceBuffer& 
 // bytes the call moves, each copy preceded by the same flush or writes (both leave dirty lines
 // in L2 that the next kernel writes back; the JSON also has the ratio to the rotation copy).
 // With KJIT_BENCH_CUPTI=1, B <= 32 at the 2x random pool also by kernel duration.
+//
+// A second table follows: each cell's floor, the same bytes moved with nothing else
+// (bench_slot_rmw_kernel, templates/bench/bench.cuh: the call's state slots read and written back
+// in place, qkv and the gates read, out written once, no arithmetic), timed right after the call
+// under the same protocol on the same slot lists in the same turn (the draw of timed call i is
+// the call's), in us and as floor us / kjit us: 1.000 or more means kjit moves the step's bytes
+// as fast as the access pattern allows, below 1 by how much it does not. The floor is the
+// fastest of kFloorShapes, each with the slots as drawn and in ascending order (not in the 2x
+// sorted column, where they already are), and only of candidates that passed check_floor on
+// that pool first (a failure is printed and fails the bench). JSON: floor_us, floor_ratio, the
+// winner (floor_kernel), the fastest with the slots as drawn (floor_given_us) and every
+// candidate's us.
 bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options, std::FILE* json,
                    kjit::bench::ActivityTimer* durations) {
   constexpr std::int64_t value_heads = 32, draws = 16;
   const std::int64_t width = 2 * kHeads * kDim + value_heads * kDim;
   const std::size_t slot_bytes = static_cast<std::size_t>(value_heads * kDim * kDim * 4);
+  std::vector<kjit::bench::SlotRmw> floor_kernels;
+  for (const FloorShape& shape : kFloorShapes) {
+    floor_kernels.emplace_back(gpu, shape.rows, shape.warps, shape.hint);
+  }
   std::printf(
       "\nserving protocol: gdn_decode HV=32, median GPU us (ratio to a cold copy of the same "
-      "bytes, flushed or dirtied before each copy as before each call)\n%6s | %-26s | %-26s | "
-      "%-26s | %-26s\n%6s | %12s %13s | %12s %13s | %12s %13s | %12s %13s\n",
+      "bytes, flushed or dirtied before each copy as before each call)\n%6s | %-31s | %-31s | "
+      "%-31s | %-31s\n%6s | %15s %15s | %15s %15s | %15s %15s | %15s %15s\n",
       "B", "pool 1x (a permutation)", "pool 2x, random slots", "pool 8x, random slots",
       "pool 2x, sorted slots", "", "flushed", "dirty", "flushed", "dirty", "flushed", "dirty",
       "flushed", "dirty");
   bool all_ok = true;
+  std::string floor_table;
   for (std::int64_t batch : {1, 32, 256, 1024, 2048}) {
     DeviceBuffer qkv(static_cast<std::size_t>(batch * width * 2));
     DeviceBuffer ab(static_cast<std::size_t>(2 * batch * value_heads * 2));
     DeviceBuffer params(static_cast<std::size_t>(2 * value_heads * 4));
     DeviceBuffer out(static_cast<std::size_t>(batch * value_heads * kDim * 2));
     DeviceBuffer indices(static_cast<std::size_t>(draws * batch * 4));
+    DeviceBuffer ascending_indices(indices.bytes());
     const std::uint64_t seed = 0x51a7u + static_cast<std::uint64_t>(batch);
     kjit::bench::fill_random(qkv, DType::bf16, qkv.bytes() / 2, seed);
     kjit::bench::fill_random(ab, DType::bf16, ab.bytes() / 2, seed + 1);
@@ -270,13 +369,31 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
         2 * slot_bytes * static_cast<std::size_t>(batch) +
         static_cast<std::size_t>(batch * width * 2 + 2 * batch * value_heads * 2 +
                                  batch * value_heads * kDim * 2);
+    // The floor moves these bytes too: qkv and both gates (one buffer) read, out written. Its
+    // output after the check's call (delta 1), from the inputs' words.
+    kjit::SlotRmwParams floor_params{};
+    floor_params.slot_bytes = slot_bytes;
+    floor_params.inputs[0] = qkv.get();
+    floor_params.input_bytes[0] = qkv.bytes();
+    floor_params.inputs[1] = ab.get();
+    floor_params.input_bytes[1] = ab.bytes();
+    floor_params.output = out.get();
+    floor_params.output_bytes = out.bytes();
+    std::vector<std::uint32_t> want_floor_out;
+    {
+      auto words = download<std::uint32_t>(qkv, 0, qkv.bytes() / 4);
+      const auto gates = download<std::uint32_t>(ab, 0, ab.bytes() / 4);
+      words.insert(words.end(), gates.begin(), gates.end());
+      want_floor_out = floor_output(words, out.bytes() / 4, 1);
+    }
     // The copy reference meets L2 as each call does (a flush or dirtying writes before every
     // copy); the rotation copy of the main table is kept beside it in the JSON.
     const double copy_rotation = kjit::bench::copy_gbs(gpu, moved);
     const double copy_flushed = kjit::bench::copy_gbs(gpu, moved, kjit::bench::L2Protocol::flushed);
     const double copy_dirty = kjit::bench::copy_gbs(gpu, moved, kjit::bench::L2Protocol::dirty);
     std::printf("%6lld |", static_cast<long long>(batch));
-    std::string durations_line;
+    floor_table += fmt::format("{:6} |", batch);
+    std::string durations_line, floor_failures;
     struct Layout {
       std::int64_t factor;
       bool sorted;
@@ -298,10 +415,61 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
           std::sort(picked.begin() + static_cast<std::ptrdiff_t>(first), picked.end());
       }
       indices.upload(picked.data(), picked.size() * 4);
+      std::vector<std::int32_t> ascending = picked;
+      for (std::int64_t d = 0; d < draws; ++d) {
+        std::sort(ascending.begin() + d * batch, ascending.begin() + (d + 1) * batch);
+      }
+      ascending_indices.upload(ascending.data(), ascending.size() * 4);
       const TensorView pool_view = pool_at(pool.get(), slots, value_heads);
       const Result check =
           verify(batch, value_heads, qkv, ab, params, pool, indices, out, options, gpu);
       all_ok = all_ok && check.ok;
+
+      // The floor candidates of this pool, each checked on the first slot list: three slots of
+      // it and one it leaves alone (none in the 1x pool, where every call touches every slot).
+      floor_params.pool = pool.get();
+      std::vector<FloorSample> samples;
+      for (const std::int64_t n : {std::int64_t{0}, batch / 2, batch - 1}) {
+        const std::int32_t slot = picked[static_cast<std::size_t>(n)];
+        if (std::none_of(samples.begin(), samples.end(),
+                         [&](const FloorSample& s) { return s.slot == slot; })) {
+          samples.push_back(FloorSample{slot, true, {}});
+        }
+      }
+      for (std::int32_t slot = 0; slot < slots; ++slot) {
+        if (std::find(picked.begin(), picked.begin() + batch, slot) == picked.begin() + batch) {
+          samples.push_back(FloorSample{slot, false, {}});
+          break;
+        }
+      }
+      const auto snapshot = [&] {
+        for (FloorSample& sample : samples) {
+          sample.before = download<std::uint32_t>(
+              pool, static_cast<std::size_t>(sample.slot) * slot_bytes, slot_bytes / 4);
+        }
+      };
+      snapshot();
+      std::vector<FloorCandidate> floors;
+      for (const kjit::bench::SlotRmw& kernel : floor_kernels) {
+        for (const bool in_order : {false, true}) {
+          if (in_order && layout.sorted) continue;
+          const FloorCandidate candidate{&kernel, in_order};
+          kjit::SlotRmwParams first = floor_params;
+          first.slots =
+              static_cast<const std::int32_t*>((in_order ? ascending_indices : indices).get());
+          const std::string why =
+              check_floor(gpu, candidate, first, batch, pool, samples, out, want_floor_out);
+          if (why.empty()) {
+            floors.push_back(candidate);
+          } else {
+            floor_failures += fmt::format("FLOOR CHECK FAILED: B={} pool {} {}: {}\n", batch,
+                                          layout.name, candidate.name(), why);
+            all_ok = false;
+            snapshot();  // a failed check may leave its + 1 behind: the next compares from here
+          }
+        }
+      }
+
       // One step on the next of the `draws` slot lists (`call` counts the steps).
       std::int64_t call = 0;
       const auto step = [&](kjit::Stream stream) {
@@ -311,24 +479,57 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
                          v_out, options, stream);
       };
       for (const bool dirty : {false, true}) {
-        const double us = kjit::bench::median_gpu_us(gpu, step, 100, 10, [&](kjit::Stream) {
+        const auto before_each = [&](kjit::Stream) {
           dirty ? kjit::bench::dirty_l2(gpu) : kjit::bench::flush_l2(gpu);
-        });
+        };
+        const std::int64_t first_call = call;
+        const double us = kjit::bench::median_gpu_us(gpu, step, 100, 10, before_each);
         const double gbs = static_cast<double>(moved) / (us * 1e3);
         const double ratio = gbs / (dirty ? copy_dirty : copy_flushed);
         std::printf(" %8.2f (%.2f)%s", us, ratio, check.ok ? "" : "!");
+        // The floor on the slot lists the step's timed calls had, in the same turn.
+        double floor_us = -1, floor_given_us = -1;
+        std::string floor_kernel, floor_candidates;
+        for (const FloorCandidate& candidate : floors) {
+          std::int64_t floor_call = first_call;
+          const DeviceBuffer& lists = candidate.ascending ? ascending_indices : indices;
+          const double candidate_us = kjit::bench::median_gpu_us(
+              gpu,
+              [&](kjit::Stream stream) {
+                kjit::SlotRmwParams p = floor_params;
+                p.slots = reinterpret_cast<const std::int32_t*>(
+                    static_cast<const char*>(lists.get()) + (floor_call++ % draws) * batch * 4);
+                candidate.kernel->launch(stream, p, static_cast<std::size_t>(batch));
+              },
+              100, 10, before_each);
+          if (floor_us < 0 || candidate_us < floor_us) {
+            floor_us = candidate_us;
+            floor_kernel = candidate.name();
+          }
+          if (!candidate.ascending && (floor_given_us < 0 || candidate_us < floor_given_us)) {
+            floor_given_us = candidate_us;
+          }
+          floor_candidates += fmt::format("{}\"{}\":{:.3f}", floor_candidates.empty() ? "" : ",",
+                                          candidate.name(), candidate_us);
+        }
+        floor_table += floor_us > 0 ? fmt::format(" {:8.2f} ({:.3f})", floor_us, floor_us / us)
+                                    : fmt::format(" {:>16}", "no floor");
         if (json != nullptr) {
           std::fprintf(json,
                        "{\"op\":\"gdn_decode_serving\",\"state_layout\":\"%s\",\"HV\":32,"
                        "\"B\":%lld,\"pool\":\"%s\","
                        "\"l2\":\"%s\",\"us\":%.3f,\"copy_ratio\":%.4f,"
-                       "\"copy_ratio_rotation\":%.4f,\"check\":%s}\n",
+                       "\"copy_ratio_rotation\":%.4f,\"check\":%s,\"floor_us\":%.3f,"
+                       "\"floor_ratio\":%.4f,\"floor_kernel\":\"%s\",\"floor_given_us\":%.3f,"
+                       "\"floor_candidates\":{%s}}\n",
                        k_major_pools() ? "kv" : "vk", static_cast<long long>(batch), layout.name,
                        dirty ? "dirty" : "flushed", us, ratio, gbs / copy_rotation,
-                       check.ok ? "true" : "false");
+                       check.ok ? "true" : "false", floor_us, floor_us > 0 ? floor_us / us : -1.0,
+                       floor_kernel.c_str(), floor_given_us, floor_candidates.c_str());
         }
       }
       std::printf(" |");
+      floor_table += " |";
       std::fflush(stdout);
       // Calls this small are below the event pairs' floor: with KJIT_BENCH_CUPTI=1 the 2x random
       // pool is also timed by kernel duration under both protocols (the flush and the dirtying
@@ -355,8 +556,18 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
     }
     std::printf(" copy GB/s: rotation %.0f, flushed %.0f, dirty %.0f\n", copy_rotation,
                 copy_flushed, copy_dirty);
-    std::printf("%s", durations_line.c_str());
+    std::printf("%s%s", durations_line.c_str(), floor_failures.c_str());
+    floor_table += "\n";
   }
+  std::printf(
+      "\nslot read-modify-write floor of each cell above: the same bytes moved with nothing else "
+      "(bench_slot_rmw on the calls' slot lists, same protocol; best of %zu kernel shapes x slots "
+      "as drawn / ascending), median GPU us (floor us / kjit us; >= 1.000: kjit at the floor)\n%6s "
+      "| %-33s | %-33s | %-33s | "
+      "%-33s\n%6s | %16s %16s | %16s %16s | %16s %16s | %16s %16s\n%s",
+      std::size(kFloorShapes), "B", "pool 1x (a permutation)", "pool 2x, random slots",
+      "pool 8x, random slots", "pool 2x, sorted slots", "", "flushed", "dirty", "flushed", "dirty",
+      "flushed", "dirty", "flushed", "dirty", floor_table.c_str());
   return all_ok;
 }
 

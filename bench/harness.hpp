@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -217,6 +218,52 @@ inline double copy_gbs(Gpu& gpu, std::size_t bytes_moved,
   gpu.copy_gbs_cache_[key] = gbs;
   return gbs;
 }
+
+/// bench_slot_rmw_kernel (templates/bench/bench.cuh) in one shape: what a step on a state pool
+/// costs in memory alone (its slots read and written back in place, its inputs read and its
+/// output written once, no arithmetic), the floor an op's step on the same slots is held to.
+class SlotRmw {
+ public:
+  /// `rows` and `warps`: 512-byte rows per warp and warps per block; `hint`: plain, cs or
+  /// l2_256 (the family's parameters).
+  SlotRmw(Gpu& gpu, int rows, int warps, std::string hint)
+      : gpu_(&gpu), rows_(rows), warps_(warps), hint_(std::move(hint)) {
+    kernel_ = &gpu.runtime().load(
+        KernelSpec::make(
+            "bench_slot_rmw",
+            {{"rows", std::to_string(rows)}, {"warps", std::to_string(warps)}, {"hint", hint_}},
+            gpu.limits.arch),
+        gpu.device);
+  }
+
+  std::string name() const { return fmt::format("rows={},warps={},hint={}", rows_, warps_, hint_); }
+
+  /// Enqueues one call on `batch` rows: params.slots holds them (device i32), params.pool /
+  /// slot_bytes / inputs / output / delta as the caller sets them; tiles_per_slot is set here.
+  void launch(Stream stream, SlotRmwParams params, std::size_t batch) const {
+    const std::size_t tile_bytes = static_cast<std::size_t>(rows_) * warps_ * 512;
+    const bool vectors = params.input_bytes[0] % 16 == 0 && params.input_bytes[1] % 16 == 0 &&
+                         params.output_bytes % 16 == 0 && params.output_bytes > 0;
+    const std::size_t tiles = params.slot_bytes / tile_bytes;
+    if (params.slot_bytes % tile_bytes != 0 || !vectors || batch * tiles > 0x7fffffffu) {
+      throw std::invalid_argument(fmt::format(
+          "bench_slot_rmw {}: slots of {} bytes are not whole tiles of {} bytes, the inputs or "
+          "the output not 16-byte vectors (or no output), or {} x {} blocks too many",
+          name(), params.slot_bytes, tile_bytes, batch, tiles));
+    }
+    params.tiles_per_slot = static_cast<std::uint32_t>(tiles);
+    const auto blocks = static_cast<std::uint32_t>(batch * tiles);
+    gpu_->runtime().launch(
+        *kernel_, LaunchShape{{blocks, 1, 1}, {static_cast<std::uint32_t>(32 * warps_), 1, 1}, 0},
+        stream, &params, sizeof params);
+  }
+
+ private:
+  Gpu* gpu_;
+  int rows_, warps_;
+  std::string hint_;
+  const LoadedKernel* kernel_ = nullptr;
+};
 
 /// cu_seqlens of `seqs` uneven lengths summing to `tokens`: weights 1..seqs shuffled by `seed`,
 /// so the longest sequence is ~2 / seqs of the batch (it bounds a per-sequence recurrence).

@@ -46,6 +46,7 @@ const std::vector<FamilyDecl>& families() {
         probe_family(),           merge_state_family(),
         gdn_decode_family(),      gdn_decode_order_family(),
         gdn_decode_conv_family(), bench_family(),
+        bench_slot_rmw_family(),
     };
     // Registered families in name order: static initialization order across files is not
     // something a listing should depend on.

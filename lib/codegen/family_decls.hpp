@@ -15,5 +15,6 @@ FamilyDecl gdn_decode_family();
 FamilyDecl gdn_decode_order_family();
 FamilyDecl gdn_decode_conv_family();
 FamilyDecl bench_family();
+FamilyDecl bench_slot_rmw_family();
 
 }  // namespace kjit::codegen
