@@ -6,7 +6,10 @@
 //   and written; weights are negligible). Target >= 0.90.
 // - Decode update (S = 1): B = 1, 32, 256, 2048 rows at random slots of a pool twice the batch;
 //   against the same-run copy rate and an empty kernel. Targets: within 1 us of the empty kernel
-//   at B = 1, >= 0.85 of the copy rate from B = 256.
+//   at B = 1, >= 0.85 of the copy rate from B = 256. Beside each, the slot read-modify-write
+//   floor (bench_slot_rmw: the same bytes moved with nothing else, on the timed calls' slot lists
+//   under the same protocol; kFloorShapes, check_floor) as floor us and floor us / kjit us, in the
+//   JSON and a table after the update's lines.
 // Every shape is first checked against the float64 reference on a slice of 64 channels (outputs
 // and pool columns). L2 is flushed before each shape and the inputs rotate through >= 512 MB of
 // buffers where the call is smaller than that, so timed calls read cold data.
@@ -22,6 +25,7 @@
 //                              span. A candidate that does not apply to a shape (stages of 2 or
 //                              more for the update) prints a line with "skipped" and the
 //                              planner's reason.
+//   KJIT_CONV_BENCH_UPDATE_ONLY=1  the update's shapes (and their floor) alone, no prefill.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -29,8 +33,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <iterator>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -93,12 +101,18 @@ double worst(const std::vector<unsigned char>& out, std::int64_t rows,
 
 struct Common {
   DeviceBuffer weight{kDim * kWidth * 2}, bias{kDim * 2};
+  /// The weights' and the bias' bytes in one buffer: the update floor's second input
+  /// (bench_slot_rmw reads two inputs; x is the first), so that it reads what the update reads.
+  DeviceBuffer weight_bias{kDim * (kWidth + 1) * 2};
   std::vector<unsigned char> weight_host, bias_host;
   explicit Common(std::uint64_t seed) {
     kjit::bench::fill_random(weight, DType::bf16, kDim * kWidth, seed, 0.5);
     kjit::bench::fill_random(bias, DType::bf16, kDim, seed + 1);
     weight_host = download(weight, 0, weight.bytes());
     bias_host = download(bias, 0, bias.bytes());
+    std::vector<unsigned char> both = weight_host;
+    both.insert(both.end(), bias_host.begin(), bias_host.end());
+    upload(weight_bias, both.data(), both.size());
   }
   TensorView weight_view() const {
     return TensorView::contiguous(weight.get(), DType::bf16, {kDim, kWidth});
@@ -300,8 +314,114 @@ bool prefill(kjit::bench::Gpu& gpu, Common& common, std::int64_t tokens,
   return ok;
 }
 
+/// The update's slot read-modify-write floor (bench_slot_rmw_kernel, templates/bench/bench.cuh):
+/// the bytes an update call moves and nothing else, i.e. each row's conv-state slot (D x (W-1)
+/// bf16 = 48 KiB, contiguous in the default layout) read and written back in place, x and the
+/// weights + bias read once, out written once, no arithmetic. A shape is rows of 512 bytes per
+/// warp, warps per block and the pool's cache hint; a block moves rows x warps x 512 bytes of one
+/// slot, so rows x warps must divide the slot's 96 rows of 512 bytes. gdn_decode's five
+/// (serving_table in bench/gdn_decode.cpp) and 4 x 1 (twice 8 x 1's blocks, for small batches).
+struct FloorShape {
+  int rows, warps;
+  const char* hint;
+};
+constexpr FloorShape kFloorShapes[] = {{8, 1, "plain"}, {8, 1, "cs"},     {16, 1, "plain"},
+                                       {4, 4, "plain"}, {8, 1, "l2_256"}, {4, 1, "plain"}};
+constexpr std::size_t kSlotBytes = static_cast<std::size_t>(kDim * kCols * 2);
+
+constexpr bool floor_tiles_divide_slot() {
+  for (const FloorShape& shape : kFloorShapes) {
+    if (kSlotBytes % (static_cast<std::size_t>(shape.rows * shape.warps) * 512) != 0) return false;
+  }
+  return true;
+}
+static_assert(floor_tiles_divide_slot(), "every floor shape's tile must divide a conv-state slot");
+
+/// A floor shape with the slot lists as drawn (the update's) or each list sorted ascending (a
+/// floor may take the better order for free). The floor of a shape is the fastest candidate that
+/// passed check_floor.
+struct FloorCandidate {
+  const kjit::bench::SlotRmw* kernel;
+  bool ascending;
+  std::string name() const {
+    return kernel->name() + (ascending ? ",order=ascending" : ",order=given");
+  }
+};
+
+/// A pool slot the floor check reads back, and its bytes before the check.
+struct FloorSample {
+  std::int32_t slot;
+  bool touched;
+  std::vector<std::uint32_t> before;
+};
+
+std::vector<std::uint32_t> download_words(const DeviceBuffer& buffer, std::size_t offset,
+                                          std::size_t words) {
+  const std::vector<unsigned char> bytes = download(buffer, offset, words * 4);
+  std::vector<std::uint32_t> out(words);
+  std::memcpy(out.data(), bytes.data(), words * 4);
+  return out;
+}
+
+/// The 32-bit words a bench_slot_rmw call with `delta` writes to an output of `out_words`: word i
+/// of the inputs (one after the other) lands on word i mod out_words, xor-folded, plus delta.
+std::vector<std::uint32_t> floor_output(const std::vector<std::uint32_t>& inputs,
+                                        std::size_t out_words, std::uint32_t delta) {
+  std::vector<std::uint32_t> out(out_words, 0);
+  for (std::size_t i = 0; i < inputs.size(); ++i) out[i % out_words] ^= inputs[i];
+  for (std::uint32_t& word : out) word += delta;
+  return out;
+}
+
+/// Runs a floor candidate on `params` (its first slot list, x and out at window 0) with delta 1
+/// and then 0xffffffff (so the pool is back to its bytes), reading the samples back after each:
+/// every word of a touched slot must read before + 1 and then before, an untouched slot its
+/// bytes throughout, and out (after the first) the inputs' fold + 1. "" when so, else the first
+/// difference: a kernel that skips a slot, writes the wrong one or loses its stores fails here
+/// rather than timing as a fast floor (as serving_table's check in bench/gdn_decode.cpp).
+std::string check_floor(kjit::bench::Gpu& gpu, const FloorCandidate& candidate,
+                        kjit::SlotRmwParams params, std::int64_t batch, const DeviceBuffer& pool,
+                        const std::vector<FloorSample>& samples, const DeviceBuffer& out,
+                        const std::vector<std::uint32_t>& want_out) {
+  const std::size_t slot_words = params.slot_bytes / 4;
+  for (const std::uint32_t delta : {1u, 0xffffffffu}) {
+    params.delta = delta;
+    try {
+      candidate.kernel->launch(gpu.stream, params, static_cast<std::size_t>(batch));
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    gpu.synchronize();
+    for (const FloorSample& sample : samples) {
+      const auto got = download_words(
+          pool, static_cast<std::size_t>(sample.slot) * params.slot_bytes, slot_words);
+      const std::uint32_t added = sample.touched && delta == 1 ? 1 : 0;
+      for (std::size_t i = 0; i < slot_words; ++i) {
+        if (got[i] != sample.before[i] + added) {
+          return fmt::format(
+              "{} slot {} word {} after delta {:#x}: {:#010x}, expected {:#010x} (the slot's "
+              "bytes before the check{})",
+              sample.touched ? "touched" : "untouched", sample.slot, i, delta, got[i],
+              sample.before[i] + added, added != 0 ? " + 1" : "");
+        }
+      }
+    }
+    if (delta == 1) {
+      const auto got = download_words(out, 0, want_out.size());
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        if (got[i] != want_out[i]) {
+          return fmt::format("output word {}: {:#010x}, expected {:#010x}", i, got[i], want_out[i]);
+        }
+      }
+    }
+  }
+  return {};
+}
+
 bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double empty_us,
-            const std::vector<Candidate>& cands, std::FILE* json) {
+            const std::vector<Candidate>& cands,
+            const std::vector<kjit::bench::SlotRmw>& floor_kernels, std::string* floor_table,
+            std::FILE* json) {
   const std::int64_t slot_elems = kDim * kCols;
   const std::size_t row_bytes = static_cast<std::size_t>(kDim * 2);
   const std::size_t step_bytes = static_cast<std::size_t>(batch) *
@@ -328,10 +448,83 @@ bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double em
   }
   DeviceBuffer idx_dev(idx.size() * 4);
   upload(idx_dev, idx.data(), idx.size() * 4);
+  // The same sets, each sorted ascending: the floor candidates that take the slots in address
+  // order.
+  std::vector<std::int32_t> ascending = idx;
+  for (int s = 0; s < kSets; ++s) {
+    std::sort(ascending.begin() + s * batch, ascending.begin() + (s + 1) * batch);
+  }
+  DeviceBuffer ascending_dev(ascending.size() * 4);
+  upload(ascending_dev, ascending.data(), ascending.size() * 4);
   kjit::CausalConv1dOptions o;
   o.activation = kjit::ConvActivation::silu;
   o.runtime = &gpu.runtime();
   o.device = gpu.device;
+
+  // The floor's bytes: the slots (read and written back), x read, weights + bias read (one
+  // buffer of the same bytes), out written; inputs[0] and output move to each call's window.
+  kjit::SlotRmwParams floor_params{};
+  floor_params.pool = pool.get();
+  floor_params.slot_bytes = kSlotBytes;
+  floor_params.inputs[0] = x.get();
+  floor_params.input_bytes[0] = io_bytes;
+  floor_params.inputs[1] = common.weight_bias.get();
+  floor_params.input_bytes[1] = common.weight_bias.bytes();
+  floor_params.output = out.get();
+  floor_params.output_bytes = io_bytes;
+  // Each candidate checked on set 0 (window 0) first: three slots of it and one it leaves alone.
+  bool floor_ok = true;
+  std::vector<FloorCandidate> floors;
+  {
+    std::vector<std::uint32_t> inputs = download_words(x, 0, io_bytes / 4);
+    const std::vector<std::uint32_t> wb =
+        download_words(common.weight_bias, 0, common.weight_bias.bytes() / 4);
+    inputs.insert(inputs.end(), wb.begin(), wb.end());
+    const std::vector<std::uint32_t> want_out = floor_output(inputs, io_bytes / 4, 1);
+    std::vector<FloorSample> samples;
+    for (const std::int64_t r : {std::int64_t{0}, batch / 2, batch - 1}) {
+      const std::int32_t slot = idx[static_cast<std::size_t>(r)];
+      if (std::none_of(samples.begin(), samples.end(),
+                       [&](const FloorSample& f) { return f.slot == slot; })) {
+        samples.push_back(FloorSample{slot, true, {}});
+      }
+    }
+    for (std::int32_t slot = 0; slot < slots; ++slot) {
+      if (std::find(idx.begin(), idx.begin() + batch, slot) == idx.begin() + batch) {
+        samples.push_back(FloorSample{slot, false, {}});
+        break;
+      }
+    }
+    const auto snapshot = [&] {
+      for (FloorSample& sample : samples) {
+        sample.before = download_words(pool, static_cast<std::size_t>(sample.slot) * kSlotBytes,
+                                       kSlotBytes / 4);
+      }
+    };
+    snapshot();
+    for (const kjit::bench::SlotRmw& kernel : floor_kernels) {
+      for (const bool in_order : {false, true}) {
+        const FloorCandidate candidate{&kernel, in_order};
+        kjit::SlotRmwParams first = floor_params;
+        first.slots = static_cast<const kjit::i32*>((in_order ? ascending_dev : idx_dev).get());
+        const std::string why =
+            check_floor(gpu, candidate, first, batch, pool, samples, out, want_out);
+        if (why.empty()) {
+          floors.push_back(candidate);
+        } else {
+          std::printf("FLOOR CHECK FAILED: update B=%lld %s: %s\n", static_cast<long long>(batch),
+                      candidate.name().c_str(), why.c_str());
+          floor_ok = false;
+          snapshot();  // a failed check may leave its + 1 behind: the next compares from here
+        }
+      }
+    }
+  }
+  // What the floor timed: the fastest candidate (floor_us, its name), the fastest with the slots
+  // as drawn, and every candidate's us (JSON).
+  double floor_us = -1, floor_given_us = -1;
+  std::string floor_kernel, floor_candidates;
+
   auto view_x = [&](std::size_t w) {
     return TensorView::contiguous(reinterpret_cast<void*>(x.ptr() + w * io_bytes), DType::bf16,
                                   {batch, 1, kDim});
@@ -352,8 +545,12 @@ bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double em
   std::size_t n = 1;
   // The check of set 0 on the first kCheckDim channels, then the step timed on rotating sets,
   // and the same step with vLLM's pool layout, [slots, W-1, D] seen as [slots, D, W-1] (same
-  // bytes, the planner's per-column vector access instead of whole slot blocks).
-  auto measure = [&](const kjit::CausalConv1dOptions& opt, double* columns_us) {
+  // bytes, the planner's per-column vector access instead of whole slot blocks). With
+  // `with_floor`, right after the step (default layout) each checked floor candidate under the
+  // same protocol: L2 flushed, then the same calls (warm-up and timed) on the same slot sets and
+  // x / out windows in the same turn (its counter starts where the step's did). The vLLM layout
+  // moves the same bytes, so its floor is the same one (pool_w_d_floor_ratio).
+  auto measure = [&](const kjit::CausalConv1dOptions& opt, double* columns_us, bool with_floor) {
     auto call = [&](std::size_t i, const TensorView& pv, kjit::Stream stream) {
       kjit::causal_conv1d_update(view_x(i % windows), common.weight_view(), common.bias_view(), pv,
                                  idx_view(static_cast<int>(i % kSets)), TensorView{},
@@ -388,7 +585,32 @@ bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double em
                              pool_ref.begin() + static_cast<std::ptrdiff_t>(at));
     }
     kjit::bench::flush_l2(gpu);
+    const std::size_t first_call = n;
     m.us = kjit::bench::median_gpu_us(gpu, [&](kjit::Stream st) { call(n++, pool_view, st); });
+    for (std::size_t k = 0; k < (with_floor ? floors.size() : 0); ++k) {
+      const FloorCandidate& candidate = floors[k];
+      const DeviceBuffer& lists = candidate.ascending ? ascending_dev : idx_dev;
+      std::size_t floor_call = first_call;
+      kjit::bench::flush_l2(gpu);
+      const double candidate_us = kjit::bench::median_gpu_us(gpu, [&](kjit::Stream st) {
+        const std::size_t i = floor_call++;
+        kjit::SlotRmwParams p = floor_params;
+        p.slots = reinterpret_cast<const kjit::i32*>(
+            lists.ptr() + (i % kSets) * static_cast<std::size_t>(batch) * 4);
+        p.inputs[0] = reinterpret_cast<const void*>(x.ptr() + (i % windows) * io_bytes);
+        p.output = reinterpret_cast<void*>(out.ptr() + (i % windows) * io_bytes);
+        candidate.kernel->launch(st, p, static_cast<std::size_t>(batch));
+      });
+      if (floor_us < 0 || candidate_us < floor_us) {
+        floor_us = candidate_us;
+        floor_kernel = candidate.name();
+      }
+      if (!candidate.ascending && (floor_given_us < 0 || candidate_us < floor_given_us)) {
+        floor_given_us = candidate_us;
+      }
+      floor_candidates += fmt::format("{}\"{}\":{:.3f}", floor_candidates.empty() ? "" : ",",
+                                      candidate.name(), candidate_us);
+    }
     kjit::bench::flush_l2(gpu);
     *columns_us =
         kjit::bench::median_gpu_us(gpu, [&](kjit::Stream st) { call(n++, pool_columns, st); });
@@ -396,8 +618,8 @@ bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double em
   };
 
   double columns_us = 0;
-  const Measured base = measure(o, &columns_us);
-  bool ok = base.err <= 1.0 && base.pool_ok;
+  const Measured base = measure(o, &columns_us, true);
+  bool ok = base.err <= 1.0 && base.pool_ok && floor_ok;
   const double us = base.us, err = base.err;
   const bool pool_ok = base.pool_ok;
   // Every index a padding index (-1): each row reads its index and writes zeros, so the time is
@@ -415,22 +637,42 @@ bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double em
   });
   const double copy = kjit::bench::copy_gbs(gpu, step_bytes);
   const double gbs = static_cast<double>(step_bytes) / (us * 1e3);
-  print_json(
-      json, fmt::format("{{\"op\":\"causal_conv1d_update\",\"batch\":{},\"steps\":1,\"dim\":{},"
-                        "\"width\":{},\"us\":{:.2f},\"empty_kernel_us\":{:.2f},\"over_empty_us\":"
-                        "{:.2f},\"gbs\":{:.1f},\"copy_gbs\":{:.1f},\"ratio_to_copy\":{:.3f},"
-                        "\"padding_rows_us\":{:.2f},\"pool_w_d_us\":{:.2f},"
-                        "\"pool_w_d_ratio_to_copy\":{:.3f},\"check_worst\":{:.3f},"
-                        "\"pool_ok\":{}}}",
-                        batch, kDim, kWidth, us, empty_us, us - empty_us, gbs, copy, gbs / copy,
-                        padding_us, columns_us,
-                        static_cast<double>(step_bytes) / (columns_us * 1e3) / copy, err, pool_ok));
+  // floor_ratio = floor us / kjit us (1.000 or more: kjit at the floor); floor_ratio_to_copy: the
+  // floor's rate against the copy's, i.e. what the access pattern itself costs.
+  const bool has_floor = floor_us > 0;
+  const double floor_ratio = has_floor ? floor_us / us : -1.0;
+  const double floor_to_copy =
+      has_floor ? static_cast<double>(step_bytes) / (floor_us * 1e3) / copy : -1.0;
+  print_json(json,
+             fmt::format("{{\"op\":\"causal_conv1d_update\",\"batch\":{},\"steps\":1,\"dim\":{},"
+                         "\"width\":{},\"us\":{:.2f},\"empty_kernel_us\":{:.2f},\"over_empty_us\":"
+                         "{:.2f},\"gbs\":{:.1f},\"copy_gbs\":{:.1f},\"ratio_to_copy\":{:.3f},"
+                         "\"padding_rows_us\":{:.2f},\"pool_w_d_us\":{:.2f},"
+                         "\"pool_w_d_ratio_to_copy\":{:.3f},\"check_worst\":{:.3f},"
+                         "\"pool_ok\":{},\"floor_us\":{:.3f},\"floor_ratio\":{:.4f},"
+                         "\"floor_kernel\":\"{}\",\"floor_given_us\":{:.3f},"
+                         "\"floor_ratio_to_copy\":{:.4f},\"pool_w_d_floor_ratio\":{:.4f},"
+                         "\"floor_check\":{},\"floor_candidates\":{{{}}}}}",
+                         batch, kDim, kWidth, us, empty_us, us - empty_us, gbs, copy, gbs / copy,
+                         padding_us, columns_us,
+                         static_cast<double>(step_bytes) / (columns_us * 1e3) / copy, err, pool_ok,
+                         floor_us, floor_ratio, floor_kernel, floor_given_us, floor_to_copy,
+                         has_floor ? floor_us / columns_us : -1.0, floor_ok, floor_candidates));
+  *floor_table +=
+      has_floor
+          ? fmt::format("{:6} | {:8.2f} ({:.3f}) | {:8.2f} ({:.3f}) | {:11.3f} | {:11.3f} | {}\n",
+                        batch, us, gbs / copy, floor_us, floor_to_copy, floor_ratio,
+                        floor_us / columns_us, floor_kernel)
+          : fmt::format(
+                "{:6} | {:8.2f} ({:.3f}) | no floor (every candidate failed its "
+                "check)\n",
+                batch, us, gbs / copy);
   for (const Candidate& cand : cands) {
     kjit::CausalConv1dOptions co = o;
     cand.apply(co);
     try {
       double cand_columns_us = 0;
-      const Measured m = measure(co, &cand_columns_us);
+      const Measured m = measure(co, &cand_columns_us, false);
       ok &= m.err <= 1.0 && m.pool_ok;
       const double cgbs = static_cast<double>(step_bytes) / (m.us * 1e3);
       print_json(json,
@@ -438,11 +680,12 @@ bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double em
                              "\"{}\",\"us\":{:.2f},\"default_us\":{:.2f},\"speedup\":{:.3f},"
                              "\"over_empty_us\":{:.2f},\"ratio_to_copy\":{:.3f},\"pool_w_d_us\":"
                              "{:.2f},\"default_pool_w_d_us\":{:.2f},\"pool_w_d_ratio_to_copy\":"
-                             "{:.3f},\"spec\":\"{}\",\"check_worst\":{:.3f},\"pool_ok\":{}}}",
+                             "{:.3f},\"floor_ratio\":{:.4f},\"spec\":\"{}\",\"check_worst\":"
+                             "{:.3f},\"pool_ok\":{}}}",
                              batch, cand.name, m.us, us, us / m.us, m.us - empty_us, cgbs / copy,
                              cand_columns_us, columns_us,
                              static_cast<double>(step_bytes) / (cand_columns_us * 1e3) / copy,
-                             m.spec, m.err, m.pool_ok));
+                             has_floor ? floor_us / m.us : -1.0, m.spec, m.err, m.pool_ok));
     } catch (const kjit::PlanError& e) {
       print_json(json, fmt::format("{{\"op\":\"causal_conv1d_update\",\"batch\":{},"
                                    "\"candidate\":\"{}\",\"skipped\":\"{}\"}}",
@@ -470,15 +713,35 @@ int main(int argc, char** argv) {
         "causal_conv1d D=%lld W=%lld bf16, SiLU, 16 uneven sequences; median GPU us of "
         "cold calls\n",
         static_cast<long long>(kDim), static_cast<long long>(kWidth));
-    for (const std::int64_t tokens : {8192, 32768, 131072})
-      ok &= prefill(*gpu, common, tokens, cands, json);
+    const char* update_only = std::getenv("KJIT_CONV_BENCH_UPDATE_ONLY");
+    if (update_only == nullptr || std::string(update_only) != "1") {
+      for (const std::int64_t tokens : {8192, 32768, 131072})
+        ok &= prefill(*gpu, common, tokens, cands, json);
+    }
+    std::vector<kjit::bench::SlotRmw> floor_kernels;
+    for (const FloorShape& shape : kFloorShapes) {
+      floor_kernels.emplace_back(*gpu, shape.rows, shape.warps, shape.hint);
+    }
     const double empty_us = kjit::bench::empty_kernel_us(*gpu);
     std::printf(
         "causal_conv1d_update S=1, random slots of a >= 512 MB pool; empty kernel %.2f us\n",
         empty_us);
+    std::string floor_table;
     for (const std::int64_t batch : {1, 32, 256, 2048})
-      ok &= decode(*gpu, common, batch, empty_us, cands, json);
+      ok &= decode(*gpu, common, batch, empty_us, cands, floor_kernels, &floor_table, json);
+    std::printf(
+        "\nslot read-modify-write floor of the update: the same bytes moved with nothing else "
+        "(bench_slot_rmw on the timed calls' slot sets and x / out windows, L2 flushed, same "
+        "rotation; best of %zu kernel shapes x slots as drawn / ascending), median GPU us (ratio "
+        "to the copy); floor/kjit = floor us / kjit us (>= 1.000: kjit at the floor), also for "
+        "the update in vLLM's pool layout (same bytes)\n%6s | %-16s | %-16s | %11s | %11s | "
+        "%s\n%s",
+        std::size(kFloorShapes), "B", "kjit (to copy)", "floor (to copy)", "floor/kjit",
+        "vLLM layout", "floor kernel", floor_table.c_str());
   } catch (const kjit::Error& e) {
+    std::printf("FAILED: %s\n", e.what());
+    ok = false;
+  } catch (const std::exception& e) {
     std::printf("FAILED: %s\n", e.what());
     ok = false;
   }
