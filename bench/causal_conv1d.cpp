@@ -33,7 +33,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <iterator>
 #include <numeric>
@@ -56,7 +55,12 @@ namespace {
 
 using kjit::DType;
 using kjit::TensorView;
+using kjit::bench::check_floor;
 using kjit::bench::DeviceBuffer;
+using kjit::bench::download_words;
+using kjit::bench::floor_output;
+using kjit::bench::FloorCandidate;
+using kjit::bench::FloorSample;
 
 constexpr std::int64_t kDim = 8192;
 constexpr std::int64_t kWidth = 4;
@@ -337,87 +341,6 @@ constexpr bool floor_tiles_divide_slot() {
 }
 static_assert(floor_tiles_divide_slot(), "every floor shape's tile must divide a conv-state slot");
 
-/// A floor shape with the slot lists as drawn (the update's) or each list sorted ascending (a
-/// floor may take the better order for free). The floor of a shape is the fastest candidate that
-/// passed check_floor.
-struct FloorCandidate {
-  const kjit::bench::SlotRmw* kernel;
-  bool ascending;
-  std::string name() const {
-    return kernel->name() + (ascending ? ",order=ascending" : ",order=given");
-  }
-};
-
-/// A pool slot the floor check reads back, and its bytes before the check.
-struct FloorSample {
-  std::int32_t slot;
-  bool touched;
-  std::vector<std::uint32_t> before;
-};
-
-std::vector<std::uint32_t> download_words(const DeviceBuffer& buffer, std::size_t offset,
-                                          std::size_t words) {
-  const std::vector<unsigned char> bytes = download(buffer, offset, words * 4);
-  std::vector<std::uint32_t> out(words);
-  std::memcpy(out.data(), bytes.data(), words * 4);
-  return out;
-}
-
-/// The 32-bit words a bench_slot_rmw call with `delta` writes to an output of `out_words`: word i
-/// of the inputs (one after the other) lands on word i mod out_words, xor-folded, plus delta.
-std::vector<std::uint32_t> floor_output(const std::vector<std::uint32_t>& inputs,
-                                        std::size_t out_words, std::uint32_t delta) {
-  std::vector<std::uint32_t> out(out_words, 0);
-  for (std::size_t i = 0; i < inputs.size(); ++i) out[i % out_words] ^= inputs[i];
-  for (std::uint32_t& word : out) word += delta;
-  return out;
-}
-
-/// Runs a floor candidate on `params` (its first slot list, x and out at window 0) with delta 1
-/// and then 0xffffffff (so the pool is back to its bytes), reading the samples back after each:
-/// every word of a touched slot must read before + 1 and then before, an untouched slot its
-/// bytes throughout, and out (after the first) the inputs' fold + 1. "" when so, else the first
-/// difference: a kernel that skips a slot, writes the wrong one or loses its stores fails here
-/// rather than timing as a fast floor (as serving_table's check in bench/gdn_decode.cpp).
-std::string check_floor(kjit::bench::Gpu& gpu, const FloorCandidate& candidate,
-                        kjit::SlotRmwParams params, std::int64_t batch, const DeviceBuffer& pool,
-                        const std::vector<FloorSample>& samples, const DeviceBuffer& out,
-                        const std::vector<std::uint32_t>& want_out) {
-  const std::size_t slot_words = params.slot_bytes / 4;
-  for (const std::uint32_t delta : {1u, 0xffffffffu}) {
-    params.delta = delta;
-    try {
-      candidate.kernel->launch(gpu.stream, params, static_cast<std::size_t>(batch));
-    } catch (const std::invalid_argument& e) {
-      return e.what();
-    }
-    gpu.synchronize();
-    for (const FloorSample& sample : samples) {
-      const auto got = download_words(
-          pool, static_cast<std::size_t>(sample.slot) * params.slot_bytes, slot_words);
-      const std::uint32_t added = sample.touched && delta == 1 ? 1 : 0;
-      for (std::size_t i = 0; i < slot_words; ++i) {
-        if (got[i] != sample.before[i] + added) {
-          return fmt::format(
-              "{} slot {} word {} after delta {:#x}: {:#010x}, expected {:#010x} (the slot's "
-              "bytes before the check{})",
-              sample.touched ? "touched" : "untouched", sample.slot, i, delta, got[i],
-              sample.before[i] + added, added != 0 ? " + 1" : "");
-        }
-      }
-    }
-    if (delta == 1) {
-      const auto got = download_words(out, 0, want_out.size());
-      for (std::size_t i = 0; i < got.size(); ++i) {
-        if (got[i] != want_out[i]) {
-          return fmt::format("output word {}: {:#010x}, expected {:#010x}", i, got[i], want_out[i]);
-        }
-      }
-    }
-  }
-  return {};
-}
-
 bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double empty_us,
             const std::vector<Candidate>& cands,
             const std::vector<kjit::bench::SlotRmw>& floor_kernels, std::string* floor_table,
@@ -481,26 +404,8 @@ bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double em
         download_words(common.weight_bias, 0, common.weight_bias.bytes() / 4);
     inputs.insert(inputs.end(), wb.begin(), wb.end());
     const std::vector<std::uint32_t> want_out = floor_output(inputs, io_bytes / 4, 1);
-    std::vector<FloorSample> samples;
-    for (const std::int64_t r : {std::int64_t{0}, batch / 2, batch - 1}) {
-      const std::int32_t slot = idx[static_cast<std::size_t>(r)];
-      if (std::none_of(samples.begin(), samples.end(),
-                       [&](const FloorSample& f) { return f.slot == slot; })) {
-        samples.push_back(FloorSample{slot, true, {}});
-      }
-    }
-    for (std::int32_t slot = 0; slot < slots; ++slot) {
-      if (std::find(idx.begin(), idx.begin() + batch, slot) == idx.begin() + batch) {
-        samples.push_back(FloorSample{slot, false, {}});
-        break;
-      }
-    }
-    const auto snapshot = [&] {
-      for (FloorSample& sample : samples) {
-        sample.before = download_words(pool, static_cast<std::size_t>(sample.slot) * kSlotBytes,
-                                       kSlotBytes / 4);
-      }
-    };
+    std::vector<FloorSample> samples = kjit::bench::floor_samples(idx.data(), batch, slots);
+    const auto snapshot = [&] { kjit::bench::snapshot_floor_samples(samples, pool, kSlotBytes); };
     snapshot();
     for (const kjit::bench::SlotRmw& kernel : floor_kernels) {
       for (const bool in_order : {false, true}) {

@@ -49,7 +49,11 @@ namespace {
 
 using kjit::DType;
 using kjit::TensorView;
+using kjit::bench::check_floor;
 using kjit::bench::DeviceBuffer;
+using kjit::bench::floor_output;
+using kjit::bench::FloorCandidate;
+using kjit::bench::FloorSample;
 
 constexpr std::int64_t kHeads = 16, kDim = 128;
 constexpr std::size_t kRotationBytes = std::size_t{512} << 20;
@@ -239,74 +243,6 @@ struct FloorShape {
 constexpr FloorShape kFloorShapes[] = {
     {8, 1, "plain"}, {8, 1, "cs"}, {16, 1, "plain"}, {4, 4, "plain"}, {8, 1, "l2_256"}};
 
-struct FloorCandidate {
-  const kjit::bench::SlotRmw* kernel;
-  bool ascending;
-  std::string name() const {
-    return kernel->name() + (ascending ? ",order=ascending" : ",order=given");
-  }
-};
-
-/// A pool slot the floor check reads back, and its bytes before the check.
-struct FloorSample {
-  std::int32_t slot;
-  bool touched;
-  std::vector<std::uint32_t> before;
-};
-
-/// The 32-bit words a bench_slot_rmw call with `delta` writes to an output of `out_words`:
-/// output vector g is the xor of input vectors g, g + n, g + 2n, ... (n output vectors, the
-/// inputs one after the other) plus delta, i.e. word i of the inputs lands on word i mod
-/// out_words.
-std::vector<std::uint32_t> floor_output(const std::vector<std::uint32_t>& inputs,
-                                        std::size_t out_words, std::uint32_t delta) {
-  std::vector<std::uint32_t> out(out_words, 0);
-  for (std::size_t i = 0; i < inputs.size(); ++i) out[i % out_words] ^= inputs[i];
-  for (std::uint32_t& word : out) word += delta;
-  return out;
-}
-
-/// Runs a floor candidate on its first slot list (params.slots) with delta 1 and then
-/// 0xffffffff (so the pool is back to its bytes) and reads the samples back after each: every
-/// word of a touched slot must read before + 1 and then before, an untouched slot its bytes
-/// throughout, and the output (after the first) the fold of the inputs + 1. "" when so, else
-/// the first difference: a kernel that skips a slot, writes the wrong one or loses its stores
-/// fails here rather than timing as a fast floor.
-std::string check_floor(kjit::bench::Gpu& gpu, const FloorCandidate& candidate,
-                        kjit::SlotRmwParams params, std::int64_t batch, const DeviceBuffer& pool,
-                        const std::vector<FloorSample>& samples, const DeviceBuffer& out,
-                        const std::vector<std::uint32_t>& want_out) {
-  const std::size_t slot_words = params.slot_bytes / 4;
-  for (const std::uint32_t delta : {1u, 0xffffffffu}) {
-    params.delta = delta;
-    candidate.kernel->launch(gpu.stream, params, static_cast<std::size_t>(batch));
-    gpu.synchronize();
-    for (const FloorSample& sample : samples) {
-      const auto got = download<std::uint32_t>(
-          pool, static_cast<std::size_t>(sample.slot) * params.slot_bytes, slot_words);
-      const std::uint32_t added = sample.touched && delta == 1 ? 1 : 0;
-      for (std::size_t i = 0; i < slot_words; ++i) {
-        if (got[i] != sample.before[i] + added) {
-          return fmt::format(
-              "{} slot {} word {} after delta {:#x}: {:#010x}, expected {:#010x} (the slot's "
-              "bytes before the check{})",
-              sample.touched ? "touched" : "untouched", sample.slot, i, delta, got[i],
-              sample.before[i] + added, added != 0 ? " + 1" : "");
-        }
-      }
-    }
-    if (delta == 1) {
-      const auto got = download<std::uint32_t>(out, 0, want_out.size());
-      for (std::size_t i = 0; i < got.size(); ++i) {
-        if (got[i] != want_out[i]) {
-          return fmt::format("output word {}: {:#010x}, expected {:#010x}", i, got[i], want_out[i]);
-        }
-      }
-    }
-  }
-  return {};
-}
-
 // KJIT_GDN_BENCH_SERVING=1 ("only": this table alone): a serving engine's pool holds more slots
 // than the batch and the previous layer's kernels leave L2 full of their (dirty) data. HV = 32,
 // pools 1x (each call a permutation of the whole pool, as the main table), 2x and 8x the batch
@@ -428,26 +364,8 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
       // The floor candidates of this pool, each checked on the first slot list: three slots of
       // it and one it leaves alone (none in the 1x pool, where every call touches every slot).
       floor_params.pool = pool.get();
-      std::vector<FloorSample> samples;
-      for (const std::int64_t n : {std::int64_t{0}, batch / 2, batch - 1}) {
-        const std::int32_t slot = picked[static_cast<std::size_t>(n)];
-        if (std::none_of(samples.begin(), samples.end(),
-                         [&](const FloorSample& s) { return s.slot == slot; })) {
-          samples.push_back(FloorSample{slot, true, {}});
-        }
-      }
-      for (std::int32_t slot = 0; slot < slots; ++slot) {
-        if (std::find(picked.begin(), picked.begin() + batch, slot) == picked.begin() + batch) {
-          samples.push_back(FloorSample{slot, false, {}});
-          break;
-        }
-      }
-      const auto snapshot = [&] {
-        for (FloorSample& sample : samples) {
-          sample.before = download<std::uint32_t>(
-              pool, static_cast<std::size_t>(sample.slot) * slot_bytes, slot_bytes / 4);
-        }
-      };
+      std::vector<FloorSample> samples = kjit::bench::floor_samples(picked.data(), batch, slots);
+      const auto snapshot = [&] { kjit::bench::snapshot_floor_samples(samples, pool, slot_bytes); };
       snapshot();
       std::vector<FloorCandidate> floors;
       for (const kjit::bench::SlotRmw& kernel : floor_kernels) {

@@ -265,6 +265,121 @@ class SlotRmw {
   const LoadedKernel* kernel_ = nullptr;
 };
 
+/// The floor's candidates: a SlotRmw shape with the slot lists as drawn (the op's) or each list
+/// sorted ascending (a floor may take the better order for free). An op's floor is the fastest
+/// candidate that passed check_floor.
+struct FloorCandidate {
+  const SlotRmw* kernel;
+  bool ascending;
+  std::string name() const {
+    return kernel->name() + (ascending ? ",order=ascending" : ",order=given");
+  }
+};
+
+/// A pool slot the floor check reads back, and its bytes before the check.
+struct FloorSample {
+  std::int32_t slot;
+  bool touched;
+  std::vector<std::uint32_t> before;
+};
+
+/// `words` 32-bit words of `buffer` from byte `offset`.
+inline std::vector<std::uint32_t> download_words(const DeviceBuffer& buffer, std::size_t offset,
+                                                 std::size_t words) {
+  std::vector<std::uint32_t> host(words);
+  check(cu().cuCtxSynchronize(), "cuCtxSynchronize");
+  check(cu().cuMemcpyDtoH(host.data(), buffer.ptr() + offset, words * 4), "cuMemcpyDtoH");
+  return host;
+}
+
+/// The slots check_floor reads back for a call on `list` (its first `batch` entries) in a pool
+/// of `slots` slots: the list's first, middle and last and the first slot it leaves alone (none
+/// when it touches every slot); their bytes come from snapshot_floor_samples.
+inline std::vector<FloorSample> floor_samples(const std::int32_t* list, std::int64_t batch,
+                                              std::int64_t slots) {
+  std::vector<FloorSample> samples;
+  for (const std::int64_t n : {std::int64_t{0}, batch / 2, batch - 1}) {
+    const std::int32_t slot = list[n];
+    if (std::none_of(samples.begin(), samples.end(),
+                     [&](const FloorSample& s) { return s.slot == slot; })) {
+      samples.push_back(FloorSample{slot, true, {}});
+    }
+  }
+  for (std::int64_t slot = 0; slot < slots; ++slot) {
+    if (std::find(list, list + batch, slot) == list + batch) {
+      samples.push_back(FloorSample{static_cast<std::int32_t>(slot), false, {}});
+      break;
+    }
+  }
+  return samples;
+}
+
+/// The samples' bytes now (again after a failed check, which may leave its + 1 behind).
+inline void snapshot_floor_samples(std::vector<FloorSample>& samples, const DeviceBuffer& pool,
+                                   std::size_t slot_bytes) {
+  for (FloorSample& sample : samples) {
+    sample.before =
+        download_words(pool, static_cast<std::size_t>(sample.slot) * slot_bytes, slot_bytes / 4);
+  }
+}
+
+/// The 32-bit words a bench_slot_rmw call with `delta` writes to an output of `out_words`:
+/// output vector g is the xor of input vectors g, g + n, g + 2n, ... (n output vectors, the
+/// inputs one after the other) plus delta, i.e. word i of the inputs lands on word i mod
+/// out_words, xor-folded, plus delta.
+inline std::vector<std::uint32_t> floor_output(const std::vector<std::uint32_t>& inputs,
+                                               std::size_t out_words, std::uint32_t delta) {
+  std::vector<std::uint32_t> out(out_words, 0);
+  for (std::size_t i = 0; i < inputs.size(); ++i) out[i % out_words] ^= inputs[i];
+  for (std::uint32_t& word : out) word += delta;
+  return out;
+}
+
+/// Runs a floor candidate on `params` (its first slot list) with delta 1 and then 0xffffffff (so
+/// the pool is back to its bytes) and reads the samples back after each: every word of a touched
+/// slot must read before + 1 and then before, an untouched slot its bytes throughout, and the
+/// output (after the first) the fold of the inputs + 1. "" when so, else the first difference
+/// (or why the shape cannot run): a kernel that skips a slot, writes the wrong one or loses its
+/// stores fails here rather than timing as a fast floor.
+inline std::string check_floor(Gpu& gpu, const FloorCandidate& candidate, SlotRmwParams params,
+                               std::int64_t batch, const DeviceBuffer& pool,
+                               const std::vector<FloorSample>& samples, const DeviceBuffer& out,
+                               const std::vector<std::uint32_t>& want_out) {
+  const std::size_t slot_words = params.slot_bytes / 4;
+  for (const std::uint32_t delta : {1u, 0xffffffffu}) {
+    params.delta = delta;
+    try {
+      candidate.kernel->launch(gpu.stream, params, static_cast<std::size_t>(batch));
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    gpu.synchronize();
+    for (const FloorSample& sample : samples) {
+      const auto got = download_words(
+          pool, static_cast<std::size_t>(sample.slot) * params.slot_bytes, slot_words);
+      const std::uint32_t added = sample.touched && delta == 1 ? 1 : 0;
+      for (std::size_t i = 0; i < slot_words; ++i) {
+        if (got[i] != sample.before[i] + added) {
+          return fmt::format(
+              "{} slot {} word {} after delta {:#x}: {:#010x}, expected {:#010x} (the slot's "
+              "bytes before the check{})",
+              sample.touched ? "touched" : "untouched", sample.slot, i, delta, got[i],
+              sample.before[i] + added, added != 0 ? " + 1" : "");
+        }
+      }
+    }
+    if (delta == 1) {
+      const auto got = download_words(out, 0, want_out.size());
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        if (got[i] != want_out[i]) {
+          return fmt::format("output word {}: {:#010x}, expected {:#010x}", i, got[i], want_out[i]);
+        }
+      }
+    }
+  }
+  return {};
+}
+
 /// cu_seqlens of `seqs` uneven lengths summing to `tokens`: weights 1..seqs shuffled by `seed`,
 /// so the longest sequence is ~2 / seqs of the batch (it bounds a per-sequence recurrence).
 inline std::vector<std::int32_t> uneven_offsets(std::int64_t tokens, std::int64_t seqs,
