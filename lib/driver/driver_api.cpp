@@ -371,7 +371,8 @@ const DriverApi& driver_api(const std::string& library) {
   if (const DriverApi* api = g_loaded.load(std::memory_order_acquire)) {
     if (library.empty() || *g_loaded_name.load(std::memory_order_acquire) == library) return *api;
   }
-  const LoadResult& result = load_once(normalized(library));
+  const std::string name = normalized(library);
+  const LoadResult& result = load_once(name);
   if (!result.api) throw DriverError(result.error, result.result, result.call);
   return *result.api;
 }

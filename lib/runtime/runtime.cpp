@@ -679,7 +679,7 @@ bool Runtime::capturing(Stream stream) {
 }
 
 void Runtime::copy_to_host(void* host, const void* device_ptr, std::size_t bytes, Stream stream) {
-  const driver::DriverApi& cu = driver::driver_api();
+  const driver::DriverApi& cu = driver::loaded_api();
   driver::check(cu.cuStreamSynchronize(reinterpret_cast<CUstream>(stream)), "cuStreamSynchronize");
   driver::check(cu.cuMemcpyDtoH(host, reinterpret_cast<CUdeviceptr>(device_ptr), bytes),
                 "cuMemcpyDtoH");

@@ -597,8 +597,8 @@ TEST_CASE("causal_conv1d: the tuning candidates' kernels compile for sm_90 (regi
   // KJIT_CONV_BENCH_MODES); this prints what each costs in registers and spills beside the
   // default, for the performance notes.
   const Settings settings = Settings::from_env();
-  const compile::Compiler& nvrtc =
-      compile::compiler(settings.nvrtc_library, settings.resolved_cuda_home());
+  const std::string cuda_home = settings.resolved_cuda_home();
+  const compile::Compiler& nvrtc = compile::compiler(settings.nvrtc_library, cuda_home);
   const DeviceLimits h200 = DeviceLimits::for_name("h200");
   CausalConv1dOptions silu;
   silu.activation = ConvActivation::silu;
@@ -887,8 +887,8 @@ TEST_CASE("causal_conv1d_update_varlen reference: each row a direct convolution 
 
 TEST_CASE("causal_conv1d: the kernels of representative plans compile for sm_90") {
   const Settings settings = Settings::from_env();
-  const compile::Compiler& nvrtc =
-      compile::compiler(settings.nvrtc_library, settings.resolved_cuda_home());
+  const std::string cuda_home = settings.resolved_cuda_home();
+  const compile::Compiler& nvrtc = compile::compiler(settings.nvrtc_library, cuda_home);
   const DeviceLimits h200 = DeviceLimits::for_name("h200");
   std::vector<KernelSpec> specs;
   auto add = [&](const Plan& p) {

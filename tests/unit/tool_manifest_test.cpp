@@ -220,7 +220,7 @@ TEST_CASE("a manifest range with no accepted value is an error naming the line")
 
 TEST_CASE("plan refuses a size out of range by name (issue 20: heads = 0)") {
   const DeviceLimits sm90 = DeviceLimits::for_arch(Arch::parse("sm_90"));
-  const OpInfo& merge = op_named("merge_state");
+  const OpInfo merge = op_named("merge_state");
   CHECK_THROWS_WITH_AS(
       plan_from_shape(
           merge,
@@ -233,7 +233,7 @@ TEST_CASE("plan refuses a size out of range by name (issue 20: heads = 0)") {
                             merge, {{"tokens", "0"}, {"heads", "8"}, {"head_dim", "64"}}, true),
                         sm90)
             .mode == "empty");
-  const OpInfo& decode = op_named("gdn_decode");
+  const OpInfo decode = op_named("gdn_decode");
   CHECK_THROWS_WITH_AS(
       plan_from_shape(
           decode,
