@@ -14,6 +14,7 @@
 #include <set>
 #include <system_error>
 
+#include "cache/bytes.hpp"
 #include "cache/entry.hpp"
 #include "cache/unique_fd.hpp"
 #include "codegen/embedded_templates.hpp"
@@ -26,27 +27,6 @@ namespace {
 
 constexpr std::size_t kPreambleSize = 8 + 4 + 8 + 8;
 constexpr std::size_t kResourceFields = 7;
-
-void put_u64(std::string& out, std::uint64_t value) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
-}
-
-void put_u32(std::string& out, std::uint32_t value) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
-}
-
-void put_field(std::string& out, std::string_view field) {
-  put_u64(out, field.size());
-  out.append(field);
-}
-
-std::uint64_t get_u64(std::string_view bytes, std::size_t offset) {
-  std::uint64_t value = 0;
-  for (std::size_t i = 0; i < 8; ++i) {
-    value |= std::uint64_t{static_cast<unsigned char>(bytes[offset + i])} << (8 * i);
-  }
-  return value;
-}
 
 std::string join(const std::vector<std::string>& items, std::string_view separator) {
   std::string out;
@@ -75,7 +55,7 @@ class Reader {
   explicit Reader(std::string_view bytes) : rest_(bytes) {}
   bool u64(std::uint64_t* value) {
     if (rest_.size() < 8) return false;
-    *value = get_u64(rest_, 0);
+    *value = get_le(rest_, 0, 8);
     rest_.remove_prefix(8);
     return true;
   }
@@ -97,13 +77,13 @@ class Reader {
 
 std::string encode_resources(const KernelResources& r) {
   std::string out;
-  put_u64(out, static_cast<std::uint64_t>(static_cast<std::int64_t>(r.registers)));
-  put_u64(out, static_cast<std::uint64_t>(r.static_smem));
-  put_u64(out, static_cast<std::uint64_t>(r.local_bytes));
-  put_u64(out, static_cast<std::uint64_t>(r.spill_store_bytes));
-  put_u64(out, static_cast<std::uint64_t>(r.spill_load_bytes));
-  put_u64(out, static_cast<std::uint64_t>(r.const_bytes));
-  put_u64(out, static_cast<std::uint64_t>(static_cast<std::int64_t>(r.max_threads)));
+  put_le(out, static_cast<std::uint64_t>(static_cast<std::int64_t>(r.registers)), 8);
+  put_le(out, static_cast<std::uint64_t>(r.static_smem), 8);
+  put_le(out, static_cast<std::uint64_t>(r.local_bytes), 8);
+  put_le(out, static_cast<std::uint64_t>(r.spill_store_bytes), 8);
+  put_le(out, static_cast<std::uint64_t>(r.spill_load_bytes), 8);
+  put_le(out, static_cast<std::uint64_t>(r.const_bytes), 8);
+  put_le(out, static_cast<std::uint64_t>(static_cast<std::int64_t>(r.max_threads)), 8);
   return out;
 }
 
@@ -155,7 +135,7 @@ std::string encode_bundle(const BundleInfo& info, const std::vector<CompiledKern
     put_field(record, spec);
     put_field(record, key.hex());
     record += encode_resources(kernel.resources);
-    put_u64(record, support::xxh3_64(encoded));
+    put_le(record, support::xxh3_64(encoded), 8);
     put_field(record, encoded);
     put_field(entries, record);
     ++count;
@@ -167,12 +147,12 @@ std::string encode_bundle(const BundleInfo& info, const std::vector<CompiledKern
   put_field(header, info.compiler_id);
   put_field(header, join(info.archs, ","));
   put_field(header, info.manifest);
-  put_u64(header, count);
+  put_le(header, count, 8);
 
   std::string out(kBundleMagic, sizeof kBundleMagic);
-  put_u32(out, kBundleFormatVersion);
-  put_u64(out, header.size());
-  put_u64(out, support::xxh3_64(header));
+  put_le(out, kBundleFormatVersion, 4);
+  put_le(out, header.size(), 8);
+  put_le(out, support::xxh3_64(header), 8);
   out += header;
   out += entries;
   return out;
@@ -251,8 +231,8 @@ Bundle Bundle::from_bytes(std::string_view bytes, std::string name) {
         "with `kjit precompile`",
         name, version, kVersion, kBundleFormatVersion));
   }
-  const std::uint64_t header_size = get_u64(bytes, 12);
-  const std::uint64_t header_sum = get_u64(bytes, 20);
+  const std::uint64_t header_size = get_le(bytes, 12, 8);
+  const std::uint64_t header_sum = get_le(bytes, 20, 8);
   if (header_size > bytes.size() - kPreambleSize) {
     corrupt(name, fmt::format("header length {} runs past the end of the {} byte file", header_size,
                               bytes.size()));

@@ -8,42 +8,13 @@
 #include <exception>
 #include <limits>
 
+#include "cache/bytes.hpp"
 #include "kjit/error.hpp"
 
 namespace kjit::cache {
 namespace {
 
 constexpr std::size_t kResourceCount = 7;
-
-void put_le(std::string& out, std::uint64_t value, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
-}
-
-void put_be64(std::string& out, std::uint64_t value) {
-  for (int i = 7; i >= 0; --i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
-}
-
-std::uint64_t get_le(std::string_view bytes, std::size_t offset, int count) {
-  std::uint64_t value = 0;
-  for (int i = 0; i < count; ++i) {
-    value |= std::uint64_t{static_cast<unsigned char>(bytes[offset + static_cast<std::size_t>(i)])}
-             << (8 * i);
-  }
-  return value;
-}
-
-std::uint64_t get_be64(std::string_view bytes, std::size_t offset) {
-  std::uint64_t value = 0;
-  for (std::size_t i = 0; i < 8; ++i) {
-    value = (value << 8) | static_cast<unsigned char>(bytes[offset + i]);
-  }
-  return value;
-}
-
-void put_field(std::string& out, std::string_view field) {
-  put_le(out, field.size(), 8);
-  out.append(field);
-}
 
 /// Reads length-prefixed fields from a payload, refusing any length that runs past the end.
 class FieldReader {

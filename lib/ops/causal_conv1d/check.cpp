@@ -23,10 +23,6 @@ constexpr std::int64_t kMaxSeqs = std::int64_t{1} << 24;
 /// every serving engine can address.
 constexpr std::int64_t kMaxTokens = (std::int64_t{1} << 31) - 1;
 
-ArgChecks checks(Op op) { return ArgChecks(op_name(op)); }
-
-[[noreturn]] void fail(Op op, const std::string& message) { checks(op).fail(message); }
-
 /// Rank `rank` and no negative extent.
 void require_rank(Op op, const char* name, const TensorView& v, int rank, const char* what) {
   checks(op).rank(name, v, rank, what);

@@ -10,6 +10,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "kjit/ops/causal_conv1d.hpp"
 #include "kjit/types.hpp"
 #include "ops/op.hpp"
+#include "ops/tensor_checks.hpp"
 // After kjit/types.hpp: the params header declares kjit::i32 and friends.
 #include "templates/causal_conv1d/params.h"
 
@@ -34,6 +36,12 @@ enum class Op : std::uint8_t { prefill, update };
 inline const char* op_name(Op op) {
   return op == Op::prefill ? "causal_conv1d" : "causal_conv1d_update";
 }
+
+/// The argument checks of a call of `op` (its errors name the op).
+inline ArgChecks checks(Op op) { return ArgChecks(op_name(op)); }
+
+/// A refusal of a call of `op` that no single argument's check expresses.
+[[noreturn]] inline void fail(Op op, const std::string& message) { checks(op).fail(message); }
 
 /// The pool's layout, read from its strides: `block` when each slot is a contiguous [D, W-1]
 /// (vLLM's layout, L = W - 1), `channels` when channel-contiguous (the transposed [slots, L, D]

@@ -18,8 +18,6 @@ namespace kjit {
 namespace ops::conv1d {
 namespace {
 
-[[noreturn]] void fail(Op op, const std::string& message) { ArgChecks(op_name(op)).fail(message); }
-
 std::int64_t read_int(const std::vector<unsigned char>& host, DType dtype, std::int64_t i) {
   if (dtype == DType::i64) {
     std::int64_t v = 0;

@@ -18,8 +18,6 @@ namespace {
 
 constexpr std::int64_t kMaxBatch = std::int64_t{1} << 24;
 
-ArgChecks checks(Form form) { return ArgChecks(op_name(form)); }
-
 [[noreturn]] void fail(Form form, std::string_view argument, const TensorView& view,
                        std::string_view accepted) {
   checks(form).fail(argument, view, accepted);

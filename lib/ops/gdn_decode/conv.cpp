@@ -42,8 +42,6 @@ int cluster_blocks(const ConvProblem& cp, const DeviceLimits& device) {
   return chosen;
 }
 
-ArgChecks checks(Form form) { return ArgChecks(op_name(form)); }
-
 /// Options that choose among the plain step's kernels have no meaning for the fused one.
 void reject_plain_options(Form form, const GdnDecodeOptions& options) {
   const auto refuse = [&](std::string_view what) {

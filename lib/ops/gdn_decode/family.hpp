@@ -16,6 +16,7 @@
 #include "kjit/ops/gdn_decode.hpp"
 #include "kjit/types.hpp"
 #include "ops/op.hpp"
+#include "ops/tensor_checks.hpp"
 #include "templates/gdn_decode/conv_params.h"
 #include "templates/gdn_decode/params.h"
 
@@ -26,6 +27,9 @@ enum class Form : std::uint8_t { raw, gated };
 inline std::string_view op_name(Form form) {
   return form == Form::raw ? "gdn_decode" : "gdn_decode_gated";
 }
+
+/// The argument checks of a call of `form` (its errors name the op).
+inline ArgChecks checks(Form form) { return ArgChecks(op_name(form)); }
 
 /// Grid modes; `planner` when options.force_mode is empty. kModeNames spells them.
 enum class Mode : std::uint8_t { planner, flat, split, folded, persistent, bulk };

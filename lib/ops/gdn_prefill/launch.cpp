@@ -137,13 +137,6 @@ GdnPrefillParams Family::params(const Args& args, const Problem& pr, const Choic
 
 }  // namespace ops::prefill
 
-namespace {
-
-using ops::prefill::Args;
-using ops::prefill::Family;
-
-}  // namespace
-
 std::vector<std::int64_t> gdn_prefill_checkpoint_starts(std::span<const std::int64_t> cu_seqlens,
                                                         std::int64_t every) {
   if (every <= 0 || every % kGdnPrefillChunk != 0) {
@@ -176,10 +169,10 @@ Plan plan_gdn_prefill(const TensorView& q, const TensorView& k, const TensorView
                       const TensorView& state_indices, const TensorView& has_initial_state,
                       const TensorView& out, const GdnPrefillOptions& options,
                       const DeviceLimits& device) {
-  const Args args{
+  const ops::prefill::Args args{
       &q, &k, &v, &gates, &cu_seqlens, &state, &state_indices, &has_initial_state, &out, &options};
-  const ops::prefill::Problem pr = Family::check(args);
-  ops::Planned<ops::prefill::Choice> planned = Family::plan(pr, device);
+  const ops::prefill::Problem pr = ops::prefill::Family::check(args);
+  ops::Planned<ops::prefill::Choice> planned = ops::prefill::Family::plan(pr, device);
   Plan& plan = planned.plan;
   // The workspace of this call's T (not part of the memoized plans, which T does not key).
   if (!plan.launches.empty() && ops::prefill::uses_workspace(planned.choice.path)) {
@@ -207,10 +200,10 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
                  const GdnGates& gates, const TensorView& cu_seqlens, const TensorView& state,
                  const TensorView& state_indices, const TensorView& has_initial_state,
                  const TensorView& out, const GdnPrefillOptions& options, Stream stream) {
-  const Args args{
+  const ops::prefill::Args args{
       &q, &k, &v, &gates, &cu_seqlens, &state, &state_indices, &has_initial_state, &out, &options};
   ops::prefill::Problem pr = ops::prefill::check_arguments(args);
-  if (Family::launches_nothing(pr)) return;
+  if (ops::prefill::Family::launches_nothing(pr)) return;
   const bool ckpt = options.checkpoint_every_n_tokens > 0;
   // Planning accepts null pointers; a launch needs real ones (an empty checkpoint tensor may
   // stay null: no row is ever written).
@@ -225,7 +218,7 @@ void gdn_prefill(const TensorView& q, const TensorView& k, const TensorView& v,
         options.state_checkpoints.shape[0]));
   }
   ops::prefill::parse_mode(pr, options.force_mode);
-  ops::run<Family>(args, pr, {options.device, options.runtime}, stream);
+  ops::run<ops::prefill::Family>(args, pr, {options.device, options.runtime}, stream);
 }
 
 }  // namespace kjit
