@@ -325,16 +325,13 @@ bool prefill(kjit::bench::Gpu& gpu, Common& common, std::int64_t tokens,
 /// warp, warps per block and the pool's cache hint; a block moves rows x warps x 512 bytes of one
 /// slot, so rows x warps must divide the slot's 96 rows of 512 bytes. gdn_decode's five
 /// (serving_table in bench/gdn_decode.cpp) and 4 x 1 (twice 8 x 1's blocks, for small batches).
-struct FloorShape {
-  int rows, warps;
-  const char* hint;
-};
-constexpr FloorShape kFloorShapes[] = {{8, 1, "plain"}, {8, 1, "cs"},     {16, 1, "plain"},
-                                       {4, 4, "plain"}, {8, 1, "l2_256"}, {4, 1, "plain"}};
+constexpr kjit::bench::FloorShape kFloorShapes[] = {{8, 1, "plain"},  {8, 1, "cs"},
+                                                    {16, 1, "plain"}, {4, 4, "plain"},
+                                                    {8, 1, "l2_256"}, {4, 1, "plain"}};
 constexpr std::size_t kSlotBytes = static_cast<std::size_t>(kDim * kCols * 2);
 
 constexpr bool floor_tiles_divide_slot() {
-  for (const FloorShape& shape : kFloorShapes) {
+  for (const kjit::bench::FloorShape& shape : kFloorShapes) {
     if (kSlotBytes % (static_cast<std::size_t>(shape.rows * shape.warps) * 512) != 0) return false;
   }
   return true;
@@ -373,10 +370,7 @@ bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double em
   upload(idx_dev, idx.data(), idx.size() * 4);
   // The same sets, each sorted ascending: the floor candidates that take the slots in address
   // order.
-  std::vector<std::int32_t> ascending = idx;
-  for (int s = 0; s < kSets; ++s) {
-    std::sort(ascending.begin() + s * batch, ascending.begin() + (s + 1) * batch);
-  }
+  const std::vector<std::int32_t> ascending = kjit::bench::sorted_per_list(idx, batch);
   DeviceBuffer ascending_dev(ascending.size() * 4);
   upload(ascending_dev, ascending.data(), ascending.size() * 4);
   kjit::CausalConv1dOptions o;
@@ -427,8 +421,7 @@ bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double em
   }
   // What the floor timed: the fastest candidate (floor_us, its name), the fastest with the slots
   // as drawn, and every candidate's us (JSON).
-  double floor_us = -1, floor_given_us = -1;
-  std::string floor_kernel, floor_candidates;
+  kjit::bench::FloorBest best;
 
   auto view_x = [&](std::size_t w) {
     return TensorView::contiguous(reinterpret_cast<void*>(x.ptr() + w * io_bytes), DType::bf16,
@@ -506,15 +499,7 @@ bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double em
         p.output = reinterpret_cast<void*>(out.ptr() + (i % windows) * io_bytes);
         candidate.kernel->launch(st, p, static_cast<std::size_t>(batch));
       });
-      if (floor_us < 0 || candidate_us < floor_us) {
-        floor_us = candidate_us;
-        floor_kernel = candidate.name();
-      }
-      if (!candidate.ascending && (floor_given_us < 0 || candidate_us < floor_given_us)) {
-        floor_given_us = candidate_us;
-      }
-      floor_candidates += fmt::format("{}\"{}\":{:.3f}", floor_candidates.empty() ? "" : ",",
-                                      candidate.name(), candidate_us);
+      best.add(candidate, candidate_us);
     }
     kjit::bench::flush_l2(gpu);
     *columns_us =
@@ -544,6 +529,7 @@ bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double em
   const double gbs = static_cast<double>(step_bytes) / (us * 1e3);
   // floor_ratio = floor us / kjit us (1.000 or more: kjit at the floor); floor_ratio_to_copy: the
   // floor's rate against the copy's, i.e. what the access pattern itself costs.
+  const double floor_us = best.us;
   const bool has_floor = floor_us > 0;
   const double floor_ratio = has_floor ? floor_us / us : -1.0;
   const double floor_to_copy =
@@ -561,13 +547,13 @@ bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double em
                          batch, kDim, kWidth, us, empty_us, us - empty_us, gbs, copy, gbs / copy,
                          padding_us, columns_us,
                          static_cast<double>(step_bytes) / (columns_us * 1e3) / copy, err, pool_ok,
-                         floor_us, floor_ratio, floor_kernel, floor_given_us, floor_to_copy,
-                         has_floor ? floor_us / columns_us : -1.0, floor_ok, floor_candidates));
+                         floor_us, floor_ratio, best.kernel, best.given_us, floor_to_copy,
+                         has_floor ? floor_us / columns_us : -1.0, floor_ok, best.candidates_json));
   *floor_table +=
       has_floor
           ? fmt::format("{:6} | {:8.2f} ({:.3f}) | {:8.2f} ({:.3f}) | {:11.3f} | {:11.3f} | {}\n",
                         batch, us, gbs / copy, floor_us, floor_to_copy, floor_ratio,
-                        floor_us / columns_us, floor_kernel)
+                        floor_us / columns_us, best.kernel)
           : fmt::format(
                 "{:6} | {:8.2f} ({:.3f}) | no floor (every candidate failed its "
                 "check)\n",
@@ -624,7 +610,7 @@ int main(int argc, char** argv) {
         ok &= prefill(*gpu, common, tokens, cands, json);
     }
     std::vector<kjit::bench::SlotRmw> floor_kernels;
-    for (const FloorShape& shape : kFloorShapes) {
+    for (const kjit::bench::FloorShape& shape : kFloorShapes) {
       floor_kernels.emplace_back(*gpu, shape.rows, shape.warps, shape.hint);
     }
     const double empty_us = kjit::bench::empty_kernel_us(*gpu);

@@ -236,11 +236,7 @@ Result verify(std::int64_t batch, std::int64_t value_heads, const DeviceBuffer& 
 /// warps per block, pool cache hint), each given the call's slots as drawn and in ascending order
 /// (gdn_decode visits them in slot order from 512 MiB of state; a floor may take the better
 /// order for free). The floor of a cell is the fastest candidate that passed its check.
-struct FloorShape {
-  int rows, warps;
-  const char* hint;
-};
-constexpr FloorShape kFloorShapes[] = {
+constexpr kjit::bench::FloorShape kFloorShapes[] = {
     {8, 1, "plain"}, {8, 1, "cs"}, {16, 1, "plain"}, {4, 4, "plain"}, {8, 1, "l2_256"}};
 
 // KJIT_GDN_BENCH_SERVING=1 ("only": this table alone): a serving engine's pool holds more slots
@@ -270,7 +266,7 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
   const std::int64_t width = 2 * kHeads * kDim + value_heads * kDim;
   const std::size_t slot_bytes = static_cast<std::size_t>(value_heads * kDim * kDim * 4);
   std::vector<kjit::bench::SlotRmw> floor_kernels;
-  for (const FloorShape& shape : kFloorShapes) {
+  for (const kjit::bench::FloorShape& shape : kFloorShapes) {
     floor_kernels.emplace_back(gpu, shape.rows, shape.warps, shape.hint);
   }
   std::printf(
@@ -351,10 +347,7 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
           std::sort(picked.begin() + static_cast<std::ptrdiff_t>(first), picked.end());
       }
       indices.upload(picked.data(), picked.size() * 4);
-      std::vector<std::int32_t> ascending = picked;
-      for (std::int64_t d = 0; d < draws; ++d) {
-        std::sort(ascending.begin() + d * batch, ascending.begin() + (d + 1) * batch);
-      }
+      const std::vector<std::int32_t> ascending = kjit::bench::sorted_per_list(picked, batch);
       ascending_indices.upload(ascending.data(), ascending.size() * 4);
       const TensorView pool_view = pool_at(pool.get(), slots, value_heads);
       const Result check =
@@ -406,8 +399,7 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
         const double ratio = gbs / (dirty ? copy_dirty : copy_flushed);
         std::printf(" %8.2f (%.2f)%s", us, ratio, check.ok ? "" : "!");
         // The floor on the slot lists the step's timed calls had, in the same turn.
-        double floor_us = -1, floor_given_us = -1;
-        std::string floor_kernel, floor_candidates;
+        kjit::bench::FloorBest best;
         for (const FloorCandidate& candidate : floors) {
           std::int64_t floor_call = first_call;
           const DeviceBuffer& lists = candidate.ascending ? ascending_indices : indices;
@@ -420,16 +412,9 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
                 candidate.kernel->launch(stream, p, static_cast<std::size_t>(batch));
               },
               100, 10, before_each);
-          if (floor_us < 0 || candidate_us < floor_us) {
-            floor_us = candidate_us;
-            floor_kernel = candidate.name();
-          }
-          if (!candidate.ascending && (floor_given_us < 0 || candidate_us < floor_given_us)) {
-            floor_given_us = candidate_us;
-          }
-          floor_candidates += fmt::format("{}\"{}\":{:.3f}", floor_candidates.empty() ? "" : ",",
-                                          candidate.name(), candidate_us);
+          best.add(candidate, candidate_us);
         }
+        const double floor_us = best.us;
         floor_table += floor_us > 0 ? fmt::format(" {:8.2f} ({:.3f})", floor_us, floor_us / us)
                                     : fmt::format(" {:>16}", "no floor");
         if (json != nullptr) {
@@ -443,7 +428,7 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
                        k_major_pools() ? "kv" : "vk", static_cast<long long>(batch), layout.name,
                        dirty ? "dirty" : "flushed", us, ratio, gbs / copy_rotation,
                        check.ok ? "true" : "false", floor_us, floor_us > 0 ? floor_us / us : -1.0,
-                       floor_kernel.c_str(), floor_given_us, floor_candidates.c_str());
+                       best.kernel.c_str(), best.given_us, best.candidates_json.c_str());
         }
       }
       std::printf(" |");

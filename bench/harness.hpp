@@ -265,6 +265,12 @@ class SlotRmw {
   const LoadedKernel* kernel_ = nullptr;
 };
 
+/// A SlotRmw shape: 512-byte rows per warp, warps per block, the pool's cache hint.
+struct FloorShape {
+  int rows, warps;
+  const char* hint;
+};
+
 /// The floor's candidates: a SlotRmw shape with the slot lists as drawn (the op's) or each list
 /// sorted ascending (a floor may take the better order for free). An op's floor is the fastest
 /// candidate that passed check_floor.
@@ -282,6 +288,35 @@ struct FloorSample {
   bool touched;
   std::vector<std::uint32_t> before;
 };
+
+/// The fastest of the floor's candidates as they are timed: overall (`us`, `kernel`), with the
+/// slots as drawn (`given_us`), and every candidate's us as JSON members (`candidates_json`).
+struct FloorBest {
+  double us = -1, given_us = -1;
+  std::string kernel, candidates_json;
+
+  void add(const FloorCandidate& candidate, double candidate_us) {
+    if (us < 0 || candidate_us < us) {
+      us = candidate_us;
+      kernel = candidate.name();
+    }
+    if (!candidate.ascending && (given_us < 0 || candidate_us < given_us)) given_us = candidate_us;
+    candidates_json += fmt::format("{}\"{}\":{:.3f}", candidates_json.empty() ? "" : ",",
+                                   candidate.name(), candidate_us);
+  }
+};
+
+/// Each list of `lists` (`batch` slots each, one after the other) sorted ascending: the
+/// candidates that take a call's slots in address order.
+inline std::vector<std::int32_t> sorted_per_list(std::vector<std::int32_t> lists,
+                                                 std::int64_t batch) {
+  for (std::size_t at = 0; at + static_cast<std::size_t>(batch) <= lists.size();
+       at += static_cast<std::size_t>(batch)) {
+    std::sort(lists.begin() + static_cast<std::ptrdiff_t>(at),
+              lists.begin() + static_cast<std::ptrdiff_t>(at + static_cast<std::size_t>(batch)));
+  }
+  return lists;
+}
 
 /// `words` 32-bit words of `buffer` from byte `offset`.
 inline std::vector<std::uint32_t> download_words(const DeviceBuffer& buffer, std::size_t offset,
