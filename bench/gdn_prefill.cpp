@@ -7,7 +7,8 @@
 // every shape, on the same inputs, its out and final state compared with kjit's.
 //
 //   bench_gdn_prefill [results.jsonl] [profile]   (KJIT_PREFILL_BENCH_SWEEP=1: also every tile;
-//   KJIT_PREFILL_BENCH_NO_VERIFY=1: a failed check does not end the run)
+//   KJIT_PREFILL_BENCH_NO_VERIFY=1: a failed check does not end the run;
+//   KJIT_PREFILL_BENCH_FEW_ONLY=1 / KJIT_PREFILL_BENCH_MAIN_ONLY=1: one of the two tables)
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -593,7 +594,9 @@ int run(int argc, char** argv) {
                    tflops, host_us, s.fla_us, s.fla_us / us);
     }
   }
-  few_sequences_table(*gpu, options, anchor, json);
+  if (std::getenv("KJIT_PREFILL_BENCH_MAIN_ONLY") == nullptr) {
+    few_sequences_table(*gpu, options, anchor, json);
+  }
   // KJIT_PREFILL_BENCH_OCCUPANCY=1: each kernel of the chunked path alone with its blocks per SM
   // capped by padding its dynamic shared memory (3 = the chunk kernel's own occupancy; the
   // state kernel's 128-row tile has one block per SM already). What a fused kernel would get

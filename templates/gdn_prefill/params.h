@@ -292,9 +292,13 @@ inline constexpr int kGdnPrefillWsStages = 3;
 /// state warpgroups only wait and release (the chunk warpgroup's pace alone). The results are
 /// then wrong; bench_gdn_prefill runs them with KJIT_PREFILL_BENCH_NO_VERIFY=1
 /// (docs/performance.md, "The state warpgroups' turns, ... the first warp-specialized kernel").
+/// 3, 4 and 5 take one part out of the chunk warpgroup: its copies (the stages keep what they
+/// held), the decay pass (A and P^T), the inverse; 8, 6 and 7 take the same part out of the
+/// chunk warpgroup alone (as 2).
 #ifndef KJIT_GDN_WS_PACE
 #define KJIT_GDN_WS_PACE 0
 #endif
+
 /// Threads of the warp-specialized kernel: two state warpgroups, then the chunk warpgroup.
 inline constexpr int kGdnPrefillWsThreads = 384;
 /// Registers per thread the warp-specialized kernel's block holds (65,536 over its threads, in

@@ -97,6 +97,10 @@ struct WsChunkRole {
     const int copy_part = ctid % kRowCopies, copy_r0 = ctid / kRowCopies;
     const u32 sw_base = u32(sw128::offset(copy_r0, copy_part));
     const auto fill = [&](int st, i64 t) {
+      if constexpr (KJIT_GDN_WS_PACE == 3 || KJIT_GDN_WS_PACE == 8) {  // no copies (stale stages)
+        mbarrier::arrive(full + st);
+        return;
+      }
       const int rows = rows_at(t);
       unsigned char* const base = smem + st * kStage;
       const __nv_bfloat16* src_q = w.q_g + (t + copy_r0) * p.q_stride_t + copy_part * 8;
@@ -202,18 +206,20 @@ struct WsChunkRole {
       // 4. A (f32, strictly lower) of block row `warp` (decay_row_block) and P^T's block row
       // `warp` (decay_col_block) into the slot's swizzled tile, once per warp index.
       unsigned char* const pt_tile = smem + kS.p + slot_off;
-      per_warp_index(warp, [&](auto warp_index) {
-        constexpr int kW = decltype(warp_index)::value;
-        decay_row_block<kW, 0>(
-            acc_g, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int i) { return s_beta[i] * s_rk[i]; },
-            [&](int i, int j, float x0, float x1) {
-              *reinterpret_cast<float2*>(s_a + i * kLdA + j) = make_float2(x0, x1);
-            });
-        decay_col_block<kW>(
-            acc_p, s_gamma, s_ref, s_cf, s_rk, s_rq, g, t4, [&](int j, int i, float x0, float x1) {
-              *reinterpret_cast<u32*>(sw128_element(pt_tile, j, i)) = mma::pack_bf16(x0, x1);
-            });
-      });
+      if (KJIT_GDN_WS_PACE != 4 && KJIT_GDN_WS_PACE != 6)
+        per_warp_index(warp, [&](auto warp_index) {
+          constexpr int kW = decltype(warp_index)::value;
+          decay_row_block<kW, 0>(
+              acc_g, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int i) { return s_beta[i] * s_rk[i]; },
+              [&](int i, int j, float x0, float x1) {
+                *reinterpret_cast<float2*>(s_a + i * kLdA + j) = make_float2(x0, x1);
+              });
+          decay_col_block<kW>(acc_p, s_gamma, s_ref, s_cf, s_rk, s_rq, g, t4,
+                              [&](int j, int i, float x0, float x1) {
+                                *reinterpret_cast<u32*>(sw128_element(pt_tile, j, i)) =
+                                    mma::pack_bf16(x0, x1);
+                              });
+        });
       // The chunk's scales into the stage: every row (rows past the end have zero q, k and gates,
       // so their scales are finite).
       if (ctid < 64) {
@@ -227,12 +233,14 @@ struct WsChunkRole {
       // 5. T = (I + A)^-1 as the chunk kernel, T' straight into the slot's swizzled tile.
       unsigned char* const t_tile = smem + kS.t0 + slot_off;
       const auto t_element = [&](int r, int c) { return sw128_element(t_tile, r, c); };
-      invert_diagonal_block(s_a, s_beta0, warp, lane, t_element);
-      chunk_group_sync();
-      float z1[2][4], z2[2][4];
-      invert_first_products(s_a, s_beta0, warp, g, t4, z1, z2, t_element);
-      chunk_group_sync();
-      invert_second_products(s_a, s_beta0, warp, g, t4, z1, z2, t_element);
+      if constexpr (KJIT_GDN_WS_PACE != 5 && KJIT_GDN_WS_PACE != 7) {  // measurement: no inverse
+        invert_diagonal_block(s_a, s_beta0, warp, lane, t_element);
+        chunk_group_sync();
+        float z1[2][4], z2[2][4];
+        invert_first_products(s_a, s_beta0, warp, g, t4, z1, z2, t_element);
+        chunk_group_sync();
+        invert_second_products(s_a, s_beta0, warp, g, t4, z1, z2, t_element);
+      }
       // This thread's T', P^T and scales of the chunk, to the state warpgroups' wgmma.
       wgmma::fence_shared_writes();
       mbarrier::arrive(chunk_ready + st);
