@@ -37,6 +37,13 @@ namespace gdn_prefill_detail {
 
 /// The named barrier of the chunk warpgroup's four warps (0 is __syncthreads, 2 and 3 the state
 /// warpgroups' turns).
+/// x, through an empty asm the compiler cannot see into: values derived from it count as computed
+/// where this is called (not hoisted above it).
+__device__ __forceinline__ int opaque(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
 __device__ __forceinline__ void chunk_group_sync() {
   asm volatile("bar.sync 4, 128;" ::: "memory");
 }
@@ -66,7 +73,7 @@ struct WsChunkRole {
     u64* const chunk_ready = reinterpret_cast<u64*>(smem + kWsSmem.chunk_ready);
 
     const int ctid = static_cast<int>(threadIdx.x) - 2 * kGdnPrefillThreads;
-    const int warp = ctid >> 5, lane = ctid & 31, g = lane >> 2, t4 = lane & 3;
+    const int warp = ctid >> 5, lane0 = ctid & 31;
     float* const s_a = reinterpret_cast<float*>(smem + kWsSmem.a);
     float* const s_rq = reinterpret_cast<float*>(smem + kWsSmem.rq);
     float* const s_rk = reinterpret_cast<float*>(smem + kWsSmem.rk);
@@ -141,13 +148,19 @@ struct WsChunkRole {
     const u32 hv = w.hv;
 
     fill(0, bos);
-    gates.load(p, bos, rows_at(bos), hv, lane);
+    gates.load(p, bos, rows_at(bos), hv, lane0);
     u32 full_phase = 0, empty_phase = 0;
     int st = 0;
     i64 chunk = 0;
 #pragma unroll 1
     for (i64 t0 = bos; t0 < eos; t0 += kGdnPrefillChunk, ++chunk) {
       const int rows = rows_at(t0);
+      // The lane and its parts are read anew every chunk, through an empty asm: ptxas can then no
+      // longer hoist the shared-memory addresses and offsets derived from them out of the loop,
+      // where ~30 of them lived across it and were spilled at 120 registers (96 / 112 bytes,
+      // reloaded every chunk). Recomputed in the loop, nothing spills: 128k/16 1771.3 -> 1461.2
+      // us (docs/performance.md, "The chunk warpgroup's hoisted addresses").
+      const int lane = opaque(ctid & 31), g = opaque(lane >> 2), t4 = opaque(lane & 3);
       mbarrier::wait(full + st, (full_phase >> st) & 1u);
       full_phase ^= 1u << st;
       wgmma::fence_shared_writes();  // the landed copies, before wgmma reads them
