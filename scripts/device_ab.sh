@@ -22,6 +22,10 @@
 #   AB_SANITIZE doctest filter to run once under compute-sanitizer racecheck and once under
 #               memcheck, beside the tests (default: none)
 #
+# The test and sanitizer summaries also go to $OUT/summary.txt, and the last 60 lines of each
+# test log to $OUT/<log>.tail: the device tool returns only the end of a call's output, where the
+# benchmark tables can push the test lines out.
+#
 # Pace builds of the warp-specialized kernel (which side sets its step): after prepare,
 #   sed -i '1i #define KJIT_GDN_WS_PACE 1' .ab/00-*/templates/gdn_prefill/params.h   (state side)
 #   sed -i '1i #define KJIT_GDN_WS_PACE 2' .ab/01-*/templates/gdn_prefill/params.h   (chunk side)
@@ -50,6 +54,7 @@ fi
 out=${OUT:-$root/out}
 logs=/tmp/ab-logs
 mkdir -p "$out" "$logs" /tmp/deps
+rm -f "$out/summary.txt"
 for f in "$root"/.deps/*.deb; do dpkg -x "$f" /tmp/deps; done
 t0=$(date +%s)
 elapsed() { echo "[$(($(date +%s) - t0)) s] $*"; }
@@ -106,8 +111,11 @@ for p in "${pids[@]}"; do wait "$p"; done
 elapsed "tests"
 for f in "$logs"/tests-*.log "$logs"/racecheck.log "$logs"/memcheck.log; do
   [ -f "$f" ] || continue
-  echo "-- $(basename "$f" .log): $(grep -hE 'assertions:|SUMMARY' "$f" | tr -s ' ' | tr '\n' ' ')$(tail -1 "$f")"
-  grep -E "ERROR:|FAILED" -A3 "$f" | grep -v "ERROR SUMMARY: 0" | head -8
+  tail -60 "$f" >"$out/$(basename "$f" .log).tail"
+  {
+    echo "-- $(basename "$f" .log): $(grep -hE 'assertions:|SUMMARY' "$f" | tr -s ' ' | tr '\n' ' ')$(tail -1 "$f")"
+    grep -E "ERROR:|FAILED" -A3 "$f" | grep -v "ERROR SUMMARY: 0" | head -8
+  } | tee -a "$out/summary.txt"
 done
 
 for i in "${!trees[@]}"; do
@@ -128,4 +136,6 @@ for i in "${!trees[@]}"; do
   grep -E "${AB_GREP:-^ +16 +(16|32) +|anchor|rc=|FAIL|mismatch|profile}" "$out/bench-${names[$i]}.txt" |
     cut -c1-200 | head -40
 done
+# The tests' lines again, last, where a cut output still shows them.
+[ -f "$out/summary.txt" ] && cat "$out/summary.txt"
 elapsed "done"
