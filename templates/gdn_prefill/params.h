@@ -298,6 +298,12 @@ inline constexpr int kGdnPrefillWsStages = 3;
 #ifndef KJIT_GDN_WS_PACE
 #define KJIT_GDN_WS_PACE 0
 #endif
+/// What a KJIT_GDN_WS_PACE build leaves out.
+inline constexpr bool kGdnWsStateAlone = KJIT_GDN_WS_PACE == 1;
+inline constexpr bool kGdnWsChunkAlone = KJIT_GDN_WS_PACE == 2 || KJIT_GDN_WS_PACE >= 6;
+inline constexpr bool kGdnWsNoCopies = KJIT_GDN_WS_PACE == 3 || KJIT_GDN_WS_PACE == 8;
+inline constexpr bool kGdnWsNoDecay = KJIT_GDN_WS_PACE == 4 || KJIT_GDN_WS_PACE == 6;
+inline constexpr bool kGdnWsNoInverse = KJIT_GDN_WS_PACE == 5 || KJIT_GDN_WS_PACE == 7;
 
 /// Threads of the warp-specialized kernel: two state warpgroups, then the chunk warpgroup.
 inline constexpr int kGdnPrefillWsThreads = 384;

@@ -1098,8 +1098,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     const int rows = rows_at(t0);
     [[maybe_unused]] const int cur = st;
 #if KJIT_GDN_STATE_WGMMA
-    if constexpr (kWs && (KJIT_GDN_WS_PACE == 2 ||
-                          KJIT_GDN_WS_PACE >= 6)) {  // measurement only: the chunk side's pace
+    if constexpr (kWs && kGdnWsChunkAlone) {  // measurement only: the chunk side's pace
       mbarrier::wait(full + st, (full_phase >> st) & 1u);
       full_phase ^= 1u << st;
       wait_chunk_ready(st);

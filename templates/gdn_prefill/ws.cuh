@@ -104,7 +104,7 @@ struct WsChunkRole {
     const int copy_part = ctid % kRowCopies, copy_r0 = ctid / kRowCopies;
     const u32 sw_base = u32(sw128::offset(copy_r0, copy_part));
     const auto fill = [&](int st, i64 t) {
-      if constexpr (KJIT_GDN_WS_PACE == 3 || KJIT_GDN_WS_PACE == 8) {  // no copies (stale stages)
+      if constexpr (kGdnWsNoCopies) {  // measurement only: the stages keep stale data
         mbarrier::arrive(full + st);
         return;
       }
@@ -159,7 +159,8 @@ struct WsChunkRole {
       // longer hoist the shared-memory addresses and offsets derived from them out of the loop,
       // where ~30 of them lived across it and were spilled at 120 registers (96 / 112 bytes,
       // reloaded every chunk). Recomputed in the loop, nothing spills: 128k/16 1771.3 -> 1461.2
-      // us (docs/performance.md, "The chunk warpgroup's hoisted addresses").
+      // us (docs/performance.md, "Where the chunk warpgroup's time goes, and its hoisted
+      // addresses").
       const int lane = opaque(ctid & 31), g = opaque(lane >> 2), t4 = opaque(lane & 3);
       mbarrier::wait(full + st, (full_phase >> st) & 1u);
       full_phase ^= 1u << st;
@@ -179,7 +180,7 @@ struct WsChunkRole {
       if (tn < eos) fill(sn, tn);
       unsigned char* const base = smem + st * kStage;
       const u32 slot_off = u32(chunk & 1) * kWsSmem.tp_stride;
-      if constexpr (KJIT_GDN_WS_PACE == 1) {  // measurement only: the state side's pace alone
+      if constexpr (kGdnWsStateAlone) {  // measurement only: the state side's pace alone
         if (tn < eos) gates.load(p, tn, rows_at(tn), hv, lane);
         mbarrier::arrive(chunk_ready + st);
         st = sn;
@@ -219,7 +220,7 @@ struct WsChunkRole {
       // 4. A (f32, strictly lower) of block row `warp` (decay_row_block) and P^T's block row
       // `warp` (decay_col_block) into the slot's swizzled tile, once per warp index.
       unsigned char* const pt_tile = smem + kS.p + slot_off;
-      if (KJIT_GDN_WS_PACE != 4 && KJIT_GDN_WS_PACE != 6)
+      if constexpr (!kGdnWsNoDecay) {
         per_warp_index(warp, [&](auto warp_index) {
           constexpr int kW = decltype(warp_index)::value;
           decay_row_block<kW, 0>(
@@ -233,6 +234,7 @@ struct WsChunkRole {
                                     mma::pack_bf16(x0, x1);
                               });
         });
+      }
       // The chunk's scales into the stage: every row (rows past the end have zero q, k and gates,
       // so their scales are finite).
       if (ctid < 64) {
@@ -246,7 +248,7 @@ struct WsChunkRole {
       // 5. T = (I + A)^-1 as the chunk kernel, T' straight into the slot's swizzled tile.
       unsigned char* const t_tile = smem + kS.t0 + slot_off;
       const auto t_element = [&](int r, int c) { return sw128_element(t_tile, r, c); };
-      if constexpr (KJIT_GDN_WS_PACE != 5 && KJIT_GDN_WS_PACE != 7) {  // measurement: no inverse
+      if constexpr (!kGdnWsNoInverse) {
         invert_diagonal_block(s_a, s_beta0, warp, lane, t_element);
         chunk_group_sync();
         float z1[2][4], z2[2][4];
