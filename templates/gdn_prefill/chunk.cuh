@@ -176,8 +176,8 @@ __device__ __forceinline__ float* t_diag_block(float* s_a, int i) {
 /// acc_g, the warp's) and of Q Q^T (acc_qq, the diagonal block of q's block row `q_block`): row g
 /// of a 16x16 accumulator block sits in n-tile 0, row g + 8 in n-tile 1, at lane 4 g' + t4 with
 /// 2 t4 + (e & 1) = g; a quad sum gathers them. The output scale rides on 1 / |q| (see the top
-/// of the file).
-template <bool kL2Norm>
+/// of the file). !kWithQ: the k norms only (acc_qq, s_rq and scale not read).
+template <bool kL2Norm, bool kWithQ = true>
 __device__ __forceinline__ void store_inverse_norms(const float (&acc_g)[8][4],
                                                     const float (&acc_qq)[2][4], int k_block,
                                                     int q_block, float* s_rk, float* s_rq,
@@ -192,18 +192,22 @@ __device__ __forceinline__ void store_inverse_norms(const float (&acc_g)[8][4],
         dk[hf] = 2 * t4 == g ? c[2 * hf] : (2 * t4 + 1 == g ? c[2 * hf + 1] : 0.f);
       }
     }
-    dq[hf] = 2 * t4 == g ? acc_qq[hf][2 * hf] : (2 * t4 + 1 == g ? acc_qq[hf][2 * hf + 1] : 0.f);
+    if constexpr (kWithQ) {
+      dq[hf] = 2 * t4 == g ? acc_qq[hf][2 * hf] : (2 * t4 + 1 == g ? acc_qq[hf][2 * hf + 1] : 0.f);
+    }
 #pragma unroll
     for (int off = 1; off < 4; off *= 2) {
       dk[hf] += __shfl_xor_sync(0xffffffffu, dk[hf], off);
-      dq[hf] += __shfl_xor_sync(0xffffffffu, dq[hf], off);
+      if constexpr (kWithQ) dq[hf] += __shfl_xor_sync(0xffffffffu, dq[hf], off);
     }
   }
   if (t4 == 0) {
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       s_rk[16 * k_block + g + 8 * hf] = kL2Norm ? gdn::l2_inv_norm(dk[hf]) : 1.f;
-      s_rq[16 * q_block + g + 8 * hf] = scale * (kL2Norm ? gdn::l2_inv_norm(dq[hf]) : 1.f);
+      if constexpr (kWithQ) {
+        s_rq[16 * q_block + g + 8 * hf] = scale * (kL2Norm ? gdn::l2_inv_norm(dq[hf]) : 1.f);
+      }
     }
   }
 }
@@ -356,7 +360,8 @@ __device__ __forceinline__ void decay_row_block(const float (&x)[8][4], const fl
 /// kRow, both factors <= 1; the diagonal block takes one exponential per element (masked by
 /// selects); the blocks left of it (i < j) are zero and not written (nothing else writes them).
 /// Warp w thus does 3 - w off-diagonal blocks here and w in A's row block w: balanced.
-template <int kRow, typename StorePair>
+/// !kWithQ: without rq_i (s_rq not read), for a caller that scales O's rows by it instead.
+template <int kRow, bool kWithQ = true, typename StorePair>
 __device__ __forceinline__ void decay_col_block(const float (&x)[8][4], const float* s_gamma,
                                                 const float* s_ref, const float* s_cf,
                                                 const float* s_rk, const float* s_rq, int g, int t4,
@@ -368,7 +373,7 @@ __device__ __forceinline__ void decay_col_block(const float (&x)[8][4], const fl
     for (int h2 = 0; h2 < 2; ++h2) {
       const int nt = 2 * ib + h2, i = nt * 8 + 2 * t4;
       const float2 gi = *reinterpret_cast<const float2*>(s_gamma + i);
-      const float2 qi = *reinterpret_cast<const float2*>(s_rq + i);
+      const float2 qi = kWithQ ? *reinterpret_cast<const float2*>(s_rq + i) : make_float2(1.f, 1.f);
       if (ib > kRow) {
         const float c0 = qi.x * ex2((gi.x - ref) * kLog2e), c1 = qi.y * ex2((gi.y - ref) * kLog2e);
 #pragma unroll

@@ -280,7 +280,7 @@ struct GdnPrefillWsSmem {
   u32 beta;                   // f32 [4][64]: one copy per warp
   u32 cf;                     // f32 [4][64]: rk_j e^(gamma_ref - gamma_j)
   u32 ref;                    // f32 [4][4]
-  u32 rq;                     // f32 [64]
+  u32 rq;                     // f32 [2][2][64]: 1 / |q_i| by state warpgroup and chunk parity
   u32 rk;                     // f32 [64]
   u32 total;
 };
@@ -362,7 +362,7 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillWsSmem gdn_prefill_ws_smem(int k) {
   m.ref = at;
   at += 64u;
   m.rq = at;
-  at += 256u;
+  at += 4u * 256u;
   m.rk = at;
   at += 256u;
   m.total = at;

@@ -704,6 +704,7 @@ __device__ __forceinline__ void store_p_half(const float (&acc)[4][4], unsigned 
 /// kernel (ws.cuh) passes its chunk warpgroup's role instead.
 struct NoChunkRole {
   static constexpr bool kActive = false;
+  static constexpr bool kL2Norm = false;
   static __device__ __forceinline__ void run(const GdnPrefillParams&, const StateWork&,
                                              unsigned char*) {}
 };
@@ -1165,6 +1166,10 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     const __nv_bfloat16* s_q = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.q);
     const __nv_bfloat16* s_v = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.v);
     unsigned char* const tp_base = kWs ? smem + tp_off : base;
+    // kWs: this chunk's 1 / |q_i| (times the output scale), the warpgroup's copy of the chunk's
+    // parity (a warp may start the next chunk while another still reads this one's).
+    [[maybe_unused]] float* const s_rqw =
+        reinterpret_cast<float*>(smem + kWsSmem.rq) + (2 * (warp >> 2) + (tp_off != 0)) * 64;
     const __nv_bfloat16* s_t = reinterpret_cast<const __nv_bfloat16*>(tp_base + kSmem.t0);
     __nv_bfloat16* const s_p = reinterpret_cast<__nv_bfloat16*>(tp_base + kSmem.p);
     const float4* s_sc = reinterpret_cast<const float4*>(base + kSmem.sc0);
@@ -1207,6 +1212,29 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       // to keep any wgmma in flight (C7512: every wgmma of the kernel waited for itself). The
       // tile is the warpgroup's from its turn until its products have read it.
       unsigned char* const s_tile = smem + kWsSmem.s_tile;
+      // q's norms, which only O needs (its columns are scaled by them after its last product):
+      // two threads a row, each one 128-byte slice of the swizzled q tile, read from a rotated
+      // chunk so that a quarter warp's eight rows hit eight different 16-byte bank groups. Done
+      // here instead of by the chunk warpgroup (an mma.sync Q Q^T diagonal beside its wgmma),
+      // which paces the kernel; the warpgroup barrier below publishes them.
+      if constexpr (ChunkRole::kL2Norm) {
+        const int wt = tid & 127, r = wt >> 1, hf = wt & 1;
+        const unsigned char* const row = base + kSmem.q + hf * sw128::kSlice + r * 128;
+        float sum = 0.f;
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          const uint4 x = *reinterpret_cast<const uint4*>(row + (((c + r + 4 * hf) & 7) << 4));
+          const u32 w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float lo = __uint_as_float(w[e] << 16), hi = __uint_as_float(w[e] & 0xffff0000u);
+            sum = fmaf(lo, lo, sum);
+            sum = fmaf(hi, hi, sum);
+          }
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        if (hf == 0) s_rqw[r] = p.scale * gdn::l2_inv_norm(sum);
+      }
       turn_wait();
       const int wr = (warp & 3) * 16 + g;  // the warp's rows of the tile
 #pragma unroll
@@ -1342,6 +1370,20 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       // O is done; the state update runs on while the outputs are stored.
       wgmma::wait<1>();
       wgmma::hold_registers(acc_o);
+      if constexpr (kWs) {
+        // Column i of O^T times 1 / |q_i| (and the output scale): neither the chunk warpgroup's
+        // P^T nor the scales hold it.
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          const float2 rq = ChunkRole::kL2Norm
+                                ? *reinterpret_cast<const float2*>(s_rqw + nt * 8 + 2 * t4)
+                                : make_float2(p.scale, p.scale);
+          acc_o[nt][0] *= rq.x;
+          acc_o[nt][1] *= rq.y;
+          acc_o[nt][2] *= rq.x;
+          acc_o[nt][3] *= rq.y;
+        }
+      }
     }
 
     // The chunk's outputs: element (v = vw + g + 8 hf, i = 8 nt + 2 t4 + e) of O^T. bf16 rows

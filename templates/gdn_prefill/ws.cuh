@@ -8,8 +8,10 @@
 //     warpgroups, what the chunk kernel (chunk.cuh) writes to the workspace: T' = (I + A)^-1
 //     diag(beta) and P transposed (decay_col_block, from K Q^T, so that each warp's rows of P^T
 //     and of A balance) into a ring of two swizzled T' / P^T slots, and the decay scales into the
-//     stage; from K K^T and K Q^T on wgmma, the norms from the diagonals of K K^T and Q Q^T, the
-//     gates, the forward substitution and the inverse's tf32 block products.
+//     stage; from K K^T and K Q^T on wgmma, k's norms from the diagonal of K K^T, the gates, the
+//     forward substitution and the inverse's tf32 block products. q's norms are the state
+//     warpgroups' (from the stage's q tile, applied to O's columns): neither P^T nor the scales
+//     hold them.
 //   warpgroups 0 and 1 (state.cuh, state_wide with a chunk role): the state recurrence on wgmma,
 //     64 rows of V each, taking turns through one shared bf16 S tile for their first products.
 //
@@ -50,9 +52,10 @@ __device__ __forceinline__ void chunk_group_sync() {
 
 /// The chunk warpgroup of gdn_prefill_ws_kernel (see the top of the file). Template parameters
 /// as gdn_prefill_chunk_kernel's.
-template <typename Tin, typename Tgate, typename Tparam, int kK, bool kGated, bool kL2Norm>
+template <typename Tin, typename Tgate, typename Tparam, int kK, bool kGated, bool kL2NormQK>
 struct WsChunkRole {
   static constexpr bool kActive = true;
+  static constexpr bool kL2Norm = kL2NormQK;
 
   static __device__ __forceinline__ void run(const GdnPrefillParams& p, const StateWork& w,
                                              unsigned char* smem) {
@@ -75,7 +78,6 @@ struct WsChunkRole {
     const int ctid = static_cast<int>(threadIdx.x) - 2 * kGdnPrefillThreads;
     const int warp = ctid >> 5, lane0 = ctid & 31;
     float* const s_a = reinterpret_cast<float*>(smem + kWsSmem.a);
-    float* const s_rq = reinterpret_cast<float*>(smem + kWsSmem.rq);
     float* const s_rk = reinterpret_cast<float*>(smem + kWsSmem.rk);
     // Every warp computes the gates itself (as the chunk kernel): its own copies.
     float* const s_gamma = reinterpret_cast<float*>(smem + kWsSmem.gamma) + 64 * warp;
@@ -187,28 +189,27 @@ struct WsChunkRole {
         continue;
       }
 
-      // 1. G = K K^T and P's raw transpose K Q^T on wgmma (warp w holds block row w of both)
-      // and, for |q_i|^2, the diagonal block of Q Q^T of block row w on mma.sync while they run.
+      // 1. G = K K^T and P's raw transpose K Q^T on wgmma (warp w holds block row w of both).
       // (K Q^T issued after the A pass instead, so that the two accumulators are never live at
       // once, spilled as much at 120 registers: 264 / 288 bytes against 244 / 288.)
+      // (acc_qq stays unused: q's norms are the state warpgroups'.)
       float acc_g[8][4], acc_p[8][4], acc_qq[2][4];
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc_g[i][e] = acc_p[i][e] = 0.f;
       }
-      zero_acc(acc_qq);
       const auto load_next_gates = [&] {
         if (tn < eos) gates.load(p, tn, rows_at(tn), hv, lane);
       };
       // 3a. The gates' scan (each warp its own copy of gamma; the next chunk's gates loaded once
       // these are converted) while the tensor cores run the products: ~4% of the call.
       typename ChunkGates<Tgate, Tparam, kGated>::Scanned scanned;
-      chunk_products_wgmma<kKSteps, kL2Norm, kChunkPKQ>(
+      chunk_products_wgmma<kKSteps, false, kChunkPKQ>(
           acc_g, acc_p, acc_qq, mma::smem_addr(base + kS.k0), mma::smem_addr(base + kS.q), warp,
           [&] { scanned = gates.scan_gates(p, rows, lane, s_gamma, s_ref, load_next_gates); });
-      // 2. Inverse norms from the diagonals (q's rows are in order here: block row w for both).
-      store_inverse_norms<kL2Norm>(acc_g, acc_qq, warp, warp, s_rk, s_rq, p.scale, g, t4);
+      // 2. k's inverse norms from G's diagonal.
+      store_inverse_norms<kL2Norm, false>(acc_g, acc_qq, warp, warp, s_rk, nullptr, 0.f, g, t4);
       // The norms are visible; the previous chunk's readers of A, the parked blocks and beta are
       // past their last use.
       chunk_group_sync();
@@ -228,11 +229,11 @@ struct WsChunkRole {
               [&](int i, int j, float x0, float x1) {
                 *reinterpret_cast<float2*>(s_a + i * kLdA + j) = make_float2(x0, x1);
               });
-          decay_col_block<kW>(acc_p, s_gamma, s_ref, s_cf, s_rk, s_rq, g, t4,
-                              [&](int j, int i, float x0, float x1) {
-                                *reinterpret_cast<u32*>(sw128_element(pt_tile, j, i)) =
-                                    mma::pack_bf16(x0, x1);
-                              });
+          decay_col_block<kW, false>(acc_p, s_gamma, s_ref, s_cf, s_rk, nullptr, g, t4,
+                                     [&](int j, int i, float x0, float x1) {
+                                       *reinterpret_cast<u32*>(sw128_element(pt_tile, j, i)) =
+                                           mma::pack_bf16(x0, x1);
+                                     });
         });
       }
       // The chunk's scales into the stage: every row (rows past the end have zero q, k and gates,
@@ -240,8 +241,8 @@ struct WsChunkRole {
       if (ctid < 64) {
         const float gi = s_gamma[ctid], g_last = s_gamma[63];
         const float eg = __expf(gi);
-        reinterpret_cast<float4*>(base + kS.sc0)[ctid] = make_float4(
-            s_rq[ctid] * eg, s_rk[ctid] * eg, s_rk[ctid] * __expf(g_last - gi), __expf(g_last));
+        reinterpret_cast<float4*>(base + kS.sc0)[ctid] =
+            make_float4(eg, s_rk[ctid] * eg, s_rk[ctid] * __expf(g_last - gi), __expf(g_last));
       }
       chunk_group_sync();
 
