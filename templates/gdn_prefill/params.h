@@ -275,13 +275,15 @@ struct GdnPrefillWsSmem {
   u32 tp_stride;              // bytes from one T' / P^T slot to the next (two slots)
   u32 s_tile;                 // bf16 [64][k] swizzled: a state warpgroup's rows of S at chunk start
   u32 chunk_ready;            // u64 [3]
+  u32 t_ready;                // u64 [2]: the state side's T' of a chunk is in (by chunk parity)
   u32 a;                      // f32 [64][68]: A, and the parked f32 blocks of T above its diagonal
   u32 gamma;                  // f32 [4][64]: one copy per warp
   u32 beta;                   // f32 [4][64]: one copy per warp
   u32 cf;                     // f32 [4][64]: rk_j e^(gamma_ref - gamma_j)
   u32 ref;                    // f32 [4][4]
   u32 rq;                     // f32 [2][2][64]: 1 / |q_i| by state warpgroup and chunk parity
-  u32 rk;                     // f32 [64]
+  u32 rk;                     // f32 [2][64], by chunk parity
+  u32 beta_t;                 // f32 [2][64]: beta for the state side's inverse, by chunk parity
   u32 total;
 };
 
@@ -350,7 +352,8 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillWsSmem gdn_prefill_ws_smem(int k) {
   at += 24u * u32(kGdnPrefillWsStages);
   st.total = at;  // (state_wide finds chunk_ready here)
   m.chunk_ready = at;
-  at = gdn_prefill_align16(at + 8u * kGdnPrefillWsStages);
+  m.t_ready = at + 8u * kGdnPrefillWsStages;
+  at = gdn_prefill_align16(m.t_ready + 8u * 2u);
   m.a = at;
   at += 64u * 68u * 4u;
   m.gamma = at;
@@ -364,7 +367,9 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillWsSmem gdn_prefill_ws_smem(int k) {
   m.rq = at;
   at += 4u * 256u;
   m.rk = at;
-  at += 256u;
+  at += 2u * 256u;
+  m.beta_t = at;
+  at += 2u * 256u;
   m.total = at;
   return m;
 }

@@ -705,6 +705,9 @@ __device__ __forceinline__ void store_p_half(const float (&acc)[4][4], unsigned 
 struct NoChunkRole {
   static constexpr bool kActive = false;
   static constexpr bool kL2Norm = false;
+  template <typename Sync>
+  static __device__ __forceinline__ void invert(unsigned char*, unsigned char*, int, int, int,
+                                                Sync&&) {}
   static __device__ __forceinline__ void run(const GdnPrefillParams&, const StateWork&,
                                              unsigned char*) {}
 };
@@ -798,10 +801,16 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 #pragma unroll
         for (int s = 0; s < kStages; ++s) {
           mbarrier::init(bars + s, kGdnPrefillThreads);
-          mbarrier::init(bars + kStages + s, kWarps);
+          // (Every state thread arrives on empty: racecheck reported the chunk warpgroup's refills
+          // against the state warps' reads of v once the refills followed the releases closely,
+          // with one arrival per warp after __syncwarp.)
+          mbarrier::init(bars + kStages + s, kThreads);
           mbarrier::init(bars + 2 * kStages + s, kThreads);
           mbarrier::init(reinterpret_cast<u64*>(smem + kSmem.total) + s, kGdnPrefillThreads);
         }
+        // t_ready[c & 1]: the first state warpgroup's inverse of chunk c (ChunkRole::invert).
+        mbarrier::init(reinterpret_cast<u64*>(smem + kWsSmem.t_ready), kGdnPrefillThreads);
+        mbarrier::init(reinterpret_cast<u64*>(smem + kWsSmem.t_ready) + 1, kGdnPrefillThreads);
       }
       __syncthreads();
       if (warp >= kWarps) {
@@ -1017,6 +1026,9 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   // kWs: chunk_ready[s] (see above), after the stages' barriers.
   [[maybe_unused]] u64* const chunk_ready = reinterpret_cast<u64*>(smem + kSmem.total);
   [[maybe_unused]] u32 chunk_ready_phase = 0;
+  // kWs: t_ready[c & 1] (the first warpgroup's T' of chunk c), and chunk c's parity.
+  [[maybe_unused]] u64* const t_ready = reinterpret_cast<u64*>(smem + kWsSmem.t_ready);
+  [[maybe_unused]] u32 t_ready_phase = 0, ws_par = 0;
   // kWs: waits until the chunk warpgroup's T', P^T and scales of stage s's chunk are in (once per
   // chunk, before form_r reads the scales).
   [[maybe_unused]] const auto wait_chunk_ready = [&](int s) {
@@ -1103,8 +1115,9 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       mbarrier::wait(full + st, (full_phase >> st) & 1u);
       full_phase ^= 1u << st;
       wait_chunk_ready(st);
-      __syncwarp();
-      if (lane == 0) mbarrier::arrive(empty + st);
+      if (warp < 4) mbarrier::arrive(t_ready + ws_par);  // (the inverse left out)
+      ws_par ^= 1u;
+      mbarrier::arrive(empty + st);
       st = st + 1 == kStages ? 0 : st + 1;
       continue;
     }
@@ -1169,12 +1182,16 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     // kWs: this chunk's 1 / |q_i| (times the output scale), the warpgroup's copy of the chunk's
     // parity (a warp may start the next chunk while another still reads this one's).
     [[maybe_unused]] float* const s_rqw =
-        reinterpret_cast<float*>(smem + kWsSmem.rq) + (2 * (warp >> 2) + (tp_off != 0)) * 64;
+        reinterpret_cast<float*>(smem + kWsSmem.rq) + (2 * (warp >> 2) + ws_par) * 64;
     const __nv_bfloat16* s_t = reinterpret_cast<const __nv_bfloat16*>(tp_base + kSmem.t0);
     __nv_bfloat16* const s_p = reinterpret_cast<__nv_bfloat16*>(tp_base + kSmem.p);
     const float4* s_sc = reinterpret_cast<const float4*>(base + kSmem.sc0);
     st = st + 1 == kStages ? 0 : st + 1;
-    if constexpr (kWs) tp_off = kWsSmem.tp_stride - tp_off;
+    [[maybe_unused]] const int par = int(ws_par);
+    if constexpr (kWs) {
+      tp_off = kWsSmem.tp_stride - tp_off;
+      ws_par ^= 1u;
+    }
 #if !KJIT_GDN_STATE_WGMMA
     // kStateP without the handoff (2 stages, or before sm_90): this chunk's P here, shared by
     // every warp's O through a block barrier before step 5.
@@ -1298,6 +1315,17 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       wgmma::wait<0>();
       wgmma::hold_registers(acc_o);
       turn_pass();
+      // T' of this chunk: the first warpgroup inverts (I + A) from the chunk warpgroup's A tile
+      // while the second issues its first products; its arrivals also hand A's tile back.
+      if (wg == 0) {
+        if constexpr (!kGdnWsNoInverse) {
+          ChunkRole::invert(smem, tp_base + kSmem.t0, par, warp, lane, [] { warpgroup_sync(0); });
+        }
+        wgmma::fence_shared_writes();  // this thread's T' stores, before wgmma reads them
+        mbarrier::arrive(t_ready + par);
+      }
+      mbarrier::wait(t_ready + par, (t_ready_phase >> par) & 1u);
+      t_ready_phase ^= 1u << par;
     }
 
     // 3. Vn_w^T = R_w^T T'^T (T''s zero upper blocks are multiplied too).
@@ -1434,7 +1462,9 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     // The warp's last read of this chunk's stage is done (the products have completed): release
     // it before forming the next chunk's P, so that whoever refills it (the next fill here, the
     // chunk warpgroup of the warp-specialized kernel) need not wait for that too.
-    if constexpr (kHandoff) {
+    if constexpr (kWs) {
+      mbarrier::arrive(empty + cur);
+    } else if constexpr (kHandoff) {
       __syncwarp();
       if (lane == 0) mbarrier::arrive(empty + cur);
     }

@@ -57,6 +57,29 @@ struct WsChunkRole {
   static constexpr bool kActive = true;
   static constexpr bool kL2Norm = kL2NormQK;
 
+  /// T' = (I + A)^-1 diag(beta) of the chunk of parity `parity` into its T' tile at `t_tile`,
+  /// from the chunk warpgroup's A tile and beta: run by the first state warpgroup (`warp` 0..3 of
+  /// it) once the chunk is ready, `sync()` its warpgroup barrier. The chunk warpgroup, which paces
+  /// the kernel, did it itself until the inverse was measured at 24% of its time (docs/
+  /// performance.md); the state warpgroups wait for it about a third of theirs.
+  template <typename Sync>
+  static __device__ __forceinline__ void invert(unsigned char* smem, unsigned char* t_tile,
+                                                int parity, int warp, int lane, Sync&& sync) {
+    using namespace gdn_prefill_chunk_detail;
+    constexpr GdnPrefillWsSmem kWsSmem = gdn_prefill_ws_smem(kK);
+    float* const s_a = reinterpret_cast<float*>(smem + kWsSmem.a);
+    const float* const s_beta0 =
+        reinterpret_cast<const float*>(smem + kWsSmem.beta_t) + 64 * parity;
+    const int g = lane >> 2, t4 = lane & 3;
+    const auto t_element = [&](int r, int c) { return sw128_element(t_tile, r, c); };
+    invert_diagonal_block(s_a, s_beta0, warp, lane, t_element);
+    sync();
+    float z1[2][4], z2[2][4];
+    invert_first_products(s_a, s_beta0, warp, g, t4, z1, z2, t_element);
+    sync();
+    invert_second_products(s_a, s_beta0, warp, g, t4, z1, z2, t_element);
+  }
+
   static __device__ __forceinline__ void run(const GdnPrefillParams& p, const StateWork& w,
                                              unsigned char* smem) {
     using namespace gdn_prefill_chunk_detail;
@@ -78,13 +101,18 @@ struct WsChunkRole {
     const int ctid = static_cast<int>(threadIdx.x) - 2 * kGdnPrefillThreads;
     const int warp = ctid >> 5, lane0 = ctid & 31;
     float* const s_a = reinterpret_cast<float*>(smem + kWsSmem.a);
-    float* const s_rk = reinterpret_cast<float*>(smem + kWsSmem.rk);
+    // k's inverse norms, by chunk parity: a warp's next chunk writes the other copy while a slower
+    // warp may still read this one (no barrier behind the decay pass).
+    float* const s_rk_base = reinterpret_cast<float*>(smem + kWsSmem.rk);
     // Every warp computes the gates itself (as the chunk kernel): its own copies.
     float* const s_gamma = reinterpret_cast<float*>(smem + kWsSmem.gamma) + 64 * warp;
     float* const s_beta = reinterpret_cast<float*>(smem + kWsSmem.beta) + 64 * warp;
     float* const s_cf = reinterpret_cast<float*>(smem + kWsSmem.cf) + 64 * warp;
     float* const s_ref = reinterpret_cast<float*>(smem + kWsSmem.ref) + 4 * warp;
-    const float* const s_beta0 = reinterpret_cast<const float*>(smem + kWsSmem.beta);
+    // beta of each chunk for the state warpgroups' inverse (warp 0's), by chunk parity.
+    float* const s_beta_t = reinterpret_cast<float*>(smem + kWsSmem.beta_t);
+    // t_ready[c & 1]: the state warpgroups' inverse of chunk c is done (T' in, A's tile read).
+    u64* const t_ready = reinterpret_cast<u64*>(smem + kWsSmem.t_ready);
 
     // The blocks of T' above its diagonal blocks and those of P^T left of them are zero in both
     // slots (nothing else writes them; the first chunk_ready arrival publishes them).
@@ -151,7 +179,7 @@ struct WsChunkRole {
 
     fill(0, bos);
     gates.load(p, bos, rows_at(bos), hv, lane0);
-    u32 full_phase = 0, empty_phase = 0;
+    u32 full_phase = 0, empty_phase = 0, t_ready_phase = 0;
     int st = 0;
     i64 chunk = 0;
 #pragma unroll 1
@@ -164,6 +192,9 @@ struct WsChunkRole {
       // us (docs/performance.md, "Where the chunk warpgroup's time goes, and its hoisted
       // addresses").
       const int lane = opaque(ctid & 31), g = opaque(lane >> 2), t4 = opaque(lane & 3);
+      // The warp's lanes are done with the previous chunk's per-warp gates and factors before
+      // this chunk's scan rewrites them (no warpgroup barrier behind the decay pass).
+      __syncwarp();
       mbarrier::wait(full + st, (full_phase >> st) & 1u);
       full_phase ^= 1u << st;
       wgmma::fence_shared_writes();  // the landed copies, before wgmma reads them
@@ -182,6 +213,7 @@ struct WsChunkRole {
       if (tn < eos) fill(sn, tn);
       unsigned char* const base = smem + st * kStage;
       const u32 slot_off = u32(chunk & 1) * kWsSmem.tp_stride;
+      float* const s_rk = s_rk_base + (chunk & 1) * 64;
       if constexpr (kGdnWsStateAlone) {  // measurement only: the state side's pace alone
         if (tn < eos) gates.load(p, tn, rows_at(tn), hv, lane);
         mbarrier::arrive(chunk_ready + st);
@@ -210,13 +242,22 @@ struct WsChunkRole {
           [&] { scanned = gates.scan_gates(p, rows, lane, s_gamma, s_ref, load_next_gates); });
       // 2. k's inverse norms from G's diagonal.
       store_inverse_norms<kL2Norm, false>(acc_g, acc_qq, warp, warp, s_rk, nullptr, 0.f, g, t4);
-      // The norms are visible; the previous chunk's readers of A, the parked blocks and beta are
-      // past their last use.
+      // The norms are visible.
       chunk_group_sync();
 
-      // 3b. Beta (warp 0's copy is read by the previous chunk's inverse until the sync above)
-      // and the column factors, which need the norms.
+      // 3b. Beta and the column factors, which need the norms.
       gates.store_beta_and_factors(scanned, lane, s_rk, s_beta, s_cf);
+      // A's tile (and beta's copy of this parity) are free once the state warpgroups' inverse of
+      // the previous chunk is done.
+      if (chunk > 0) {
+        const int pp = int((chunk - 1) & 1);
+        mbarrier::wait(t_ready + pp, (t_ready_phase >> pp) & 1u);
+        t_ready_phase ^= 1u << pp;
+      }
+      if (warp == 0) {
+        *reinterpret_cast<float2*>(s_beta_t + (chunk & 1) * 64 + 2 * lane) =
+            make_float2(scanned.beta[0], scanned.beta[1]);
+      }
       __syncwarp();
       // 4. A (f32, strictly lower) of block row `warp` (decay_row_block) and P^T's block row
       // `warp` (decay_col_block) into the slot's swizzled tile, once per warp index.
@@ -244,20 +285,9 @@ struct WsChunkRole {
         reinterpret_cast<float4*>(base + kS.sc0)[ctid] =
             make_float4(eg, s_rk[ctid] * eg, s_rk[ctid] * __expf(g_last - gi), __expf(g_last));
       }
-      chunk_group_sync();
-
-      // 5. T = (I + A)^-1 as the chunk kernel, T' straight into the slot's swizzled tile.
-      unsigned char* const t_tile = smem + kS.t0 + slot_off;
-      const auto t_element = [&](int r, int c) { return sw128_element(t_tile, r, c); };
-      if constexpr (!kGdnWsNoInverse) {
-        invert_diagonal_block(s_a, s_beta0, warp, lane, t_element);
-        chunk_group_sync();
-        float z1[2][4], z2[2][4];
-        invert_first_products(s_a, s_beta0, warp, g, t4, z1, z2, t_element);
-        chunk_group_sync();
-        invert_second_products(s_a, s_beta0, warp, g, t4, z1, z2, t_element);
-      }
-      // This thread's T', P^T and scales of the chunk, to the state warpgroups' wgmma.
+      // This thread's A, beta, P^T and scales of the chunk, to the state warpgroups (the first
+      // inverts (I + A) into the slot's T' tile, see invert; all run wgmma on P^T). No barrier:
+      // what the next chunk overwrites before its norms' barrier is per warp or by parity.
       wgmma::fence_shared_writes();
       mbarrier::arrive(chunk_ready + st);
       st = sn;
