@@ -808,7 +808,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
           mbarrier::init(bars + 2 * kStages + s, kThreads);
           mbarrier::init(reinterpret_cast<u64*>(smem + kSmem.total) + s, kGdnPrefillThreads);
         }
-        // t_ready[c & 1]: the first state warpgroup's inverse of chunk c (ChunkRole::invert).
+        // t_ready[c & 1]: the second state warpgroup's inverse of chunk c (ChunkRole::invert).
         mbarrier::init(reinterpret_cast<u64*>(smem + kWsSmem.t_ready), kGdnPrefillThreads);
         mbarrier::init(reinterpret_cast<u64*>(smem + kWsSmem.t_ready) + 1, kGdnPrefillThreads);
       }
@@ -1026,7 +1026,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   // kWs: chunk_ready[s] (see above), after the stages' barriers.
   [[maybe_unused]] u64* const chunk_ready = reinterpret_cast<u64*>(smem + kSmem.total);
   [[maybe_unused]] u32 chunk_ready_phase = 0;
-  // kWs: t_ready[c & 1] (the first warpgroup's T' of chunk c), and chunk c's parity.
+  // kWs: t_ready[c & 1] (the second warpgroup's T' of chunk c), and chunk c's parity.
   [[maybe_unused]] u64* const t_ready = reinterpret_cast<u64*>(smem + kWsSmem.t_ready);
   [[maybe_unused]] u32 t_ready_phase = 0, ws_par = 0;
   // kWs: waits until the chunk warpgroup's T', P^T and scales of stage s's chunk are in (once per
@@ -1115,7 +1115,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       mbarrier::wait(full + st, (full_phase >> st) & 1u);
       full_phase ^= 1u << st;
       wait_chunk_ready(st);
-      if (warp < 4) mbarrier::arrive(t_ready + ws_par);  // (the inverse left out)
+      if (warp >= 4) mbarrier::arrive(t_ready + ws_par);  // (the inverse left out)
       ws_par ^= 1u;
       mbarrier::arrive(empty + st);
       st = st + 1 == kStages ? 0 : st + 1;
@@ -1252,6 +1252,18 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         if (hf == 0) s_rqw[r] = p.scale * gdn::l2_inv_norm(sum);
       }
+      // T' of this chunk: the second warpgroup inverts (I + A) from the chunk warpgroup's A tile
+      // while it waits for its turn (the first issues its products); its arrivals also hand A's
+      // tile back.
+      if (wg == 1) {
+        wait_chunk_ready(cur);
+        if constexpr (!kGdnWsNoInverse) {
+          ChunkRole::invert(smem, tp_base + kSmem.t0, par, warp & 3, lane,
+                            [] { warpgroup_sync(1); });
+        }
+        wgmma::fence_shared_writes();  // this thread's T' stores, before wgmma reads them
+        mbarrier::arrive(t_ready + par);
+      }
       turn_wait();
       const int wr = (warp & 3) * 16 + g;  // the warp's rows of the tile
 #pragma unroll
@@ -1281,8 +1293,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       wgmma::commit();
       wgmma::wait<1>();
       wgmma::hold_registers(acc_r);
-      // This chunk's T', P^T and scales from the chunk warpgroup.
-      wait_chunk_ready(cur);
+      // This chunk's P^T and scales from the chunk warpgroup (the second warpgroup waited above).
+      if (wg == 0) wait_chunk_ready(cur);
     } else {
       u32 s_frag[kKSteps][4];
 #pragma unroll
@@ -1315,15 +1327,6 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       wgmma::wait<0>();
       wgmma::hold_registers(acc_o);
       turn_pass();
-      // T' of this chunk: the first warpgroup inverts (I + A) from the chunk warpgroup's A tile
-      // while the second issues its first products; its arrivals also hand A's tile back.
-      if (wg == 0) {
-        if constexpr (!kGdnWsNoInverse) {
-          ChunkRole::invert(smem, tp_base + kSmem.t0, par, warp, lane, [] { warpgroup_sync(0); });
-        }
-        wgmma::fence_shared_writes();  // this thread's T' stores, before wgmma reads them
-        mbarrier::arrive(t_ready + par);
-      }
       mbarrier::wait(t_ready + par, (t_ready_phase >> par) & 1u);
       t_ready_phase ^= 1u << par;
     }

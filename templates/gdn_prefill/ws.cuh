@@ -5,25 +5,29 @@
 //
 //   warpgroup 2 (the chunk role, below): copies each chunk's raw q, k and v rows into a ring of
 //     three stages (cp.async, q and k 128-byte swizzled) and computes, one chunk ahead of the state
-//     warpgroups, what the chunk kernel (chunk.cuh) writes to the workspace: T' = (I + A)^-1
-//     diag(beta) and P transposed (decay_col_block, from K Q^T, so that each warp's rows of P^T
+//     warpgroups, most of what the chunk kernel (chunk.cuh) writes to the workspace: A (f32, into
+//     one tile) and P transposed (decay_col_block, from K Q^T, so that each warp's rows of P^T
 //     and of A balance) into a ring of two swizzled T' / P^T slots, and the decay scales into the
-//     stage; from K K^T and K Q^T on wgmma, k's norms from the diagonal of K K^T, the gates, the
-//     forward substitution and the inverse's tf32 block products. q's norms are the state
-//     warpgroups' (from the stage's q tile, applied to O's columns): neither P^T nor the scales
-//     hold them.
+//     stage; from K K^T and K Q^T on wgmma, k's norms from the diagonal of K K^T and the gates.
 //   warpgroups 0 and 1 (state.cuh, state_wide with a chunk role): the state recurrence on wgmma,
 //     64 rows of V each, taking turns through one shared bf16 S tile for their first products.
+//     Warpgroup 1 also turns A into T' = (I + A)^-1 diag(beta) (invert: the forward substitution
+//     and the tf32 block products) while it waits for its turn, and both take q's norms from the
+//     stage's q tile and apply them to O's columns (neither P^T nor the scales hold them). Both
+//     moved off the chunk warpgroup, which paced the kernel (docs/performance.md, "The inverse
+//     and q's norms on the state warpgroups").
 //
 // Three mbarriers per stage hand the stages around: full (the chunk warpgroup's copies landed),
-// chunk_ready (its T', P^T and scales are in), empty (every state warp is done with the stage
-// and with the chunk's T' / P^T slot). The chunk warpgroup fetches chunk c + 1 while it works on
+// chunk_ready (its A, P^T and scales are in), empty (every state thread is done with the stage
+// and with the chunk's T' / P^T slot); t_ready by chunk parity: the chunk's T' is in and A's
+// tile free again. The chunk warpgroup fetches chunk c + 1 while it works on
 // chunk c, into the stage of chunk c - 2, which the state warpgroups (on chunk c - 1) have
 // released; chunk c's T' / P^T slot is chunk c - 2's. Compared with the two kernels, the T', P
 // and scale rows (~0.57 GB at 128k tokens, H = HV = 16) are never written, and q and k are read
 // once instead of twice.
 //
-// Registers: 2 x 128 x 192 + 128 x 120 = the block's 168 per thread (setmaxnreg, state.cuh).
+// Registers: 2 x 128 x 192 + 128 x 120 = the block's 168 per thread (setmaxnreg, state.cuh;
+// 200 / 104, where the chunk warpgroup no longer spills, was 0.5-1% slower).
 // With 184 for the state warpgroups ptxas serialized every wgmma of the kernel (C7512, each
 // waited for itself) until S's A fragments left the registers for the shared S tile and P left
 // the state warpgroups; at 192 it keeps them in flight.
@@ -58,10 +62,10 @@ struct WsChunkRole {
   static constexpr bool kL2Norm = kL2NormQK;
 
   /// T' = (I + A)^-1 diag(beta) of the chunk of parity `parity` into its T' tile at `t_tile`,
-  /// from the chunk warpgroup's A tile and beta: run by the first state warpgroup (`warp` 0..3 of
-  /// it) once the chunk is ready, `sync()` its warpgroup barrier. The chunk warpgroup, which paces
-  /// the kernel, did it itself until the inverse was measured at 24% of its time (docs/
-  /// performance.md); the state warpgroups wait for it about a third of theirs.
+  /// from the chunk warpgroup's A tile and beta: run by the second state warpgroup (`warp` 0..3
+  /// of it) once the chunk is ready, `sync()` its warpgroup barrier. The chunk warpgroup, which
+  /// paced the kernel, did it itself until the inverse was measured at 24% of its time
+  /// (docs/performance.md).
   template <typename Sync>
   static __device__ __forceinline__ void invert(unsigned char* smem, unsigned char* t_tile,
                                                 int parity, int warp, int lane, Sync&& sync) {
