@@ -521,6 +521,21 @@ __device__ __forceinline__ void invert_second_products(float* s_a, const float* 
   }
 }
 
+/// Steps 5a-c: T = (I + A)^-1 of the chunk whose A (and parked blocks) are in s_a, T' stored
+/// through `element`; `sync()` is the barrier of the four warps between the steps (each reads
+/// blocks another warp parked).
+template <typename Element, typename Sync>
+__device__ __forceinline__ void invert_chunk(float* s_a, const float* s_beta0, int warp, int lane,
+                                             Element&& element, Sync&& sync) {
+  const int g = lane >> 2, t4 = lane & 3;
+  invert_diagonal_block(s_a, s_beta0, warp, lane, element);
+  sync();
+  float z1[2][4], z2[2][4];
+  invert_first_products(s_a, s_beta0, warp, g, t4, z1, z2, element);
+  sync();
+  invert_second_products(s_a, s_beta0, warp, g, t4, z1, z2, element);
+}
+
 #if KJIT_GDN_CHUNK_WGMMA
 /// What chunk_products_wgmma computes besides K K^T: nothing, Q K^T, or K Q^T (P transposed).
 enum ChunkP : int { kChunkPNone = 0, kChunkPQK = 1, kChunkPKQ = 2 };
@@ -857,13 +872,9 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
 
       // 5a-c. T = (I + A)^-1: the diagonal blocks by forward substitution, then the block
       // products (see the top of the file), T' into the staging tile.
-      const auto t_element = [&](int r, int c) { return s_t + r * kLd + c; };
-      invert_diagonal_block(s_a, s_beta0, warp, lane, t_element);
-      __syncthreads();
-      float z1[2][4], z2[2][4];
-      invert_first_products(s_a, s_beta0, warp, g, t4, z1, z2, t_element);
-      __syncthreads();
-      invert_second_products(s_a, s_beta0, warp, g, t4, z1, z2, t_element);
+      invert_chunk(
+          s_a, s_beta0, warp, lane, [&](int r, int c) { return s_t + r * kLd + c; },
+          [] { __syncthreads(); });
       __syncthreads();
 
       // 6. T' and P rows of hv to the workspace (16-byte stores of whole rows): warp w stores the

@@ -74,14 +74,8 @@ struct WsChunkRole {
     float* const s_a = reinterpret_cast<float*>(smem + kWsSmem.a);
     const float* const s_beta0 =
         reinterpret_cast<const float*>(smem + kWsSmem.beta_t) + 64 * parity;
-    const int g = lane >> 2, t4 = lane & 3;
-    const auto t_element = [&](int r, int c) { return sw128_element(t_tile, r, c); };
-    invert_diagonal_block(s_a, s_beta0, warp, lane, t_element);
-    sync();
-    float z1[2][4], z2[2][4];
-    invert_first_products(s_a, s_beta0, warp, g, t4, z1, z2, t_element);
-    sync();
-    invert_second_products(s_a, s_beta0, warp, g, t4, z1, z2, t_element);
+    invert_chunk(
+        s_a, s_beta0, warp, lane, [&](int r, int c) { return sw128_element(t_tile, r, c); }, sync);
   }
 
   static __device__ __forceinline__ void run(const GdnPrefillParams& p, const StateWork& w,
