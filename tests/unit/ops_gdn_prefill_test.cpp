@@ -1154,13 +1154,15 @@ TEST_CASE(
   regions.push_back({"S tile", m.s_tile, 64 * 128 * 2});
   regions.push_back({"full, empty, p_ready", st.barriers, 3 * 8 * kGdnPrefillWsStages});
   regions.push_back({"chunk_ready", m.chunk_ready, 8 * kGdnPrefillWsStages});
+  regions.push_back({"t_ready (by chunk parity)", m.t_ready, 8 * 2});
   regions.push_back({"A", m.a, 64 * 68 * 4});
   regions.push_back({"gamma", m.gamma, 4 * 64 * 4});
   regions.push_back({"beta", m.beta, 4 * 64 * 4});
   regions.push_back({"cf", m.cf, 4 * 64 * 4});
   regions.push_back({"ref", m.ref, 4 * 4 * 4});
-  regions.push_back({"rq", m.rq, 64 * 4});
-  regions.push_back({"rk", m.rk, 64 * 4});
+  regions.push_back({"rq (by state warpgroup and chunk parity)", m.rq, 2 * 2 * 64 * 4});
+  regions.push_back({"rk (by chunk parity)", m.rk, 2 * 64 * 4});
+  regions.push_back({"beta for the inverse (by chunk parity)", m.beta_t, 2 * 64 * 4});
   for (std::size_t i = 0; i < regions.size(); ++i) {
     CAPTURE(regions[i].what);
     CHECK(regions[i].begin + regions[i].bytes <= m.total);
@@ -1175,6 +1177,10 @@ TEST_CASE(
   // The chunk warpgroup's f32 tiles are read as float4 / float2: 16-byte aligned.
   CHECK(m.a % 16 == 0);
   CHECK(m.cf % 16 == 0);
+  // rk, rq and beta's copies are read as float2 (and the state side's rq rows as float2 too).
+  CHECK(m.rk % 8 == 0);
+  CHECK(m.rq % 8 == 0);
+  CHECK(m.beta_t % 8 == 0);
   // One block per SM on the H200; the state warpgroups' ranking scratch (257 i64) fits stage 0.
   CHECK(m.total <= DeviceLimits::for_arch(Arch{9, 0}).max_smem_per_block_optin);
   CHECK(m.total >= (256 + 1) * 8);
