@@ -41,8 +41,6 @@ namespace gdn_prefill_detail {
 
 #if KJIT_GDN_STATE_WGMMA
 
-/// The named barrier of the chunk warpgroup's four warps (0 is __syncthreads, 2 and 3 the state
-/// warpgroups' turns).
 /// x, through an empty asm the compiler cannot see into: values derived from it count as computed
 /// where this is called (not hoisted above it).
 __device__ __forceinline__ int opaque(int x) {
@@ -50,6 +48,8 @@ __device__ __forceinline__ int opaque(int x) {
   return x;
 }
 
+/// The named barrier of the chunk warpgroup's four warps (0 is __syncthreads, 2 and 3 the state
+/// warpgroups' turns, 5 and 6 their warpgroup barriers).
 __device__ __forceinline__ void chunk_group_sync() {
   asm volatile("bar.sync 4, 128;" ::: "memory");
 }
@@ -283,8 +283,8 @@ struct WsChunkRole {
         reinterpret_cast<float4*>(base + kS.sc0)[ctid] =
             make_float4(eg, s_rk[ctid] * eg, s_rk[ctid] * __expf(g_last - gi), __expf(g_last));
       }
-      // This thread's A, beta, P^T and scales of the chunk, to the state warpgroups (the first
-      // inverts (I + A) into the slot's T' tile, see invert; all run wgmma on P^T). No barrier:
+      // This thread's A, beta, P^T and scales of the chunk, to the state warpgroups (the second
+      // inverts (I + A) into the slot's T' tile, see invert; both run wgmma on P^T). No barrier:
       // what the next chunk overwrites before its norms' barrier is per warp or by parity.
       wgmma::fence_shared_writes();
       mbarrier::arrive(chunk_ready + st);
