@@ -258,8 +258,11 @@ std::vector<ShapeValues> line_problems(const ManifestLine& line, const OpInfo& o
     }
     problems = std::move(next);
   };
-  for (const auto& [key, values] : axes) {
-    extend(key, [&](const ShapeValues&) -> const std::vector<std::string>& { return values; });
+  // (An element, not a structured binding: clang before 16 cannot capture a binding.)
+  for (const auto& axis : axes) {
+    const std::vector<std::string>& values = axis.second;
+    extend(axis.first,
+           [&](const ShapeValues&) -> const std::vector<std::string>& { return values; });
   }
   for (const OpParam* param : dependent) {
     const std::string& text = line.texts.at(param->name);
