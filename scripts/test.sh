@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: format check, build with warnings as errors, every test through ctest
 # (unit, stress, package, examples, CLI; the GPU suite skips with its reason where no GPU
-# exists), the Python package's tests, then the sanitizer and fuzz stage.
+# exists), the library and CLI through clang++'s front end, the Python package's tests, then the
+# sanitizer and fuzz stage.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 kjit_ensure_packages
@@ -11,6 +12,9 @@ cd "$KJIT_BUILD"
 # ctest shows no output of a skipped test: say here why the GPU suite will skip, if it does.
 ./tests/kjit_gpu_tests --count >/dev/null || ./tests/kjit_gpu_tests --count | grep SKIPPED || true
 ctest --output-on-failure -j"$(nproc)" "$@"
+# The library and the CLI under clang++ too (syntax only; skipped without clang++): the libFuzzer
+# stage builds them with clang, whose C++20 lags g++'s in places.
+bash "$KJIT_ROOT/scripts/check_clang.sh" "$KJIT_BUILD"
 
 # --- Python package (issue 8) -------------------------------------------------------------------
 # Builds python/ into a virtual environment (build-py/venv) and runs its pytest suites: the CPU
