@@ -355,16 +355,16 @@ __device__ __forceinline__ void decay_row_block(const float (&x)[8][4], const fl
 
 /// Step 4 for P transposed, row block kRow of X = K Q^T (the warp-specialized kernel's chunk
 /// warpgroup, where wgmma gives warp w K's block row w and q's rows stay in order): element
-/// (j, i) = rq_i e^(gamma_i - gamma_j) rk_j X_ji for i >= j. The blocks i > j split the decay as
+/// (j, i) = e^(gamma_i - gamma_j) rk_j X_ji for i >= j. The blocks i > j split the decay as
 /// decay_row_block does, e^(gamma_i - gamma_ref) e^(gamma_ref - gamma_j) with gamma_ref of block
 /// kRow, both factors <= 1; the diagonal block takes one exponential per element (masked by
 /// selects); the blocks left of it (i < j) are zero and not written (nothing else writes them).
-/// Warp w thus does 3 - w off-diagonal blocks here and w in A's row block w: balanced.
-/// !kWithQ: without rq_i (s_rq not read), for a caller that scales O's rows by it instead.
-template <int kRow, bool kWithQ = true, typename StorePair>
+/// Warp w thus does 3 - w off-diagonal blocks here and w in A's row block w: balanced. Without
+/// rq_i: the caller scales O's columns by it instead.
+template <int kRow, typename StorePair>
 __device__ __forceinline__ void decay_col_block(const float (&x)[8][4], const float* s_gamma,
                                                 const float* s_ref, const float* s_cf,
-                                                const float* s_rk, const float* s_rq, int g, int t4,
+                                                const float* s_rk, int g, int t4,
                                                 StorePair&& store_pair) {
   const float ref = s_ref[kRow];
 #pragma unroll
@@ -373,9 +373,8 @@ __device__ __forceinline__ void decay_col_block(const float (&x)[8][4], const fl
     for (int h2 = 0; h2 < 2; ++h2) {
       const int nt = 2 * ib + h2, i = nt * 8 + 2 * t4;
       const float2 gi = *reinterpret_cast<const float2*>(s_gamma + i);
-      const float2 qi = kWithQ ? *reinterpret_cast<const float2*>(s_rq + i) : make_float2(1.f, 1.f);
       if (ib > kRow) {
-        const float c0 = qi.x * ex2((gi.x - ref) * kLog2e), c1 = qi.y * ex2((gi.y - ref) * kLog2e);
+        const float c0 = ex2((gi.x - ref) * kLog2e), c1 = ex2((gi.y - ref) * kLog2e);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int j = kRow * 16 + g + 8 * hf;
@@ -387,8 +386,8 @@ __device__ __forceinline__ void decay_col_block(const float (&x)[8][4], const fl
         for (int hf = 0; hf < 2; ++hf) {
           const int j = kRow * 16 + g + 8 * hf;
           const float gj = s_gamma[j], kj = s_rk[j];
-          const float x0 = qi.x * kj * ex2((gi.x - gj) * kLog2e) * x[nt][2 * hf];
-          const float x1 = qi.y * kj * ex2((gi.y - gj) * kLog2e) * x[nt][2 * hf + 1];
+          const float x0 = kj * ex2((gi.x - gj) * kLog2e) * x[nt][2 * hf];
+          const float x1 = kj * ex2((gi.y - gj) * kLog2e) * x[nt][2 * hf + 1];
           store_pair(j, i, i >= j ? x0 : 0.f, i + 1 >= j ? x1 : 0.f);
         }
       }

@@ -268,11 +268,10 @@ struct WsChunkRole {
               [&](int i, int j, float x0, float x1) {
                 *reinterpret_cast<float2*>(s_a + i * kLdA + j) = make_float2(x0, x1);
               });
-          decay_col_block<kW, false>(acc_p, s_gamma, s_ref, s_cf, s_rk, nullptr, g, t4,
-                                     [&](int j, int i, float x0, float x1) {
-                                       *reinterpret_cast<u32*>(sw128_element(pt_tile, j, i)) =
-                                           mma::pack_bf16(x0, x1);
-                                     });
+          decay_col_block<kW>(
+              acc_p, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int j, int i, float x0, float x1) {
+                *reinterpret_cast<u32*>(sw128_element(pt_tile, j, i)) = mma::pack_bf16(x0, x1);
+              });
         });
       }
       // The chunk's scales into the stage: every row (rows past the end have zero q, k and gates,
