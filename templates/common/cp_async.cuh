@@ -8,6 +8,7 @@
 namespace kjit {
 namespace cp_async {
 
+#if !defined(KJIT_EMULATED_PTX)  // tests/common/sm90_emulation.hpp defines these on the CPU
 /// Copies 16 bytes from `src` (global, 16-byte aligned) to `dst` (shared, 16-byte aligned);
 /// when `valid` is false writes 16 zero bytes instead and reads nothing (src-size 0), so `src`
 /// may then be any mapped address.
@@ -34,5 +35,6 @@ __device__ __forceinline__ void wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+#endif
 }  // namespace cp_async
 }  // namespace kjit

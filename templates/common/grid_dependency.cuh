@@ -11,6 +11,7 @@
 namespace kjit {
 namespace grid_dependency {
 
+#if !defined(KJIT_EMULATED_PTX)  // tests/common/sm90_emulation.hpp defines these on the CPU
 /// Lets the next kernel in the stream start once every block of this one has called this or
 /// exited. Its results are still only visible to that kernel after its wait_for_previous_grid.
 __device__ __forceinline__ void allow_dependent_launch() {
@@ -27,5 +28,6 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 #endif
 }
 
+#endif
 }  // namespace grid_dependency
 }  // namespace kjit

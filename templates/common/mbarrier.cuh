@@ -10,7 +10,7 @@
 namespace kjit {
 namespace mbarrier {
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(KJIT_EMULATED_PTX)
 __device__ __forceinline__ u32 smem_address(const void* ptr) {
   return static_cast<u32>(__cvta_generic_to_shared(ptr));
 }

@@ -29,6 +29,7 @@ __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
   return (u32(__bfloat16_as_ushort(v.y)) << 16) | u32(__bfloat16_as_ushort(v.x));
 }
 
+#if !defined(KJIT_EMULATED_PTX)  // tests/common/sm90_emulation.hpp defines these on the CPU
 /// The transpose of an 8 x 8 matrix of 16-bit elements spread over a warp as an mma accumulator
 /// tile is (lane holds row lane / 4, columns 2 (lane % 4) and + 1, the lower column in the low
 /// half): afterwards lane holds row lane / 4 of the transpose in the same way.
@@ -47,9 +48,11 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+#endif
 /// f32 -> tf32 operand bits (vec::to_tf32_bits: round to nearest, ties away, on the bit pattern).
 __device__ __forceinline__ u32 to_tf32(float x) { return vec::to_tf32_bits(x); }
 
+#if !defined(KJIT_EMULATED_PTX)  // tests/common/sm90_emulation.hpp defines these on the CPU
 /// d += a * b for one 16x8x8 tile of tf32 operands, f32 accumulate.
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   asm volatile(
@@ -71,6 +74,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
                : "r"(addr));
 }
 
+#endif
 /// A fragment of the 16x16 tile whose element (r, c) is base[r * ld + c] (row-major, the
 /// reduction dim contiguous). base and ld * 2 bytes must be 16-byte aligned.
 __device__ __forceinline__ void load_a(u32 (&a)[4], const __nv_bfloat16* base, int ld) {

@@ -46,6 +46,7 @@ __device__ __forceinline__ u64 descriptor_sw128(u32 smem_addr, u32 lbo, u32 sbo)
 /// templates_common_emulated_test.cpp checks every tile start and offset the kernels use).
 __device__ __forceinline__ u64 advance(u64 desc, u32 bytes) { return desc + u64(bytes >> 4); }
 
+#if !defined(KJIT_EMULATED_PTX)  // tests/common/sm90_emulation.hpp defines these on the CPU
 /// Orders this thread's register writes (A fragments, accumulators) before the next wgmma.
 __device__ __forceinline__ void fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -164,5 +165,17 @@ __device__ __forceinline__ void mma_m64n128k16(float (&d)[16][4], const u32 (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransB));
 }
 
+/// setmaxnreg (sm_90a, warpgroup-aligned): this warpgroup gives registers back to the block's
+/// pool down to `kRegisters` per thread (release), or takes them up to `kRegisters` (claim).
+template <int kRegisters>
+__device__ __forceinline__ void release_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters) : "memory");
+}
+template <int kRegisters>
+__device__ __forceinline__ void claim_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters) : "memory");
+}
+
+#endif
 }  // namespace wgmma
 }  // namespace kjit

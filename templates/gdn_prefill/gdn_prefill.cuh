@@ -260,6 +260,7 @@ __device__ void rank_sequences_longest_first(const GdnPrefillParams& p, i64 firs
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+#if !defined(KJIT_EMULATED_PTX)  // tests/common/sm90_emulation.hpp defines these on the CPU
 /// 2^x (MUFU, flushing results below 2^-126 to zero): the chunked path's decay factors.
 __device__ __forceinline__ float ex2(float x) {
   float y;
@@ -267,6 +268,7 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+#endif
 /// What the state kernel needs of row i to form P itself (kStateP):
 /// P_ij = s rq_i rk_j (Q K^T)_ij 2^(x_i - x_j) for i >= j, with x = gamma log2(e) (the gamma
 /// scan is non-increasing, so 2^(x_i - x_j) <= 1 and no factor can overflow, whatever the

@@ -27,6 +27,7 @@
 #include "templates/common/grid_dependency.cuh"
 #include "templates/common/mbarrier.cuh"
 #include "templates/common/mma.cuh"
+#include "templates/common/named_barrier.cuh"
 #include "templates/common/swizzle.cuh"
 #include "templates/common/vec.cuh"
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -719,9 +720,7 @@ __device__ __forceinline__ __nv_bfloat16* sw128_element(unsigned char* tile, int
 
 /// The named barrier of warpgroup `wg`'s four warps in the warp-specialized kernel (5 and 6; 0 is
 /// __syncthreads, 1 the mma.sync tiles' P, 2 and 3 the turns, 4 the chunk warpgroup's).
-__device__ __forceinline__ void warpgroup_sync(int wg) {
-  asm volatile("bar.sync %0, 128;" ::"r"(5 + wg) : "memory");
-}
+__device__ __forceinline__ void warpgroup_sync(int wg) { named_barrier::sync<128>(5 + wg); }
 
 template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
           int kBV, bool kCkpt, int kPhase = 0, int kStagesWanted = 0, bool kKMajor = false,
@@ -816,13 +815,11 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       if (warp >= kWarps) {
         // The chunk warpgroup gives registers to the state warpgroups (setmaxnreg moves them
         // within the block's allocation, params.h kGdnPrefillWs*Registers).
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kGdnPrefillWsChunkRegisters)
-                     : "memory");
+        wgmma::release_registers<kGdnPrefillWsChunkRegisters>();
         ChunkRole::run(p, work, smem);
         return;
       }
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kGdnPrefillWsStateRegisters)
-                   : "memory");
+      wgmma::claim_registers<kGdnPrefillWsStateRegisters>();
     }
 #endif
   } else {
@@ -1048,10 +1045,10 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   constexpr bool kTakeTurns = kWarps == 8 && kHandoff;
   const int wg = warp >> 2;
   const auto turn_wait = [&] {
-    if constexpr (kTakeTurns) asm volatile("bar.sync %0, 256;" ::"r"(2 + wg) : "memory");
+    if constexpr (kTakeTurns) named_barrier::sync<256>(2 + wg);
   };
   const auto turn_pass = [&] {
-    if constexpr (kTakeTurns) asm volatile("bar.arrive %0, 256;" ::"r"(3 - wg) : "memory");
+    if constexpr (kTakeTurns) named_barrier::arrive<256>(3 - wg);
   };
   // Warpgroup 0 goes first; the arrivals balance at the end (warpgroup 0 waits once more).
   if (wg == 1) turn_pass();
@@ -1584,7 +1581,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 #endif
     if constexpr (kStateP && !kHandoff) {
       // Every warp's share of P is in shared memory (bar.sync 1: barrier 0 is __syncthreads').
-      if (want_out) asm volatile("bar.sync 1, %0;" ::"r"(kThreads) : "memory");
+      if (want_out) named_barrier::sync_count<1>(kThreads);
     }
     if (want_out) {
       Tout* const o_rows = o_base + (t0 + g) * p.out_stride_t + 2 * t4;

@@ -50,9 +50,7 @@ __device__ __forceinline__ int opaque(int x) {
 
 /// The named barrier of the chunk warpgroup's four warps (0 is __syncthreads, 2 and 3 the state
 /// warpgroups' turns, 5 and 6 their warpgroup barriers).
-__device__ __forceinline__ void chunk_group_sync() {
-  asm volatile("bar.sync 4, 128;" ::: "memory");
-}
+__device__ __forceinline__ void chunk_group_sync() { named_barrier::sync<4, 128>(); }
 
 /// The chunk warpgroup of gdn_prefill_ws_kernel (see the top of the file). Template parameters
 /// as gdn_prefill_chunk_kernel's.
