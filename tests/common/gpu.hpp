@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/device_buffer.hpp"
+#include "common/host_data.hpp"
 #include "driver/driver_api.hpp"
 #include "kjit/error.hpp"
 #include "kjit/runtime.hpp"
@@ -90,18 +91,5 @@ class DeviceBuffer : public DeviceMemory {
  public:
   explicit DeviceBuffer(std::size_t bytes) : DeviceMemory((context(), bytes)) {}
 };
-
-using Rng = std::mt19937_64;
-
-/// A fresh seed per call (KJIT_TEST_SEED fixes it for reproduction), recorded in doctest's
-/// context so that every failure message prints it.
-inline std::uint64_t fresh_seed() {
-  static const char* fixed = std::getenv("KJIT_TEST_SEED");
-  const std::uint64_t seed =
-      fixed != nullptr ? std::strtoull(fixed, nullptr, 10)
-                       : (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
-  MESSAGE("seed " << seed << " (rerun with KJIT_TEST_SEED=" << seed << ")");
-  return seed;
-}
 
 }  // namespace kjit::test

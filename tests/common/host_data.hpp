@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <utility>
 #include <vector>
@@ -116,6 +117,19 @@ inline std::int64_t count_mismatches(const char* name, HostTensor& got, HostTens
     }
   }
   return bad;
+}
+
+using Rng = std::mt19937_64;
+
+/// A fresh seed per call (KJIT_TEST_SEED fixes it for reproduction), recorded in doctest's
+/// context so that every failure message prints it.
+inline std::uint64_t fresh_seed() {
+  static const char* fixed = std::getenv("KJIT_TEST_SEED");
+  const std::uint64_t seed =
+      fixed != nullptr ? std::strtoull(fixed, nullptr, 10)
+                       : (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  MESSAGE("seed " << seed << " (rerun with KJIT_TEST_SEED=" << seed << ")");
+  return seed;
 }
 
 }  // namespace kjit::test

@@ -1,0 +1,885 @@
+// SPDX-License-Identifier: Apache-2.0
+// A CPU emulation of one sm_90a thread block, enough to run the warp-specialized gdn_prefill
+// kernel (templates/gdn_prefill/ws.cuh) as host C++ where no GPU exists, with its
+// synchronization taken seriously:
+//   - every thread of the block is a fiber (ucontext) on one OS thread; a fiber runs until it
+//     must wait (a barrier, an mbarrier phase, a warp-collective operation) or until the
+//     scheduler preempts it at a primitive; the next fiber is drawn at random from a seeded
+//     generator, so each seed is another legal interleaving, reproducibly;
+//   - asynchronous operations complete late, as the hardware may: a cp.async copy lands, and
+//     its cp.async.mbarrier.arrive arrives, at a random later step (its destination is poisoned
+//     with NaN bytes when it is issued, so that a read before the landing shows); a wgmma reads
+//     its shared-memory operands and writes its accumulators only at the wait_group that retires
+//     it, so that a tile rewritten before that wait, or an accumulator read before it, gives a
+//     wrong result;
+//   - named barriers count their threads and compare every arrival's thread count, mbarriers
+//     count arrivals and transactions by phase; a block where no fiber can run and nothing is
+//     in flight is a deadlock, reported with what every waiting thread waits for.
+// Results are compared with the float64 reference by the test; the products are exact f32
+// sums, not the tensor cores' rounding.
+//
+// The templates' inline PTX sits in small functions guarded by KJIT_EMULATED_PTX (defined
+// here), which this header defines instead: wgmma, mma.sync, ldmatrix, movmatrix, mbarrier,
+// cp.async, named barriers, griddepcontrol, ex2. Include it after every library header and
+// before the template, in a translation unit of its own (it defines __CUDA_ARCH__ 900 and
+// __CUDA_ARCH_FEAT_SM90_ALL for that unit; its functions have internal linkage).
+#pragma once
+
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define KJIT_EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#include <sanitizer/common_interface_defs.h>
+#define KJIT_EMU_ASAN 1
+#endif
+#endif
+
+#include "common/cuda_host_emulation.hpp"
+
+#define KJIT_EMULATED_PTX 1
+#define __CUDA_ARCH__ 900
+#define __CUDA_ARCH_FEAT_SM90_ALL 1
+#define __shared__
+#define __align__(n) __attribute__((aligned(n)))
+
+#include "templates/common/types.h"
+
+// --- the CUDA types and intrinsics the templates use beyond cuda_host_emulation.hpp ----------
+
+struct float2 {
+  float x, y;
+};
+struct float4 {
+  float x, y, z, w;
+};
+static inline float2 make_float2(float x, float y) { return {x, y}; }
+static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+struct __nv_bfloat162 {
+  __nv_bfloat16 x, y;
+};
+struct __half2 {
+  __half x, y;
+};
+static inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
+  return {__float2bfloat16_rn(lo), __float2bfloat16_rn(hi)};
+}
+static inline float2 __bfloat1622float2(__nv_bfloat162 v) {
+  return {__bfloat162float(v.x), __bfloat162float(v.y)};
+}
+static inline __half2 __floats2half2_rn(float lo, float hi) {
+  return {__float2half_rn(lo), __float2half_rn(hi)};
+}
+static inline float2 __half22float2(__half2 v) { return {__half2float(v.x), __half2float(v.y)}; }
+template <typename T>
+static inline T __ldg(const T* p) {
+  return *p;
+}
+static inline int __clz(unsigned x) { return x == 0 ? 32 : __builtin_clz(x); }
+static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+
+namespace kjit_sm90_emulation {
+
+using kjit::u32;
+using kjit::u64;
+
+/// One 16-byte cp.async copy; `valid` false writes zeros.
+struct Copy {
+  void* dst;
+  const void* src;
+  bool valid;
+};
+
+/// A warpgroup product issued and not yet retired: the thread's accumulators, its warp's A
+/// fragments (register A) or A's descriptor (shared A), B's descriptor.
+struct Product {
+  float* d;
+  int n;  // N of the product: 32, 64 or 128
+  bool a_shared;
+  u32 a_regs[32][4];
+  u64 a_desc, b_desc;
+  int trans_b;
+};
+
+/// An asynchronous event the scheduler completes at a random later step: copies landing, then
+/// an arrival on `bar` (when not null).
+struct AsyncArrival {
+  std::vector<Copy> copies;
+  u64* bar;
+};
+
+struct Fiber {
+  ucontext_t context{};
+  std::unique_ptr<char[]> stack;
+  unsigned tid = 0;
+  bool started = false, done = false;
+  std::function<bool()> ready;  // set while waiting: the condition to run again
+  std::string waiting_for;
+  // cp.async: copies of the open group and of the committed groups, oldest first.
+  std::vector<Copy> open_copies;
+  std::vector<std::vector<Copy>> copy_groups;
+  // wgmma: products of the open group and of the committed groups, oldest first.
+  std::vector<Product> open_products;
+  std::vector<std::vector<Product>> product_groups;
+#if defined(KJIT_EMU_ASAN)
+  void* fake_stack = nullptr;
+#endif
+};
+
+/// The threads of one warp (32) or warpgroup (128) meeting for a collective operation: each
+/// puts up to 32 bytes in, and once all have, each reads everyone's from the generation's
+/// snapshot (kept until the generation after next completes, which needs this thread again).
+struct Rendezvous {
+  unsigned members = 0, arrived = 0;
+  u64 generation = 0;
+  std::vector<std::array<unsigned char, 32>> in;
+  std::vector<std::array<unsigned char, 32>> snapshot[2];
+};
+
+struct NamedBarrier {
+  int expected = 0, arrived = 0;
+  u64 generation = 0;
+};
+
+struct MBarrier {
+  bool initialized = false;
+  int expected = 0, pending = 0;
+  long long tx = 0;
+  u32 phase = 0;
+};
+
+struct Block {
+  unsigned threads = 0;
+  unsigned char* smem = nullptr;
+  std::size_t smem_bytes = 0;
+  std::vector<Fiber> fibers;
+  ucontext_t scheduler{};
+  Fiber* current = nullptr;
+  std::mt19937_64 rng;
+  std::vector<Rendezvous> warps;
+  NamedBarrier named[16];
+  std::map<const void*, MBarrier> mbarriers;
+  std::vector<AsyncArrival> in_flight;
+  std::string failure;
+  // How the next fiber is drawn (see pick_next): uniformly among the runnable ones, or the one of
+  // the warp with the highest priority, the warps' priorities drawn anew every `reshuffle` steps.
+  bool by_priority = false;
+  u64 reshuffle = 0;
+  std::vector<u32> warp_priority;
+  // Statistics (the test prints them: a run that never switched proves nothing).
+  u64 switches = 0, landings_late = 0;
+#if defined(KJIT_EMU_ASAN)
+  void* scheduler_fake_stack = nullptr;
+  const void* scheduler_stack_bottom = nullptr;
+  std::size_t scheduler_stack_size = 0;
+#endif
+};
+
+static Block* block = nullptr;
+static void (*fiber_body)() = nullptr;
+
+[[noreturn]] static void fail(const std::string& what);
+
+/// Switches from the running fiber back to the scheduler.
+static void to_scheduler() {
+  Fiber* f = block->current;
+#if defined(KJIT_EMU_ASAN)
+  __sanitizer_start_switch_fiber(f->done ? nullptr : &f->fake_stack, block->scheduler_stack_bottom,
+                                 block->scheduler_stack_size);
+#endif
+  swapcontext(&f->context, &block->scheduler);
+#if defined(KJIT_EMU_ASAN)
+  __sanitizer_finish_switch_fiber(f->fake_stack, nullptr, nullptr);
+#endif
+  threadIdx.x = f->tid;
+}
+
+/// Waits (as the running fiber) until `condition` holds; `what` names it for deadlock reports.
+static void wait_until(std::function<bool()> condition, std::string what) {
+  if (condition()) return;
+  Fiber* f = block->current;
+  f->ready = std::move(condition);
+  f->waiting_for = std::move(what);
+  to_scheduler();
+  f->ready = nullptr;
+}
+
+/// A preemption point: the scheduler may run another fiber here (one time in three).
+static void maybe_yield() {
+  if ((block->rng() % 3) != 0) return;
+  to_scheduler();
+}
+
+[[noreturn]] static void fail(const std::string& what) {
+  if (block->failure.empty()) {
+    block->failure = "thread " + std::to_string(block->current->tid) + ": " + what;
+  }
+  block->current->done = true;
+  to_scheduler();
+  std::abort();  // never resumed
+}
+
+static unsigned tid() { return block->current->tid; }
+
+/// A pointer into the block's shared memory from a shared-state-space address.
+static unsigned char* shared_at(u32 address, u32 bytes) {
+  if (std::size_t(address) + bytes > block->smem_bytes) {
+    fail("shared address " + std::to_string(address) + " + " + std::to_string(bytes) +
+         " past the block's " + std::to_string(block->smem_bytes) + " bytes");
+  }
+  return block->smem + address;
+}
+
+/// All-gather over the running thread's warp: returns the 32 lanes' `bytes` bytes.
+static const std::array<unsigned char, 32>* gather_warp(const void* mine, std::size_t bytes,
+                                                        const char* what) {
+  Rendezvous& r = block->warps[tid() / 32];
+  const unsigned lane = tid() % 32;
+  std::memcpy(r.in[lane].data(), mine, bytes);
+  const u64 generation = r.generation;
+  if (++r.arrived == r.members) {
+    r.snapshot[generation & 1] = r.in;
+    r.arrived = 0;
+    ++r.generation;
+  } else {
+    wait_until([&r, generation] { return r.generation != generation; },
+               std::string("the warp's ") + what);
+  }
+  return r.snapshot[generation & 1].data();
+}
+
+template <typename T>
+static T lane_value(const std::array<unsigned char, 32>* all, unsigned lane) {
+  T v;
+  std::memcpy(&v, all[lane].data(), sizeof(T));
+  return v;
+}
+
+static void land(const std::vector<Copy>& copies) {
+  for (const Copy& c : copies) {
+    if (c.valid) {
+      std::memcpy(c.dst, c.src, 16);
+    } else {
+      std::memset(c.dst, 0, 16);
+    }
+  }
+}
+
+static void mbarrier_arrive(u64* bar, int count, long long tx_added);
+
+/// Completes in-flight event `i` (copies land, then its arrival).
+static void complete_in_flight(std::size_t i) {
+  AsyncArrival event = std::move(block->in_flight[i]);
+  block->in_flight.erase(block->in_flight.begin() + static_cast<std::ptrdiff_t>(i));
+  land(event.copies);
+  if (event.bar != nullptr) mbarrier_arrive(event.bar, 1, 0);
+}
+
+// --- mbarriers -------------------------------------------------------------------------------
+
+static MBarrier& mbarrier_of(const u64* bar, const char* op) {
+  const auto* p = reinterpret_cast<const unsigned char*>(bar);
+  if (p < block->smem || p + 8 > block->smem + block->smem_bytes || (p - block->smem) % 8 != 0) {
+    fail(std::string("mbarrier ") + op + " on an address that is no 8-byte aligned shared word");
+  }
+  MBarrier& m = block->mbarriers[bar];
+  if (!m.initialized) fail(std::string("mbarrier ") + op + " on an uninitialized barrier");
+  return m;
+}
+
+static void mbarrier_arrive(u64* bar, int count, long long tx_added) {
+  MBarrier& m = mbarrier_of(bar, "arrive");
+  m.tx += tx_added;
+  m.pending -= count;
+  if (m.pending < 0) fail("mbarrier: more arrivals than its phase expects");
+  if (m.pending == 0 && m.tx == 0) {
+    ++m.phase;
+    m.pending = m.expected;
+  }
+}
+
+// --- the scheduler ---------------------------------------------------------------------------
+
+static void fiber_entry() {
+#if defined(KJIT_EMU_ASAN)
+  __sanitizer_finish_switch_fiber(nullptr, &block->scheduler_stack_bottom,
+                                  &block->scheduler_stack_size);
+#endif
+  fiber_body();
+  block->current->done = true;
+  to_scheduler();
+}
+
+/// The next fiber to run among `runnable`. Uniform draws keep every warp at about the same pace,
+/// which hides races whose window needs one warpgroup far ahead of another; so half the blocks
+/// (by seed) run the highest-priority warp until it blocks, with the warps' priorities drawn anew
+/// every few thousand steps (as in probabilistic concurrency testing): one role then runs ahead
+/// of the others by whole chunks, another time behind.
+static unsigned pick_next(const std::vector<unsigned>& runnable) {
+  Block& b = *block;
+  if (!b.by_priority) return runnable[b.rng() % runnable.size()];
+  if (b.switches % b.reshuffle == 0) {
+    for (u32& p : b.warp_priority) p = u32(b.rng());
+  }
+  unsigned best = runnable.front();
+  for (unsigned t : runnable) {
+    if (b.warp_priority[t / 32] > b.warp_priority[best / 32]) best = t;
+  }
+  return best;
+}
+
+/// Runs the block's fibers to completion; returns false with block->failure set on a deadlock
+/// or a failed check.
+static bool run_block() {
+  std::vector<unsigned> runnable;
+  runnable.reserve(block->threads);
+  for (;;) {
+    if (!block->failure.empty()) return false;
+    // An asynchronous completion at a random step: one chance in eight per step.
+    if (!block->in_flight.empty() && block->rng() % 8 == 0) {
+      complete_in_flight(block->rng() % block->in_flight.size());
+      ++block->landings_late;
+      continue;
+    }
+    runnable.clear();
+    bool alive = false;
+    for (Fiber& f : block->fibers) {
+      if (f.done) continue;
+      alive = true;
+      if (!f.ready || f.ready()) runnable.push_back(f.tid);
+    }
+    if (!alive) break;
+    if (runnable.empty()) {
+      if (!block->in_flight.empty()) {
+        complete_in_flight(block->rng() % block->in_flight.size());
+        continue;
+      }
+      std::map<std::string, std::vector<unsigned>> waits;
+      for (Fiber& f : block->fibers) {
+        if (!f.done) waits[f.waiting_for].push_back(f.tid);
+      }
+      std::string report = "deadlock: no thread can run and nothing is in flight;";
+      for (const auto& [what, tids] : waits) {
+        report += " " + std::to_string(tids.size()) + " thread(s) from " +
+                  std::to_string(tids.front()) + " wait for " + what + ";";
+      }
+      block->failure = report;
+      return false;
+    }
+    Fiber& f = block->fibers[pick_next(runnable)];
+    block->current = &f;
+    threadIdx.x = f.tid;
+    ++block->switches;
+    if (!f.started) {
+      f.started = true;
+      constexpr std::size_t kStack = std::size_t(1) << 19;
+      f.stack.reset(new char[kStack]);
+      getcontext(&f.context);
+      f.context.uc_stack.ss_sp = f.stack.get();
+      f.context.uc_stack.ss_size = kStack;
+      f.context.uc_link = &block->scheduler;
+      makecontext(&f.context, fiber_entry, 0);
+#if defined(KJIT_EMU_ASAN)
+      __sanitizer_start_switch_fiber(&block->scheduler_fake_stack, f.stack.get(), kStack);
+#endif
+    } else {
+#if defined(KJIT_EMU_ASAN)
+      __sanitizer_start_switch_fiber(&block->scheduler_fake_stack, f.stack.get(),
+                                     std::size_t(1) << 19);
+#endif
+    }
+    swapcontext(&block->scheduler, &f.context);
+#if defined(KJIT_EMU_ASAN)
+    __sanitizer_finish_switch_fiber(block->scheduler_fake_stack, nullptr, nullptr);
+#endif
+  }
+  // Copies nobody waited for (a sequence's last prefetch) still land.
+  while (!block->in_flight.empty()) complete_in_flight(0);
+  return block->failure.empty();
+}
+
+/// What one launch's emulation saw.
+struct LaunchReport {
+  bool ok = true;
+  std::string failure;
+  u64 switches = 0, landings_late = 0;
+};
+
+/// Runs `kernel(params)` on grid.x * grid.y * grid.z blocks of `threads` threads, one block after
+/// another, with `smem` (`smem_bytes`, 1024-byte aligned: the kernel's `extern __shared__`
+/// array) as each block's shared memory, poisoned with 0xFF bytes before each block. `seed`
+/// draws the interleavings.
+template <typename Params>
+LaunchReport launch(void (*kernel)(Params), EmulatedDim3 grid, unsigned threads,
+                    unsigned char* smem, std::size_t smem_bytes, const Params& params, u64 seed) {
+  static const Params* launch_params = nullptr;
+  static void (*launch_kernel)(Params) = nullptr;
+  launch_params = &params;
+  launch_kernel = kernel;
+  fiber_body = [] { launch_kernel(*launch_params); };
+  LaunchReport report;
+  gridDim = grid;
+  blockDim = EmulatedDim3{threads, 1, 1};
+  u64 block_seed = seed;
+  for (unsigned bz = 0; bz < grid.z && report.ok; ++bz) {
+    for (unsigned by = 0; by < grid.y && report.ok; ++by) {
+      for (unsigned bx = 0; bx < grid.x && report.ok; ++bx) {
+        Block b;
+        b.threads = threads;
+        b.smem = smem;
+        b.smem_bytes = smem_bytes;
+        std::memset(smem, 0xFF, smem_bytes);
+        b.rng.seed(block_seed++);
+        b.by_priority = b.rng() % 2 == 1;
+        b.reshuffle = 1000 + b.rng() % 20000;
+        b.warp_priority.assign((threads + 31) / 32, 0);
+        b.fibers.resize(threads);
+        for (unsigned t = 0; t < threads; ++t) b.fibers[t].tid = t;
+        b.warps.resize((threads + 31) / 32);
+        for (Rendezvous& r : b.warps) {
+          r.members = 32;
+          r.in.resize(32);
+        }
+        block = &b;
+        blockIdx = EmulatedDim3{bx, by, bz};
+        report.ok = run_block();
+        report.switches += b.switches;
+        report.landings_late += b.landings_late;
+        if (!report.ok) {
+          report.failure = "block (" + std::to_string(bx) + ", " + std::to_string(by) + ", " +
+                           std::to_string(bz) + "): " + b.failure;
+          // (The fibers that never finished are dropped with their stacks, not unwound.)
+        }
+        block = nullptr;
+      }
+    }
+  }
+  return report;
+}
+
+// --- element access of shared-memory tiles ---------------------------------------------------
+
+static float bf16_bits_to_float(unsigned short bits) { return __uint_as_float(u32(bits) << 16); }
+
+/// The bf16 at byte address `address` of shared memory, through the 128-byte swizzle when
+/// `swizzled` (16-byte chunk bits 4..6 XOR row bits 7..9 of the address).
+static float shared_bf16(u32 address, bool swizzled) {
+  if (swizzled) address ^= ((address >> 7) & 7u) << 4;
+  unsigned short bits;
+  std::memcpy(&bits, shared_at(address, 2), 2);
+  return bf16_bits_to_float(bits);
+}
+
+/// Element (row, col) of a wgmma operand behind descriptor `desc`, for an operand whose
+/// contiguous dimension is `col` ("K-major" for A and for B with trans 0: row = M or N, col =
+/// K; B with trans 1, "N-major": row = K, col = N). templates/common/wgmma.cuh documents the
+/// layouts this reads (checked on the H200 by bench/experiments/wgmma_layout_check.cu).
+static float operand(u64 desc, bool contiguous_is_k, int row, int col) {
+  const u32 start = u32(desc & 0x3fffu) << 4;
+  const u32 lbo = u32((desc >> 16) & 0x3fffu) << 4;
+  const u32 sbo = u32((desc >> 32) & 0x3fffu) << 4;
+  const int layout = int(desc >> 62);
+  if (layout == 0) {
+    // Core matrices of 8 rows x 16 bytes; lbo steps along K, sbo along M/N.
+    if (contiguous_is_k) {  // row = M/N, col = K
+      return shared_bf16(
+          start + u32(col / 8) * lbo + u32(row / 8) * sbo + u32(row % 8) * 16 + u32(col % 8) * 2,
+          false);
+    }
+    // row = K, col = N (N-major)
+    return shared_bf16(
+        start + u32(row / 8) * lbo + u32(col / 8) * sbo + u32(row % 8) * 16 + u32(col % 8) * 2,
+        false);
+  }
+  if (layout != 1) fail("wgmma descriptor with a swizzle mode other than none or 128 bytes");
+  if (contiguous_is_k) {  // rows of 128 bytes along K; sbo between 8-row groups
+    return shared_bf16(start + u32(row / 8) * sbo + u32(row % 8) * 128 + u32(col) * 2, true);
+  }
+  // N-major: rows of 128 bytes (64 columns) along N per K row; lbo between 64-column atoms,
+  // sbo between 8-row groups along K.
+  return shared_bf16(
+      start + u32(col / 64) * lbo + u32(row / 8) * sbo + u32(row % 8) * 128 + u32(col % 64) * 2,
+      true);
+}
+
+/// Element (r, k) (r 0..15, k 0..15) of a warp's mma.sync / wgmma A fragment held as lanes'
+/// registers a[lane][0..3] (mma.cuh's layout).
+static float a_fragment(const u32 (&a)[32][4], int r, int k) {
+  const int reg = (r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+  const int lane = 4 * (r % 8) + (k % 8) / 2;
+  const u32 word = a[lane][reg];
+  return bf16_bits_to_float(static_cast<unsigned short>((k % 2) ? word >> 16 : word & 0xffffu));
+}
+
+/// Retires product `p` for the running thread: its accumulator elements += A B.
+static void retire(const Product& p) {
+  const unsigned t = tid();
+  const int warp_in_group = int(t / 32) % 4, lane = int(t % 32), g = lane / 4, t4 = lane % 4;
+  for (int nt = 0; nt < p.n / 8; ++nt) {
+    for (int e = 0; e < 4; ++e) {
+      const int r = g + (e >= 2 ? 8 : 0);
+      const int col = 8 * nt + 2 * t4 + (e & 1);
+      float sum = 0.f;
+      for (int k = 0; k < 16; ++k) {
+        const float a = p.a_shared ? operand(p.a_desc, true, 16 * warp_in_group + r, k)
+                                   : a_fragment(p.a_regs, r, k);
+        const float b =
+            p.trans_b ? operand(p.b_desc, false, k, col) : operand(p.b_desc, true, col, k);
+        sum += a * b;
+      }
+      p.d[nt * 4 + e] += sum;
+    }
+  }
+}
+
+}  // namespace kjit_sm90_emulation
+
+// --- intrinsics: thread identity and warp collectives ----------------------------------------
+
+static inline unsigned __cvta_generic_to_shared(const void* p) {
+  namespace emu = kjit_sm90_emulation;
+  const auto* c = static_cast<const unsigned char*>(p);
+  if (c < emu::block->smem || c > emu::block->smem + emu::block->smem_bytes) {
+    emu::fail("__cvta_generic_to_shared of a pointer outside shared memory");
+  }
+  return static_cast<unsigned>(c - emu::block->smem);
+}
+
+[[noreturn]] static inline void __trap() { kjit_sm90_emulation::fail("__trap"); }
+
+static inline void __syncwarp(unsigned = 0xffffffffu) {
+  const int none = 0;
+  kjit_sm90_emulation::gather_warp(&none, 0, "__syncwarp");
+}
+
+template <typename T>
+static inline T __shfl_xor_sync(unsigned, T v, int mask) {
+  namespace emu = kjit_sm90_emulation;
+  const auto* all = emu::gather_warp(&v, sizeof(T), "shuffle");
+  return emu::lane_value<T>(all, (emu::tid() % 32) ^ unsigned(mask));
+}
+template <typename T>
+static inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
+  namespace emu = kjit_sm90_emulation;
+  const auto* all = emu::gather_warp(&v, sizeof(T), "shuffle");
+  const unsigned lane = emu::tid() % 32, w = unsigned(width);
+  return emu::lane_value<T>(all, lane / w * w + unsigned(src) % w);
+}
+template <typename T>
+static inline T __shfl_up_sync(unsigned, T v, unsigned delta, int width = 32) {
+  namespace emu = kjit_sm90_emulation;
+  const auto* all = emu::gather_warp(&v, sizeof(T), "shuffle");
+  const unsigned lane = emu::tid() % 32, w = unsigned(width);
+  return (lane % w) >= delta ? emu::lane_value<T>(all, lane - delta) : v;
+}
+static inline unsigned __ballot_sync(unsigned, int predicate) {
+  namespace emu = kjit_sm90_emulation;
+  const int mine = predicate != 0;
+  const auto* all = emu::gather_warp(&mine, sizeof(int), "ballot");
+  unsigned bits = 0;
+  for (unsigned l = 0; l < 32; ++l) bits |= (emu::lane_value<int>(all, l) != 0 ? 1u : 0u) << l;
+  return bits;
+}
+
+namespace kjit_sm90_emulation {
+/// bar.sync / bar.arrive on barrier `id` for `count` threads.
+static void named_barrier_op(int id, int count, bool wait) {
+  if (id < 0 || id >= 16) fail("named barrier id " + std::to_string(id) + " outside 0..15");
+  NamedBarrier& b = block->named[id];
+  if (b.arrived == 0) {
+    b.expected = count;
+  } else if (b.expected != count) {
+    fail("named barrier " + std::to_string(id) + ": an arrival for " + std::to_string(count) +
+         " threads in a phase for " + std::to_string(b.expected));
+  }
+  const u64 generation = b.generation;
+  if (++b.arrived == b.expected) {
+    b.arrived = 0;
+    ++b.generation;
+    return;
+  }
+  if (wait) {
+    wait_until([&b, generation] { return b.generation != generation; },
+               "named barrier " + std::to_string(id) + " (" + std::to_string(count) + " threads)");
+  } else {
+    maybe_yield();
+  }
+}
+}  // namespace kjit_sm90_emulation
+
+static inline void __syncthreads() {
+  kjit_sm90_emulation::named_barrier_op(0, int(blockDim.x), true);
+}
+
+// --- the guarded primitives of templates/common and templates/gdn_prefill --------------------
+
+namespace kjit {
+
+namespace named_barrier {
+template <int kThreads>
+static inline void sync(int id) {
+  kjit_sm90_emulation::named_barrier_op(id, kThreads, true);
+}
+template <int kId, int kThreads>
+static inline void sync() {
+  kjit_sm90_emulation::named_barrier_op(kId, kThreads, true);
+}
+template <int kId>
+static inline void sync_count(u32 threads) {
+  kjit_sm90_emulation::named_barrier_op(kId, int(threads), true);
+}
+template <int kThreads>
+static inline void arrive(int id) {
+  kjit_sm90_emulation::named_barrier_op(id, kThreads, false);
+}
+}  // namespace named_barrier
+
+namespace grid_dependency {
+static inline void allow_dependent_launch() {}
+static inline void wait_for_previous_grid() {}
+}  // namespace grid_dependency
+
+namespace gdn_prefill_detail {
+/// ex2.approx.ftz: 2^x, results below 2^-126 flushed to zero.
+static inline float ex2(float x) {
+  const float y = std::exp2(x);
+  return std::fabs(y) < 1.17549435e-38f ? 0.f : y;
+}
+}  // namespace gdn_prefill_detail
+
+namespace cp_async {
+static inline void copy16(void* dst, const void* src, bool valid) {
+  namespace emu = kjit_sm90_emulation;
+  (void)__cvta_generic_to_shared(dst);
+  std::memset(dst, 0xFF, 16);  // poison until it lands
+  emu::block->current->open_copies.push_back({dst, src, valid});
+  emu::maybe_yield();
+}
+static inline void copy16(void* dst, const void* src) { copy16(dst, src, true); }
+static inline void commit() {
+  auto& f = *kjit_sm90_emulation::block->current;
+  f.copy_groups.push_back(std::move(f.open_copies));
+  f.open_copies.clear();
+}
+template <int kPending>
+static inline void wait() {
+  auto& f = *kjit_sm90_emulation::block->current;
+  while (f.copy_groups.size() > std::size_t(kPending)) {
+    kjit_sm90_emulation::land(f.copy_groups.front());
+    f.copy_groups.erase(f.copy_groups.begin());
+  }
+  kjit_sm90_emulation::maybe_yield();
+}
+}  // namespace cp_async
+
+namespace mbarrier {
+static inline void init(u64* bar, u32 count) {
+  namespace emu = kjit_sm90_emulation;
+  (void)__cvta_generic_to_shared(bar);
+  emu::MBarrier& m = emu::block->mbarriers[bar];
+  m = emu::MBarrier{true, int(count), int(count), 0, 0};
+}
+static inline void fence_init() {}
+static inline void arrive(u64* bar) {
+  kjit_sm90_emulation::mbarrier_arrive(bar, 1, 0);
+  kjit_sm90_emulation::maybe_yield();
+}
+static inline void arrive_expect_tx(u64* bar, u32 bytes) {
+  kjit_sm90_emulation::mbarrier_arrive(bar, 1, bytes);
+  kjit_sm90_emulation::maybe_yield();
+}
+/// The arrival once every cp.async this thread issued so far has landed: both happen at a
+/// random later step of the scheduler.
+static inline void cp_async_arrive_noinc(u64* bar) {
+  namespace emu = kjit_sm90_emulation;
+  (void)emu::mbarrier_of(bar, "cp.async arrive");
+  emu::Fiber& f = *emu::block->current;
+  emu::AsyncArrival event{{}, bar};
+  for (auto& group : f.copy_groups) {
+    event.copies.insert(event.copies.end(), group.begin(), group.end());
+  }
+  event.copies.insert(event.copies.end(), f.open_copies.begin(), f.open_copies.end());
+  f.copy_groups.clear();
+  f.open_copies.clear();
+  emu::block->in_flight.push_back(std::move(event));
+  emu::maybe_yield();
+}
+static inline void wait(u64* bar, u32 parity) {
+  namespace emu = kjit_sm90_emulation;
+  emu::MBarrier& m = emu::mbarrier_of(bar, "wait");
+  emu::wait_until([&m, parity] { return (m.phase & 1u) != (parity & 1u); },
+                  "mbarrier at shared byte " + std::to_string(__cvta_generic_to_shared(bar)) +
+                      ", parity " + std::to_string(parity));
+  emu::maybe_yield();
+}
+static inline u64 evict_first_policy() { return 0; }
+static inline void bulk_load(void* dst, const void* src, u32 bytes, u64* bar, u64) {
+  namespace emu = kjit_sm90_emulation;
+  emu::MBarrier& m = emu::mbarrier_of(bar, "bulk copy");
+  (void)m;
+  std::memcpy(dst, src, bytes);
+  emu::mbarrier_arrive(bar, 0, -static_cast<long long>(bytes));
+}
+}  // namespace mbarrier
+
+namespace mma {
+static inline u32 transpose8x8(u32 x) {
+  namespace emu = kjit_sm90_emulation;
+  const auto* all = emu::gather_warp(&x, 4, "movmatrix");
+  const unsigned lane = emu::tid() % 32, r = lane / 4, c0 = 2 * (lane % 4);
+  // Element (row, col) of the input: half col % 2 of lane 4 row + col / 2.
+  const auto at = [&](unsigned row, unsigned col) -> u32 {
+    const u32 w = emu::lane_value<u32>(all, 4 * row + col / 2);
+    return (col % 2) ? w >> 16 : w & 0xffffu;
+  };
+  return at(c0, r) | (at(c0 + 1, r) << 16);
+}
+
+/// Element (r, k) of the 16 x 16 bf16 A and (k, n) of the 16 x 8 B of an m16n8k16 over the
+/// gathered (a[4], b0, b1) of the 32 lanes.
+static inline void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  namespace emu = kjit_sm90_emulation;
+  const u32 mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
+  const auto* all = emu::gather_warp(mine, sizeof(mine), "mma.sync");
+  u32 frag[32][4];
+  for (unsigned l = 0; l < 32; ++l) std::memcpy(frag[l], all[l].data(), 16);
+  const unsigned lane = emu::tid() % 32, g = lane / 4, t4 = lane % 4;
+  for (int e = 0; e < 4; ++e) {
+    const int r = int(g) + (e >= 2 ? 8 : 0), n = int(2 * t4) + (e & 1);
+    float sum = 0.f;
+    for (int k = 0; k < 16; ++k) {
+      u32 bw[2];
+      std::memcpy(bw, all[4 * n + (k % 8) / 2].data() + 16, 8);
+      const u32 w = bw[k >= 8 ? 1 : 0];
+      const float b =
+          emu::bf16_bits_to_float(static_cast<unsigned short>((k % 2) ? w >> 16 : w & 0xffffu));
+      sum += emu::a_fragment(frag, r, k) * b;
+    }
+    d[e] += sum;
+  }
+}
+
+/// m16n8k8 with tf32 operands (the low 13 bits of each operand ignored), f32 accumulate.
+static inline void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  namespace emu = kjit_sm90_emulation;
+  const u32 mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
+  const auto* all = emu::gather_warp(mine, sizeof(mine), "mma.sync tf32");
+  const unsigned lane = emu::tid() % 32, g = lane / 4, t4 = lane % 4;
+  const auto word = [&](unsigned l, int reg) {
+    u32 w[6];
+    std::memcpy(w, all[l].data(), sizeof(w));
+    return __uint_as_float(w[reg] & 0xffffe000u);
+  };
+  for (int e = 0; e < 4; ++e) {
+    const int r = int(g) + (e >= 2 ? 8 : 0), n = int(2 * t4) + (e & 1);
+    float sum = 0.f;
+    for (int k = 0; k < 8; ++k) {
+      const float av =
+          word(4 * unsigned(r % 8) + unsigned(k % 4), (r >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0));
+      const float bv = word(4 * unsigned(n) + unsigned(k % 4), 4 + (k >= 4 ? 1 : 0));
+      sum += av * bv;
+    }
+    d[e] += sum;
+  }
+}
+
+/// ldmatrix .x4 (trans: each 8 x 8 matrix transposed): lanes 8 i .. 8 i + 7 give the row
+/// addresses of matrix i; lane l receives matrix i's row l / 4, columns 2 (l % 4) and + 1.
+static inline void ldmatrix_x4_impl(u32 (&r)[4], u32 addr, bool trans) {
+  namespace emu = kjit_sm90_emulation;
+  const auto* all = emu::gather_warp(&addr, 4, "ldmatrix");
+  const unsigned lane = emu::tid() % 32, row = lane / 4, c0 = 2 * (lane % 4);
+  for (unsigned i = 0; i < 4; ++i) {
+    const auto at = [&](unsigned rr, unsigned cc) -> u32 {
+      unsigned short bits;
+      std::memcpy(&bits, emu::shared_at(emu::lane_value<u32>(all, 8 * i + rr) + 2 * cc, 2), 2);
+      return bits;
+    };
+    r[i] =
+        trans ? (at(c0, row) | (at(c0 + 1, row) << 16)) : (at(row, c0) | (at(row, c0 + 1) << 16));
+  }
+}
+static inline void ldmatrix_x4(u32 (&r)[4], u32 addr) { ldmatrix_x4_impl(r, addr, false); }
+static inline void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) { ldmatrix_x4_impl(r, addr, true); }
+}  // namespace mma
+
+namespace wgmma {
+static inline void fence() { kjit_sm90_emulation::maybe_yield(); }
+static inline void fence_shared_writes() { kjit_sm90_emulation::maybe_yield(); }
+static inline void commit() {
+  auto& f = *kjit_sm90_emulation::block->current;
+  f.product_groups.push_back(std::move(f.open_products));
+  f.open_products.clear();
+  kjit_sm90_emulation::maybe_yield();
+}
+/// Retires every committed group but the newest kPending: the products read their shared
+/// operands now and add into the accumulators.
+template <int kPending>
+static inline void wait() {
+  auto& f = *kjit_sm90_emulation::block->current;
+  while (f.product_groups.size() > std::size_t(kPending)) {
+    for (const auto& p : f.product_groups.front()) kjit_sm90_emulation::retire(p);
+    f.product_groups.erase(f.product_groups.begin());
+  }
+  kjit_sm90_emulation::maybe_yield();
+}
+template <int N>
+static inline void hold_registers(float (&)[N][4]) {}
+
+namespace emulated {
+template <int kN>
+static inline void issue(float (&d)[kN / 8][4], const u32* a_regs, u64 a_desc, u64 b, int trans_b) {
+  namespace emu = kjit_sm90_emulation;
+  emu::Product p{};
+  p.d = &d[0][0];
+  p.n = kN;
+  p.a_shared = a_regs == nullptr;
+  p.a_desc = a_desc;
+  p.b_desc = b;
+  p.trans_b = trans_b;
+  if (a_regs != nullptr) {
+    const auto* all = emu::gather_warp(a_regs, 16, "wgmma A fragments");
+    for (unsigned l = 0; l < 32; ++l) std::memcpy(p.a_regs[l], all[l].data(), 16);
+  }
+  emu::block->current->open_products.push_back(p);
+  emu::maybe_yield();
+}
+}  // namespace emulated
+
+template <int kTransB>
+static inline void mma_m64n64k16(float (&d)[8][4], const u32 (&a)[4], u64 b) {
+  emulated::issue<64>(d, a, 0, b, kTransB);
+}
+template <int kTransB>
+static inline void mma_m64n64k16_ss(float (&d)[8][4], u64 a, u64 b) {
+  emulated::issue<64>(d, nullptr, a, b, kTransB);
+}
+template <int kTransB>
+static inline void mma_m64n32k16_ss(float (&d)[4][4], u64 a, u64 b) {
+  emulated::issue<32>(d, nullptr, a, b, kTransB);
+}
+template <int kTransB>
+static inline void mma_m64n128k16(float (&d)[16][4], const u32 (&a)[4], u64 b) {
+  emulated::issue<128>(d, a, 0, b, kTransB);
+}
+template <int kRegisters>
+static inline void release_registers() {}
+template <int kRegisters>
+static inline void claim_registers() {}
+}  // namespace wgmma
+
+}  // namespace kjit

@@ -1,0 +1,237 @@
+// SPDX-License-Identifier: Apache-2.0
+// The warp-specialized gdn_prefill kernel (templates/gdn_prefill/ws.cuh, sm_90a) run on the CPU
+// by tests/common/sm90_emulation.hpp: its three warpgroups as 384 fibers in random
+// interleavings, cp.async copies and their mbarrier arrivals landing late, wgmma reading its
+// shared operands only when retired. Outputs and pool against the float64 reference; a
+// deadlock, a barrier arrival with another thread count, an arrival on an uninitialized
+// mbarrier or a shared access out of bounds fails the case with what was seen. Parameters and
+// launch shape come from the op's own plan (forced "chunked_ws" on compute capability 9.0) and
+// Family::params, whose spec must be the instantiated kernel. This is the only coverage the ws
+// kernel's synchronization gets where no H200 is at hand (CI); the GPU suite runs the same
+// kernel on the hardware with compute-sanitizer.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/host_data.hpp"
+#include "kjit/device.hpp"
+#include "kjit/ops/gdn_prefill.hpp"
+#include "kjit/types.hpp"
+#include "ops/gdn_prefill/family.hpp"
+#include "ops/gdn_prefill_reference.hpp"
+#include "support/numeric.hpp"
+// (keep this order: the emulation header defines __device__ & co. for the template)
+#include "common/sm90_emulation.hpp"
+// (the host compiler does not know #pragma unroll: tests/CMakeLists.txt silences that here)
+#include "templates/gdn_prefill/ws.cuh"
+
+namespace kjit {
+namespace gdn_prefill_detail {
+// The kernel's `extern __shared__ unsigned char smem[]`: the emulated block's shared memory
+// (blocks run one after another), the largest an sm_90 block may have. (The template's
+// parameters called smem shadow it: tests/CMakeLists.txt silences that here.)
+alignas(1024) unsigned char smem[227 * 1024];
+}  // namespace gdn_prefill_detail
+
+namespace {
+
+using test::Bytes;
+using test::compare;
+using test::Diff;
+using test::random_bytes;
+
+struct Case {
+  std::vector<std::int64_t> lengths;
+  std::int64_t heads = 1, value_heads = 2;
+  DType state = DType::f32, out = DType::bf16;
+  bool precomputed = false;
+  /// > 0: checkpoints every this many tokens (rows against the reference's).
+  std::int64_t ckpt_every = 0;
+  /// Interleavings to run (each a seed of the scheduler), every one checked.
+  int schedules = 4;
+};
+
+template <typename Kernel>
+void run(const Case& c, const std::string& expected_spec, Kernel kernel) {
+  CAPTURE(expected_spec);
+  test::Rng rng(test::fresh_seed());
+  const std::int64_t n = static_cast<std::int64_t>(c.lengths.size());
+  const std::int64_t h = c.heads, hv = c.value_heads, kd = 128, vd = 128;
+  std::vector<std::int64_t> cu{0};
+  for (std::int64_t len : c.lengths) cu.push_back(cu.back() + len);
+  const std::int64_t t = cu.back();
+  const std::int64_t slots = n + 2;
+  Bytes cu_host(static_cast<std::size_t>(n + 1) * 4), idx_host(static_cast<std::size_t>(n) * 4),
+      init_host(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i <= n; ++i) {
+    support::store_from_double(cu_host.data(), DType::i32, i, static_cast<double>(cu[i]));
+  }
+  // Sequence 2 is padding (-1), sequence 1 starts from zeros; the others take slots from the
+  // top, so slot 0 is named by no sequence and must come back bit-identical.
+  for (std::int64_t i = 0; i < n; ++i) {
+    support::store_from_double(idx_host.data(), DType::i32, i,
+                               i == 2 ? -1.0 : double(slots - 1 - i));
+    init_host[static_cast<std::size_t>(i)] = i == 1 ? 0 : 1;
+  }
+  const Bytes q = random_bytes(rng, DType::bf16, t * h * kd, 1.0);
+  const Bytes k = random_bytes(rng, DType::bf16, t * h * kd, 1.0);
+  const Bytes v = random_bytes(rng, DType::bf16, t * hv * vd, 1.0);
+  Bytes ga, gb, a_log = random_bytes(rng, DType::f32, hv, 0.5, -1.0),
+                dt_bias = random_bytes(rng, DType::f32, hv, 0.5);
+  if (c.precomputed) {
+    ga.resize(static_cast<std::size_t>(t * hv) * 4);
+    gb.resize(ga.size());
+    std::uniform_real_distribution<double> unit(0.0, 1.0);
+    for (std::int64_t i = 0; i < t * hv; ++i) {
+      support::store_from_double(ga.data(), DType::f32, i, -0.2 * unit(rng));
+      support::store_from_double(gb.data(), DType::f32, i, unit(rng));
+    }
+  } else {
+    ga = random_bytes(rng, DType::bf16, t * hv, 1.0);
+    gb = random_bytes(rng, DType::bf16, t * hv, 1.0);
+  }
+  const Bytes pool = random_bytes(rng, c.state, slots * hv * vd * kd, 0.3);
+
+  const bool ckpt = c.ckpt_every > 0;
+  const std::vector<std::int64_t> starts =
+      ckpt ? gdn_prefill_checkpoint_starts(cu, c.ckpt_every) : std::vector<std::int64_t>{0};
+  const std::int64_t ckpt_rows = ckpt ? starts.back() : 0;
+  const std::int64_t state_elems = hv * vd * kd;
+  Bytes starts_host(static_cast<std::size_t>(n + 1) * 8);
+  for (std::int64_t i = 0; i <= n; ++i) {
+    support::store_from_double(starts_host.data(), DType::i64, i,
+                               ckpt ? static_cast<double>(starts[static_cast<std::size_t>(i)]) : 0);
+  }
+  const auto states_view = [&](void* data, std::int64_t rows) {
+    return TensorView::strided(data, c.state, {rows, hv, vd, kd}, {state_elems, vd * kd, kd, 1});
+  };
+
+  // The reference on copies of the inputs.
+  Bytes ref_out(static_cast<std::size_t>(t * hv * vd) * size_of(c.out), 0), ref_pool = pool;
+  Bytes ref_ckpt(static_cast<std::size_t>(ckpt_rows * state_elems) * size_of(c.state), 0xFF);
+  Bytes hq = q, hk = k, hvv = v, hga = ga, hgb = gb, hal = a_log, hdt = dt_bias;
+  const auto gates_of = [&](void* a, void* b, void* al, void* dt) {
+    const DType gd = c.precomputed ? DType::f32 : DType::bf16;
+    const TensorView va = TensorView::contiguous(a, gd, {t, hv});
+    const TensorView vb = TensorView::contiguous(b, gd, {t, hv});
+    return c.precomputed ? GdnGates::precomputed(va, vb)
+                         : GdnGates::raw(va, vb, TensorView::contiguous(al, DType::f32, {hv}),
+                                         TensorView::contiguous(dt, DType::f32, {hv}));
+  };
+  {
+    GdnPrefillOptions ref_options;
+    if (ckpt) {
+      ref_options.checkpoint_every_n_tokens = c.ckpt_every;
+      ref_options.state_checkpoints = states_view(ref_ckpt.data(), ckpt_rows);
+      ref_options.checkpoint_cu_starts =
+          TensorView::contiguous(starts_host.data(), DType::i64, {n + 1});
+    }
+    ops::gdn_prefill_reference(TensorView::contiguous(hq.data(), DType::bf16, {t, h, kd}),
+                               TensorView::contiguous(hk.data(), DType::bf16, {t, h, kd}),
+                               TensorView::contiguous(hvv.data(), DType::bf16, {t, hv, vd}),
+                               gates_of(hga.data(), hgb.data(), hal.data(), hdt.data()),
+                               TensorView::contiguous(cu_host.data(), DType::i32, {n + 1}),
+                               states_view(ref_pool.data(), slots),
+                               TensorView::contiguous(idx_host.data(), DType::i32, {n}),
+                               TensorView::contiguous(init_host.data(), DType::u8, {n}),
+                               TensorView::contiguous(ref_out.data(), c.out, {t, hv, vd}),
+                               ref_options);
+  }
+
+  for (int schedule = 0; schedule < c.schedules; ++schedule) {
+    CAPTURE(schedule);
+    Bytes got_pool = pool, got_out(ref_out.size(), 0xFF), got_ckpt(ref_ckpt.size(), 0xFF);
+    Bytes kq = q, kk = k, kv = v, kga = ga, kgb = gb, kal = a_log, kdt = dt_bias;
+    const TensorView vq = TensorView::contiguous(kq.data(), DType::bf16, {t, h, kd});
+    const TensorView vk = TensorView::contiguous(kk.data(), DType::bf16, {t, h, kd});
+    const TensorView vv = TensorView::contiguous(kv.data(), DType::bf16, {t, hv, vd});
+    const GdnGates gates = gates_of(kga.data(), kgb.data(), kal.data(), kdt.data());
+    const TensorView vcu = TensorView::contiguous(cu_host.data(), DType::i32, {n + 1});
+    const TensorView vpool = states_view(got_pool.data(), slots);
+    const TensorView vidx = TensorView::contiguous(idx_host.data(), DType::i32, {n});
+    const TensorView vinit = TensorView::contiguous(init_host.data(), DType::u8, {n});
+    const TensorView vout = TensorView::contiguous(got_out.data(), c.out, {t, hv, vd});
+    GdnPrefillOptions options;
+    options.force_mode = "chunked_ws";
+    if (ckpt) {
+      options.checkpoint_every_n_tokens = c.ckpt_every;
+      options.state_checkpoints = states_view(got_ckpt.data(), ckpt_rows);
+      options.checkpoint_cu_starts =
+          TensorView::contiguous(starts_host.data(), DType::i64, {n + 1});
+    }
+    const ops::prefill::Args args{&vq,    &vk,   &vv,    &gates, &vcu,
+                                  &vpool, &vidx, &vinit, &vout,  &options};
+    const ops::prefill::Problem problem = ops::prefill::Family::check(args);
+    const auto planned = ops::prefill::Family::plan(problem, DeviceLimits::for_arch(Arch{9, 0}));
+    REQUIRE(planned.plan.launches.size() == 1);
+    const PlannedLaunch& launch = planned.plan.launches.back();
+    REQUIRE(launch.spec.str() == expected_spec);
+    REQUIRE(launch.shape.dynamic_smem <= sizeof(gdn_prefill_detail::smem));
+    const GdnPrefillParams params =
+        ops::prefill::Family::params(args, problem, planned.choice, nullptr);
+
+    const auto report = kjit_sm90_emulation::launch(
+        kernel, EmulatedDim3{launch.shape.grid.x, launch.shape.grid.y, launch.shape.grid.z},
+        launch.shape.block.x, gdn_prefill_detail::smem, launch.shape.dynamic_smem, params, rng());
+    MESSAGE(fmt::format("{} blocks of {} threads: {} fiber switches, {} late landings",
+                        launch.shape.grid.x, launch.shape.block.x, report.switches,
+                        report.landings_late));
+    REQUIRE_MESSAGE(report.ok, report.failure);
+
+    const Diff eo = compare(got_out, ref_out, c.out);
+    MESSAGE("out: rel " << eo.rel << ", max abs " << eo.max_abs);
+    CHECK(eo.non_finite == 0);
+    CHECK(eo.rel <= 1e-2);
+    const Diff es = compare(got_pool, ref_pool, c.state);
+    MESSAGE("pool: rel " << es.rel << ", max abs " << es.max_abs);
+    CHECK(es.non_finite == 0);
+    CHECK(es.rel <= 1e-2);
+    // Slot 0 (no sequence's) and the padding sequence's untouched.
+    const std::size_t slot_bytes = static_cast<std::size_t>(state_elems) * size_of(c.state);
+    CHECK(std::equal(got_pool.begin(), got_pool.begin() + static_cast<std::ptrdiff_t>(slot_bytes),
+                     pool.begin()));
+    if (ckpt) {
+      const Diff ec = compare(got_ckpt, ref_ckpt, c.state);
+      MESSAGE("checkpoints: " << ckpt_rows << " rows, rel " << ec.rel);
+      CHECK(ec.non_finite == 0);
+      CHECK(ec.rel <= 1e-2);
+    }
+  }
+}
+
+TEST_CASE("gdn_prefill ws emulated: lengths around the chunk and the stage ring, raw gates") {
+  Case c;
+  // 0 and 1 token; 65 and 130 end one row into a chunk; 200 runs four chunks through the three
+  // stages and the two T' / P^T slots. Sequence 2 (1 token) is padding.
+  c.lengths = {65, 0, 1, 200, 130};
+  run(c,
+      "gdn_prefill_ws:qkv=bf16,gate=bf16,param=f32,state=f32,out=bf16,cu=i32,index=i32,k=128,"
+      "v=128,gated=0,l2norm=1,ckpt=0@sm_90a",
+      &gdn_prefill_ws_kernel<__nv_bfloat16, __nv_bfloat16, float, float, __nv_bfloat16, int, int,
+                             128, 128, false, true, false>);
+}
+
+TEST_CASE("gdn_prefill ws emulated: checkpoints every 64 tokens, precomputed gates, bf16 pool") {
+  Case c;
+  c.lengths = {64, 1, 129, 190};
+  c.heads = 1;
+  c.value_heads = 1;
+  c.state = DType::bf16;
+  c.out = DType::f32;
+  c.precomputed = true;
+  c.ckpt_every = 64;
+  run(c,
+      "gdn_prefill_ws:qkv=bf16,gate=f32,param=f32,state=bf16,out=f32,cu=i32,index=i32,k=128,"
+      "v=128,gated=1,l2norm=1,ckpt=1@sm_90a",
+      &gdn_prefill_ws_kernel<__nv_bfloat16, float, float, __nv_bfloat16, float, int, int, 128, 128,
+                             true, true, true>);
+}
+
+}  // namespace
+}  // namespace kjit
