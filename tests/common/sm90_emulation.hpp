@@ -2,7 +2,8 @@
 // A CPU emulation of one sm_90a thread block, enough to run the warp-specialized gdn_prefill
 // kernel (templates/gdn_prefill/ws.cuh) as host C++ where no GPU exists, with its
 // synchronization taken seriously:
-//   - every thread of the block is a fiber (ucontext) on one OS thread; a fiber runs until it
+//   - every thread of the block is a fiber on one OS thread (a stack of its own and a context
+//     switch of six callee-saved registers on x86-64, ucontext elsewhere); a fiber runs until it
 //     must wait (a barrier, an mbarrier phase, a warp-collective operation) or until the
 //     scheduler preempts it at a primitive; the next fiber is drawn at random from a seeded
 //     generator, so each seed is another legal interleaving, reproducibly;
@@ -25,7 +26,9 @@
 // __CUDA_ARCH_FEAT_SM90_ALL for that unit; its functions have internal linkage).
 #pragma once
 
+#if !defined(__x86_64__)
 #include <ucontext.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -37,6 +40,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -92,10 +96,79 @@ static inline T __ldg(const T* p) {
 static inline int __clz(unsigned x) { return x == 0 ? 32 : __builtin_clz(x); }
 static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 
+#if defined(__x86_64__)
+// The context switch: saves the System V callee-saved registers on the current stack, stores its
+// stack pointer through the first argument, loads the second and restores from there. glibc's
+// swapcontext also switches the signal mask (two system calls each time), and ASan's interceptor
+// of it clears the shadow of the whole target stack each time: 46 of the 86 s this test took
+// under ASan. (A symbol of its own: include this header in one translation unit.)
+extern "C" void kjit_sm90_emulation_switch(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .p2align 4
+  .type kjit_sm90_emulation_switch, @function
+kjit_sm90_emulation_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size kjit_sm90_emulation_switch, .-kjit_sm90_emulation_switch
+)");
+#endif
+
 namespace kjit_sm90_emulation {
 
 using kjit::u32;
 using kjit::u64;
+
+/// A suspended execution context: a saved stack pointer (x86-64) or a ucontext.
+struct Context {
+#if defined(__x86_64__)
+  void* sp = nullptr;
+#else
+  ucontext_t uc{};
+#endif
+};
+
+/// Saves the running context into `from` and resumes `to`.
+static void switch_context(Context& from, Context& to) {
+#if defined(__x86_64__)
+  kjit_sm90_emulation_switch(&from.sp, to.sp);
+#else
+  swapcontext(&from.uc, &to.uc);
+#endif
+}
+
+/// Prepares `c` to run `entry` (which never returns) on `stack` of `bytes`.
+static void make_context(Context& c, char* stack, std::size_t bytes, void (*entry)()) {
+#if defined(__x86_64__)
+  // The first switch pops six zero registers and returns into entry with the stack as after a
+  // call (16-byte aligned plus the return address slot, here a null one).
+  auto top = (reinterpret_cast<std::uintptr_t>(stack) + bytes) & ~std::uintptr_t(15);
+  auto* slots = reinterpret_cast<void**>(top) - 8;
+  for (int i = 0; i < 6; ++i) slots[i] = nullptr;
+  slots[6] = reinterpret_cast<void*>(entry);
+  slots[7] = nullptr;
+  c.sp = slots;
+#else
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+#endif
+}
 
 /// One 16-byte cp.async copy; `valid` false writes zeros.
 struct Copy {
@@ -123,12 +196,17 @@ struct AsyncArrival {
 };
 
 struct Fiber {
-  ucontext_t context{};
+  Context context;
   std::unique_ptr<char[]> stack;
   unsigned tid = 0;
   bool started = false, done = false;
-  std::function<bool()> ready;  // set while waiting: the condition to run again
-  std::string waiting_for;
+  // While blocked: the condition to run again, checked when `wait_key` is notified, and what it
+  // waits for (deadlock reports).
+  bool blocked = false;
+  std::function<bool()> ready;
+  const void* wait_key = nullptr;
+  const char* wait_kind = "";
+  long long wait_detail = 0;
   // cp.async: copies of the open group and of the committed groups, oldest first.
   std::vector<Copy> open_copies;
   std::vector<std::vector<Copy>> copy_groups;
@@ -167,7 +245,13 @@ struct Block {
   unsigned char* smem = nullptr;
   std::size_t smem_bytes = 0;
   std::vector<Fiber> fibers;
-  ucontext_t scheduler{};
+  // The fibers neither done nor blocked (by tid), and where each sits in it (-1: not there).
+  std::vector<unsigned> runnable;
+  std::vector<int> runnable_at;
+  // The blocked fibers by the object they wait on (a rendezvous, a named barrier, an mbarrier):
+  // only a change of that object can make them ready, so only its notify checks them.
+  std::unordered_map<const void*, std::vector<unsigned>> waiters;
+  Context scheduler;
   Fiber* current = nullptr;
   std::mt19937_64 rng;
   std::vector<Rendezvous> warps;
@@ -201,21 +285,61 @@ static void to_scheduler() {
   __sanitizer_start_switch_fiber(f->done ? nullptr : &f->fake_stack, block->scheduler_stack_bottom,
                                  block->scheduler_stack_size);
 #endif
-  swapcontext(&f->context, &block->scheduler);
+  switch_context(f->context, block->scheduler);
 #if defined(KJIT_EMU_ASAN)
   __sanitizer_finish_switch_fiber(f->fake_stack, nullptr, nullptr);
 #endif
   threadIdx.x = f->tid;
 }
 
-/// Waits (as the running fiber) until `condition` holds; `what` names it for deadlock reports.
-static void wait_until(std::function<bool()> condition, std::string what) {
+static void make_runnable(unsigned t) {
+  block->runnable_at[t] = int(block->runnable.size());
+  block->runnable.push_back(t);
+}
+static void remove_runnable(unsigned t) {
+  const int at = block->runnable_at[t];
+  if (at < 0) return;
+  const unsigned last = block->runnable.back();
+  block->runnable[std::size_t(at)] = last;
+  block->runnable_at[last] = at;
+  block->runnable.pop_back();
+  block->runnable_at[t] = -1;
+}
+
+/// Waits (as the running fiber) until `condition` holds, which only a change of the object at
+/// `key` can bring about (its owner calls notify(key) after each); `kind` and `detail` name it
+/// for deadlock reports.
+static void wait_until(const void* key, std::function<bool()> condition, const char* kind,
+                       long long detail) {
   if (condition()) return;
   Fiber* f = block->current;
   f->ready = std::move(condition);
-  f->waiting_for = std::move(what);
+  f->blocked = true;
+  f->wait_key = key;
+  f->wait_kind = kind;
+  f->wait_detail = detail;
+  remove_runnable(f->tid);
+  block->waiters[key].push_back(f->tid);
   to_scheduler();
   f->ready = nullptr;
+}
+
+/// Makes runnable the fibers waiting on `key` whose condition now holds.
+static void notify(const void* key) {
+  const auto it = block->waiters.find(key);
+  if (it == block->waiters.end()) return;
+  std::vector<unsigned>& list = it->second;
+  std::size_t kept = 0;
+  for (unsigned t : list) {
+    Fiber& f = block->fibers[t];
+    if (f.ready()) {
+      f.blocked = false;
+      make_runnable(t);
+    } else {
+      list[kept++] = t;
+    }
+  }
+  list.resize(kept);
 }
 
 /// A preemption point: the scheduler may run another fiber here (one time in three).
@@ -229,6 +353,7 @@ static void maybe_yield() {
     block->failure = "thread " + std::to_string(block->current->tid) + ": " + what;
   }
   block->current->done = true;
+  remove_runnable(block->current->tid);
   to_scheduler();
   std::abort();  // never resumed
 }
@@ -255,9 +380,10 @@ static const std::array<unsigned char, 32>* gather_warp(const void* mine, std::s
     r.snapshot[generation & 1] = r.in;
     r.arrived = 0;
     ++r.generation;
+    notify(&r);
   } else {
-    wait_until([&r, generation] { return r.generation != generation; },
-               std::string("the warp's ") + what);
+    wait_until(
+        &r, [&r, generation] { return r.generation != generation; }, what, tid() / 32);
   }
   return r.snapshot[generation & 1].data();
 }
@@ -309,6 +435,7 @@ static void mbarrier_arrive(u64* bar, int count, long long tx_added) {
   if (m.pending == 0 && m.tx == 0) {
     ++m.phase;
     m.pending = m.expected;
+    notify(&m);
   }
 }
 
@@ -321,6 +448,7 @@ static void fiber_entry() {
 #endif
   fiber_body();
   block->current->done = true;
+  remove_runnable(block->current->tid);
   to_scheduler();
 }
 
@@ -345,8 +473,6 @@ static unsigned pick_next(const std::vector<unsigned>& runnable) {
 /// Runs the block's fibers to completion; returns false with block->failure set on a deadlock
 /// or a failed check.
 static bool run_block() {
-  std::vector<unsigned> runnable;
-  runnable.reserve(block->threads);
   for (;;) {
     if (!block->failure.empty()) return false;
     // An asynchronous completion at a random step: one chance in eight per step.
@@ -355,23 +481,18 @@ static bool run_block() {
       ++block->landings_late;
       continue;
     }
-    runnable.clear();
-    bool alive = false;
-    for (Fiber& f : block->fibers) {
-      if (f.done) continue;
-      alive = true;
-      if (!f.ready || f.ready()) runnable.push_back(f.tid);
-    }
-    if (!alive) break;
-    if (runnable.empty()) {
+    if (block->runnable.empty()) {
       if (!block->in_flight.empty()) {
         complete_in_flight(block->rng() % block->in_flight.size());
         continue;
       }
       std::map<std::string, std::vector<unsigned>> waits;
       for (Fiber& f : block->fibers) {
-        if (!f.done) waits[f.waiting_for].push_back(f.tid);
+        if (!f.done) {
+          waits[std::string(f.wait_kind) + " " + std::to_string(f.wait_detail)].push_back(f.tid);
+        }
       }
+      if (waits.empty()) break;  // every thread is done
       std::string report = "deadlock: no thread can run and nothing is in flight;";
       for (const auto& [what, tids] : waits) {
         report += " " + std::to_string(tids.size()) + " thread(s) from " +
@@ -380,7 +501,7 @@ static bool run_block() {
       block->failure = report;
       return false;
     }
-    Fiber& f = block->fibers[pick_next(runnable)];
+    Fiber& f = block->fibers[pick_next(block->runnable)];
     block->current = &f;
     threadIdx.x = f.tid;
     ++block->switches;
@@ -388,11 +509,7 @@ static bool run_block() {
       f.started = true;
       constexpr std::size_t kStack = std::size_t(1) << 19;
       f.stack.reset(new char[kStack]);
-      getcontext(&f.context);
-      f.context.uc_stack.ss_sp = f.stack.get();
-      f.context.uc_stack.ss_size = kStack;
-      f.context.uc_link = &block->scheduler;
-      makecontext(&f.context, fiber_entry, 0);
+      make_context(f.context, f.stack.get(), kStack, fiber_entry);
 #if defined(KJIT_EMU_ASAN)
       __sanitizer_start_switch_fiber(&block->scheduler_fake_stack, f.stack.get(), kStack);
 #endif
@@ -402,7 +519,7 @@ static bool run_block() {
                                      std::size_t(1) << 19);
 #endif
     }
-    swapcontext(&block->scheduler, &f.context);
+    switch_context(block->scheduler, f.context);
 #if defined(KJIT_EMU_ASAN)
     __sanitizer_finish_switch_fiber(block->scheduler_fake_stack, nullptr, nullptr);
 #endif
@@ -448,7 +565,12 @@ LaunchReport launch(void (*kernel)(Params), EmulatedDim3 grid, unsigned threads,
         b.reshuffle = 1000 + b.rng() % 20000;
         b.warp_priority.assign((threads + 31) / 32, 0);
         b.fibers.resize(threads);
-        for (unsigned t = 0; t < threads; ++t) b.fibers[t].tid = t;
+        b.runnable_at.assign(threads, -1);
+        for (unsigned t = 0; t < threads; ++t) {
+          b.fibers[t].tid = t;
+          block = &b;
+          make_runnable(t);
+        }
         b.warps.resize((threads + 31) / 32);
         for (Rendezvous& r : b.warps) {
           r.members = 32;
@@ -475,46 +597,49 @@ LaunchReport launch(void (*kernel)(Params), EmulatedDim3 grid, unsigned threads,
 
 static float bf16_bits_to_float(unsigned short bits) { return __uint_as_float(u32(bits) << 16); }
 
-/// The bf16 at byte address `address` of shared memory, through the 128-byte swizzle when
-/// `swizzled` (16-byte chunk bits 4..6 XOR row bits 7..9 of the address).
-static float shared_bf16(u32 address, bool swizzled) {
-  if (swizzled) address ^= ((address >> 7) & 7u) << 4;
-  unsigned short bits;
-  std::memcpy(&bits, shared_at(address, 2), 2);
-  return bf16_bits_to_float(bits);
-}
+/// A wgmma operand behind a shared-memory matrix descriptor, for an operand whose contiguous
+/// dimension is `col` ("K-major" for A and for B with trans 0: row = M or N, col = K; B with
+/// trans 1, "N-major": row = K, col = N). templates/common/wgmma.cuh documents the layouts this
+/// reads (checked on the H200 by bench/experiments/wgmma_layout_check.cu).
+struct Operand {
+  u32 start, lbo, sbo;
+  bool swizzled, contiguous_is_k;
 
-/// Element (row, col) of a wgmma operand behind descriptor `desc`, for an operand whose
-/// contiguous dimension is `col` ("K-major" for A and for B with trans 0: row = M or N, col =
-/// K; B with trans 1, "N-major": row = K, col = N). templates/common/wgmma.cuh documents the
-/// layouts this reads (checked on the H200 by bench/experiments/wgmma_layout_check.cu).
-static float operand(u64 desc, bool contiguous_is_k, int row, int col) {
-  const u32 start = u32(desc & 0x3fffu) << 4;
-  const u32 lbo = u32((desc >> 16) & 0x3fffu) << 4;
-  const u32 sbo = u32((desc >> 32) & 0x3fffu) << 4;
-  const int layout = int(desc >> 62);
-  if (layout == 0) {
-    // Core matrices of 8 rows x 16 bytes; lbo steps along K, sbo along M/N.
-    if (contiguous_is_k) {  // row = M/N, col = K
-      return shared_bf16(
-          start + u32(col / 8) * lbo + u32(row / 8) * sbo + u32(row % 8) * 16 + u32(col % 8) * 2,
-          false);
+  Operand(u64 desc, bool k_contiguous)
+      : start(u32(desc & 0x3fffu) << 4),
+        lbo(u32((desc >> 16) & 0x3fffu) << 4),
+        sbo(u32((desc >> 32) & 0x3fffu) << 4),
+        swizzled(false),
+        contiguous_is_k(k_contiguous) {
+    const int layout = int(desc >> 62);
+    if (layout != 0 && layout != 1) {
+      fail("wgmma descriptor with a swizzle mode other than none or 128 bytes");
     }
-    // row = K, col = N (N-major)
-    return shared_bf16(
-        start + u32(row / 8) * lbo + u32(col / 8) * sbo + u32(row % 8) * 16 + u32(col % 8) * 2,
-        false);
+    swizzled = layout == 1;
   }
-  if (layout != 1) fail("wgmma descriptor with a swizzle mode other than none or 128 bytes");
-  if (contiguous_is_k) {  // rows of 128 bytes along K; sbo between 8-row groups
-    return shared_bf16(start + u32(row / 8) * sbo + u32(row % 8) * 128 + u32(col) * 2, true);
+
+  /// The byte address of element (row, col).
+  u32 address(int row, int col) const {
+    const u32 r = u32(row), c = u32(col);
+    if (!swizzled) {  // core matrices of 8 rows x 16 bytes; lbo steps along K, sbo along M/N
+      return contiguous_is_k ? start + (c / 8) * lbo + (r / 8) * sbo + (r % 8) * 16 + (c % 8) * 2
+                             : start + (r / 8) * lbo + (c / 8) * sbo + (r % 8) * 16 + (c % 8) * 2;
+    }
+    // Rows of 128 bytes: along K (K-major; sbo between 8-row groups), or along N, 64 columns
+    // each (N-major; lbo between 64-column atoms, sbo between 8-row groups along K); chunk bits
+    // 4..6 of the address XOR its row bits 7..9.
+    const u32 a = contiguous_is_k
+                      ? start + (r / 8) * sbo + (r % 8) * 128 + c * 2
+                      : start + (c / 64) * lbo + (r / 8) * sbo + (r % 8) * 128 + (c % 64) * 2;
+    return a ^ (((a >> 7) & 7u) << 4);
   }
-  // N-major: rows of 128 bytes (64 columns) along N per K row; lbo between 64-column atoms,
-  // sbo between 8-row groups along K.
-  return shared_bf16(
-      start + u32(col / 64) * lbo + u32(row / 8) * sbo + u32(row % 8) * 128 + u32(col % 64) * 2,
-      true);
-}
+
+  float at(int row, int col) const {
+    unsigned short bits;
+    std::memcpy(&bits, shared_at(address(row, col), 2), 2);
+    return bf16_bits_to_float(bits);
+  }
+};
 
 /// Element (r, k) (r 0..15, k 0..15) of a warp's mma.sync / wgmma A fragment held as lanes'
 /// registers a[lane][0..3] (mma.cuh's layout).
@@ -525,23 +650,31 @@ static float a_fragment(const u32 (&a)[32][4], int r, int k) {
   return bf16_bits_to_float(static_cast<unsigned short>((k % 2) ? word >> 16 : word & 0xffffu));
 }
 
-/// Retires product `p` for the running thread: its accumulator elements += A B.
+/// Retires product `p` for the running thread: its accumulator elements += A B (A's two rows
+/// and B's columns of this thread read once each).
 static void retire(const Product& p) {
   const unsigned t = tid();
   const int warp_in_group = int(t / 32) % 4, lane = int(t % 32), g = lane / 4, t4 = lane % 4;
+  float a[2][16];
+  for (int hf = 0; hf < 2; ++hf) {
+    for (int k = 0; k < 16; ++k) {
+      a[hf][k] = p.a_shared ? Operand(p.a_desc, true).at(16 * warp_in_group + g + 8 * hf, k)
+                            : a_fragment(p.a_regs, g + 8 * hf, k);
+    }
+  }
+  const Operand b_tile(p.b_desc, p.trans_b == 0);
   for (int nt = 0; nt < p.n / 8; ++nt) {
-    for (int e = 0; e < 4; ++e) {
-      const int r = g + (e >= 2 ? 8 : 0);
-      const int col = 8 * nt + 2 * t4 + (e & 1);
-      float sum = 0.f;
+    for (int c = 0; c < 2; ++c) {
+      const int col = 8 * nt + 2 * t4 + c;
+      float b[16];
       for (int k = 0; k < 16; ++k) {
-        const float a = p.a_shared ? operand(p.a_desc, true, 16 * warp_in_group + r, k)
-                                   : a_fragment(p.a_regs, r, k);
-        const float b =
-            p.trans_b ? operand(p.b_desc, false, k, col) : operand(p.b_desc, true, col, k);
-        sum += a * b;
+        b[k] = p.trans_b ? b_tile.at(k, col) : b_tile.at(col, k);
       }
-      p.d[nt * 4 + e] += sum;
+      for (int hf = 0; hf < 2; ++hf) {
+        float sum = 0.f;
+        for (int k = 0; k < 16; ++k) sum += a[hf][k] * b[k];
+        p.d[nt * 4 + 2 * hf + c] += sum;
+      }
     }
   }
 }
@@ -610,11 +743,12 @@ static void named_barrier_op(int id, int count, bool wait) {
   if (++b.arrived == b.expected) {
     b.arrived = 0;
     ++b.generation;
+    notify(&b);
     return;
   }
   if (wait) {
-    wait_until([&b, generation] { return b.generation != generation; },
-               "named barrier " + std::to_string(id) + " (" + std::to_string(count) + " threads)");
+    wait_until(
+        &b, [&b, generation] { return b.generation != generation; }, "named barrier", id);
   } else {
     maybe_yield();
   }
@@ -721,9 +855,11 @@ static inline void cp_async_arrive_noinc(u64* bar) {
 static inline void wait(u64* bar, u32 parity) {
   namespace emu = kjit_sm90_emulation;
   emu::MBarrier& m = emu::mbarrier_of(bar, "wait");
-  emu::wait_until([&m, parity] { return (m.phase & 1u) != (parity & 1u); },
-                  "mbarrier at shared byte " + std::to_string(__cvta_generic_to_shared(bar)) +
-                      ", parity " + std::to_string(parity));
+  emu::wait_until(
+      &m, [&m, parity] { return (m.phase & 1u) != (parity & 1u); },
+      parity & 1u ? "the mbarrier's parity-1 phase at shared byte"
+                  : "the mbarrier's parity-0 phase at shared byte",
+      __cvta_generic_to_shared(bar));
   emu::maybe_yield();
 }
 static inline u64 evict_first_policy() { return 0; }
