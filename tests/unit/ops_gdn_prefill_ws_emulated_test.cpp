@@ -32,10 +32,12 @@
 #include "templates/gdn_prefill/ws.cuh"
 
 namespace kjit {
+// The kernels' `extern __shared__ unsigned char smem[]` (the chunk kernel's in namespace kjit,
+// the state and ws kernels' in gdn_prefill_detail): the emulated block's shared memory (blocks
+// run one after another), the largest an sm_90 block may have. (The templates' parameters
+// called smem shadow them: tests/CMakeLists.txt silences that here.)
+alignas(1024) unsigned char smem[227 * 1024];
 namespace gdn_prefill_detail {
-// The kernel's `extern __shared__ unsigned char smem[]`: the emulated block's shared memory
-// (blocks run one after another), the largest an sm_90 block may have. (The template's
-// parameters called smem shadow it: tests/CMakeLists.txt silences that here.)
 alignas(1024) unsigned char smem[227 * 1024];
 }  // namespace gdn_prefill_detail
 
@@ -46,7 +48,26 @@ using test::compare;
 using test::Diff;
 using test::random_bytes;
 
+/// One launch of a plan: the spec it must have and how to emulate the kernel instantiated for it.
+struct Kernel {
+  std::string spec;
+  kjit_sm90_emulation::LaunchReport (*launch)(const PlannedLaunch&, const GdnPrefillParams&,
+                                              std::uint64_t seed);
+};
+
+/// Emulates `kKernel` over the launch shape of `launch`, with `kSmem` as its shared memory.
+template <auto kKernel, unsigned char* kSmem, std::size_t kSmemBytes>
+kjit_sm90_emulation::LaunchReport emulate(const PlannedLaunch& launch,
+                                          const GdnPrefillParams& params, std::uint64_t seed) {
+  REQUIRE(launch.shape.dynamic_smem <= kSmemBytes);
+  return kjit_sm90_emulation::launch(
+      kKernel, EmulatedDim3{launch.shape.grid.x, launch.shape.grid.y, launch.shape.grid.z},
+      launch.shape.block.x, kSmem, launch.shape.dynamic_smem, params, seed);
+}
+
 struct Case {
+  /// options.force_mode.
+  std::string mode = "chunked_ws";
   std::vector<std::int64_t> lengths;
   std::int64_t heads = 1, value_heads = 2;
   DType state = DType::f32, out = DType::bf16;
@@ -57,9 +78,8 @@ struct Case {
   int schedules = 4;
 };
 
-template <typename Kernel>
-void run(const Case& c, const std::string& expected_spec, Kernel kernel) {
-  CAPTURE(expected_spec);
+void run(const Case& c, const std::vector<Kernel>& kernels) {
+  CAPTURE(c.mode);
   test::Rng rng(test::fresh_seed());
   const std::int64_t n = static_cast<std::int64_t>(c.lengths.size());
   const std::int64_t h = c.heads, hv = c.value_heads, kd = 128, vd = 128;
@@ -158,7 +178,7 @@ void run(const Case& c, const std::string& expected_spec, Kernel kernel) {
     const TensorView vinit = TensorView::contiguous(init_host.data(), DType::u8, {n});
     const TensorView vout = TensorView::contiguous(got_out.data(), c.out, {t, hv, vd});
     GdnPrefillOptions options;
-    options.force_mode = "chunked_ws";
+    options.force_mode = c.mode;
     if (ckpt) {
       options.checkpoint_every_n_tokens = c.ckpt_every;
       options.state_checkpoints = states_view(got_ckpt.data(), ckpt_rows);
@@ -169,20 +189,23 @@ void run(const Case& c, const std::string& expected_spec, Kernel kernel) {
                                   &vpool, &vidx, &vinit, &vout,  &options};
     const ops::prefill::Problem problem = ops::prefill::Family::check(args);
     const auto planned = ops::prefill::Family::plan(problem, DeviceLimits::for_arch(Arch{9, 0}));
-    REQUIRE(planned.plan.launches.size() == 1);
-    const PlannedLaunch& launch = planned.plan.launches.back();
-    REQUIRE(launch.spec.str() == expected_spec);
-    REQUIRE(launch.shape.dynamic_smem <= sizeof(gdn_prefill_detail::smem));
+    REQUIRE(planned.plan.launches.size() == kernels.size());
+    // The chunked path's workspace (T', P, scales, ranks), poisoned: every byte the state kernel
+    // reads must have been written by the chunk kernel.
+    Bytes workspace(
+        static_cast<std::size_t>(ops::prefill::Family::workspace_bytes(problem, planned.choice)),
+        0xFF);
     const GdnPrefillParams params =
-        ops::prefill::Family::params(args, problem, planned.choice, nullptr);
-
-    const auto report = kjit_sm90_emulation::launch(
-        kernel, EmulatedDim3{launch.shape.grid.x, launch.shape.grid.y, launch.shape.grid.z},
-        launch.shape.block.x, gdn_prefill_detail::smem, launch.shape.dynamic_smem, params, rng());
-    MESSAGE(fmt::format("{} blocks of {} threads: {} fiber switches, {} late landings",
-                        launch.shape.grid.x, launch.shape.block.x, report.switches,
-                        report.landings_late));
-    REQUIRE_MESSAGE(report.ok, report.failure);
+        ops::prefill::Family::params(args, problem, planned.choice, workspace.data());
+    for (std::size_t i = 0; i < kernels.size(); ++i) {
+      const PlannedLaunch& launch = planned.plan.launches[i];
+      REQUIRE(launch.spec.str() == kernels[i].spec);
+      const auto report = kernels[i].launch(launch, params, rng());
+      MESSAGE(fmt::format("{}: {} blocks of {} threads: {} fiber switches, {} late landings",
+                          launch.spec.str(), launch.shape.grid.x, launch.shape.block.x,
+                          report.switches, report.landings_late));
+      REQUIRE_MESSAGE(report.ok, report.failure);
+    }
 
     const Diff eo = compare(got_out, ref_out, c.out);
     MESSAGE("out: rel " << eo.rel << ", max abs " << eo.max_abs);
@@ -210,11 +233,11 @@ TEST_CASE("gdn_prefill ws emulated: lengths around the chunk and the stage ring,
   // 0 and 1 token; 65 and 130 end one row into a chunk; 200 runs four chunks through the three
   // stages and the two T' / P^T slots. Sequence 2 (1 token) is padding.
   c.lengths = {65, 0, 1, 200, 130};
-  run(c,
-      "gdn_prefill_ws:qkv=bf16,gate=bf16,param=f32,state=f32,out=bf16,cu=i32,index=i32,k=128,"
-      "v=128,gated=0,l2norm=1,ckpt=0@sm_90a",
-      &gdn_prefill_ws_kernel<__nv_bfloat16, __nv_bfloat16, float, float, __nv_bfloat16, int, int,
-                             128, 128, false, true, false>);
+  run(c, {{"gdn_prefill_ws:qkv=bf16,gate=bf16,param=f32,state=f32,out=bf16,cu=i32,index=i32,"
+           "k=128,v=128,gated=0,l2norm=1,ckpt=0@sm_90a",
+           &emulate<&gdn_prefill_ws_kernel<__nv_bfloat16, __nv_bfloat16, float, float,
+                                           __nv_bfloat16, int, int, 128, 128, false, true, false>,
+                    gdn_prefill_detail::smem, sizeof(gdn_prefill_detail::smem)>}});
 }
 
 TEST_CASE("gdn_prefill ws emulated: checkpoints every 64 tokens, precomputed gates, bf16 pool") {
@@ -226,11 +249,28 @@ TEST_CASE("gdn_prefill ws emulated: checkpoints every 64 tokens, precomputed gat
   c.out = DType::f32;
   c.precomputed = true;
   c.ckpt_every = 64;
-  run(c,
-      "gdn_prefill_ws:qkv=bf16,gate=f32,param=f32,state=bf16,out=f32,cu=i32,index=i32,k=128,"
-      "v=128,gated=1,l2norm=1,ckpt=1@sm_90a",
-      &gdn_prefill_ws_kernel<__nv_bfloat16, float, float, __nv_bfloat16, float, int, int, 128, 128,
-                             true, true, true>);
+  run(c, {{"gdn_prefill_ws:qkv=bf16,gate=f32,param=f32,state=bf16,out=f32,cu=i32,index=i32,"
+           "k=128,v=128,gated=1,l2norm=1,ckpt=1@sm_90a",
+           &emulate<&gdn_prefill_ws_kernel<__nv_bfloat16, float, float, __nv_bfloat16, float, int,
+                                           int, 128, 128, true, true, true>,
+                    gdn_prefill_detail::smem, sizeof(gdn_prefill_detail::smem)>}});
+}
+
+// The two kernels H200 runs by default for these shapes (the chunk kernel's wgmma products, then
+// the wgmma state kernel's three stages handed over by mbarriers), through a poisoned workspace.
+TEST_CASE("gdn_prefill chunked emulated: the sm_90a chunk kernel, then the wgmma state kernel") {
+  Case c;
+  c.mode = "chunked_bv128_wgmma";
+  c.lengths = {65, 0, 1, 200, 130};
+  run(c, {{"gdn_prefill_chunk:qkv=bf16,gate=bf16,param=f32,cu=i32,k=128,gated=0,l2norm=1@sm_90a",
+           &emulate<&gdn_prefill_chunk_kernel<__nv_bfloat16, __nv_bfloat16, float, int, 128, false,
+                                              true, false>,
+                    smem, sizeof(smem)>},
+          {"gdn_prefill_state:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=128,v=128,bv=128,"
+           "ckpt=0,stages=3@sm_90a",
+           &emulate<&gdn_prefill_state_kernel<__nv_bfloat16, float, __nv_bfloat16, int, int, 128,
+                                              128, 128, false, kGdnStateVMajor, 3, false>,
+                    gdn_prefill_detail::smem, sizeof(gdn_prefill_detail::smem)>}});
 }
 
 }  // namespace
