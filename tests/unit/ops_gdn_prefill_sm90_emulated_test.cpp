@@ -1,14 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
-// The warp-specialized gdn_prefill kernel (templates/gdn_prefill/ws.cuh, sm_90a) run on the CPU
-// by tests/common/sm90_emulation.hpp: its three warpgroups as 384 fibers in random
-// interleavings, cp.async copies and their mbarrier arrivals landing late, wgmma reading its
-// shared operands only when retired. Outputs and pool against the float64 reference; a
-// deadlock, a barrier arrival with another thread count, an arrival on an uninitialized
-// mbarrier or a shared access out of bounds fails the case with what was seen. Parameters and
-// launch shape come from the op's own plan (forced "chunked_ws" on compute capability 9.0) and
-// Family::params, whose spec must be the instantiated kernel. This is the only coverage the ws
-// kernel's synchronization gets where no H200 is at hand (CI); the GPU suite runs the same
-// kernel on the hardware with compute-sanitizer.
+// gdn_prefill's sm_90a kernels run on the CPU by tests/common/sm90_emulation.hpp: the
+// warp-specialized kernel (templates/gdn_prefill/ws.cuh, its three warpgroups as 384 fibers) and
+// the default chunked path on the H200 (the chunk kernel's wgmma products, then the wgmma state
+// kernel with its stages handed over by mbarriers), in random interleavings, cp.async copies and
+// their mbarrier arrivals landing late, wgmma reading its shared operands only when retired.
+// Outputs, pool and checkpoints against the float64 reference; a deadlock, a barrier arrival
+// with another thread count, an arrival on an uninitialized mbarrier or a shared access out of
+// bounds fails the case with what was seen. Parameters and launch shapes come from the op's own
+// plan (a forced mode on compute capability 9.0) and Family::params, whose specs must be the
+// instantiated kernels. This is the only coverage these kernels' synchronization gets where no
+// H200 is at hand (CI); the GPU suite runs them on the hardware with compute-sanitizer.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
