@@ -31,6 +31,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -51,6 +52,14 @@
 #include <sanitizer/common_interface_defs.h>
 #define KJIT_EMU_ASAN 1
 #endif
+#endif
+
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#define KJIT_EMU_TSAN 1
+// (exported by the TSan runtime, not declared by its header)
+extern "C" void __tsan_ignore_thread_begin();
+extern "C" void __tsan_ignore_thread_end();
 #endif
 
 #include "common/cuda_host_emulation.hpp"
@@ -193,13 +202,31 @@ struct Product {
 struct AsyncArrival {
   std::vector<Copy> copies;
   u64* bar;
+  const void* issuer;  // the issuing thread's synchronization address
 };
 
-struct Fiber {
-  Context context;
+/// What a thread index keeps from one block of a launch to the next: its fiber (stack, saved
+/// context, sanitizer state), which runs the kernel once per block in a loop (fiber_entry), so
+/// that a launch of thousands of blocks (the chunk kernel's grid) creates its fibers once.
+struct Slot {
   std::unique_ptr<char[]> stack;
+  Context context;
+  bool started = false;
+#if defined(KJIT_EMU_ASAN)
+  void* fake_stack = nullptr;
+#endif
+#if defined(KJIT_EMU_TSAN)
+  void* tsan_fiber = nullptr;
+  int ignore_depth = 0;
+#endif
+};
+constexpr std::size_t kStackBytes = std::size_t(1) << 19;
+
+/// One thread of the block being run.
+struct Fiber {
+  Slot* slot = nullptr;
   unsigned tid = 0;
-  bool started = false, done = false;
+  bool done = false;
   // While blocked: the condition to run again, checked when `wait_key` is notified, and what it
   // waits for (deadlock reports).
   bool blocked = false;
@@ -213,9 +240,6 @@ struct Fiber {
   // wgmma: products of the open group and of the committed groups, oldest first.
   std::vector<Product> open_products;
   std::vector<std::vector<Product>> product_groups;
-#if defined(KJIT_EMU_ASAN)
-  void* fake_stack = nullptr;
-#endif
 };
 
 /// The threads of one warp (32) or warpgroup (128) meeting for a collective operation: each
@@ -266,28 +290,92 @@ struct Block {
   std::vector<u32> warp_priority;
   // Statistics (the test prints them: a run that never switched proves nothing).
   u64 switches = 0, landings_late = 0;
+#if defined(KJIT_EMU_TSAN)
+  void* tsan_scheduler = nullptr;
+  int scheduler_ignore_depth = 0;
+#endif
+  // (TSan) The launching thread's writes happen before every fiber's start (released on
+  // start_edge); every fiber's work before the launching thread reads the results (end_edge).
+  char start_edge = 0, end_edge = 0;
 #if defined(KJIT_EMU_ASAN)
   void* scheduler_fake_stack = nullptr;
-  const void* scheduler_stack_bottom = nullptr;
-  std::size_t scheduler_stack_size = 0;
 #endif
 };
 
 static Block* block = nullptr;
 static void (*fiber_body)() = nullptr;
+#if defined(KJIT_EMU_ASAN)
+// The launching thread's stack, which the fibers switch back to.
+static const void* scheduler_stack_bottom = nullptr;
+static std::size_t scheduler_stack_size = 0;
+#endif
+
+// ThreadSanitizer (the tests' TSan tree builds this test): every fiber is a TSan fiber, switched
+// to without synchronization, so that TSan reports the races between the emulated threads'
+// accesses to shared and global memory that no barrier, mbarrier or __syncwarp orders. The
+// emulation's own bookkeeping (its queues, counters, snapshots, threadIdx) is hidden from it
+// (Bookkeeping, around every emulated instruction), except the memory accesses those
+// instructions make for the kernel (KernelAccess: a copy landing, a poisoned destination,
+// ldmatrix's and wgmma's shared operands). Synchronization is annotated where the hardware
+// orders memory: named barriers and __syncthreads, __syncwarp, mbarrier arrive -> wait, a
+// thread's cp.async -> their landing. Shuffles and the warp-collective products order nothing.
+#if defined(KJIT_EMU_TSAN)
+static std::atomic<int*> ignore_depth{nullptr};  // the running context's nesting
+struct Bookkeeping {
+  Bookkeeping() {
+    if ((*ignore_depth.load(std::memory_order_relaxed))++ == 0) __tsan_ignore_thread_begin();
+  }
+  ~Bookkeeping() {
+    if (--(*ignore_depth.load(std::memory_order_relaxed)) == 0) __tsan_ignore_thread_end();
+  }
+  Bookkeeping(const Bookkeeping&) = delete;
+  Bookkeeping& operator=(const Bookkeeping&) = delete;
+};
+struct KernelAccess {
+  int saved;
+  KernelAccess() : saved(*ignore_depth.load(std::memory_order_relaxed)) {
+    if (saved > 0) __tsan_ignore_thread_end();
+    *ignore_depth.load(std::memory_order_relaxed) = 0;
+  }
+  ~KernelAccess() {
+    *ignore_depth.load(std::memory_order_relaxed) = saved;
+    if (saved > 0) __tsan_ignore_thread_begin();
+  }
+  KernelAccess(const KernelAccess&) = delete;
+  KernelAccess& operator=(const KernelAccess&) = delete;
+};
+static void release(const void* sync) { __tsan_release(const_cast<void*>(sync)); }
+static void acquire(const void* sync) { __tsan_acquire(const_cast<void*>(sync)); }
+#else
+struct Bookkeeping {
+  Bookkeeping() {}  // (a user-provided constructor: no unused-variable warning at its uses)
+};
+struct KernelAccess {
+  KernelAccess() {}
+};
+static void release(const void*) {}
+static void acquire(const void*) {}
+#endif
 
 [[noreturn]] static void fail(const std::string& what);
 
 /// Switches from the running fiber back to the scheduler.
 static void to_scheduler() {
   Fiber* f = block->current;
+  Slot& slot = *f->slot;
 #if defined(KJIT_EMU_ASAN)
-  __sanitizer_start_switch_fiber(f->done ? nullptr : &f->fake_stack, block->scheduler_stack_bottom,
-                                 block->scheduler_stack_size);
+  __sanitizer_start_switch_fiber(&slot.fake_stack, scheduler_stack_bottom, scheduler_stack_size);
 #endif
-  switch_context(f->context, block->scheduler);
+  Context& scheduler = block->scheduler;
+#if defined(KJIT_EMU_TSAN)
+  __tsan_switch_to_fiber(block->tsan_scheduler, __tsan_switch_to_fiber_no_sync);
+#endif
+  switch_context(slot.context, scheduler);
 #if defined(KJIT_EMU_ASAN)
-  __sanitizer_finish_switch_fiber(f->fake_stack, nullptr, nullptr);
+  __sanitizer_finish_switch_fiber(slot.fake_stack, nullptr, nullptr);
+#endif
+#if defined(KJIT_EMU_TSAN)
+  ignore_depth.store(&slot.ignore_depth, std::memory_order_relaxed);
 #endif
   threadIdx.x = f->tid;
 }
@@ -354,6 +442,12 @@ static void maybe_yield() {
   }
   block->current->done = true;
   remove_runnable(block->current->tid);
+#if defined(KJIT_EMU_TSAN)
+  // Never resumed: close the ignores the emulated instruction that failed had opened.
+  for (int& depth = *ignore_depth.load(std::memory_order_relaxed); depth > 0; --depth) {
+    __tsan_ignore_thread_end();
+  }
+#endif
   to_scheduler();
   std::abort();  // never resumed
 }
@@ -396,6 +490,7 @@ static T lane_value(const std::array<unsigned char, 32>* all, unsigned lane) {
 }
 
 static void land(const std::vector<Copy>& copies) {
+  const KernelAccess access;
   for (const Copy& c : copies) {
     if (c.valid) {
       std::memcpy(c.dst, c.src, 16);
@@ -411,6 +506,7 @@ static void mbarrier_arrive(u64* bar, int count, long long tx_added);
 static void complete_in_flight(std::size_t i) {
   AsyncArrival event = std::move(block->in_flight[i]);
   block->in_flight.erase(block->in_flight.begin() + static_cast<std::ptrdiff_t>(i));
+  acquire(event.issuer);  // the copies follow what their thread did before it issued them
   land(event.copies);
   if (event.bar != nullptr) mbarrier_arrive(event.bar, 1, 0);
 }
@@ -429,6 +525,7 @@ static MBarrier& mbarrier_of(const u64* bar, const char* op) {
 
 static void mbarrier_arrive(u64* bar, int count, long long tx_added) {
   MBarrier& m = mbarrier_of(bar, "arrive");
+  release(&m);
   m.tx += tx_added;
   m.pending -= count;
   if (m.pending < 0) fail("mbarrier: more arrivals than its phase expects");
@@ -441,15 +538,68 @@ static void mbarrier_arrive(u64* bar, int count, long long tx_added) {
 
 // --- the scheduler ---------------------------------------------------------------------------
 
+/// The end of a thread's work in a block: everything it did happens before the launching thread
+/// reads the results (end_edge), nothing of the emulation's is read after that release (the
+/// next block's setup would race with it), and the switch away uses locals only, with no ignore
+/// left open (TSan checks that when the fiber is destroyed). Returns when the thread index runs
+/// in the launch's next block.
+static void finish_block() {
+  Context* from;
+  const Context* to;
+  void* end_edge;
+#if defined(KJIT_EMU_TSAN)
+  void* tsan_to;
+#endif
+#if defined(KJIT_EMU_ASAN)
+  void** fake_stack;
+#endif
+  {
+    const Bookkeeping bookkeeping;
+    Fiber* f = block->current;
+    f->done = true;
+    remove_runnable(f->tid);
+    from = &f->slot->context;
+    to = &block->scheduler;
+    end_edge = &block->end_edge;
+#if defined(KJIT_EMU_TSAN)
+    tsan_to = block->tsan_scheduler;
+#endif
+#if defined(KJIT_EMU_ASAN)
+    fake_stack = &f->slot->fake_stack;
+#endif
+  }
+  release(end_edge);
+#if defined(KJIT_EMU_ASAN)
+  __sanitizer_start_switch_fiber(fake_stack, scheduler_stack_bottom, scheduler_stack_size);
+#endif
+#if defined(KJIT_EMU_TSAN)
+  __tsan_switch_to_fiber(tsan_to, __tsan_switch_to_fiber_no_sync);
+#endif
+  switch_context(*from, *const_cast<Context*>(to));
+#if defined(KJIT_EMU_ASAN)
+  __sanitizer_finish_switch_fiber(*fake_stack, nullptr, nullptr);
+#endif
+}
+
+/// A thread index's fiber: the kernel once per block of the launch.
 static void fiber_entry() {
 #if defined(KJIT_EMU_ASAN)
-  __sanitizer_finish_switch_fiber(nullptr, &block->scheduler_stack_bottom,
-                                  &block->scheduler_stack_size);
+  __sanitizer_finish_switch_fiber(nullptr, &scheduler_stack_bottom, &scheduler_stack_size);
 #endif
-  fiber_body();
-  block->current->done = true;
-  remove_runnable(block->current->tid);
-  to_scheduler();
+  for (;;) {
+#if defined(KJIT_EMU_TSAN)
+    // (The block's setup happened before this fiber resumed, but not before it in TSan's eyes
+    // until the acquire: read its addresses unseen.)
+    __tsan_ignore_thread_begin();
+    Slot* slot = block->current->slot;
+    void* start_edge = &block->start_edge;
+    ignore_depth.store(&slot->ignore_depth, std::memory_order_relaxed);
+    __tsan_ignore_thread_end();
+    acquire(start_edge);
+#endif
+    fiber_body();
+    finish_block();
+  }
 }
 
 /// The next fiber to run among `runnable`. Uniform draws keep every warp at about the same pace,
@@ -473,6 +623,12 @@ static unsigned pick_next(const std::vector<unsigned>& runnable) {
 /// Runs the block's fibers to completion; returns false with block->failure set on a deadlock
 /// or a failed check.
 static bool run_block() {
+#if defined(KJIT_EMU_TSAN)
+  block->tsan_scheduler = __tsan_get_current_fiber();
+  ignore_depth.store(&block->scheduler_ignore_depth, std::memory_order_relaxed);
+  release(&block->start_edge);
+#endif
+  const Bookkeeping bookkeeping;
   for (;;) {
     if (!block->failure.empty()) return false;
     // An asynchronous completion at a random step: one chance in eight per step.
@@ -502,30 +658,38 @@ static bool run_block() {
       return false;
     }
     Fiber& f = block->fibers[pick_next(block->runnable)];
+    Slot& slot = *f.slot;
     block->current = &f;
     threadIdx.x = f.tid;
     ++block->switches;
-    if (!f.started) {
-      f.started = true;
-      constexpr std::size_t kStack = std::size_t(1) << 19;
-      f.stack.reset(new char[kStack]);
-      make_context(f.context, f.stack.get(), kStack, fiber_entry);
-#if defined(KJIT_EMU_ASAN)
-      __sanitizer_start_switch_fiber(&block->scheduler_fake_stack, f.stack.get(), kStack);
+    if (!slot.started) {
+      slot.started = true;
+#if defined(KJIT_EMU_TSAN)
+      slot.tsan_fiber = __tsan_create_fiber(0);
 #endif
-    } else {
-#if defined(KJIT_EMU_ASAN)
-      __sanitizer_start_switch_fiber(&block->scheduler_fake_stack, f.stack.get(),
-                                     std::size_t(1) << 19);
-#endif
+      slot.stack.reset(new char[kStackBytes]);
+      make_context(slot.context, slot.stack.get(), kStackBytes, fiber_entry);
     }
-    switch_context(block->scheduler, f.context);
+    // (Everything the switch needs is read before TSan's switch: after it, reads count as the
+    // fiber's.)
+    Context& scheduler = block->scheduler;
+#if defined(KJIT_EMU_ASAN)
+    __sanitizer_start_switch_fiber(&block->scheduler_fake_stack, slot.stack.get(), kStackBytes);
+#endif
+#if defined(KJIT_EMU_TSAN)
+    __tsan_switch_to_fiber(slot.tsan_fiber, __tsan_switch_to_fiber_no_sync);
+#endif
+    switch_context(scheduler, slot.context);
 #if defined(KJIT_EMU_ASAN)
     __sanitizer_finish_switch_fiber(block->scheduler_fake_stack, nullptr, nullptr);
+#endif
+#if defined(KJIT_EMU_TSAN)
+    ignore_depth.store(&block->scheduler_ignore_depth, std::memory_order_relaxed);
 #endif
   }
   // Copies nobody waited for (a sequence's last prefetch) still land.
   while (!block->in_flight.empty()) complete_in_flight(0);
+  acquire(&block->end_edge);
   return block->failure.empty();
 }
 
@@ -549,6 +713,8 @@ LaunchReport launch(void (*kernel)(Params), EmulatedDim3 grid, unsigned threads,
   launch_kernel = kernel;
   fiber_body = [] { launch_kernel(*launch_params); };
   LaunchReport report;
+  // The thread indices' fibers, created by the first block that runs them.
+  std::vector<Slot> slots(threads);
   gridDim = grid;
   blockDim = EmulatedDim3{threads, 1, 1};
   u64 block_seed = seed;
@@ -568,6 +734,7 @@ LaunchReport launch(void (*kernel)(Params), EmulatedDim3 grid, unsigned threads,
         b.runnable_at.assign(threads, -1);
         for (unsigned t = 0; t < threads; ++t) {
           b.fibers[t].tid = t;
+          b.fibers[t].slot = &slots[t];
           block = &b;
           make_runnable(t);
         }
@@ -584,12 +751,18 @@ LaunchReport launch(void (*kernel)(Params), EmulatedDim3 grid, unsigned threads,
         if (!report.ok) {
           report.failure = "block (" + std::to_string(bx) + ", " + std::to_string(by) + ", " +
                            std::to_string(bz) + "): " + b.failure;
-          // (The fibers that never finished are dropped with their stacks, not unwound.)
         }
         block = nullptr;
       }
     }
   }
+  // Every fiber is suspended at the end of a block (or where a check failed): dropped with its
+  // stack, not unwound.
+#if defined(KJIT_EMU_TSAN)
+  for (Slot& slot : slots) {
+    if (slot.tsan_fiber != nullptr) __tsan_destroy_fiber(slot.tsan_fiber);
+  }
+#endif
   return report;
 }
 
@@ -653,6 +826,7 @@ static float a_fragment(const u32 (&a)[32][4], int r, int k) {
 /// Retires product `p` for the running thread: its accumulator elements += A B (A's two rows
 /// and B's columns of this thread read once each).
 static void retire(const Product& p) {
+  const KernelAccess access;
   const unsigned t = tid();
   const int warp_in_group = int(t / 32) % 4, lane = int(t % 32), g = lane / 4, t4 = lane % 4;
   float a[2][16];
@@ -685,6 +859,7 @@ static void retire(const Product& p) {
 
 static inline unsigned __cvta_generic_to_shared(const void* p) {
   namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
   const auto* c = static_cast<const unsigned char*>(p);
   if (c < emu::block->smem || c > emu::block->smem + emu::block->smem_bytes) {
     emu::fail("__cvta_generic_to_shared of a pointer outside shared memory");
@@ -692,22 +867,33 @@ static inline unsigned __cvta_generic_to_shared(const void* p) {
   return static_cast<unsigned>(c - emu::block->smem);
 }
 
-[[noreturn]] static inline void __trap() { kjit_sm90_emulation::fail("__trap"); }
+[[noreturn]] static inline void __trap() {
+  const kjit_sm90_emulation::Bookkeeping bookkeeping;
+  kjit_sm90_emulation::fail("__trap");
+}
 
+/// __syncwarp orders the warp's memory accesses (a shuffle does not).
 static inline void __syncwarp(unsigned = 0xffffffffu) {
+  namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
+  const emu::Rendezvous& warp = emu::block->warps[emu::tid() / 32];
+  emu::release(&warp);
   const int none = 0;
-  kjit_sm90_emulation::gather_warp(&none, 0, "__syncwarp");
+  emu::gather_warp(&none, 0, "__syncwarp");
+  emu::acquire(&warp);
 }
 
 template <typename T>
 static inline T __shfl_xor_sync(unsigned, T v, int mask) {
   namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
   const auto* all = emu::gather_warp(&v, sizeof(T), "shuffle");
   return emu::lane_value<T>(all, (emu::tid() % 32) ^ unsigned(mask));
 }
 template <typename T>
 static inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
   namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
   const auto* all = emu::gather_warp(&v, sizeof(T), "shuffle");
   const unsigned lane = emu::tid() % 32, w = unsigned(width);
   return emu::lane_value<T>(all, lane / w * w + unsigned(src) % w);
@@ -715,12 +901,14 @@ static inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
 template <typename T>
 static inline T __shfl_up_sync(unsigned, T v, unsigned delta, int width = 32) {
   namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
   const auto* all = emu::gather_warp(&v, sizeof(T), "shuffle");
   const unsigned lane = emu::tid() % 32, w = unsigned(width);
   return (lane % w) >= delta ? emu::lane_value<T>(all, lane - delta) : v;
 }
 static inline unsigned __ballot_sync(unsigned, int predicate) {
   namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
   const int mine = predicate != 0;
   const auto* all = emu::gather_warp(&mine, sizeof(int), "ballot");
   unsigned bits = 0;
@@ -740,15 +928,18 @@ static void named_barrier_op(int id, int count, bool wait) {
          " threads in a phase for " + std::to_string(b.expected));
   }
   const u64 generation = b.generation;
+  release(&b);
   if (++b.arrived == b.expected) {
     b.arrived = 0;
     ++b.generation;
     notify(&b);
+    if (wait) acquire(&b);
     return;
   }
   if (wait) {
     wait_until(
         &b, [&b, generation] { return b.generation != generation; }, "named barrier", id);
+    acquire(&b);
   } else {
     maybe_yield();
   }
@@ -756,6 +947,7 @@ static void named_barrier_op(int id, int count, bool wait) {
 }  // namespace kjit_sm90_emulation
 
 static inline void __syncthreads() {
+  const kjit_sm90_emulation::Bookkeeping bookkeeping;
   kjit_sm90_emulation::named_barrier_op(0, int(blockDim.x), true);
 }
 
@@ -766,18 +958,22 @@ namespace kjit {
 namespace named_barrier {
 template <int kThreads>
 static inline void sync(int id) {
+  const kjit_sm90_emulation::Bookkeeping bookkeeping;
   kjit_sm90_emulation::named_barrier_op(id, kThreads, true);
 }
 template <int kId, int kThreads>
 static inline void sync() {
+  const kjit_sm90_emulation::Bookkeeping bookkeeping;
   kjit_sm90_emulation::named_barrier_op(kId, kThreads, true);
 }
 template <int kId>
 static inline void sync_count(u32 threads) {
+  const kjit_sm90_emulation::Bookkeeping bookkeeping;
   kjit_sm90_emulation::named_barrier_op(kId, int(threads), true);
 }
 template <int kThreads>
 static inline void arrive(int id) {
+  const kjit_sm90_emulation::Bookkeeping bookkeeping;
   kjit_sm90_emulation::named_barrier_op(id, kThreads, false);
 }
 }  // namespace named_barrier
@@ -798,19 +994,25 @@ static inline float ex2(float x) {
 namespace cp_async {
 static inline void copy16(void* dst, const void* src, bool valid) {
   namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
   (void)__cvta_generic_to_shared(dst);
-  std::memset(dst, 0xFF, 16);  // poison until it lands
+  {
+    const emu::KernelAccess access;
+    std::memset(dst, 0xFF, 16);  // poison until it lands
+  }
   emu::block->current->open_copies.push_back({dst, src, valid});
   emu::maybe_yield();
 }
 static inline void copy16(void* dst, const void* src) { copy16(dst, src, true); }
 static inline void commit() {
+  const kjit_sm90_emulation::Bookkeeping bookkeeping;
   auto& f = *kjit_sm90_emulation::block->current;
   f.copy_groups.push_back(std::move(f.open_copies));
   f.open_copies.clear();
 }
 template <int kPending>
 static inline void wait() {
+  const kjit_sm90_emulation::Bookkeeping bookkeeping;
   auto& f = *kjit_sm90_emulation::block->current;
   while (f.copy_groups.size() > std::size_t(kPending)) {
     kjit_sm90_emulation::land(f.copy_groups.front());
@@ -823,16 +1025,19 @@ static inline void wait() {
 namespace mbarrier {
 static inline void init(u64* bar, u32 count) {
   namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
   (void)__cvta_generic_to_shared(bar);
   emu::MBarrier& m = emu::block->mbarriers[bar];
   m = emu::MBarrier{true, int(count), int(count), 0, 0};
 }
 static inline void fence_init() {}
 static inline void arrive(u64* bar) {
+  const kjit_sm90_emulation::Bookkeeping bookkeeping;
   kjit_sm90_emulation::mbarrier_arrive(bar, 1, 0);
   kjit_sm90_emulation::maybe_yield();
 }
 static inline void arrive_expect_tx(u64* bar, u32 bytes) {
+  const kjit_sm90_emulation::Bookkeeping bookkeeping;
   kjit_sm90_emulation::mbarrier_arrive(bar, 1, bytes);
   kjit_sm90_emulation::maybe_yield();
 }
@@ -840,9 +1045,11 @@ static inline void arrive_expect_tx(u64* bar, u32 bytes) {
 /// random later step of the scheduler.
 static inline void cp_async_arrive_noinc(u64* bar) {
   namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
   (void)emu::mbarrier_of(bar, "cp.async arrive");
   emu::Fiber& f = *emu::block->current;
-  emu::AsyncArrival event{{}, bar};
+  emu::release(&f);
+  emu::AsyncArrival event{{}, bar, &f};
   for (auto& group : f.copy_groups) {
     event.copies.insert(event.copies.end(), group.begin(), group.end());
   }
@@ -854,20 +1061,25 @@ static inline void cp_async_arrive_noinc(u64* bar) {
 }
 static inline void wait(u64* bar, u32 parity) {
   namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
   emu::MBarrier& m = emu::mbarrier_of(bar, "wait");
   emu::wait_until(
       &m, [&m, parity] { return (m.phase & 1u) != (parity & 1u); },
       parity & 1u ? "the mbarrier's parity-1 phase at shared byte"
                   : "the mbarrier's parity-0 phase at shared byte",
       __cvta_generic_to_shared(bar));
+  emu::acquire(&m);
   emu::maybe_yield();
 }
 static inline u64 evict_first_policy() { return 0; }
 static inline void bulk_load(void* dst, const void* src, u32 bytes, u64* bar, u64) {
   namespace emu = kjit_sm90_emulation;
-  emu::MBarrier& m = emu::mbarrier_of(bar, "bulk copy");
-  (void)m;
-  std::memcpy(dst, src, bytes);
+  const emu::Bookkeeping bookkeeping;
+  (void)emu::mbarrier_of(bar, "bulk copy");
+  {
+    const emu::KernelAccess access;
+    std::memcpy(dst, src, bytes);
+  }
   emu::mbarrier_arrive(bar, 0, -static_cast<long long>(bytes));
 }
 }  // namespace mbarrier
@@ -875,6 +1087,7 @@ static inline void bulk_load(void* dst, const void* src, u32 bytes, u64* bar, u6
 namespace mma {
 static inline u32 transpose8x8(u32 x) {
   namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
   const auto* all = emu::gather_warp(&x, 4, "movmatrix");
   const unsigned lane = emu::tid() % 32, r = lane / 4, c0 = 2 * (lane % 4);
   // Element (row, col) of the input: half col % 2 of lane 4 row + col / 2.
@@ -889,6 +1102,7 @@ static inline u32 transpose8x8(u32 x) {
 /// gathered (a[4], b0, b1) of the 32 lanes.
 static inline void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
   const u32 mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
   const auto* all = emu::gather_warp(mine, sizeof(mine), "mma.sync");
   u32 frag[32][4];
@@ -912,6 +1126,7 @@ static inline void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
 /// m16n8k8 with tf32 operands (the low 13 bits of each operand ignored), f32 accumulate.
 static inline void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
   const u32 mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
   const auto* all = emu::gather_warp(mine, sizeof(mine), "mma.sync tf32");
   const unsigned lane = emu::tid() % 32, g = lane / 4, t4 = lane % 4;
@@ -937,12 +1152,16 @@ static inline void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
 /// addresses of matrix i; lane l receives matrix i's row l / 4, columns 2 (l % 4) and + 1.
 static inline void ldmatrix_x4_impl(u32 (&r)[4], u32 addr, bool trans) {
   namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
   const auto* all = emu::gather_warp(&addr, 4, "ldmatrix");
+  u32 rows[32];
+  for (unsigned l = 0; l < 32; ++l) rows[l] = emu::lane_value<u32>(all, l);
   const unsigned lane = emu::tid() % 32, row = lane / 4, c0 = 2 * (lane % 4);
+  const emu::KernelAccess access;
   for (unsigned i = 0; i < 4; ++i) {
     const auto at = [&](unsigned rr, unsigned cc) -> u32 {
       unsigned short bits;
-      std::memcpy(&bits, emu::shared_at(emu::lane_value<u32>(all, 8 * i + rr) + 2 * cc, 2), 2);
+      std::memcpy(&bits, emu::shared_at(rows[8 * i + rr] + 2 * cc, 2), 2);
       return bits;
     };
     r[i] =
@@ -954,9 +1173,16 @@ static inline void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) { ldmatrix_x4_impl(r
 }  // namespace mma
 
 namespace wgmma {
-static inline void fence() { kjit_sm90_emulation::maybe_yield(); }
-static inline void fence_shared_writes() { kjit_sm90_emulation::maybe_yield(); }
+static inline void fence() {
+  const kjit_sm90_emulation::Bookkeeping bookkeeping;
+  kjit_sm90_emulation::maybe_yield();
+}
+static inline void fence_shared_writes() {
+  const kjit_sm90_emulation::Bookkeeping bookkeeping;
+  kjit_sm90_emulation::maybe_yield();
+}
 static inline void commit() {
+  const kjit_sm90_emulation::Bookkeeping bookkeeping;
   auto& f = *kjit_sm90_emulation::block->current;
   f.product_groups.push_back(std::move(f.open_products));
   f.open_products.clear();
@@ -966,6 +1192,7 @@ static inline void commit() {
 /// operands now and add into the accumulators.
 template <int kPending>
 static inline void wait() {
+  const kjit_sm90_emulation::Bookkeeping bookkeeping;
   auto& f = *kjit_sm90_emulation::block->current;
   while (f.product_groups.size() > std::size_t(kPending)) {
     for (const auto& p : f.product_groups.front()) kjit_sm90_emulation::retire(p);
@@ -980,6 +1207,7 @@ namespace emulated {
 template <int kN>
 static inline void issue(float (&d)[kN / 8][4], const u32* a_regs, u64 a_desc, u64 b, int trans_b) {
   namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
   emu::Product p{};
   p.d = &d[0][0];
   p.n = kN;
