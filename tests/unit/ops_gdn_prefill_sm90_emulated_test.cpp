@@ -75,6 +75,9 @@ struct Case {
   bool precomputed = false;
   /// > 0: checkpoints every this many tokens (rows against the reference's).
   std::int64_t ckpt_every = 0;
+  /// The pool and checkpoints as fla keeps states: each [HV, K, V] block contiguous, passed as
+  /// its transpose (the state_layout=kv kernels).
+  bool k_major = false;
   /// Interleavings to run (each a seed of the scheduler), every one checked: 4, or under ASan 1
   /// (it checks the memory accesses, which every interleaving makes alike) and under TSan 2 (it
   /// checks the happens-before order of every pair of accesses in the interleaving it sees, not
@@ -139,7 +142,10 @@ void run(const Case& c, const std::vector<Kernel>& kernels) {
                                ckpt ? static_cast<double>(starts[static_cast<std::size_t>(i)]) : 0);
   }
   const auto states_view = [&](void* data, std::int64_t rows) {
-    return TensorView::strided(data, c.state, {rows, hv, vd, kd}, {state_elems, vd * kd, kd, 1});
+    return c.k_major ? TensorView::strided(data, c.state, {rows, hv, vd, kd},
+                                           {state_elems, vd * kd, 1, vd})
+                     : TensorView::strided(data, c.state, {rows, hv, vd, kd},
+                                           {state_elems, vd * kd, kd, 1});
   };
 
   // The reference on copies of the inputs.
@@ -263,6 +269,21 @@ TEST_CASE("gdn_prefill ws emulated: checkpoints every 64 tokens, precomputed gat
            "k=128,v=128,gated=1,l2norm=1,ckpt=1@sm_90a",
            &emulate<&gdn_prefill_ws_kernel<__nv_bfloat16, float, float, __nv_bfloat16, float, int,
                                            int, 128, 128, true, true, true>,
+                    gdn_prefill_detail::smem, sizeof(gdn_prefill_detail::smem)>}});
+}
+
+TEST_CASE("gdn_prefill ws emulated: fla's K-major pool, three value heads per key head") {
+  Case c;
+  c.lengths = {129, 5, 1, 70};
+  c.heads = 1;
+  c.value_heads = 3;
+  c.state = DType::bf16;
+  c.k_major = true;
+  run(c, {{"gdn_prefill_ws:qkv=bf16,gate=bf16,param=f32,state=bf16,out=bf16,cu=i32,index=i32,"
+           "k=128,v=128,gated=0,l2norm=1,ckpt=0,state_layout=kv@sm_90a",
+           &emulate<&gdn_prefill_ws_kernel<__nv_bfloat16, __nv_bfloat16, float, __nv_bfloat16,
+                                           __nv_bfloat16, int, int, 128, 128, false, true, false,
+                                           kGdnStateKMajor>,
                     gdn_prefill_detail::smem, sizeof(gdn_prefill_detail::smem)>}});
 }
 
