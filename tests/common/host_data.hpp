@@ -55,6 +55,18 @@ inline Diff compare(const Bytes& got, const Bytes& ref, DType dtype) {
   return e;
 }
 
+/// compare(), reported as "<name>: rel .., max abs .., non-finite .." and checked: every element
+/// finite, the relative error at most `tolerance`.
+inline Diff check_close(const char* name, const Bytes& got, const Bytes& ref, DType dtype,
+                        double tolerance) {
+  const Diff e = compare(got, ref, dtype);
+  MESSAGE(name << ": rel " << e.rel << ", max abs " << e.max_abs << ", non-finite "
+               << e.non_finite);
+  CHECK(e.non_finite == 0);
+  CHECK(e.rel <= tolerance);
+  return e;
+}
+
 /// A host tensor with explicit strides (in elements) over storage of its own: 16-byte aligned
 /// (operator new) plus `offset` elements (to misalign it on purpose), and 64 bytes of slack after
 /// the last element that nothing reads or writes. Copies are deep. For kernel templates run on

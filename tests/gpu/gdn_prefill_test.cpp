@@ -335,14 +335,8 @@ void run_case(const Case& c) {
   }
   Bytes got_pool(dpool.bytes());
   dpool.download(got_pool.data(), got_pool.size());
-  const Diff eo = compare(got_out, ref_out, c.out);
-  MESSAGE("out: rel " << eo.rel << ", max abs " << eo.max_abs << ", non-finite " << eo.non_finite);
-  CHECK(eo.non_finite == 0);
-  CHECK(eo.rel <= 2e-2);
-  const Diff es = compare(got_pool, ref_pool, c.state);
-  MESSAGE("pool: rel " << es.rel << ", max abs " << es.max_abs);
-  CHECK(es.non_finite == 0);
-  CHECK(es.rel <= 2e-2);
+  test::check_close("out", got_out, ref_out, c.out, 2e-2);
+  test::check_close("pool", got_pool, ref_pool, c.state, 2e-2);
   // Unnamed slots (0 and the last two) are bit-identical: padding is never clamped into them.
   const std::size_t slot_bytes = static_cast<std::size_t>(hv * vd * kd) * size_of(c.state);
   for (std::int64_t s : {std::int64_t{0}, slots - 1}) {
@@ -353,10 +347,7 @@ void run_case(const Case& c) {
   dfinal.download(got_final.data(), got_final.size());
   if (c.separate_final) {
     CHECK(got_pool == pool);  // the pool is only read
-    const Diff ef = compare(got_final, ref_final, c.state);
-    MESSAGE("final_state: rel " << ef.rel << ", max abs " << ef.max_abs);
-    CHECK(ef.non_finite == 0);
-    CHECK(ef.rel <= 2e-2);
+    test::check_close("final_state", got_final, ref_final, c.state, 2e-2);
   }
   if (!ckpt) return;
 
@@ -384,11 +375,7 @@ void run_case(const Case& c) {
   }
   CHECK(unnamed_poisoned);
   if (ckpt_total > 0) {
-    const Diff ec = compare(got_named, ref_named, c.state);
-    MESSAGE("checkpoints: rel " << ec.rel << ", max abs " << ec.max_abs << ", non-finite "
-                                << ec.non_finite);
-    CHECK(ec.non_finite == 0);
-    CHECK(ec.rel <= 2e-2);
+    test::check_close("checkpoints", got_named, ref_named, c.state, 2e-2);
   }
 
   // The same call without checkpoints (fresh pool, poisoned outputs): out, pool and final

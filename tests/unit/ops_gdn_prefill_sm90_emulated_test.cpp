@@ -45,8 +45,6 @@ alignas(1024) unsigned char smem[227 * 1024];
 namespace {
 
 using test::Bytes;
-using test::compare;
-using test::Diff;
 using test::random_bytes;
 
 /// One launch of a plan: the spec it must have and how to emulate the kernel instantiated for it.
@@ -223,23 +221,15 @@ void run(const Case& c, const std::vector<Kernel>& kernels) {
       REQUIRE_MESSAGE(report.ok, report.failure);
     }
 
-    const Diff eo = compare(got_out, ref_out, c.out);
-    MESSAGE("out: rel " << eo.rel << ", max abs " << eo.max_abs);
-    CHECK(eo.non_finite == 0);
-    CHECK(eo.rel <= 1e-2);
-    const Diff es = compare(got_pool, ref_pool, c.state);
-    MESSAGE("pool: rel " << es.rel << ", max abs " << es.max_abs);
-    CHECK(es.non_finite == 0);
-    CHECK(es.rel <= 1e-2);
+    test::check_close("out", got_out, ref_out, c.out, 1e-2);
+    test::check_close("pool", got_pool, ref_pool, c.state, 1e-2);
     // Slot 0 (no sequence's) and the padding sequence's untouched.
     const std::size_t slot_bytes = static_cast<std::size_t>(state_elems) * size_of(c.state);
     CHECK(std::equal(got_pool.begin(), got_pool.begin() + static_cast<std::ptrdiff_t>(slot_bytes),
                      pool.begin()));
     if (ckpt) {
-      const Diff ec = compare(got_ckpt, ref_ckpt, c.state);
-      MESSAGE("checkpoints: " << ckpt_rows << " rows, rel " << ec.rel);
-      CHECK(ec.non_finite == 0);
-      CHECK(ec.rel <= 1e-2);
+      MESSAGE("checkpoints: " << ckpt_rows << " rows");
+      test::check_close("checkpoints", got_ckpt, ref_ckpt, c.state, 1e-2);
     }
   }
 }
