@@ -20,6 +20,9 @@
 #define __forceinline__ inline
 #define __global__
 #define __launch_bounds__(...)
+// Shared memory is ordinary memory here (a test that needs it static redefines __shared__).
+#define __shared__
+#define __align__(n) __attribute__((aligned(n)))
 
 struct uint4 {
   unsigned x, y, z, w;
@@ -40,6 +43,7 @@ inline unsigned __float_as_uint(float f) {
   return u;
 }
 inline float __expf(float x) { return std::exp(x); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float x, float y) { return x / y; }
 /// st.global.wb: a plain store on the host.

@@ -2,9 +2,9 @@
 // cuda_host_emulation.hpp plus what warp-synchronous templates need: each block's threads run
 // at once as OS threads, and __shfl_xor_sync / __shfl_sync / __syncthreads meet at a barrier of
 // the whole block (so every thread of a block must reach them in the same order, as the GDN
-// decode kernel's do). __shared__ is defined away here; a test whose kernel exchanges data
-// through static shared memory redefines it as `static` (one block runs at a time), see
-// ops_gdn_decode_emulated_test.cpp. Loads and stores with cache hints are plain ones. Like the
+// decode kernel's do). __shared__ is defined away (cuda_host_emulation.hpp); a test whose kernel
+// exchanges data through static shared memory redefines it as `static` (one block runs at a time),
+// see ops_gdn_decode_emulated_test.cpp. Loads and stores with cache hints are plain ones. Like the
 // base header: indexing and arithmetic only, not races or the memory model.
 #pragma once
 
@@ -16,10 +16,6 @@
 
 #include "common/cuda_host_emulation.hpp"
 
-#define __shared__
-#define __align__(n) __attribute__((aligned(n)))
-
-inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 [[noreturn]] inline void __trap() { std::abort(); }
 
 template <typename T>

@@ -31,6 +31,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -67,8 +68,6 @@ extern "C" void __tsan_ignore_thread_end();
 #define KJIT_EMULATED_PTX 1
 #define __CUDA_ARCH__ 900
 #define __CUDA_ARCH_FEAT_SM90_ALL 1
-#define __shared__
-#define __align__(n) __attribute__((aligned(n)))
 
 #include "templates/common/types.h"
 
@@ -103,7 +102,6 @@ static inline T __ldg(const T* p) {
   return *p;
 }
 static inline int __clz(unsigned x) { return x == 0 ? 32 : __builtin_clz(x); }
-static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 
 #if defined(__x86_64__)
 // The context switch: saves the System V callee-saved registers on the current stack, stores its
@@ -227,11 +225,10 @@ struct Fiber {
   Slot* slot = nullptr;
   unsigned tid = 0;
   bool done = false;
-  // While blocked: the condition to run again, checked when `wait_key` is notified, and what it
-  // waits for (deadlock reports).
+  // While blocked: the condition to run again, checked when the object it waits on is notified
+  // (Block::waiters), and what it waits for (deadlock reports).
   bool blocked = false;
   std::function<bool()> ready;
-  const void* wait_key = nullptr;
   const char* wait_kind = "";
   long long wait_detail = 0;
   // cp.async: copies of the open group and of the committed groups, oldest first.
@@ -242,14 +239,15 @@ struct Fiber {
   std::vector<std::vector<Product>> product_groups;
 };
 
-/// The threads of one warp (32) or warpgroup (128) meeting for a collective operation: each
-/// puts up to 32 bytes in, and once all have, each reads everyone's from the generation's
-/// snapshot (kept until the generation after next completes, which needs this thread again).
+/// The 32 lanes of one warp meeting for a collective operation: each puts up to 32 bytes in, and
+/// once all have, each reads everyone's from the generation's snapshot (kept until the
+/// generation after next completes, which needs this lane again).
 struct Rendezvous {
-  unsigned members = 0, arrived = 0;
+  using Lanes = std::array<std::array<unsigned char, 32>, 32>;
+  unsigned arrived = 0;
   u64 generation = 0;
-  std::vector<std::array<unsigned char, 32>> in;
-  std::vector<std::array<unsigned char, 32>> snapshot[2];
+  Lanes in{};
+  Lanes snapshot[2]{};
 };
 
 struct NamedBarrier {
@@ -403,7 +401,6 @@ static void wait_until(const void* key, std::function<bool()> condition, const c
   Fiber* f = block->current;
   f->ready = std::move(condition);
   f->blocked = true;
-  f->wait_key = key;
   f->wait_kind = kind;
   f->wait_detail = detail;
   remove_runnable(f->tid);
@@ -470,7 +467,7 @@ static const std::array<unsigned char, 32>* gather_warp(const void* mine, std::s
   const unsigned lane = tid() % 32;
   std::memcpy(r.in[lane].data(), mine, bytes);
   const u64 generation = r.generation;
-  if (++r.arrived == r.members) {
+  if (++r.arrived == 32) {
     r.snapshot[generation & 1] = r.in;
     r.arrived = 0;
     ++r.generation;
@@ -739,10 +736,6 @@ LaunchReport launch(void (*kernel)(Params), EmulatedDim3 grid, unsigned threads,
           make_runnable(t);
         }
         b.warps.resize((threads + 31) / 32);
-        for (Rendezvous& r : b.warps) {
-          r.members = 32;
-          r.in.resize(32);
-        }
         block = &b;
         blockIdx = EmulatedDim3{bx, by, bz};
         report.ok = run_block();
