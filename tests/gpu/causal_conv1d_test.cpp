@@ -896,6 +896,87 @@ TEST_CASE("causal_conv1d gpu: tuning candidates, the staged (cp.async) chunked p
   run_prefill(c);
 }
 
+TEST_CASE(
+    "causal_conv1d gpu: tuning candidates, the ranges mode (equal ranges of the token axis)") {
+  // Ranges start at a sequence's start or W - 1 tokens or more into it; lengths around W - 1;
+  // ranges of 16 tokens (D = 64: fewer tokens than one wave of threads wants) that cross many
+  // sequences; every dtype, both rules, layouts (token-contiguous x: one channel per thread,
+  // register buffers), stages forced off and to other depths, minimum blocks.
+  for (const std::int64_t width : {2, 3, 4, 8}) {
+    PrefillCase c;
+    c.force_mode = "ranges";
+    c.expect_mode = "ranges";
+    c.width = width;
+    c.lengths = {1, width - 2, width - 1, width, 2 * width, 0, 0, 5, 1000, 4097, 17, 16, 15};
+    run_prefill(c);
+    c.rule = ConvInvalidIndex::nonpositive;
+    c.has_initial_mixed = false;
+    c.pool_transposed = true;
+    run_prefill(c);
+  }
+  for (const DType d : {DType::f16, DType::f32}) {
+    PrefillCase c;
+    c.force_mode = "ranges";
+    c.expect_mode = "ranges";
+    c.x = c.out = c.weight = c.state = d;
+    run_prefill(c);
+  }
+  {
+    PrefillCase c;
+    c.force_mode = "ranges";
+    c.expect_mode = "ranges";
+    c.x_transposed = true;
+    c.out_padded = true;
+    c.weight_transposed = true;
+    c.cu = c.index = DType::i64;
+    run_prefill(c);
+  }
+  for (const int stages : {1, 2, 3, 6}) {
+    PrefillCase c;
+    c.force_mode = "ranges";
+    c.expect_mode = "ranges";
+    c.force_stages = stages;
+    run_prefill(c);
+  }
+  for (const int blocks : {2, 4}) {
+    PrefillCase c;
+    c.force_mode = "ranges";
+    c.expect_mode = "ranges";
+    c.force_min_blocks = blocks;
+    run_prefill(c);
+  }
+  // Qwen3-Next's D = 8192 (one wave: 49 ranges of ~167 tokens on an H200), 2^16 channels (a
+  // few ranges) and 2^20 (one range, more channel groups than threads).
+  for (const std::int64_t dim :
+       {std::int64_t{8192}, std::int64_t{1} << 16, std::int64_t{1} << 20}) {
+    PrefillCase c;
+    c.force_mode = "ranges";
+    c.expect_mode = "ranges";
+    c.dim = dim;
+    if (dim == 8192) {
+      c.lengths.assign(16, 512);
+      c.lengths[3] += 7;
+      c.lengths[9] -= 7;
+    } else {
+      c.lengths = {1, 3, 200, 0, 77};
+    }
+    c.pad_every = 5;
+    run_prefill(c);
+  }
+  // Thousands of short sequences: every range crosses many of them, both rules.
+  PrefillCase c;
+  c.force_mode = "ranges";
+  c.expect_mode = "ranges";
+  c.lengths.assign(3000, 0);
+  test::Rng rng(test::fresh_seed());
+  for (std::int64_t& l : c.lengths) l = static_cast<std::int64_t>(rng() % 11);
+  c.pad_every = 7;
+  run_prefill(c);
+  c.rule = ConvInvalidIndex::nonpositive;
+  c.dim = 1024;
+  run_prefill(c);
+}
+
 TEST_CASE("causal_conv1d gpu: debug checks reject bad indices, cu_seqlens and accepted counts") {
   const std::int64_t d = 64, w = 4;
   Tensor x(DType::bf16, {10, d}), out(DType::bf16, {10, d}), weight(DType::bf16, {d, w});

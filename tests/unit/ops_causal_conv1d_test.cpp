@@ -592,6 +592,87 @@ TEST_CASE(
                        doctest::Contains("options.force_stages = 5; accepted: 0"), InvalidArgument);
 }
 
+TEST_CASE("causal_conv1d planner: the ranges mode (opt-in), sized to one wave of threads") {
+  const DeviceLimits h200 = DeviceLimits::for_name("h200");
+  CausalConv1dOptions ranges;
+  ranges.activation = ConvActivation::silu;
+  ranges.force_mode = "ranges";
+  // Qwen3-Next at 8k tokens: 132 SMs x 3 blocks x 128 threads = 50688 threads over 1024 channel
+  // groups: 49 ranges of ~167 tokens, 392 of the 396 resident blocks.
+  const Plan p8k = plan(prefill_views(8192, 16, 8192, 4), h200, ranges);
+  CHECK(p8k.mode == "ranges");
+  CHECK(p8k.launches[0].spec.str() ==
+        "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=4,span=0,"
+        "mode=ranges,pool=block,silu=1,stages=4@sm_90");
+  CHECK(p8k.launches[0].shape.grid.x == 49 * 1024 / 128);
+  CHECK(p8k.explain().find("49 ranges of about 167 tokens") != std::string::npos);
+  CHECK(p8k.explain().find("50688 threads, one wave") != std::string::npos);
+  // The default plan is unchanged: chunked.
+  CausalConv1dOptions silu;
+  silu.activation = ConvActivation::silu;
+  CHECK(plan(prefill_views(8192, 16, 8192, 4), h200, silu).mode == "chunked");
+  // Longer calls: the same 49 ranges, each longer.
+  const Plan p128k = plan(prefill_views(131072, 16, 8192, 4), h200, ranges);
+  CHECK(p128k.launches[0].shape.grid.x == 392);
+  CHECK(p128k.explain().find("49 ranges of about 2674 tokens") != std::string::npos);
+  // Few tokens: ranges of at least 16 tokens (fewer threads than one wave).
+  const Plan small = plan(prefill_views(100, 2, 64), h200, ranges);
+  CHECK(small.launches[0].shape.grid.x == 1);
+  CHECK(small.explain().find("7 ranges of about 14 tokens") != std::string::npos);
+  CHECK(small.explain().find("(ranges of at least 16 tokens)") != std::string::npos);
+  // More channel groups than resident threads: one range, the grid-stride loop over groups.
+  const Plan wide = plan(prefill_views(4097, 16, std::int64_t{1} << 20, 4), h200, ranges);
+  CHECK(wide.explain().find("1 ranges of about 4097 tokens") != std::string::npos);
+  CHECK(wide.explain().find("131072 channel groups: more than one wave") != std::string::npos);
+  // Every known device (sm_86 / sm_89: three blocks' stages fit their 100 KiB), the issue's
+  // grid of sizes: legal, every item covered, no grid y or z.
+  for (const Arch arch : DeviceLimits::known_archs()) {
+    const DeviceLimits device = DeviceLimits::for_arch(arch);
+    CAPTURE(arch.str());
+    CHECK(plan(prefill_views(8192, 16, 8192, 4), device, ranges)
+              .explain()
+              .find(fmt::format("{} x 3 blocks of 128 threads resident per SM", device.sm_count)) !=
+          std::string::npos);
+    for (const std::int64_t dim : {std::int64_t{8}, std::int64_t{8192}, std::int64_t{1} << 20}) {
+      for (const std::int64_t tokens :
+           {std::int64_t{1}, std::int64_t{4097}, (std::int64_t{1} << 31) - 1}) {
+        for (const std::int64_t seqs : {std::int64_t{1}, std::int64_t{1} << 24}) {
+          CAPTURE(dim);
+          CAPTURE(tokens);
+          CAPTURE(seqs);
+          const Plan p = plan(prefill_views(tokens, seqs, dim), device, ranges);
+          CHECK(p.mode == "ranges");
+          check_legal(p, dim / 8);
+        }
+      }
+    }
+  }
+  // Not in place (a range reads the W - 1 inputs before it), no spans, stages optional, a
+  // prefill mode only.
+  Prefill in_place = prefill_views(100, 3, 64);
+  in_place.out = in_place.x;
+  CHECK_THROWS_WITH_AS(plan(in_place, h200, ranges),
+                       doctest::Contains("forced mode 'ranges' is not legal in place"), PlanError);
+  CausalConv1dOptions spans = ranges;
+  spans.force_span = 32;
+  CHECK_THROWS_WITH_AS(plan(prefill_views(1000, 4, 4096), h200, spans),
+                       doctest::Contains("applies to mode 'chunked' only; this call runs mode "
+                                         "'ranges'"),
+                       PlanError);
+  CausalConv1dOptions unstaged = ranges;
+  unstaged.force_stages = 1;
+  CHECK_FALSE(
+      plan(prefill_views(8192, 16, 8192, 4), h200, unstaged).launches[0].spec.has("stages"));
+  CHECK_THROWS_WITH_AS(plan(update_views(8, 1, 64), h200, ranges),
+                       doctest::Contains("'ranges' is not a mode of this op; accepted: '' "
+                                         "(planner picks), 'rows'"),
+                       InvalidArgument);
+  CausalConv1dOptions unknown;
+  unknown.force_mode = "range";
+  CHECK_THROWS_WITH_AS(plan(prefill_views(100, 2, 64), h200, unknown),
+                       doctest::Contains("'chunked', 'sequential', 'ranges'"), InvalidArgument);
+}
+
 TEST_CASE("causal_conv1d: the tuning candidates' kernels compile for sm_90 (registers, spills)") {
   // Not a limit: the candidates are measured on a GPU (bench_causal_conv1d,
   // KJIT_CONV_BENCH_MODES); this prints what each costs in registers and spills beside the
@@ -623,6 +704,11 @@ TEST_CASE("causal_conv1d: the tuning candidates' kernels compile for sm_90 (regi
       o.force_chunk = chunk;
       specs.push_back(plan(prefill_views(32768, 16, 8192, 4), h200, o).launches[0].spec);
     }
+  }
+  {
+    CausalConv1dOptions o = silu;  // the ranges mode (staged, as it plans by default)
+    o.force_mode = "ranges";
+    specs.push_back(plan(prefill_views(32768, 16, 8192, 4), h200, o).launches[0].spec);
   }
   std::vector<std::string> report(specs.size());
   std::vector<std::thread> threads;

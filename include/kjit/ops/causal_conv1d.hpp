@@ -56,9 +56,10 @@ struct CausalConv1dOptions {
   ConvActivation activation = ConvActivation::none;
   ConvInvalidIndex invalid_index = ConvInvalidIndex::negative;
   /// "" lets the planner choose. causal_conv1d: "chunked" (every span of every sequence in
-  /// parallel; not for in place) or "sequential" (one thread per sequence and channel group
-  /// walks the whole sequence; the in-place mode). causal_conv1d_update: "rows". PlanError if
-  /// the mode cannot run the call.
+  /// parallel; not for in place), "sequential" (one thread per sequence and channel group
+  /// walks the whole sequence; the in-place mode) or "ranges" (a tuning candidate, not for in
+  /// place: one wave of threads, each walking an equal range of the token axis across sequence
+  /// boundaries). causal_conv1d_update: "rows". PlanError if the mode cannot run the call.
   std::string force_mode;
   /// 0 lets the planner choose; else the channels per thread (1, 2, 4 or 8; the channel stride
   /// of x and out must then be 1 and every address aligned to vec elements). For tests.
@@ -97,7 +98,7 @@ struct CausalConv1dOptions {
 };
 
 /// The modes force_mode accepts.
-inline constexpr const char* kCausalConv1dModes[] = {"chunked", "sequential", "rows"};
+inline constexpr const char* kCausalConv1dModes[] = {"chunked", "sequential", "rows", "ranges"};
 
 /// Varlen prefill over a conv-state pool.
 ///

@@ -39,10 +39,11 @@ std::string check_causal_conv1d(const KernelSpec& spec) {
   const std::int64_t stages = std::stoll(spec.get_or("stages", "0"));
   if (stages != 0) {
     const std::int64_t access = vec * (spec.get("in") == "f32" ? 4 : 2);
-    if (spec.get("mode") != "chunked" || access != 16 || stages * chunk > kConvMaxStagedTokens) {
+    const bool staged_mode = spec.get("mode") == "chunked" || spec.get("mode") == "ranges";
+    if (!staged_mode || access != 16 || stages * chunk > kConvMaxStagedTokens) {
       return fmt::format(
-          "stages = {} needs mode = chunked, 16-byte accesses of x (vec x element size = {}) and "
-          "stages x chunk = {} <= {}",
+          "stages = {} needs mode = chunked or ranges, 16-byte accesses of x (vec x element size "
+          "= {}) and stages x chunk = {} <= {}",
           stages, access, stages * chunk, kConvMaxStagedTokens);
     }
   }
@@ -112,10 +113,11 @@ FamilyDecl kernel_family() {
                         .doc = "tokens per work item of mode = chunked (0 in the other modes)"},
               ParamDecl{.name = "mode",
                         .kind = ParamKind::choice,
-                        .choices = {"chunked", "sequential", "rows"},
+                        .choices = {"chunked", "sequential", "rows", "ranges"},
                         .rendered = {"kjit::ConvMode::chunked", "kjit::ConvMode::sequential",
-                                     "kjit::ConvMode::rows"},
-                        .doc = "chunked / sequential prefill, or the decode update's rows"},
+                                     "kjit::ConvMode::rows", "kjit::ConvMode::ranges"},
+                        .doc = "chunked / sequential / ranges prefill, or the decode update's "
+                               "rows"},
               ParamDecl{
                   .name = "pool",
                   .kind = ParamKind::choice,
@@ -138,7 +140,8 @@ FamilyDecl kernel_family() {
                         .kind = ParamKind::choice,
                         .choices = {"0", "2", "3", "4", "6"},
                         .rendered = {"0", "2", "3", "4", "6"},
-                        .doc = "shared-memory stages of the chunked prefill's batches (cp.async; "
+                        .doc = "shared-memory stages of the chunked or ranges prefill's batches "
+                               "(cp.async; "
                                "0: two register buffers)",
                         .omitted_default = "0"},
           },
@@ -175,7 +178,8 @@ std::vector<OpParam> causal_conv1d_params(bool update) {
       option("index_dtype", "i32", "dtype of state_indices (and cu_seqlens, num_accepted_tokens)"),
       option("silu", "1", "1: SiLU activation"),
       option("in_place", "0", "1: out is x"),
-      option("mode", "", update ? "force a mode (rows)" : "force a mode (chunked, sequential)"),
+      option("mode", "",
+             update ? "force a mode (rows)" : "force a mode (chunked, sequential, ranges)"),
   };
   if (update) {
     params.insert(params.begin(), size("batch", "1,32,256,2048,70000", "rows B",

@@ -75,13 +75,14 @@ void check_options(Op op, const CausalConv1dOptions& options, Problem* p) {
     for (int i = 0; i < static_cast<int>(std::size(kCausalConv1dModes)); ++i) {
       if (options.force_mode == kCausalConv1dModes[i]) p->forced_mode = i;
     }
-    const bool allowed =
-        op == Op::prefill ? (p->forced_mode == 0 || p->forced_mode == 1) : p->forced_mode == 2;
+    const bool allowed = op == Op::prefill
+                             ? (p->forced_mode == 0 || p->forced_mode == 1 || p->forced_mode == 3)
+                             : p->forced_mode == 2;
     if (!allowed) {
       fail(op, fmt::format("options.force_mode = '{}' is not a mode of this op; accepted: '' "
                            "(planner picks), {}",
                            options.force_mode,
-                           op == Op::prefill ? "'chunked', 'sequential'" : "'rows'"));
+                           op == Op::prefill ? "'chunked', 'sequential', 'ranges'" : "'rows'"));
     }
   }
   if (options.force_vec != 0 && options.force_vec != 1 && options.force_vec != 2 &&

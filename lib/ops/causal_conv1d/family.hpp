@@ -114,6 +114,8 @@ struct Choice {
   /// Tokens per work item of the chunked mode (0 in the others).
   std::int32_t span = 0;
   ConvMode mode = ConvMode::rows;
+  /// Ranges of the token axis of the ranges mode (0 in the others).
+  std::int32_t ranges = 0;
 };
 
 struct Family {
@@ -135,8 +137,9 @@ struct Family {
                                    void* workspace);
 };
 
-/// Work items of a mode: (span ids, sequences or rows) x channel groups.
-std::uint64_t items_of(const Problem& p, ConvMode mode, std::int64_t vec, std::int64_t span);
+/// Work items of a mode: (span ids, sequences, rows or ranges) x channel groups.
+std::uint64_t items_of(const Problem& p, ConvMode mode, std::int64_t vec, std::int64_t span,
+                       std::int64_t ranges);
 
 /// The update's x or out as [B, S, D]: [B, D] is [B, 1, D] (the token stride is never stepped
 /// over).

@@ -27,6 +27,10 @@ constexpr std::int64_t kChunk = 8;
 constexpr std::int64_t kPrefillChunk = 4;
 /// The staged prefill's stages where they apply (options.force_stages = 0).
 constexpr std::int64_t kDefaultStages = 4;
+/// The ranges mode: the fewest tokens per range, and the most ranges (range_start's products
+/// r x T stay below 2^51).
+constexpr std::int64_t kRangeShortest = 16;
+constexpr std::int64_t kRangesMost = std::int64_t{1} << 20;
 constexpr std::int64_t kThreads = kConvBlockThreads;
 
 /// Why the widest channel vector is what it is (Problem::max_vec).
@@ -42,10 +46,12 @@ std::string why_vec(const Problem& p) {
 
 }  // namespace
 
-std::uint64_t items_of(const Problem& p, ConvMode mode, std::int64_t vec, std::int64_t span) {
+std::uint64_t items_of(const Problem& p, ConvMode mode, std::int64_t vec, std::int64_t span,
+                       std::int64_t ranges) {
   const auto groups = static_cast<std::uint64_t>(p.dim / vec);
   std::uint64_t units = static_cast<std::uint64_t>(p.seqs);
   if (mode == ConvMode::chunked) units = static_cast<std::uint64_t>(p.tokens / span + p.seqs);
+  if (mode == ConvMode::ranges) units = static_cast<std::uint64_t>(ranges);
   return units * groups;
 }
 
@@ -85,11 +91,11 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
   if (p.op == Op::prefill) {
     if (p.forced_mode >= 0) {
       mode = p.forced_mode;
-      if (mode == 0 && p.in_place) {
+      if ((mode == 0 || mode == 3) && p.in_place) {
         throw PlanError(fmt::format(
-            "{}: forced mode 'chunked' is not legal in place (out == x): a span reads the W - 1 "
-            "inputs before it, which the previous span's threads overwrite; use 'sequential'",
-            plan.op));
+            "{}: forced mode '{}' is not legal in place (out == x): a {} reads the W - 1 inputs "
+            "before it, which the previous one's threads overwrite; use 'sequential'",
+            plan.op, kCausalConv1dModes[mode], mode == 0 ? "span" : "range"));
       }
       plan.reasons.push_back(
           fmt::format("mode {} forced by options.force_mode", kCausalConv1dModes[mode]));
@@ -125,10 +131,10 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
   const std::int64_t row_tokens =
       p.varlen ? std::max<std::int64_t>(1, (p.tokens + p.seqs - 1) / p.seqs) : p.tokens;
   std::int64_t chunk =
-      mode == 2   ? std::min<std::int64_t>(kChunk, static_cast<std::int64_t>(std::bit_ceil(
-                                                       static_cast<std::uint64_t>(row_tokens))))
-      : mode == 0 ? kPrefillChunk
-                  : kChunk;
+      mode == 2 ? std::min<std::int64_t>(kChunk, static_cast<std::int64_t>(std::bit_ceil(
+                                                     static_cast<std::uint64_t>(row_tokens))))
+      : mode == 0 || mode == 3 ? kPrefillChunk
+                               : kChunk;
   if (p.force_chunk != 0) {
     chunk = p.force_chunk;
     plan.reasons.push_back(fmt::format("chunk = {} forced by options.force_chunk", chunk));
@@ -155,13 +161,13 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
       plan.reasons.push_back(fmt::format("span = {} forced by options.force_span", span));
     } else {
       span = std::max(kSpanLongest, floor_span);
-      while (span > floor_span && items_of(p, ConvMode::chunked, vec, span) < enough) span /= 2;
+      while (span > floor_span && items_of(p, ConvMode::chunked, vec, span, 0) < enough) span /= 2;
       plan.reasons.push_back(fmt::format(
           "span = {} tokens per work item: the longest of {}..{} giving at least {} SMs x {} "
           "threads / 2 = {} items ({} here), so that each item's sequence lookup, weights and "
           "W - 1 token halo are spread over many tokens while every SM still gets threads",
           span, kSpanLongest, floor_span, limits.sm_count, limits.max_threads_per_sm, enough,
-          items_of(p, ConvMode::chunked, vec, span)));
+          items_of(p, ConvMode::chunked, vec, span, 0)));
     }
     plan.reasons.push_back(fmt::format(
         "chunked: every span of {} tokens of every sequence in parallel (span ids "
@@ -175,12 +181,13 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
   // (1.08-1.14x the register double buffer at Qwen3-Next sizes on the H200: docs/performance.md,
   // "Tuning candidates"). force_stages = 1 keeps the register double buffer.
   const std::int64_t access = vec * static_cast<std::int64_t>(size_of(p.in));
-  const bool can_stage = mode == 0 && access == 16;
+  const bool can_stage = (mode == 0 || mode == 3) && access == 16;
   std::int64_t stages = 0;
   if (p.force_stages > 1) {
     if (!can_stage || p.force_stages * chunk > kConvMaxStagedTokens) {
       throw PlanError(fmt::format(
-          "{}: options.force_stages = {} needs mode 'chunked' with 16-byte accesses of x and "
+          "{}: options.force_stages = {} needs mode 'chunked' or 'ranges' with 16-byte accesses "
+          "of x and "
           "stages x chunk <= {} ({} KiB of shared memory per block); this call runs mode '{}' "
           "with {}-byte accesses and chunk {}",
           plan.op, p.force_stages, kConvMaxStagedTokens,
@@ -210,6 +217,39 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
         "threads per SM (at most {} registers per thread)",
         p.force_min_blocks, p.force_min_blocks, kThreads,
         std::min<std::int64_t>(255, 65536 / (kThreads * p.force_min_blocks) / 8 * 8)));
+  }
+
+  // The ranges mode (opt-in): the token axis cut into as many equal ranges as one wave of
+  // kConvRangesBlocksPerSm blocks per SM (the template's __launch_bounds__ minimum) holds
+  // threads for, per channel group, so that every thread walks the same number of tokens; no
+  // range shorter than kRangeShortest tokens, where the walk's fixed cost (two searches, the
+  // weights, a halo) would dominate.
+  std::int64_t ranges = 0;
+  if (mode == 3) {
+    // (The stages' shared memory allows three blocks per SM on every arch from sm_80: 3 x 33
+    // KiB of 100 KiB on sm_86 / sm_89; occupancy_blocks_per_sm checks it.)
+    LaunchShape one_block;
+    one_block.block = Dim3{static_cast<std::uint32_t>(kThreads), 1, 1};
+    const int fit = occupancy_blocks_per_sm(
+        one_block, limits, FunctionLimits{.static_smem = conv_staged_bytes(stages * chunk)});
+    const std::int64_t per_sm = std::min<std::int64_t>(
+        fit, p.force_min_blocks != 0 ? p.force_min_blocks : kConvRangesBlocksPerSm);
+    const std::int64_t resident = limits.sm_count * per_sm * kThreads;
+    const std::int64_t groups = p.dim / vec;
+    const std::int64_t by_threads = std::max<std::int64_t>(1, resident / groups);
+    const std::int64_t by_tokens =
+        std::max<std::int64_t>(1, (p.tokens + kRangeShortest - 1) / kRangeShortest);
+    ranges = std::min({by_threads, by_tokens, kRangesMost});
+    plan.reasons.push_back(fmt::format(
+        "ranges: {} ranges of about {} tokens of the whole token axis (T = {}, N = {}) x {} "
+        "channel groups, each walked by one thread across sequence boundaries in batches of {} "
+        "tokens; {} x {} blocks of {} threads resident per SM hold {} threads{}; a range starts "
+        "at a sequence's start or at least W - 1 tokens into it",
+        ranges, p.tokens / ranges, p.tokens, p.seqs, groups, chunk, limits.sm_count, per_sm,
+        kThreads, resident,
+        ranges == by_threads && resident >= groups ? ", one wave"
+        : ranges == by_tokens ? fmt::format(" (ranges of at least {} tokens)", kRangeShortest)
+                              : fmt::format(" ({} channel groups: more than one wave)", groups)));
   }
 
   // The pool: its columns are a small part of a prefill's bytes but half of a decode step's.
@@ -243,7 +283,7 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
                           "channel-contiguous")));
   }
 
-  const std::uint64_t items = items_of(p, static_cast<ConvMode>(mode), vec, span);
+  const std::uint64_t items = items_of(p, static_cast<ConvMode>(mode), vec, span, ranges);
   const std::uint64_t wanted = (items + kThreads - 1) / kThreads;
   const std::uint64_t blocks =
       std::min<std::uint64_t>(wanted, static_cast<std::uint64_t>(limits.max_grid_dim[0]));
@@ -279,7 +319,8 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
   require_legal(launch.checks, plan.op);
   plan.launches.push_back(std::move(launch));
   planned.choice = Choice{static_cast<std::int32_t>(vec), static_cast<std::int32_t>(chunk),
-                          static_cast<std::int32_t>(span), static_cast<ConvMode>(mode)};
+                          static_cast<std::int32_t>(span), static_cast<ConvMode>(mode),
+                          static_cast<std::int32_t>(ranges)};
   return planned;
 }
 
