@@ -612,6 +612,113 @@ __device__ __forceinline__ void run_range(const CausalConv1dParams& p,
   }
 }
 
+/// 16-byte vectors of one pool row's W - 1 columns for kVec channels: the block access's
+/// contiguous [kVec, W - 1] block, or the channel access's W - 1 columns of kVec channels (each
+/// whole vectors). 0 where neither is whole 16-byte vectors (the row groups then do not apply).
+template <typename TState, int kVec, int kWidth, ConvStateAccess kAccess>
+inline constexpr int kPoolVectors =
+    kAccess == ConvStateAccess::block && (kVec * (kWidth - 1) * sizeof(TState)) % 16 == 0
+        ? static_cast<int>(kVec*(kWidth - 1) * sizeof(TState) / 16)
+    : kAccess == ConvStateAccess::channels && (kVec * sizeof(TState)) % 16 == 0
+        ? static_cast<int>((kWidth - 1) * (kVec * sizeof(TState) / 16))
+        : 0;
+
+/// The update's row groups (kRowGroup > 0, a tuning candidate): one thread runs decode rows row0
+/// .. row0 + kRowGroup - 1 (single tokens, not speculative, not varlen) of its kVec channels. It
+/// copies every row's x and, once that row's index is in, its slot's pool columns into shared
+/// memory by cp.async (no register held while in flight), then waits once and computes the rows
+/// one after another from shared memory: kRowGroup rows' index -> pool chains in flight per
+/// thread where the one-row kernel has one, at about the same registers, and the weights loaded
+/// once for all of them. Slots [row][vector][thread] of 16 bytes: vector 0 is x, 1.. the pool's.
+template <typename TIn, typename TOut, typename TState, int kWidth, int kVec, int kRowGroup,
+          ConvStateAccess kAccess, bool kSilu, typename TW>
+__device__ __forceinline__ void run_row_group(const CausalConv1dParams& p,
+                                              Conv<TW, kWidth, kVec, kSilu, true>& conv,
+                                              uint4* mine, i64 row0, i64 c0) {
+  constexpr int kP = kPoolVectors<TState, kVec, kWidth, kAccess>;
+  constexpr int kRowSlots = 1 + kP;
+  static_assert(kP > 0 && kVec * sizeof(TIn) == 16, "row groups move whole 16-byte vectors");
+  const i64 B = p.num_seqs;
+  i64 slot[kRowGroup];
+#pragma unroll
+  for (int r = 0; r < kRowGroup; ++r) {
+    if (row0 + r < B) {
+      stage_copy16(mine + r * kRowSlots * kConvBlockThreads,
+                   at<TIn, kVec>(p.x, (row0 + r) * p.x_row_stride, c0, p.x_channel_stride));
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRowGroup; ++r) {
+    slot[r] =
+        row0 + r < B ? load_int(p.state_indices, row0 + r, p.index_stride, p.index_bytes) : i64{-1};
+  }
+#pragma unroll
+  for (int r = 0; r < kRowGroup; ++r) {
+    if (row0 + r < B && slot_valid(slot[r], p)) {
+      uint4* dst = mine + (r * kRowSlots + 1) * kConvBlockThreads;
+      if constexpr (kAccess == ConvStateAccess::block) {
+        const char* src = reinterpret_cast<const char*>(state_at<TState>(p, slot[r], c0, 0));
+#pragma unroll
+        for (int q = 0; q < kP; ++q) stage_copy16(dst + q * kConvBlockThreads, src + 16 * q);
+      } else {
+        constexpr int kPerColumn = kP / (kWidth - 1);
+#pragma unroll
+        for (int j = 0; j < kWidth - 1; ++j) {
+          const char* src = reinterpret_cast<const char*>(state_at<TState>(p, slot[r], c0, j));
+#pragma unroll
+          for (int q = 0; q < kPerColumn; ++q) {
+            stage_copy16(dst + (j * kPerColumn + q) * kConvBlockThreads, src + 16 * q);
+          }
+        }
+      }
+    }
+  }
+  stage_commit();
+  stage_wait<0>();
+#pragma unroll
+  for (int r = 0; r < kRowGroup; ++r) {
+    if (row0 + r >= B) break;
+    const i64 o_off = (row0 + r) * p.out_row_stride;
+    if (!slot_valid(slot[r], p)) {
+      zero_rows<TOut, kVec>(p, o_off, p.out_token_stride, 1, c0);
+      continue;
+    }
+    const uint4* row = mine + r * kRowSlots * kConvBlockThreads;
+    // The history from the staged pool vectors, as Pool::read would have it.
+    u32 words[kP * 4];
+#pragma unroll
+    for (int q = 0; q < kP; ++q) {
+      const uint4 v = row[(1 + q) * kConvBlockThreads];
+      words[4 * q] = v.x;
+      words[4 * q + 1] = v.y;
+      words[4 * q + 2] = v.z;
+      words[4 * q + 3] = v.w;
+    }
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+#pragma unroll
+      for (int j = 0; j < kWidth - 1; ++j) {
+        constexpr int kColumnElems = kVec;  // channels access: column j's kVec elements
+        conv.h[j][k] = kAccess == ConvStateAccess::block
+                           ? vec::get<TState>(words, k * (kWidth - 1) + j)
+                           : vec::get<TState>(words, j * kColumnElems + k);
+      }
+    }
+    const uint4 xv = row[0];
+    Raw<TIn, kVec> x;
+    x.w[0] = xv.x;
+    x.w[1] = xv.y;
+    x.w[2] = xv.z;
+    x.w[3] = xv.w;
+    float in[kVec], y[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) in[k] = x.get(k);
+    conv.step(in, y);
+    store_vec<TOut, kVec>(at<TOut, kVec>(p.out, o_off, c0, p.out_channel_stride), y);
+    PoolIo<TState, kVec, kWidth, kAccess>::write(p, slot[r], c0, conv.h);
+  }
+}
+
 }  // namespace conv_detail
 
 /// Minimum blocks per SM of __launch_bounds__: kMinBlocks when not 0 (a tuning candidate), else
@@ -629,10 +736,12 @@ inline constexpr int kConvMinBlocks = kMinBlocks != 0                         ? 
 /// kChunk: tokens per batch of loads. kSpan: tokens per work item of the chunked mode (0 in the
 /// other modes). kMinBlocks: 0 or the minimum blocks per SM to compile for (kConvMinBlocks).
 /// kStages: 0 or the shared-memory stages of the chunked prefill's batches (run_tokens_staged;
-/// the plans' default where 16-byte accesses allow). kMinBlocks is a tuning candidate.
+/// the plans' default where 16-byte accesses allow). kRowGroup: 0 or the update's decode rows
+/// per thread staged in shared memory (run_row_group). kMinBlocks and kRowGroup are tuning
+/// candidates.
 template <typename TIn, typename TOut, typename TW, typename TState, int kWidth, int kVec,
           int kChunk, int kSpan, ConvMode kMode, ConvStateAccess kAccess, bool kSilu,
-          int kMinBlocks = 0, int kStages = 0>
+          int kMinBlocks = 0, int kStages = 0, int kRowGroup = 0>
 // (The minimum in parentheses: its template argument list's commas would split the macro's.)
 __global__ void __launch_bounds__(kConvBlockThreads, (kConvMinBlocks<kMode, kChunk, kMinBlocks>))
     causal_conv1d_kernel(const CausalConv1dParams p) {
@@ -645,10 +754,20 @@ __global__ void __launch_bounds__(kConvBlockThreads, (kConvMinBlocks<kMode, kChu
       kStages == 0 || ((kMode == ConvMode::chunked || kMode == ConvMode::ranges) && kStages >= 2 &&
                        kVec * sizeof(TIn) == 16 && kStages * kChunk <= kConvMaxStagedTokens),
       "stages: the chunked or ranges mode's 16-byte accesses, 2.. stages, <= 48 KiB per block");
-  // The staged prefill's batches (only kernels with stages declare the shared memory).
+  static_assert(kRowGroup == 0 || (kMode == ConvMode::rows && kChunk == 1 &&
+                                   kRowGroup * (1 + kPoolVectors<TState, kVec, kWidth, kAccess>) <=
+                                       kConvMaxStagedTokens),
+                "row groups: single-token rows, <= 48 KiB of staged vectors per block");
+  // The staged prefill's batches or the row groups' vectors (only kernels with either declare
+  // the shared memory).
   uint4* mine = nullptr;
   if constexpr (kStages > 0) {
     mine = stage_slots<kStages * kChunk * kConvBlockThreads>() + threadIdx.x;
+  }
+  if constexpr (kRowGroup > 0) {
+    mine = stage_slots<kRowGroup*(
+               1 + kPoolVectors<TState, kVec, kWidth, kAccess>)*kConvBlockThreads>() +
+           threadIdx.x;
   }
   using Pool = PoolIo<TState, kVec, kWidth, kAccess>;
   const u64 stride = static_cast<u64>(gridDim.x) * blockDim.x;
@@ -659,7 +778,12 @@ __global__ void __launch_bounds__(kConvBlockThreads, (kConvMinBlocks<kMode, kChu
     const i64 c0 = static_cast<i64>(item - unit * groups) * kVec;
     Conv<TW, kWidth, kVec, kSilu, kMode == ConvMode::rows> conv;
 
-    if constexpr (kMode == ConvMode::rows) {
+    if constexpr (kMode == ConvMode::rows && kRowGroup > 0) {
+      // Weights first: their loads overlap the rows' copies and index loads.
+      conv.load_weights(p, c0);
+      run_row_group<TIn, TOut, TState, kWidth, kVec, kRowGroup, kAccess, kSilu>(
+          p, conv, mine, static_cast<i64>(unit) * kRowGroup, c0);
+    } else if constexpr (kMode == ConvMode::rows) {
       const i64 row = static_cast<i64>(unit);
       i64 S = p.num_tokens;
       i64 x_off = row * p.x_row_stride;

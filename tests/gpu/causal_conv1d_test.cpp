@@ -413,16 +413,16 @@ struct UpdateCase {
   bool x_transposed = false, pool_transposed = false;
   std::int64_t pad_every = 5;
   int rounds = 3;
-  int force_chunk = 0, force_min_blocks = 0;
+  int force_chunk = 0, force_min_blocks = 0, force_row_group = 0;
   std::string expect_pool;
 
   std::string str() const {
     return fmt::format(
         "B={} S={} D={} W={} spec={} silu={} bias={} in_place={} x={} out={} w={} "
-        "state={} idx={} rule={} x^T={} pool^T={} min_blocks={}",
+        "state={} idx={} rule={} x^T={} pool^T={} min_blocks={} row_group={}",
         batch, steps, dim, width, spec, silu, bias, in_place, to_string(x), to_string(out),
         to_string(weight), to_string(state), to_string(index), static_cast<int>(rule), x_transposed,
-        pool_transposed, force_min_blocks);
+        pool_transposed, force_min_blocks, force_row_group);
   }
 };
 
@@ -450,6 +450,7 @@ void run_update(const UpdateCase& c) {
   o.invalid_index = c.rule;
   o.force_chunk = c.force_chunk;
   o.force_min_blocks = c.force_min_blocks;
+  o.force_row_group = c.force_row_group;
   o.runtime = &test::runtime();
   // Several steps feed the pool back: the second step reads what the first wrote.
   for (int round = 0; round < c.rounds; ++round) {
@@ -798,6 +799,62 @@ TEST_CASE("causal_conv1d_update gpu: tuning candidates, minimum blocks") {
     v.in_place = true;
     v.force_min_blocks = blocks;
     run_varlen(v);
+  }
+}
+
+TEST_CASE("causal_conv1d_update gpu: tuning candidates, the row groups (cp.async)") {
+  for (const int group : {2, 3, 4, 6}) {
+    // Partial last groups (B = 37, 1, 2, 5), both rules, in place, [B, D] input, the transposed
+    // pool (channel vectors), bf16 and f16 x; B past 65535 and D = 2^16.
+    for (const std::int64_t batch : {37, 1, 2, 5}) {
+      UpdateCase c;
+      c.steps = 1;
+      c.batch = batch;
+      c.force_row_group = group;
+      run_update(c);
+    }
+    UpdateCase c;
+    c.steps = 1;
+    c.force_row_group = group;
+    c.rule = ConvInvalidIndex::negative;
+    c.x = c.out = c.state = DType::f16;
+    c.weight = DType::f16;
+    run_update(c);
+    c = UpdateCase{};
+    c.steps = 1;
+    c.force_row_group = group;
+    c.in_place = true;
+    c.pool_transposed = true;
+    c.expect_pool = "channels";
+    run_update(c);
+    c = UpdateCase{};
+    c.steps = 1;
+    c.force_row_group = group;
+    c.two_dim = true;
+    c.index = DType::i64;
+    run_update(c);
+    c = UpdateCase{};
+    c.steps = 1;
+    c.force_row_group = group;
+    c.batch = 70001;
+    c.dim = 64;
+    c.rounds = 2;
+    run_update(c);
+    c = UpdateCase{};
+    c.steps = 1;
+    c.force_row_group = group;
+    c.batch = 3;
+    c.dim = std::int64_t{1} << 16;
+    c.rounds = 2;
+    run_update(c);
+  }
+  // f32 everything: 16-byte accesses are 4 channels, the pool's 48-byte blocks 3 vectors.
+  for (const int group : {2, 4}) {
+    UpdateCase c;
+    c.steps = 1;
+    c.force_row_group = group;
+    c.x = c.out = c.weight = c.state = DType::f32;
+    run_update(c);
   }
 }
 

@@ -592,6 +592,71 @@ TEST_CASE(
                        doctest::Contains("options.force_stages = 5; accepted: 0"), InvalidArgument);
 }
 
+TEST_CASE("causal_conv1d planner: the update's row groups (opt-in, force_row_group)") {
+  const DeviceLimits h200 = DeviceLimits::for_name("h200");
+  CausalConv1dOptions group;
+  group.activation = ConvActivation::silu;
+  group.force_row_group = 4;
+  // bf16 pool (48-byte blocks: 3 vectors): 4 rows x 4 vectors of 16 bytes per thread, 32 KiB.
+  const Plan p = plan(bench_decode_views(2048, 8192), h200, group);
+  CHECK(p.launches[0].spec.str() ==
+        "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=1,span=0,"
+        "mode=rows,pool=block,silu=1,row_group=4@sm_90");
+  CHECK(p.launches[0].shape.grid.x == 2048 / 4 * 1024 / 128);
+  CHECK(p.explain().find("row_group = 4 forced by options.force_row_group") != std::string::npos);
+  CHECK(p.explain().find("(16 vectors of 16 bytes)") != std::string::npos);
+  CHECK(p.explain().find("32768 bytes per block") != std::string::npos);
+  // A partial last group: ceil(B / R) groups.
+  CHECK(plan(bench_decode_views(2049, 8192), h200, group).launches[0].shape.grid.x ==
+        513 * 1024 / 128);
+  // Legal up to B = 2^24 on every known device.
+  for (const Arch arch : DeviceLimits::known_archs()) {
+    CAPTURE(arch.str());
+    for (const std::int64_t batch : {1, 65536, 70000, 1 << 24}) {
+      const Plan q = plan(bench_decode_views(batch, 8192), DeviceLimits::for_arch(arch), group);
+      check_legal(q, (batch + 3) / 4 * 1024);
+    }
+  }
+  // An f32 pool's 96-byte blocks (6 vectors): 3 rows fit the 24 vectors, 4 do not.
+  CHECK_THROWS_WITH_AS(plan(update_views(64, 1, 8192), h200, group),
+                       doctest::Contains("options.force_row_group = 4 needs 4 rows x (x + 6 pool "
+                                         "vectors) <= 24"),
+                       PlanError);
+  CausalConv1dOptions three = group;
+  three.force_row_group = 3;
+  CHECK(plan(update_views(64, 1, 8192), h200, three).launches[0].spec.get("row_group") == "3");
+  // Single-token rows only: not speculative, not S > 1, not varlen, not the prefill.
+  const char* single = "needs single-token decode rows";
+  CHECK_THROWS_WITH_AS(plan(update_views(64, 1, 8192, 4, true), h200, three),
+                       doctest::Contains(single), PlanError);
+  CHECK_THROWS_WITH_AS(plan(update_views(64, 2, 8192), h200, three), doctest::Contains(single),
+                       PlanError);
+  CHECK_THROWS_WITH_AS(plan(varlen_views(100, 16, 8192), h200, three), doctest::Contains(single),
+                       PlanError);
+  CHECK_THROWS_WITH_AS(plan(prefill_views(100, 2, 64), h200, three), doctest::Contains(single),
+                       PlanError);
+  // 8-byte accesses of x (f32 x with 2 channels forced).
+  CausalConv1dOptions narrow = three;
+  narrow.force_vec = 2;
+  CHECK_THROWS_WITH_AS(plan(update_views(64, 1, 8192, 4, false, DType::f32), h200, narrow),
+                       doctest::Contains("needs 16-byte accesses of x (this call has 8-byte ones)"),
+                       PlanError);
+  // Values outside the set, and a spec that names a row group outside mode = rows.
+  CausalConv1dOptions bad;
+  bad.force_row_group = 5;
+  CHECK_THROWS_WITH_AS(plan(bench_decode_views(8, 64), h200, bad),
+                       doctest::Contains("options.force_row_group = 5; accepted: 0"),
+                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(
+      KernelSpec::parse("causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,"
+                        "chunk=4,span=64,mode=chunked,pool=block,silu=1,row_group=2@sm_90"),
+      doctest::Contains("row_group = 2 needs mode = rows"), InvalidArgument);
+  // The default plan does not name it.
+  CausalConv1dOptions silu;
+  silu.activation = ConvActivation::silu;
+  CHECK_FALSE(plan(bench_decode_views(2048, 8192), h200, silu).launches[0].spec.has("row_group"));
+}
+
 TEST_CASE("causal_conv1d planner: the ranges mode (opt-in), sized to one wave of threads") {
   const DeviceLimits h200 = DeviceLimits::for_name("h200");
   CausalConv1dOptions ranges;
@@ -704,6 +769,11 @@ TEST_CASE("causal_conv1d: the tuning candidates' kernels compile for sm_90 (regi
       o.force_chunk = chunk;
       specs.push_back(plan(prefill_views(32768, 16, 8192, 4), h200, o).launches[0].spec);
     }
+  }
+  for (const int group : {2, 4, 6}) {  // the update's row groups
+    CausalConv1dOptions o = silu;
+    o.force_row_group = group;
+    specs.push_back(plan(bench_decode_views(2048, 8192), h200, o).launches[0].spec);
   }
   {
     CausalConv1dOptions o = silu;  // the ranges mode (staged, as it plans by default)

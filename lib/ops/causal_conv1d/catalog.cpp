@@ -47,6 +47,25 @@ std::string check_causal_conv1d(const KernelSpec& spec) {
           stages, access, stages * chunk, kConvMaxStagedTokens);
     }
   }
+  const std::int64_t row_group = std::stoll(spec.get_or("row_group", "0"));
+  if (row_group != 0) {
+    const std::int64_t access = vec * (spec.get("in") == "f32" ? 4 : 2);
+    const std::int64_t state_bytes = spec.get("state") == "f32" ? 4 : 2;
+    const std::string pool = spec.get("pool");
+    const std::int64_t vectors = pool == "block" && vec * (width - 1) * state_bytes % 16 == 0
+                                     ? vec * (width - 1) * state_bytes / 16
+                                 : pool == "channels" && vec * state_bytes % 16 == 0
+                                     ? (width - 1) * vec * state_bytes / 16
+                                     : 0;
+    if (spec.get("mode") != "rows" || chunk != 1 || access != 16 || vectors == 0 ||
+        row_group * (1 + vectors) > kConvMaxStagedTokens) {
+      return fmt::format(
+          "row_group = {} needs mode = rows, chunk = 1, 16-byte accesses of x (vec x element "
+          "size = {}), pool = block or channels in whole 16-byte vectors ({} here) and "
+          "row_group x (1 + {}) <= {}",
+          row_group, access, vectors, vectors, kConvMaxStagedTokens);
+    }
+  }
   for (const char* name : {"in", "out"}) {
     const std::int64_t bytes = spec.get(name) == "f32" ? 4 : 2;
     if (vec * bytes > 16) {
@@ -143,6 +162,13 @@ FamilyDecl kernel_family() {
                         .doc = "shared-memory stages of the chunked or ranges prefill's batches "
                                "(cp.async; "
                                "0: two register buffers)",
+                        .omitted_default = "0"},
+              ParamDecl{.name = "row_group",
+                        .kind = ParamKind::choice,
+                        .choices = {"0", "2", "3", "4", "6"},
+                        .rendered = {"0", "2", "3", "4", "6"},
+                        .doc = "decode rows per thread of the update, staged in shared memory "
+                               "(cp.async; 0: one row, unstaged)",
                         .omitted_default = "0"},
           },
       .min_sm = 80,

@@ -46,12 +46,16 @@ std::string why_vec(const Problem& p) {
 
 }  // namespace
 
-std::uint64_t items_of(const Problem& p, ConvMode mode, std::int64_t vec, std::int64_t span,
-                       std::int64_t ranges) {
-  const auto groups = static_cast<std::uint64_t>(p.dim / vec);
-  std::uint64_t units = static_cast<std::uint64_t>(p.seqs);
-  if (mode == ConvMode::chunked) units = static_cast<std::uint64_t>(p.tokens / span + p.seqs);
-  if (mode == ConvMode::ranges) units = static_cast<std::uint64_t>(ranges);
+std::uint64_t items_of(const Problem& p, const Choice& choice) {
+  const auto groups = static_cast<std::uint64_t>(p.dim / choice.vec);
+  auto units = static_cast<std::uint64_t>(p.seqs);
+  if (choice.mode == ConvMode::chunked) {
+    units = static_cast<std::uint64_t>(p.tokens / choice.span + p.seqs);
+  } else if (choice.mode == ConvMode::ranges) {
+    units = static_cast<std::uint64_t>(choice.ranges);
+  } else if (choice.mode == ConvMode::rows && choice.row_group > 0) {
+    units = static_cast<std::uint64_t>((p.seqs + choice.row_group - 1) / choice.row_group);
+  }
   return units * groups;
 }
 
@@ -146,6 +150,10 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
   // fixed cost (measured against shorter spans: docs/performance.md, "Spans of tokens per work
   // item").
   std::int64_t span = 0;
+  const auto chunked_choice = [&](std::int64_t s) {
+    return Choice{static_cast<std::int32_t>(vec), static_cast<std::int32_t>(chunk),
+                  static_cast<std::int32_t>(s), ConvMode::chunked};
+  };
   if (mode == 0) {
     const std::int64_t floor_span = std::max({kSpanShortest, chunk, p.width - 1});
     const auto enough = static_cast<std::uint64_t>(limits.sm_count) *
@@ -161,13 +169,13 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
       plan.reasons.push_back(fmt::format("span = {} forced by options.force_span", span));
     } else {
       span = std::max(kSpanLongest, floor_span);
-      while (span > floor_span && items_of(p, ConvMode::chunked, vec, span, 0) < enough) span /= 2;
+      while (span > floor_span && items_of(p, chunked_choice(span)) < enough) span /= 2;
       plan.reasons.push_back(fmt::format(
           "span = {} tokens per work item: the longest of {}..{} giving at least {} SMs x {} "
           "threads / 2 = {} items ({} here), so that each item's sequence lookup, weights and "
           "W - 1 token halo are spread over many tokens while every SM still gets threads",
           span, kSpanLongest, floor_span, limits.sm_count, limits.max_threads_per_sm, enough,
-          items_of(p, ConvMode::chunked, vec, span, 0)));
+          items_of(p, chunked_choice(span))));
     }
     plan.reasons.push_back(fmt::format(
         "chunked: every span of {} tokens of every sequence in parallel (span ids "
@@ -283,7 +291,46 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
                           "channel-contiguous")));
   }
 
-  const std::uint64_t items = items_of(p, static_cast<ConvMode>(mode), vec, span, ranges);
+  // The update's row groups (opt-in): R single-token rows per thread, x and pool columns staged
+  // in shared memory by cp.async, R x (1 + the pool's 16-byte vectors) x 16 bytes per thread.
+  std::int64_t row_group = 0;
+  if (p.force_row_group != 0) {
+    const std::int64_t pool_vectors = pool == "block" ? block_bytes / 16
+                                      : pool == "channels" && (vec * state_size) % 16 == 0
+                                          ? (p.width - 1) * (vec * state_size / 16)
+                                          : 0;
+    std::string why_not;
+    if (p.op != Op::update || p.varlen || p.tokens != 1 || p.speculative) {
+      why_not =
+          "single-token decode rows (causal_conv1d_update with S = 1, no "
+          "num_accepted_tokens)";
+    } else if (access != 16) {
+      why_not = fmt::format("16-byte accesses of x (this call has {}-byte ones)", access);
+    } else if (pool_vectors == 0) {
+      why_not = fmt::format(
+          "pool columns in whole 16-byte vectors (this call's pool access is "
+          "{})",
+          pool);
+    } else if (p.force_row_group * (1 + pool_vectors) > kConvMaxStagedTokens) {
+      why_not = fmt::format("{} rows x (x + {} pool vectors) <= {} vectors of 16 bytes per thread",
+                            p.force_row_group, pool_vectors, kConvMaxStagedTokens);
+    }
+    if (!why_not.empty()) {
+      throw PlanError(fmt::format("{}: options.force_row_group = {} needs {}", plan.op,
+                                  p.force_row_group, why_not));
+    }
+    row_group = p.force_row_group;
+    plan.reasons.push_back(fmt::format(
+        "row_group = {} forced by options.force_row_group: each thread copies {} rows' x and "
+        "pool columns ({} vectors of 16 bytes) into shared memory by cp.async, then computes them "
+        "({} bytes per block)",
+        row_group, row_group, row_group * (1 + pool_vectors),
+        conv_staged_bytes(row_group * (1 + pool_vectors))));
+  }
+  Choice choice{static_cast<std::int32_t>(vec),    static_cast<std::int32_t>(chunk),
+                static_cast<std::int32_t>(span),   static_cast<ConvMode>(mode),
+                static_cast<std::int32_t>(ranges), static_cast<std::int32_t>(row_group)};
+  const std::uint64_t items = items_of(p, choice);
   const std::uint64_t wanted = (items + kThreads - 1) / kThreads;
   const std::uint64_t blocks =
       std::min<std::uint64_t>(wanted, static_cast<std::uint64_t>(limits.max_grid_dim[0]));
@@ -312,15 +359,14 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
     spec_params.emplace_back("min_blocks", std::to_string(p.force_min_blocks));
   }
   if (stages != 0) spec_params.emplace_back("stages", std::to_string(stages));
+  if (row_group != 0) spec_params.emplace_back("row_group", std::to_string(row_group));
   launch.spec = KernelSpec::make("causal_conv1d", spec_params, limits.arch);
   launch.shape.grid = Dim3{static_cast<std::uint32_t>(blocks), 1, 1};
   launch.shape.block = Dim3{static_cast<std::uint32_t>(kThreads), 1, 1};
   launch.checks = check_launch(launch.shape, limits);
   require_legal(launch.checks, plan.op);
   plan.launches.push_back(std::move(launch));
-  planned.choice = Choice{static_cast<std::int32_t>(vec), static_cast<std::int32_t>(chunk),
-                          static_cast<std::int32_t>(span), static_cast<ConvMode>(mode),
-                          static_cast<std::int32_t>(ranges)};
+  planned.choice = choice;
   return planned;
 }
 
