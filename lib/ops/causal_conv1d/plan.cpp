@@ -302,15 +302,11 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
     std::string why_not;
     if (p.op != Op::update || p.varlen || p.tokens != 1 || p.speculative) {
       why_not =
-          "single-token decode rows (causal_conv1d_update with S = 1, no "
-          "num_accepted_tokens)";
+          "single-token decode rows (causal_conv1d_update with S = 1, no num_accepted_tokens)";
     } else if (access != 16) {
       why_not = fmt::format("16-byte accesses of x (this call has {}-byte ones)", access);
     } else if (pool_vectors == 0) {
-      why_not = fmt::format(
-          "pool columns in whole 16-byte vectors (this call's pool access is "
-          "{})",
-          pool);
+      why_not = fmt::format("pool columns in whole 16-byte vectors (pool access {} here)", pool);
     } else if (p.force_row_group * (1 + pool_vectors) > kConvMaxStagedTokens) {
       why_not = fmt::format("{} rows x (x + {} pool vectors) <= {} vectors of 16 bytes per thread",
                             p.force_row_group, pool_vectors, kConvMaxStagedTokens);
