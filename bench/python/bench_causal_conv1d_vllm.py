@@ -6,8 +6,10 @@ vLLM's code is not part of kjit: put a copy of vllm/model_executor/layers/mamba/
 causal_conv1d.py at bench/python/third_party/vllm_causal_conv1d.py (the folder is git-ignored),
 e.g. `curl -o bench/python/third_party/vllm_causal_conv1d.py https://raw.githubusercontent.com/
 vllm-project/vllm/main/vllm/model_executor/layers/mamba/ops/causal_conv1d.py`. Its vllm imports
-(PAD_SLOT_ID, triton_utils) are stubbed here, so vLLM itself need not be installed; torch and
-triton must be.
+(PAD_SLOT_ID, NULL_BLOCK_ID, triton_utils, current_platform) are stubbed here, so vLLM itself
+need not be installed; torch and triton must be. Without network, the file is in vLLM's wheel:
+`pip download --no-deps vllm` and `unzip -p vllm-*.whl vllm/model_executor/layers/mamba/ops/
+causal_conv1d.py`.
 
 For each B in 1, 32, 256, 2048 (S = 1, random distinct slots of a pool twice the batch, vLLM's
 pool layout [slots, W-1, D] seen as [slots, D, W-1]): both outputs and both pools compared,
@@ -34,7 +36,8 @@ D, W = 8192, 4
 
 
 def load_vllm():
-    """vLLM's module with its two vllm imports stubbed (PAD_SLOT_ID = -1, triton_utils)."""
+    """vLLM's module with its vllm imports stubbed (PAD_SLOT_ID = -1, NULL_BLOCK_ID = 0,
+    triton_utils, current_platform)."""
     if not os.path.exists(VLLM_FILE):
         return None, f"{VLLM_FILE} does not exist (see this script's docstring)"
     import triton
@@ -47,11 +50,24 @@ def load_vllm():
             setattr(module, key, value)
         sys.modules.setdefault(name, module)
 
+    class Platform:
+        """vllm.platforms.current_platform as the file asks it (newer vLLM): a CUDA device,
+        no programmatic dependent launch (one kernel timed alone gains nothing from it)."""
+
+        @staticmethod
+        def is_cpu():
+            return False
+
+        @staticmethod
+        def is_arch_support_pdl():
+            return False
+
     for name in ("vllm", "vllm.attention", "vllm.attention.backends", "vllm.v1",
                  "vllm.v1.attention", "vllm.v1.attention.backends"):
         stub(name)
     stub("vllm.attention.backends.utils", PAD_SLOT_ID=-1)
-    stub("vllm.v1.attention.backends.utils", PAD_SLOT_ID=-1)
+    stub("vllm.v1.attention.backends.utils", PAD_SLOT_ID=-1, NULL_BLOCK_ID=0)
+    stub("vllm.platforms", current_platform=Platform())
     stub("vllm.triton_utils", tl=tl, triton=triton)
     spec = importlib.util.spec_from_file_location("vllm_causal_conv1d", VLLM_FILE)
     module = importlib.util.module_from_spec(spec)
