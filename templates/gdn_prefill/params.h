@@ -267,24 +267,23 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillStateSmem gdn_prefill_state_smem(int k, 
 }
 
 /// The warp-specialized kernel (ws.cuh, sm_90a, K = V = 128): three stages of a chunk's k, q, v
-/// and scales, two slots of T' and P^T, the full / empty / p_ready mbarriers per stage and
-/// chunk_ready (the chunk warpgroup's T', P^T and scales of the stage's chunk are in), and the
-/// chunk warpgroup's own tiles.
+/// and scales, two slots of T' and P^T, the state warpgroups' shared S tile, the full / empty /
+/// p_ready mbarriers per stage and chunk_ready (the chunk warpgroup's T', P^T and scales of the
+/// stage's chunk are in), and the chunk warpgroup's own tiles.
 struct GdnPrefillWsSmem {
   GdnPrefillStateSmem state;  // the stages (k0, q, v, sc0; k1 - k0 apart); t0 and p: slot 0 below
   u32 tp_stride;              // bytes from one T' / P^T slot to the next (two slots)
+  u32 s_tile;                 // bf16 [64][k] swizzled: a state warpgroup's rows of S at chunk start
   u32 chunk_ready;            // u64 [3]
   u32 t_ready;                // u64 [2]: the state side's T' of a chunk is in (by chunk parity)
-  u32 a;         // f32 [2][64][68]: A by chunk parity, and the parked f32 blocks of T above its
-                 // diagonal
-  u32 a_stride;  // bytes from one A tile to the next
-  u32 gamma;     // f32 [4][64]: one copy per warp
-  u32 beta;      // f32 [4][64]: one copy per warp
-  u32 cf;        // f32 [4][64]: rk_j e^(gamma_ref - gamma_j)
-  u32 ref;       // f32 [4][4]
-  u32 rq;        // f32 [3][64]: 1 / |q_i| by stage (the first state warpgroup's)
-  u32 rk;        // f32 [2][64], by chunk parity
-  u32 beta_t;    // f32 [2][64]: beta for the state side's inverse, by chunk parity
+  u32 a;                      // f32 [64][68]: A, and the parked f32 blocks of T above its diagonal
+  u32 gamma;                  // f32 [4][64]: one copy per warp
+  u32 beta;                   // f32 [4][64]: one copy per warp
+  u32 cf;                     // f32 [4][64]: rk_j e^(gamma_ref - gamma_j)
+  u32 ref;                    // f32 [4][4]
+  u32 rq;                     // f32 [2][2][64]: 1 / |q_i| by state warpgroup and chunk parity
+  u32 rk;                     // f32 [2][64], by chunk parity
+  u32 beta_t;                 // f32 [2][64]: beta for the state side's inverse, by chunk parity
   u32 total;
 };
 
@@ -327,7 +326,9 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillWsSmem gdn_prefill_ws_smem(int k) {
   // Three stages of the chunk's rows (k, q swizzled without the mma.sync padding, v padded as the
   // state kernel's, the scales), then the chunk warpgroup's T' and P^T in a ring of two slots:
   // chunk c's slot is chunk c - 2's, whose stage the chunk warpgroup waits for anyway before it
-  // fills chunk c + 1.
+  // fills chunk c + 1. The slot saved pays for the state warpgroups' shared S tile (their first
+  // products read S from shared memory: with S's bf16 A fragments in registers ptxas serialized
+  // every wgmma of the kernel, docs/performance.md).
   GdnPrefillStateSmem& st = m.state;
   u32 at = 0;
   st.k0 = at;
@@ -346,17 +347,16 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillWsSmem gdn_prefill_ws_smem(int k) {
   m.tp_stride = 2u * 64u * 64u * 2u;
   st.t1 = st.t0 + m.tp_stride;
   at += 2u * m.tp_stride;
+  m.s_tile = at;
+  at += 64u * u32(k) * 2u;
   st.barriers = at;
   at += 24u * u32(kGdnPrefillWsStages);
   st.total = at;  // (state_wide finds chunk_ready here)
   m.chunk_ready = at;
   m.t_ready = at + 8u * kGdnPrefillWsStages;
   at = gdn_prefill_align16(m.t_ready + 8u * 2u);
-  // Two A tiles: the chunk warpgroup writes chunk c's while the second state warpgroup still
-  // inverts chunk c - 1's (with one, the two waited for each other every chunk).
   m.a = at;
-  m.a_stride = 64u * 68u * 4u;
-  at += 2u * m.a_stride;
+  at += 64u * 68u * 4u;
   m.gamma = at;
   at += 1024u;
   m.beta = at;
@@ -366,7 +366,7 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillWsSmem gdn_prefill_ws_smem(int k) {
   m.ref = at;
   at += 64u;
   m.rq = at;
-  at += u32(kGdnPrefillWsStages) * 256u;
+  at += 4u * 256u;
   m.rk = at;
   at += 2u * 256u;
   m.beta_t = at;

@@ -808,9 +808,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
           mbarrier::init(reinterpret_cast<u64*>(smem + kSmem.total) + s, kGdnPrefillThreads);
         }
         // t_ready[c & 1]: the second state warpgroup's inverse of chunk c (ChunkRole::invert).
-        for (int par = 0; par < 2; ++par) {
-          mbarrier::init(reinterpret_cast<u64*>(smem + kWsSmem.t_ready) + par, kGdnPrefillThreads);
-        }
+        mbarrier::init(reinterpret_cast<u64*>(smem + kWsSmem.t_ready), kGdnPrefillThreads);
+        mbarrier::init(reinterpret_cast<u64*>(smem + kWsSmem.t_ready) + 1, kGdnPrefillThreads);
       }
       __syncthreads();
       if (warp >= kWarps) {
@@ -1177,8 +1176,10 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     const __nv_bfloat16* s_q = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.q);
     const __nv_bfloat16* s_v = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.v);
     unsigned char* const tp_base = kWs ? smem + tp_off : base;
-    // kWs: this chunk's 1 / |q_i| (times the output scale), one copy per stage (see below).
-    [[maybe_unused]] float* const s_rqc = reinterpret_cast<float*>(smem + kWsSmem.rq) + cur * 64;
+    // kWs: this chunk's 1 / |q_i| (times the output scale), the warpgroup's copy of the chunk's
+    // parity (a warp may start the next chunk while another still reads this one's).
+    [[maybe_unused]] float* const s_rqw =
+        reinterpret_cast<float*>(smem + kWsSmem.rq) + (2 * (warp >> 2) + ws_par) * 64;
     const __nv_bfloat16* s_t = reinterpret_cast<const __nv_bfloat16*>(tp_base + kSmem.t0);
     __nv_bfloat16* const s_p = reinterpret_cast<__nv_bfloat16*>(tp_base + kSmem.p);
     const float4* s_sc = reinterpret_cast<const float4*>(base + kSmem.sc0);
@@ -1220,32 +1221,33 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     wgmma::hold_registers(acc_r);
     wgmma::hold_registers(acc_o);
     if constexpr (kWs) {
+      // S_w from the warpgroups' shared S tile (bf16, swizzled, K-major A): with S's A fragments
+      // in registers beside the state and the accumulators, 184 registers were too few for ptxas
+      // to keep any wgmma in flight (C7512: every wgmma of the kernel waited for itself). The
+      // tile is the warpgroup's from its turn until its products have read it.
+      unsigned char* const s_tile = smem + kWsSmem.s_tile;
       // q's norms, which only O needs (its columns are scaled by them after its last product):
       // two threads a row, each one 128-byte slice of the swizzled q tile, read from a rotated
       // chunk so that a quarter warp's eight rows hit eight different 16-byte bank groups. Done
       // here instead of by the chunk warpgroup (an mma.sync Q Q^T diagonal beside its wgmma),
-      // which paced the kernel, and by the first warpgroup alone: the second has the inverse on
-      // its chain. The turn barriers publish them: warpgroup 0's turn_wait below to its own 128
-      // threads, its turn_pass to warpgroup 1's turn_wait. One copy per stage: warpgroup 0
-      // rewrites chunk c's copy (for chunk c + 3) only after its turn_wait of chunk c + 2, which
-      // follows warpgroup 1's turn_pass of chunk c + 1 and so every read of chunk c's norms; a
-      // copy per parity would be rewritten after the turn_wait of chunk c + 1, before them.
-      if (ChunkRole::kL2Norm && wg == 0) {
+      // which paces the kernel; the warpgroup barrier below publishes them.
+      if constexpr (ChunkRole::kL2Norm) {
         const int wt = tid & 127, r = wt >> 1, hf = wt & 1;
         const unsigned char* const row = base + kSmem.q + hf * sw128::kSlice + r * 128;
         float sum = 0.f;
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
-          u32 w[4];
-          vec::to_words(*reinterpret_cast<const uint4*>(row + (((c + r + 4 * hf) & 7) << 4)), w);
+          const uint4 x = *reinterpret_cast<const uint4*>(row + (((c + r + 4 * hf) & 7) << 4));
+          const u32 w[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            const float x = vec::get<Tin>(w, e);
-            sum = fmaf(x, x, sum);
+          for (int e = 0; e < 4; ++e) {
+            const float lo = __uint_as_float(w[e] << 16), hi = __uint_as_float(w[e] & 0xffff0000u);
+            sum = fmaf(lo, lo, sum);
+            sum = fmaf(hi, hi, sum);
           }
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        if (hf == 0) s_rqc[r] = p.scale * gdn::l2_inv_norm(sum);
+        if (hf == 0) s_rqw[r] = p.scale * gdn::l2_inv_norm(sum);
       }
       // T' of this chunk: the second warpgroup inverts (I + A) from the chunk warpgroup's A tile
       // while it waits for its turn (the first issues its products); its arrivals also hand A's
@@ -1259,11 +1261,38 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         wgmma::fence_shared_writes();  // this thread's T' stores, before wgmma reads them
         mbarrier::arrive(t_ready + par);
       }
-    }
-    // S_w's bf16 A fragments from registers (RS). In the warp-specialized kernel's 192 registers
-    // ptxas keeps these wgmma in flight only because S_w Q^T is waited for before Vn is issued
-    // (step 2); otherwise it serializes every wgmma of the kernel (C7512).
-    {
+      turn_wait();
+      const int wr = (warp & 3) * 16 + g;  // the warp's rows of the tile
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        u32 f[4];
+        state_fragment(s_acc[0], ks, f);
+        *reinterpret_cast<u32*>(sw128_element(s_tile, wr, 16 * ks + 2 * t4)) = f[0];
+        *reinterpret_cast<u32*>(sw128_element(s_tile, wr + 8, 16 * ks + 2 * t4)) = f[1];
+        *reinterpret_cast<u32*>(sw128_element(s_tile, wr, 16 * ks + 8 + 2 * t4)) = f[2];
+        *reinterpret_cast<u32*>(sw128_element(s_tile, wr + 8, 16 * ks + 8 + 2 * t4)) = f[3];
+      }
+      wgmma::fence_shared_writes();
+      warpgroup_sync(wg);  // every warp's rows are in before the warpgroup's products read them
+      const u64 s_desc = wgmma::descriptor_sw128(mma::smem_addr(s_tile), 16, kSwAtom);
+      wgmma::fence();
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        wgmma::mma_m64n64k16_ss<0>(acc_r, wgmma::advance(s_desc, sw128::k_step(0, ks)),
+                                   wgmma::advance(k_desc, sw128::k_step(0, ks)));
+      }
+      wgmma::commit();
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        wgmma::mma_m64n64k16_ss<0>(acc_o, wgmma::advance(s_desc, sw128::k_step(0, ks)),
+                                   wgmma::advance(q_desc, sw128::k_step(0, ks)));
+      }
+      wgmma::commit();
+      wgmma::wait<1>();
+      wgmma::hold_registers(acc_r);
+      // This chunk's P^T and scales from the chunk warpgroup (the second warpgroup waited above).
+      if (wg == 0) wait_chunk_ready(cur);
+    } else {
       u32 s_frag[kKSteps][4];
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) state_fragment(s_acc[0], ks, s_frag[ks]);
@@ -1284,10 +1313,6 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       turn_pass();
       wgmma::wait<kHandoff ? 1 : 0>();
       wgmma::hold_registers(acc_r);
-      // This chunk's P^T and scales from the chunk warpgroup (the second warpgroup waited above).
-      if constexpr (kWs) {
-        if (wg == 0) wait_chunk_ready(cur);
-      }
     }
 
     // 2. R_w^T and the update's column scales.
@@ -1295,11 +1320,10 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     float kd[4][2][2];
     form_r(acc_r, s_v + vw, kLdV, s_sc, t4, ra, kd);
     if constexpr (kWs) {
-      // S_w Q^T done before Vn is issued (with its accumulators in flight through Vn, ptxas
-      // serialized every wgmma of the kernel at 192 registers, C7512), and T' of this chunk (the
-      // second warpgroup's inverse) in.
+      // S_w Q^T has read the shared S tile by now (it ran during R): the other warpgroup's turn.
       wgmma::wait<0>();
       wgmma::hold_registers(acc_o);
+      turn_pass();
       mbarrier::wait(t_ready + par, (t_ready_phase >> par) & 1u);
       t_ready_phase ^= 1u << par;
     }
@@ -1380,7 +1404,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
           const float2 rq = ChunkRole::kL2Norm
-                                ? *reinterpret_cast<const float2*>(s_rqc + nt * 8 + 2 * t4)
+                                ? *reinterpret_cast<const float2*>(s_rqw + nt * 8 + 2 * t4)
                                 : make_float2(p.scale, p.scale);
           acc_o[nt][0] *= rq.x;
           acc_o[nt][1] *= rq.y;

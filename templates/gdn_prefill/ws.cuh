@@ -6,13 +6,11 @@
 //   warpgroup 2 (the chunk role, below): copies each chunk's raw q, k and v rows into a ring of
 //     three stages (cp.async, q and k 128-byte swizzled) and computes, one chunk ahead of the state
 //     warpgroups, most of what the chunk kernel (chunk.cuh) writes to the workspace: A (f32, into
-//     two tiles by chunk parity) and P transposed (decay_col_block, from K Q^T, so that each warp's
-//     rows of P^T and of A balance) into a ring of two swizzled T' / P^T slots, and the decay
-//     scales into the stage; from K K^T and K Q^T on wgmma, k's norms from the diagonal of K K^T
-//     and the gates.
+//     one tile) and P transposed (decay_col_block, from K Q^T, so that each warp's rows of P^T
+//     and of A balance) into a ring of two swizzled T' / P^T slots, and the decay scales into the
+//     stage; from K K^T and K Q^T on wgmma, k's norms from the diagonal of K K^T and the gates.
 //   warpgroups 0 and 1 (state.cuh, state_wide with a chunk role): the state recurrence on wgmma,
-//     64 rows of V each, taking turns issuing their first products (S's bf16 fragments from
-//     registers).
+//     64 rows of V each, taking turns through one shared bf16 S tile for their first products.
 //     Warpgroup 1 also turns A into T' = (I + A)^-1 diag(beta) (invert: the forward substitution
 //     and the tf32 block products) while it waits for its turn, and both take q's norms from the
 //     stage's q tile and apply them to O's columns (neither P^T nor the scales hold them). Both
@@ -21,7 +19,7 @@
 //
 // Three mbarriers per stage hand the stages around: full (the chunk warpgroup's copies landed),
 // chunk_ready (its A, P^T and scales are in), empty (every state thread is done with the stage
-// and with the chunk's T' / P^T slot); t_ready by chunk parity: the chunk's T' is in and its A
+// and with the chunk's T' / P^T slot); t_ready by chunk parity: the chunk's T' is in and A's
 // tile free again. The chunk warpgroup fetches chunk c + 1 while it works on
 // chunk c, into the stage of chunk c - 2, which the state warpgroups (on chunk c - 1) have
 // released; chunk c's T' / P^T slot is chunk c - 2's. Compared with the two kernels, the T', P
@@ -31,10 +29,8 @@
 // Registers: 2 x 128 x 192 + 128 x 120 = the block's 168 per thread (setmaxnreg, state.cuh;
 // 200 / 104, where the chunk warpgroup no longer spills, was 0.5-1% slower).
 // With 184 for the state warpgroups ptxas serialized every wgmma of the kernel (C7512, each
-// waited for itself) while S's A fragments and P were the state warpgroups'; S went through a
-// shared tile for a while. At 192, with P, the norms' products and nothing in flight across Vn,
-// it keeps them in flight with the fragments in registers (unit test "the sm_90a prefill kernels
-// keep their wgmma in flight").
+// waited for itself) until S's A fragments left the registers for the shared S tile and P left
+// the state warpgroups; at 192 it keeps them in flight.
 #pragma once
 
 #include "templates/gdn_prefill/chunk.cuh"
@@ -73,7 +69,7 @@ struct WsChunkRole {
                                                 int parity, int warp, int lane, Sync&& sync) {
     using namespace gdn_prefill_chunk_detail;
     constexpr GdnPrefillWsSmem kWsSmem = gdn_prefill_ws_smem(kK);
-    float* const s_a = reinterpret_cast<float*>(smem + kWsSmem.a + parity * kWsSmem.a_stride);
+    float* const s_a = reinterpret_cast<float*>(smem + kWsSmem.a);
     const float* const s_beta0 =
         reinterpret_cast<const float*>(smem + kWsSmem.beta_t) + 64 * parity;
     invert_chunk(
@@ -100,7 +96,7 @@ struct WsChunkRole {
 
     const int ctid = static_cast<int>(threadIdx.x) - 2 * kGdnPrefillThreads;
     const int warp = ctid >> 5, lane0 = ctid & 31;
-    float* const s_a_base = reinterpret_cast<float*>(smem + kWsSmem.a);
+    float* const s_a = reinterpret_cast<float*>(smem + kWsSmem.a);
     // k's inverse norms, by chunk parity: a warp's next chunk writes the other copy while a slower
     // warp may still read this one (no barrier behind the decay pass).
     float* const s_rk_base = reinterpret_cast<float*>(smem + kWsSmem.rk);
@@ -111,8 +107,7 @@ struct WsChunkRole {
     float* const s_ref = reinterpret_cast<float*>(smem + kWsSmem.ref) + 4 * warp;
     // beta of each chunk for the state warpgroups' inverse (warp 0's), by chunk parity.
     float* const s_beta_t = reinterpret_cast<float*>(smem + kWsSmem.beta_t);
-    // t_ready[c & 1]: the state warpgroups' inverse of chunk c is done (T' in, A's tile c & 1
-    // read).
+    // t_ready[c & 1]: the state warpgroups' inverse of chunk c is done (T' in, A's tile read).
     u64* const t_ready = reinterpret_cast<u64*>(smem + kWsSmem.t_ready);
 
     // The blocks of T' above its diagonal blocks and those of P^T left of them are zero in both
@@ -248,17 +243,15 @@ struct WsChunkRole {
 
       // 3b. Beta and the column factors, which need the norms.
       gates.store_beta_and_factors(scanned, lane, s_rk, s_beta, s_cf);
-      // A's tile and beta's copy of this parity are free once the state warpgroups' inverse of
-      // chunk c - 2 is done (long since, as a rule: its stage was released before this chunk
-      // began). Chunk c - 1's inverse may still be running on the other tile.
-      const int par = int(chunk & 1);
-      float* const s_a = s_a_base + par * (kWsSmem.a_stride / 4);
-      if (chunk >= 2) {
-        mbarrier::wait(t_ready + par, (t_ready_phase >> par) & 1u);
-        t_ready_phase ^= 1u << par;
+      // A's tile (and beta's copy of this parity) are free once the state warpgroups' inverse of
+      // the previous chunk is done.
+      if (chunk > 0) {
+        const int pp = int((chunk - 1) & 1);
+        mbarrier::wait(t_ready + pp, (t_ready_phase >> pp) & 1u);
+        t_ready_phase ^= 1u << pp;
       }
       if (warp == 0) {
-        *reinterpret_cast<float2*>(s_beta_t + par * 64 + 2 * lane) =
+        *reinterpret_cast<float2*>(s_beta_t + (chunk & 1) * 64 + 2 * lane) =
             make_float2(scanned.beta[0], scanned.beta[1]);
       }
       __syncwarp();

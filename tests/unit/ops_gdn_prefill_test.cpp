@@ -1150,17 +1150,17 @@ TEST_CASE(
     regions.push_back({"T'", at + st.t0, 64 * 64 * 2});
     regions.push_back({"P^T", at + st.p, 64 * 64 * 2});
   }
+  CHECK(m.s_tile % 1024 == 0);
+  regions.push_back({"S tile", m.s_tile, 64 * 128 * 2});
   regions.push_back({"full, empty, p_ready", st.barriers, 3 * 8 * kGdnPrefillWsStages});
   regions.push_back({"chunk_ready", m.chunk_ready, 8 * kGdnPrefillWsStages});
   regions.push_back({"t_ready (by chunk parity)", m.t_ready, 8 * 2});
-  CHECK(m.a_stride == 64 * 68 * 4);
-  regions.push_back({"A (chunk parity 0)", m.a, m.a_stride});
-  regions.push_back({"A (chunk parity 1)", m.a + m.a_stride, m.a_stride});
+  regions.push_back({"A", m.a, 64 * 68 * 4});
   regions.push_back({"gamma", m.gamma, 4 * 64 * 4});
   regions.push_back({"beta", m.beta, 4 * 64 * 4});
   regions.push_back({"cf", m.cf, 4 * 64 * 4});
   regions.push_back({"ref", m.ref, 4 * 4 * 4});
-  regions.push_back({"rq (by stage)", m.rq, kGdnPrefillWsStages * 64 * 4});
+  regions.push_back({"rq (by state warpgroup and chunk parity)", m.rq, 2 * 2 * 64 * 4});
   regions.push_back({"rk (by chunk parity)", m.rk, 2 * 64 * 4});
   regions.push_back({"beta for the inverse (by chunk parity)", m.beta_t, 2 * 64 * 4});
   for (std::size_t i = 0; i < regions.size(); ++i) {
@@ -1176,7 +1176,6 @@ TEST_CASE(
   }
   // The chunk warpgroup's f32 tiles are read as float4 / float2: 16-byte aligned.
   CHECK(m.a % 16 == 0);
-  CHECK(m.a_stride % 16 == 0);
   CHECK(m.cf % 16 == 0);
   // rk, rq and beta's copies are read as float2 (and the state side's rq rows as float2 too).
   CHECK(m.rk % 8 == 0);
