@@ -22,11 +22,9 @@
 //                              inputs in the same process (and checked against the reference):
 //                              a comma-separated list, each candidate '+'-joined key=value of
 //                              min_blocks (force_min_blocks), stages (force_stages), vec, chunk,
-//                              span, ranges (ranges=1: force_mode "ranges"), row_group
-//                              (force_row_group). A candidate that does not apply to a shape
-//                              (stages of 2 or more, or ranges, for the update; row groups for
-//                              the prefill) prints a line with "skipped" and the planner's
-//                              reason.
+//                              span. A candidate that does not apply to a shape (stages of 2 or
+//                              more for the update) prints a line with "skipped" and the
+//                              planner's reason.
 //   KJIT_CONV_BENCH_UPDATE_ONLY=1  the update's shapes (and their floor) alone, no prefill.
 #include <fmt/format.h>
 
@@ -146,16 +144,13 @@ void print_json(std::FILE* json, const std::string& line) {
 /// One tuning candidate of KJIT_CONV_BENCH_MODES: its text and the options it forces.
 struct Candidate {
   std::string name;
-  int min_blocks = 0, vec = 0, chunk = 0, span = 0, stages = 0, ranges = 0, row_group = 0;
+  int min_blocks = 0, vec = 0, chunk = 0, span = 0, stages = 0;
   void apply(kjit::CausalConv1dOptions& o) const {
-    // (ranges=1: the prefill's ranges mode; an update does not have it and says so.)
-    if (ranges != 0) o.force_mode = "ranges";
     if (min_blocks != 0) o.force_min_blocks = min_blocks;
     if (vec != 0) o.force_vec = vec;
     if (chunk != 0) o.force_chunk = chunk;
     if (span != 0) o.force_span = span;
     if (stages != 0) o.force_stages = stages;
-    if (row_group != 0) o.force_row_group = row_group;
   }
 };
 
@@ -180,18 +175,16 @@ std::vector<Candidate> candidates() {
       const std::size_t eq = item.find('=');
       const std::string key = item.substr(0, eq);
       const int value = eq == std::string::npos ? 0 : std::atoi(item.c_str() + eq + 1);
-      int* field = key == "min_blocks"  ? &c.min_blocks
-                   : key == "vec"       ? &c.vec
-                   : key == "chunk"     ? &c.chunk
-                   : key == "span"      ? &c.span
-                   : key == "stages"    ? &c.stages
-                   : key == "ranges"    ? &c.ranges
-                   : key == "row_group" ? &c.row_group
-                                        : nullptr;
+      int* field = key == "min_blocks" ? &c.min_blocks
+                   : key == "vec"      ? &c.vec
+                   : key == "chunk"    ? &c.chunk
+                   : key == "span"     ? &c.span
+                   : key == "stages"   ? &c.stages
+                                       : nullptr;
       if (field == nullptr || value == 0) {
         std::printf(
             "KJIT_CONV_BENCH_MODES: '%s' in '%s' is not key=value with a key of min_blocks, "
-            "vec, chunk, span, stages, ranges, row_group\n",
+            "vec, chunk, span, stages\n",
             item.c_str(), name.c_str());
         std::exit(2);
       }
@@ -566,13 +559,6 @@ bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double em
                 "check)\n",
                 batch, us, gbs / copy);
   for (const Candidate& cand : cands) {
-    if (cand.ranges != 0) {  // a prefill mode: the update's checks would reject it
-      print_json(json, fmt::format("{{\"op\":\"causal_conv1d_update\",\"batch\":{},"
-                                   "\"candidate\":\"{}\",\"skipped\":\"ranges is a prefill "
-                                   "mode\"}}",
-                                   batch, cand.name));
-      continue;
-    }
     kjit::CausalConv1dOptions co = o;
     cand.apply(co);
     try {

@@ -480,268 +480,25 @@ __device__ __forceinline__ void run_tokens_staged(const CausalConv1dParams& p,
   }
 }
 
-/// Tokens first_token .. first_token + count - 1 of sequence n (tokens start .. start + len - 1
-/// of x) in one thread, for kVec channels from c0: the first batches issued, the slot's index,
-/// the history (the pool's columns or zeros when first_token is 0, else the W - 1 inputs before
-/// first_token, which must all lie inside the sequence), the tokens, and, for the thread of the
-/// sequence's first token, the slot's new columns. A padding index gives zero rows.
-template <typename TIn, typename TOut, typename TState, int kWidth, int kVec, int kChunk,
-          ConvStateAccess kAccess, bool kSilu, int kStages, typename TW>
-__device__ __forceinline__ void run_sequence_tokens(const CausalConv1dParams& p,
-                                                    Conv<TW, kWidth, kVec, kSilu, false>& conv,
-                                                    uint4* mine, i64 n, i64 start, i64 len,
-                                                    i64 first_token, i64 count, i64 c0) {
-  using Pool = PoolIo<TState, kVec, kWidth, kAccess>;
-  const i64 x_off = (start + first_token) * p.x_token_stride;
-  const i64 o_off = (start + first_token) * p.out_token_stride;
-  // The first batch does not depend on the slot: issued with the index load, so that its
-  // latency overlaps the index -> pool (or halo) reads below. (Staged: the first kStages - 1
-  // batches, into shared memory.)
-  Raw<TIn, kVec> first_batch[kStages > 0 ? 1 : kChunk];
-  if constexpr (kStages > 0) {
-#pragma unroll
-    for (int s = 0; s + 1 < kStages; ++s) {
-      stage_batch<TIn, kVec, kChunk>(p, mine + s * kChunk * kConvBlockThreads, x_off, s * kChunk,
-                                     count, c0);
-    }
-  } else {
-    load_batch<TIn, kVec, kChunk>(p, first_batch, x_off, p.x_token_stride, 0, count, c0);
-  }
-  const i64 slot = load_int(p.state_indices, n, p.index_stride, p.index_bytes);
-  if (!slot_valid(slot, p)) {
-    // (Staged: the copies land before the next item's reuse the same slots.)
-    if constexpr (kStages > 0) stage_wait<0>();
-    zero_rows<TOut, kVec>(p, o_off, p.out_token_stride, count, c0);
-    return;
-  }
-  if (first_token == 0) {
-    const bool has =
-        p.has_initial_state == nullptr || p.has_initial_state[n * p.has_initial_stride] != 0;
-    if (has) {
-      Pool::read(p, slot, c0, 0, conv.h);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kWidth - 1; ++j) {
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) conv.h[j][k] = 0.0f;
-      }
-    }
-  } else {
-    // The halo: the W - 1 inputs before the span, all inside the sequence (a span, or a range
-    // of the ranges mode, starts at least W - 1 tokens into its sequence when not at its start).
-#pragma unroll
-    for (int j = 0; j < kWidth - 1; ++j) {
-      load_x<TIn, kVec>(p, x_off - (kWidth - 1 - j) * p.x_token_stride, c0, conv.h[j]);
-    }
-  }
-  if constexpr (kStages > 0) {
-    run_tokens_staged<TIn, TOut, kWidth, kVec, kChunk, kStages, kSilu>(p, conv, mine, x_off, o_off,
-                                                                       count, c0);
-    stage_wait<0>();  // the empty groups past the end, before the next item's copies
-  } else {
-    run_tokens_pipelined<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, first_batch, x_off, o_off,
-                                                                 count, c0);
-  }
-  // The slot's new columns, by the thread that read it (the sequence's first span), after
-  // its tokens: no batch of loads is in flight any more, so the column values do not add
-  // to the registers the loop needs. A sequence within its first span (sequential: always)
-  // leaves its last W - 1 inputs, or the history shifted by fewer tokens, in conv.h (read
-  // from registers, since x may be out in place). A longer one's are x rows len - W + 1 ..
-  // len - 1, all inside the sequence (len > count >= W - 1: the next span or range starts at
-  // least W - 1 tokens in) and not written (out of place).
-  if (first_token == 0) {
-    if (count == len) {
-      Pool::write(p, slot, c0, conv.h);
-    } else {
-      float nv[kWidth - 1][kVec];
-#pragma unroll
-      for (int j = 0; j < kWidth - 1; ++j) {
-        load_x<TIn, kVec>(p, (start + len - (kWidth - 1) + j) * p.x_token_stride, c0, nv[j]);
-      }
-      Pool::write(p, slot, c0, nv);
-    }
-  }
-}
-
-/// Where range r of the ranges mode starts: token r * T / ranges, moved back to the start of its
-/// sequence when it would fall fewer than W - 1 tokens into it. So a range that starts inside a
-/// sequence finds its W - 1 token halo inside that sequence, and only the range holding a
-/// sequence's first token touches the sequence's pool slot. `n`: the sequence holding the token
-/// (the last one starting at or before it, so empty sequences are passed over). Monotone in r,
-/// so the ranges of r = 0 .. ranges - 1 cut 0 .. T into disjoint, possibly empty, pieces.
-template <int kWidth>
-__device__ __forceinline__ i64 range_start(const CausalConv1dParams& p, i64 r, i64 ranges, i64& n) {
-  const i64 raw = r * p.num_tokens / ranges;  // r <= 2^20, T < 2^31: no overflow
-  i64 lo = 0, hi = p.num_seqs - 1;
-  while (lo < hi) {
-    const i64 mid = (lo + hi + 1) / 2;
-    if (load_int(p.cu_seqlens, mid, p.cu_stride, p.cu_bytes) <= raw) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  n = lo;
-  const i64 start = load_int(p.cu_seqlens, n, p.cu_stride, p.cu_bytes);
-  return raw - start < kWidth - 1 ? start : raw;
-}
-
-/// The ranges mode: one thread walks tokens range_start(r) .. range_start(r + 1) - 1 of the whole
-/// token axis for kVec channels, across sequence boundaries, one run_sequence_tokens per
-/// sequence piece (the weights loaded once). Every thread of a launch gets the same number of
-/// tokens, give or take a halo, so none is left running alone at the end.
-template <typename TIn, typename TOut, typename TState, int kWidth, int kVec, int kChunk,
-          ConvStateAccess kAccess, bool kSilu, int kStages, typename TW>
-__device__ __forceinline__ void run_range(const CausalConv1dParams& p,
-                                          Conv<TW, kWidth, kVec, kSilu, false>& conv, uint4* mine,
-                                          i64 r, i64 ranges, i64 c0) {
-  i64 n = 0, next_n = 0;
-  const i64 begin = range_start<kWidth>(p, r, ranges, n);
-  const i64 end = r + 1 >= ranges ? p.num_tokens : range_start<kWidth>(p, r + 1, ranges, next_n);
-  i64 start = load_int(p.cu_seqlens, n, p.cu_stride, p.cu_bytes);
-  // (n < N also bounds the walk where cu_seqlens is not checked: it never reads past cu[N].)
-  for (i64 t = begin; t < end && n < p.num_seqs; ++n) {
-    const i64 stop = load_int(p.cu_seqlens, n + 1, p.cu_stride, p.cu_bytes);
-    if (stop > t) {
-      const i64 count = (stop < end ? stop : end) - t;
-      run_sequence_tokens<TIn, TOut, TState, kWidth, kVec, kChunk, kAccess, kSilu, kStages>(
-          p, conv, mine, n, start, stop - start, t - start, count, c0);
-      t += count;
-    }
-    start = stop;
-  }
-}
-
-/// 16-byte vectors of one pool row's W - 1 columns for kVec channels: the block access's
-/// contiguous [kVec, W - 1] block, or the channel access's W - 1 columns of kVec channels (each
-/// whole vectors). 0 where neither is whole 16-byte vectors (the row groups then do not apply).
-template <typename TState, int kVec, int kWidth, ConvStateAccess kAccess>
-inline constexpr int kPoolVectors =
-    kAccess == ConvStateAccess::block && (kVec * (kWidth - 1) * sizeof(TState)) % 16 == 0
-        ? static_cast<int>(kVec*(kWidth - 1) * sizeof(TState) / 16)
-    : kAccess == ConvStateAccess::channels && (kVec * sizeof(TState)) % 16 == 0
-        ? static_cast<int>((kWidth - 1) * (kVec * sizeof(TState) / 16))
-        : 0;
-
-/// The update's row groups (kRowGroup > 0, a tuning candidate): one thread runs decode rows row0
-/// .. row0 + kRowGroup - 1 (single tokens, not speculative, not varlen) of its kVec channels. It
-/// copies every row's x and, once that row's index is in, its slot's pool columns into shared
-/// memory by cp.async (no register held while in flight), then waits once and computes the rows
-/// one after another from shared memory: kRowGroup rows' index -> pool chains in flight per
-/// thread where the one-row kernel has one, at about the same registers, and the weights loaded
-/// once for all of them. Slots [row][vector][thread] of 16 bytes: vector 0 is x, 1.. the pool's.
-template <typename TIn, typename TOut, typename TState, int kWidth, int kVec, int kRowGroup,
-          ConvStateAccess kAccess, bool kSilu, typename TW>
-__device__ __forceinline__ void run_row_group(const CausalConv1dParams& p,
-                                              Conv<TW, kWidth, kVec, kSilu, true>& conv,
-                                              uint4* mine, i64 row0, i64 c0) {
-  constexpr int kP = kPoolVectors<TState, kVec, kWidth, kAccess>;
-  constexpr int kRowSlots = 1 + kP;
-  static_assert(kP > 0 && kVec * sizeof(TIn) == 16, "row groups move whole 16-byte vectors");
-  const i64 B = p.num_seqs;
-  i64 slot[kRowGroup];
-#pragma unroll
-  for (int r = 0; r < kRowGroup; ++r) {
-    if (row0 + r < B) {
-      stage_copy16(mine + r * kRowSlots * kConvBlockThreads,
-                   at<TIn, kVec>(p.x, (row0 + r) * p.x_row_stride, c0, p.x_channel_stride));
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRowGroup; ++r) {
-    slot[r] =
-        row0 + r < B ? load_int(p.state_indices, row0 + r, p.index_stride, p.index_bytes) : i64{-1};
-  }
-#pragma unroll
-  for (int r = 0; r < kRowGroup; ++r) {
-    if (row0 + r < B && slot_valid(slot[r], p)) {
-      uint4* dst = mine + (r * kRowSlots + 1) * kConvBlockThreads;
-      if constexpr (kAccess == ConvStateAccess::block) {
-        const char* src = reinterpret_cast<const char*>(state_at<TState>(p, slot[r], c0, 0));
-#pragma unroll
-        for (int q = 0; q < kP; ++q) stage_copy16(dst + q * kConvBlockThreads, src + 16 * q);
-      } else {
-        constexpr int kPerColumn = kP / (kWidth - 1);
-#pragma unroll
-        for (int j = 0; j < kWidth - 1; ++j) {
-          const char* src = reinterpret_cast<const char*>(state_at<TState>(p, slot[r], c0, j));
-#pragma unroll
-          for (int q = 0; q < kPerColumn; ++q) {
-            stage_copy16(dst + (j * kPerColumn + q) * kConvBlockThreads, src + 16 * q);
-          }
-        }
-      }
-    }
-  }
-  stage_commit();
-  stage_wait<0>();
-#pragma unroll
-  for (int r = 0; r < kRowGroup; ++r) {
-    if (row0 + r >= B) break;
-    const i64 o_off = (row0 + r) * p.out_row_stride;
-    if (!slot_valid(slot[r], p)) {
-      zero_rows<TOut, kVec>(p, o_off, p.out_token_stride, 1, c0);
-      continue;
-    }
-    const uint4* row = mine + r * kRowSlots * kConvBlockThreads;
-    // The history from the staged pool vectors, as Pool::read would have it.
-    u32 words[kP * 4];
-#pragma unroll
-    for (int q = 0; q < kP; ++q) {
-      const uint4 v = row[(1 + q) * kConvBlockThreads];
-      words[4 * q] = v.x;
-      words[4 * q + 1] = v.y;
-      words[4 * q + 2] = v.z;
-      words[4 * q + 3] = v.w;
-    }
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-#pragma unroll
-      for (int j = 0; j < kWidth - 1; ++j) {
-        constexpr int kColumnElems = kVec;  // channels access: column j's kVec elements
-        conv.h[j][k] = kAccess == ConvStateAccess::block
-                           ? vec::get<TState>(words, k * (kWidth - 1) + j)
-                           : vec::get<TState>(words, j * kColumnElems + k);
-      }
-    }
-    const uint4 xv = row[0];
-    Raw<TIn, kVec> x;
-    x.w[0] = xv.x;
-    x.w[1] = xv.y;
-    x.w[2] = xv.z;
-    x.w[3] = xv.w;
-    float in[kVec], y[kVec];
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) in[k] = x.get(k);
-    conv.step(in, y);
-    store_vec<TOut, kVec>(at<TOut, kVec>(p.out, o_off, c0, p.out_channel_stride), y);
-    PoolIo<TState, kVec, kWidth, kAccess>::write(p, slot[r], c0, conv.h);
-  }
-}
-
 }  // namespace conv_detail
 
 /// Minimum blocks per SM of __launch_bounds__: kMinBlocks when not 0 (a tuning candidate), else
 /// single-token rows (the decode update, chunk 1) at 5 blocks per SM: 94
-/// registers, no spills (128 and 4 blocks before); the ranges mode at the blocks per SM its
-/// planner sizes the ranges for (kConvRangesBlocksPerSm); the other modes at the compiler's
-/// choice (0: no minimum), as before.
+/// registers, no spills (128 and 4 blocks before); the other modes at the compiler's choice (0:
+/// no minimum), as before.
 template <ConvMode kMode, int kChunk, int kMinBlocks>
-inline constexpr int kConvMinBlocks = kMinBlocks != 0                         ? kMinBlocks
-                                      : kMode == ConvMode::rows&& kChunk == 1 ? 5
-                                      : kMode == ConvMode::ranges ? kConvRangesBlocksPerSm
-                                                                  : 0;
+inline constexpr int kConvMinBlocks = kMinBlocks != 0
+                                          ? kMinBlocks
+                                          : (kMode == ConvMode::rows && kChunk == 1 ? 5 : 0);
 
 /// The kernel of every mode. TIn / TOut: x / out; TW: weight and bias; TState: the pool.
 /// kChunk: tokens per batch of loads. kSpan: tokens per work item of the chunked mode (0 in the
 /// other modes). kMinBlocks: 0 or the minimum blocks per SM to compile for (kConvMinBlocks).
 /// kStages: 0 or the shared-memory stages of the chunked prefill's batches (run_tokens_staged;
-/// the plans' default where 16-byte accesses allow). kRowGroup: 0 or the update's decode rows
-/// per thread staged in shared memory (run_row_group). kMinBlocks and kRowGroup are tuning
-/// candidates.
+/// the plans' default where 16-byte accesses allow). kMinBlocks is a tuning candidate.
 template <typename TIn, typename TOut, typename TW, typename TState, int kWidth, int kVec,
           int kChunk, int kSpan, ConvMode kMode, ConvStateAccess kAccess, bool kSilu,
-          int kMinBlocks = 0, int kStages = 0, int kRowGroup = 0>
+          int kMinBlocks = 0, int kStages = 0>
 // (The minimum in parentheses: its template argument list's commas would split the macro's.)
 __global__ void __launch_bounds__(kConvBlockThreads, (kConvMinBlocks<kMode, kChunk, kMinBlocks>))
     causal_conv1d_kernel(const CausalConv1dParams p) {
@@ -751,23 +508,13 @@ __global__ void __launch_bounds__(kConvBlockThreads, (kConvMinBlocks<kMode, kChu
                 "a span covers the W-1 token halo of the next one and at least one batch");
   static_assert(kMode == ConvMode::chunked || kSpan == 0, "spans belong to the chunked mode");
   static_assert(
-      kStages == 0 || ((kMode == ConvMode::chunked || kMode == ConvMode::ranges) && kStages >= 2 &&
-                       kVec * sizeof(TIn) == 16 && kStages * kChunk <= kConvMaxStagedTokens),
-      "stages: the chunked or ranges mode's 16-byte accesses, 2.. stages, <= 48 KiB per block");
-  static_assert(kRowGroup == 0 || (kMode == ConvMode::rows && kChunk == 1 &&
-                                   kRowGroup * (1 + kPoolVectors<TState, kVec, kWidth, kAccess>) <=
-                                       kConvMaxStagedTokens),
-                "row groups: single-token rows, <= 48 KiB of staged vectors per block");
-  // The staged prefill's batches or the row groups' vectors (only kernels with either declare
-  // the shared memory).
+      kStages == 0 || (kMode == ConvMode::chunked && kStages >= 2 && kVec * sizeof(TIn) == 16 &&
+                       kStages * kChunk <= kConvMaxStagedTokens),
+      "stages: the chunked mode's 16-byte accesses, 2.. stages, <= 48 KiB per block");
+  // The staged prefill's batches (only kernels with stages declare the shared memory).
   uint4* mine = nullptr;
   if constexpr (kStages > 0) {
     mine = stage_slots<kStages * kChunk * kConvBlockThreads>() + threadIdx.x;
-  }
-  if constexpr (kRowGroup > 0) {
-    mine = stage_slots<kRowGroup*(
-               1 + kPoolVectors<TState, kVec, kWidth, kAccess>)*kConvBlockThreads>() +
-           threadIdx.x;
   }
   using Pool = PoolIo<TState, kVec, kWidth, kAccess>;
   const u64 stride = static_cast<u64>(gridDim.x) * blockDim.x;
@@ -778,12 +525,7 @@ __global__ void __launch_bounds__(kConvBlockThreads, (kConvMinBlocks<kMode, kChu
     const i64 c0 = static_cast<i64>(item - unit * groups) * kVec;
     Conv<TW, kWidth, kVec, kSilu, kMode == ConvMode::rows> conv;
 
-    if constexpr (kMode == ConvMode::rows && kRowGroup > 0) {
-      // Weights first: their loads overlap the rows' copies and index loads.
-      conv.load_weights(p, c0);
-      run_row_group<TIn, TOut, TState, kWidth, kVec, kRowGroup, kAccess, kSilu>(
-          p, conv, mine, static_cast<i64>(unit) * kRowGroup, c0);
-    } else if constexpr (kMode == ConvMode::rows) {
+    if constexpr (kMode == ConvMode::rows) {
       const i64 row = static_cast<i64>(unit);
       i64 S = p.num_tokens;
       i64 x_off = row * p.x_row_stride;
@@ -853,11 +595,6 @@ __global__ void __launch_bounds__(kConvBlockThreads, (kConvMinBlocks<kMode, kChu
       // array is held beside the history (fewer registers: more threads per SM, more loads in
       // flight).
       if (!spec) Pool::write(p, slot, c0, conv.h);
-    } else if constexpr (kMode == ConvMode::ranges) {
-      // The weights first: they do not depend on the ranges' searches, so their loads overlap.
-      conv.load_weights(p, c0);
-      run_range<TIn, TOut, TState, kWidth, kVec, kChunk, kAccess, kSilu, kStages>(
-          p, conv, mine, static_cast<i64>(unit), static_cast<i64>(p.num_items / groups), c0);
     } else {
       // Prefill: which sequence and which tokens of it. The weights first: they do not depend on
       // the answer, so their loads overlap the search's.
@@ -887,8 +624,74 @@ __global__ void __launch_bounds__(kConvBlockThreads, (kConvMinBlocks<kMode, kChu
       const i64 count = kMode == ConvMode::chunked
                             ? (len - first_token < kSpan ? len - first_token : kSpan)
                             : len;
-      run_sequence_tokens<TIn, TOut, TState, kWidth, kVec, kChunk, kAccess, kSilu, kStages>(
-          p, conv, mine, n, start, len, first_token, count, c0);
+      const i64 x_off = (start + first_token) * p.x_token_stride;
+      const i64 o_off = (start + first_token) * p.out_token_stride;
+      // The first batch does not depend on the slot: issued with the index load, so that its
+      // latency overlaps the index -> pool (or halo) reads below. (Staged: the first kStages - 1
+      // batches, into shared memory.)
+      Raw<TIn, kVec> first_batch[kStages > 0 ? 1 : kChunk];
+      if constexpr (kStages > 0) {
+#pragma unroll
+        for (int s = 0; s + 1 < kStages; ++s) {
+          stage_batch<TIn, kVec, kChunk>(p, mine + s * kChunk * kConvBlockThreads, x_off,
+                                         s * kChunk, count, c0);
+        }
+      } else {
+        load_batch<TIn, kVec, kChunk>(p, first_batch, x_off, p.x_token_stride, 0, count, c0);
+      }
+      const i64 slot = load_int(p.state_indices, n, p.index_stride, p.index_bytes);
+      if (!slot_valid(slot, p)) {
+        // (Staged: the copies land before the next item's reuse the same slots.)
+        if constexpr (kStages > 0) stage_wait<0>();
+        zero_rows<TOut, kVec>(p, o_off, p.out_token_stride, count, c0);
+        continue;
+      }
+      if (first_token == 0) {
+        const bool has =
+            p.has_initial_state == nullptr || p.has_initial_state[n * p.has_initial_stride] != 0;
+        if (has) {
+          Pool::read(p, slot, c0, 0, conv.h);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kWidth - 1; ++j) {
+#pragma unroll
+            for (int k = 0; k < kVec; ++k) conv.h[j][k] = 0.0f;
+          }
+        }
+      } else {
+        // The halo: the W - 1 inputs before the span, all inside the sequence (spans are at
+        // least W - 1 tokens long).
+#pragma unroll
+        for (int j = 0; j < kWidth - 1; ++j) {
+          load_x<TIn, kVec>(p, x_off - (kWidth - 1 - j) * p.x_token_stride, c0, conv.h[j]);
+        }
+      }
+      if constexpr (kStages > 0) {
+        run_tokens_staged<TIn, TOut, kWidth, kVec, kChunk, kStages, kSilu>(p, conv, mine, x_off,
+                                                                           o_off, count, c0);
+        stage_wait<0>();  // the empty groups past the end, before the next item's copies
+      } else {
+        run_tokens_pipelined<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, first_batch, x_off,
+                                                                     o_off, count, c0);
+      }
+      // The slot's new columns, by the thread that read it (the sequence's first span), after
+      // its tokens: no batch of loads is in flight any more, so the column values do not add
+      // to the registers the loop needs. A sequence within its first span (sequential: always)
+      // leaves its last W - 1 inputs, or the history shifted by fewer tokens, in conv.h (read
+      // from registers, since x may be out in place). A longer one's are x rows len - W + 1 ..
+      // len - 1, all inside the sequence (len > span >= W - 1) and not written (out of place).
+      if (first_token == 0) {
+        if (count == len) {
+          Pool::write(p, slot, c0, conv.h);
+        } else {
+          float nv[kWidth - 1][kVec];
+#pragma unroll
+          for (int j = 0; j < kWidth - 1; ++j) {
+            load_x<TIn, kVec>(p, (start + len - (kWidth - 1) + j) * p.x_token_stride, c0, nv[j]);
+          }
+          Pool::write(p, slot, c0, nv);
+        }
+      }
     }
   }
 }

@@ -20,11 +20,6 @@ enum class ConvMode : int {
   /// Decode update: one item per (row, channel group); rows of S tokens, or varlen rows of x
   /// [T, D] delimited by query_start_loc.
   rows = 2,
-  /// Prefill, out of place: one item per (range of the token axis, channel group); num_items /
-  /// channel_groups ranges of about T / ranges tokens each, walked across sequence boundaries
-  /// (range_start says where each starts). The planner sizes the ranges so that the launch is
-  /// one wave of kConvRangesBlocksPerSm blocks per SM: every thread gets the same work.
-  ranges = 3,
 };
 
 /// How a thread reads and writes the pool columns of its kVec channels.
@@ -109,10 +104,6 @@ inline constexpr u32 kConvBiasVector = 2;
 
 /// Threads per block of every causal_conv1d kernel (the planner launches exactly this many).
 inline constexpr int kConvBlockThreads = 128;
-
-/// Blocks per SM the ranges mode is compiled for (its __launch_bounds__ minimum) and its planner
-/// sizes the ranges by: the staged chunked kernel's occupancy (149 registers, three blocks).
-inline constexpr int kConvRangesBlocksPerSm = 3;
 
 /// The staged chunked prefill: at most this many tokens of stages x chunk per thread, 16 bytes
 /// each (48 KiB of shared memory per block of kConvBlockThreads). One rule for the template,

@@ -413,16 +413,16 @@ struct UpdateCase {
   bool x_transposed = false, pool_transposed = false;
   std::int64_t pad_every = 5;
   int rounds = 3;
-  int force_chunk = 0, force_min_blocks = 0, force_row_group = 0;
+  int force_chunk = 0, force_min_blocks = 0;
   std::string expect_pool;
 
   std::string str() const {
     return fmt::format(
         "B={} S={} D={} W={} spec={} silu={} bias={} in_place={} x={} out={} w={} "
-        "state={} idx={} rule={} x^T={} pool^T={} min_blocks={} row_group={}",
+        "state={} idx={} rule={} x^T={} pool^T={} min_blocks={}",
         batch, steps, dim, width, spec, silu, bias, in_place, to_string(x), to_string(out),
         to_string(weight), to_string(state), to_string(index), static_cast<int>(rule), x_transposed,
-        pool_transposed, force_min_blocks, force_row_group);
+        pool_transposed, force_min_blocks);
   }
 };
 
@@ -450,7 +450,6 @@ void run_update(const UpdateCase& c) {
   o.invalid_index = c.rule;
   o.force_chunk = c.force_chunk;
   o.force_min_blocks = c.force_min_blocks;
-  o.force_row_group = c.force_row_group;
   o.runtime = &test::runtime();
   // Several steps feed the pool back: the second step reads what the first wrote.
   for (int round = 0; round < c.rounds; ++round) {
@@ -802,62 +801,6 @@ TEST_CASE("causal_conv1d_update gpu: tuning candidates, minimum blocks") {
   }
 }
 
-TEST_CASE("causal_conv1d_update gpu: tuning candidates, the row groups (cp.async)") {
-  for (const int group : {2, 3, 4, 6}) {
-    // Partial last groups (B = 37, 1, 2, 5), both rules, in place, [B, D] input, the transposed
-    // pool (channel vectors), bf16 and f16 x; B past 65535 and D = 2^16.
-    for (const std::int64_t batch : {37, 1, 2, 5}) {
-      UpdateCase c;
-      c.steps = 1;
-      c.batch = batch;
-      c.force_row_group = group;
-      run_update(c);
-    }
-    UpdateCase c;
-    c.steps = 1;
-    c.force_row_group = group;
-    c.rule = ConvInvalidIndex::negative;
-    c.x = c.out = c.state = DType::f16;
-    c.weight = DType::f16;
-    run_update(c);
-    c = UpdateCase{};
-    c.steps = 1;
-    c.force_row_group = group;
-    c.in_place = true;
-    c.pool_transposed = true;
-    c.expect_pool = "channels";
-    run_update(c);
-    c = UpdateCase{};
-    c.steps = 1;
-    c.force_row_group = group;
-    c.two_dim = true;
-    c.index = DType::i64;
-    run_update(c);
-    c = UpdateCase{};
-    c.steps = 1;
-    c.force_row_group = group;
-    c.batch = 70001;
-    c.dim = 64;
-    c.rounds = 2;
-    run_update(c);
-    c = UpdateCase{};
-    c.steps = 1;
-    c.force_row_group = group;
-    c.batch = 3;
-    c.dim = std::int64_t{1} << 16;
-    c.rounds = 2;
-    run_update(c);
-  }
-  // f32 everything: 16-byte accesses are 4 channels, the pool's 48-byte blocks 3 vectors.
-  for (const int group : {2, 4}) {
-    UpdateCase c;
-    c.steps = 1;
-    c.force_row_group = group;
-    c.x = c.out = c.weight = c.state = DType::f32;
-    run_update(c);
-  }
-}
-
 TEST_CASE("causal_conv1d gpu: tuning candidates, minimum blocks of the prefill modes") {
   for (const int blocks : {2, 3, 4, 5, 6, 8}) {
     PrefillCase c;
@@ -950,87 +893,6 @@ TEST_CASE("causal_conv1d gpu: tuning candidates, the staged (cp.async) chunked p
   for (std::int64_t& l : c.lengths) l = static_cast<std::int64_t>(rng() % 11);
   c.pad_every = 7;
   c.rule = ConvInvalidIndex::nonpositive;
-  run_prefill(c);
-}
-
-TEST_CASE(
-    "causal_conv1d gpu: tuning candidates, the ranges mode (equal ranges of the token axis)") {
-  // Ranges start at a sequence's start or W - 1 tokens or more into it; lengths around W - 1;
-  // ranges of 16 tokens (D = 64: fewer tokens than one wave of threads wants) that cross many
-  // sequences; every dtype, both rules, layouts (token-contiguous x: one channel per thread,
-  // register buffers), stages forced off and to other depths, minimum blocks.
-  for (const std::int64_t width : {2, 3, 4, 8}) {
-    PrefillCase c;
-    c.force_mode = "ranges";
-    c.expect_mode = "ranges";
-    c.width = width;
-    c.lengths = {1, width - 2, width - 1, width, 2 * width, 0, 0, 5, 1000, 4097, 17, 16, 15};
-    run_prefill(c);
-    c.rule = ConvInvalidIndex::nonpositive;
-    c.has_initial_mixed = false;
-    c.pool_transposed = true;
-    run_prefill(c);
-  }
-  for (const DType d : {DType::f16, DType::f32}) {
-    PrefillCase c;
-    c.force_mode = "ranges";
-    c.expect_mode = "ranges";
-    c.x = c.out = c.weight = c.state = d;
-    run_prefill(c);
-  }
-  {
-    PrefillCase c;
-    c.force_mode = "ranges";
-    c.expect_mode = "ranges";
-    c.x_transposed = true;
-    c.out_padded = true;
-    c.weight_transposed = true;
-    c.cu = c.index = DType::i64;
-    run_prefill(c);
-  }
-  for (const int stages : {1, 2, 3, 6}) {
-    PrefillCase c;
-    c.force_mode = "ranges";
-    c.expect_mode = "ranges";
-    c.force_stages = stages;
-    run_prefill(c);
-  }
-  for (const int blocks : {2, 4}) {
-    PrefillCase c;
-    c.force_mode = "ranges";
-    c.expect_mode = "ranges";
-    c.force_min_blocks = blocks;
-    run_prefill(c);
-  }
-  // Qwen3-Next's D = 8192 (one wave: 49 ranges of ~167 tokens on an H200), 2^16 channels (a
-  // few ranges) and 2^20 (one range, more channel groups than threads).
-  for (const std::int64_t dim :
-       {std::int64_t{8192}, std::int64_t{1} << 16, std::int64_t{1} << 20}) {
-    PrefillCase c;
-    c.force_mode = "ranges";
-    c.expect_mode = "ranges";
-    c.dim = dim;
-    if (dim == 8192) {
-      c.lengths.assign(16, 512);
-      c.lengths[3] += 7;
-      c.lengths[9] -= 7;
-    } else {
-      c.lengths = {1, 3, 200, 0, 77};
-    }
-    c.pad_every = 5;
-    run_prefill(c);
-  }
-  // Thousands of short sequences: every range crosses many of them, both rules.
-  PrefillCase c;
-  c.force_mode = "ranges";
-  c.expect_mode = "ranges";
-  c.lengths.assign(3000, 0);
-  test::Rng rng(test::fresh_seed());
-  for (std::int64_t& l : c.lengths) l = static_cast<std::int64_t>(rng() % 11);
-  c.pad_every = 7;
-  run_prefill(c);
-  c.rule = ConvInvalidIndex::nonpositive;
-  c.dim = 1024;
   run_prefill(c);
 }
 

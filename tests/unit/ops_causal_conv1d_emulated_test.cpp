@@ -101,22 +101,13 @@ CausalConv1dParams common(const TensorView& w, const TensorView& b, const Tensor
   return k;
 }
 
-/// A prefill case's forced values beyond chunk, span, min_blocks and stages: a mode, the channels
-/// D and the SM count of the H200 limits the plan is made for (fewer SMs: fewer, longer ranges).
-struct PrefillExtra {
-  const char* mode = "";
-  std::int64_t dim = 64;
-  int sm_count = 0;
-};
-
 template <Kernel K>
 void prefill_case(const char* name, const char* expect_spec_prefix, DType xd, DType wd, DType sd,
                   std::int64_t W, bool x_tokmajor, bool pool_transposed, bool in_place,
                   std::vector<std::int64_t> lengths, ConvInvalidIndex rule, int force_chunk = 0,
-                  int force_span = 0, int force_min_blocks = 0, int force_stages = 0,
-                  PrefillExtra extra = {}) {
+                  int force_span = 0, int force_min_blocks = 0, int force_stages = 0) {
   std::mt19937_64 rng(std::random_device{}());
-  const std::int64_t D = extra.dim, N = lengths.size(), slots = N + 3;
+  const std::int64_t D = 64, N = lengths.size(), slots = N + 3;
   std::vector<std::int64_t> cu{0};
   for (auto l : lengths) cu.push_back(cu.back() + l);
   const std::int64_t T = cu.back();
@@ -145,34 +136,33 @@ void prefill_case(const char* name, const char* expect_spec_prefix, DType xd, DT
   o.force_span = force_span;
   o.force_min_blocks = force_min_blocks;
   o.force_stages = force_stages;
-  o.force_mode = extra.mode;
-  DeviceLimits limits = DeviceLimits::for_name("h200");
-  if (extra.sm_count != 0) limits.sm_count = extra.sm_count;
   TensorView outv = in_place ? x.view() : out.view();
   Plan plan = plan_causal_conv1d(x.view(), w.view(), b.view(), pool.view(), cuh.view(), idx.view(),
-                                 has.view(), outv, o, limits);
+                                 has.view(), outv, o, DeviceLimits::for_name("h200"));
   std::string spec = plan.launches[0].spec.str();
   REQUIRE_MESSAGE(spec.rfind(expect_spec_prefix, 0) == 0, name << ": the plan's spec " << spec);
   std::vector<double> want = reference::causal_conv1d(
       x_ref.view(), w.view(), b.view(), pool_ref.view(), cuh.view(), idx.view(), has.view(), o);
-  // The launch's own parameters (lib/ops/causal_conv1d/launch.cpp), from the op's checks and
-  // planner; their plan must be the public one.
-  const TensorView xv = x.view(), wv = w.view(), bv = b.view(), pv = pool.view(), cuv = cuh.view(),
-                   idxv = idx.view(), hasv = has.view();
-  ops::conv1d::Args args;
-  args.x = &xv;
-  args.weight = &wv;
-  args.bias = &bv;
-  args.conv_state = &pv;
-  args.cu_seqlens = &cuv;
-  args.state_indices = &idxv;
-  args.has_initial_state = &hasv;
-  args.out = &outv;
-  args.options = &o;
-  const ops::conv1d::Problem problem = ops::conv1d::Family::check(args);
-  const auto planned = ops::conv1d::Family::plan(problem, limits);
-  REQUIRE(planned.plan.launches.at(0).spec.str() == spec);
-  const CausalConv1dParams k = ops::conv1d::Family::params(args, problem, planned.choice, nullptr);
+  CausalConv1dParams k =
+      common(w.view(), b.view(), pool.view(), plan, D, rule == ConvInvalidIndex::nonpositive);
+  k.x = x.data();
+  k.out = outv.data;
+  k.cu_seqlens = cuh.data();
+  k.state_indices = idx.data();
+  k.has_initial_state = (const unsigned char*)has.data();
+  k.has_initial_stride = 1;
+  k.x_token_stride = x.strides[0];
+  k.x_channel_stride = x.strides[1];
+  k.out_token_stride = outv.strides[0];
+  k.out_channel_stride = outv.strides[1];
+  k.cu_stride = 1;
+  k.index_stride = 1;
+  k.cu_bytes = 4;
+  k.index_bytes = 8;
+  k.num_tokens = T;
+  k.num_seqs = N;
+  const std::int64_t span = plan.launches[0].spec.get_int("span");
+  k.num_items = (plan.mode == "chunked" ? T / span + N : N) * (std::uint64_t)k.channel_groups;
   launch(K, plan, k);
   compare(name, outv, want, xd == DType::f32 ? 1e-5 : xd == DType::f16 ? 1.0 / 512 : 1.0 / 128);
   compare_bytes(name, pool, pool_ref);
@@ -182,7 +172,7 @@ template <Kernel K>
 void update_case(const char* name, const char* expect_spec_prefix, DType xd, DType wd, DType sd,
                  std::int64_t W, std::int64_t S, bool spec_mode, bool pool_transposed,
                  bool in_place, ConvInvalidIndex rule, int rounds, int force_min_blocks = 0,
-                 std::int64_t B = 9, int force_row_group = 0) {
+                 std::int64_t B = 9) {
   std::mt19937_64 rng(std::random_device{}());
   const std::int64_t D = 64, slots = B + 2, L = spec_mode ? std::max(W - 1, W - 2 + S) : W - 1;
   Host w(wd, {D, W}), b(wd, {D}),
@@ -200,7 +190,6 @@ void update_case(const char* name, const char* expect_spec_prefix, DType xd, DTy
   o.activation = ConvActivation::silu;
   o.invalid_index = rule;
   o.force_min_blocks = force_min_blocks;
-  o.force_row_group = force_row_group;
   for (int r = 0; r < rounds; ++r) {
     Host x(xd, {B, S, D}), out(xd, {B, S, D});
     x.fill(rng);
@@ -216,25 +205,27 @@ void update_case(const char* name, const char* expect_spec_prefix, DType xd, DTy
     REQUIRE_MESSAGE(spec.rfind(expect_spec_prefix, 0) == 0, name << ": the plan's spec " << spec);
     std::vector<double> want = reference::causal_conv1d_update(
         x_ref.view(), w.view(), b.view(), pool_ref.view(), idx.view(), accv, o);
-    // The launch's own parameters (lib/ops/causal_conv1d/launch.cpp) from the op's checks and
-    // planner, whose plan must be the public one.
-    const TensorView xv = x.view(), wv = w.view(), bv = b.view(), pv = pool.view(),
-                     idxv = idx.view();
-    ops::conv1d::Args args;
-    args.op = ops::conv1d::Op::update;
-    args.x = &xv;
-    args.weight = &wv;
-    args.bias = &bv;
-    args.conv_state = &pv;
-    args.state_indices = &idxv;
-    args.num_accepted_tokens = &accv;
-    args.out = &outv;
-    args.options = &o;
-    const ops::conv1d::Problem problem = ops::conv1d::Family::check(args);
-    const auto planned = ops::conv1d::Family::plan(problem, DeviceLimits::for_name("h200"));
-    REQUIRE(planned.plan.launches.at(0).spec.str() == spec);
-    const CausalConv1dParams k =
-        ops::conv1d::Family::params(args, problem, planned.choice, nullptr);
+    CausalConv1dParams k =
+        common(w.view(), b.view(), pool.view(), plan, D, rule == ConvInvalidIndex::nonpositive);
+    k.x = x.data();
+    k.out = outv.data;
+    k.state_indices = idx.data();
+    k.index_stride = 1;
+    k.index_bytes = 4;
+    if (spec_mode) {
+      k.num_accepted = acc.data();
+      k.accepted_stride = 1;
+      k.accepted_bytes = 4;
+    }
+    k.x_row_stride = x.strides[0];
+    k.x_token_stride = x.strides[1];
+    k.x_channel_stride = x.strides[2];
+    k.out_row_stride = outv.strides[0];
+    k.out_token_stride = outv.strides[1];
+    k.out_channel_stride = outv.strides[2];
+    k.num_tokens = S;
+    k.num_seqs = B;
+    k.num_items = B * (std::uint64_t)k.channel_groups;
     launch(K, plan, k);
     compare(name, outv, want, xd == DType::f32 ? 1e-5 : xd == DType::f16 ? 1.0 / 512 : 1.0 / 128);
     compare_bytes(name, pool, pool_ref);
@@ -475,94 +466,6 @@ TEST_CASE("causal_conv1d kernel on the CPU: the staged (cp.async) chunked prefil
       "mode=chunked,pool=channels,silu=1,stages=6",
       DType::f32, DType::f32, DType::f32, 4, false, true, false, {1, 31, 32, 33, 100, 0, 3},
       ConvInvalidIndex::negative, 4, 32, 0, 6);
-}
-
-TEST_CASE("causal_conv1d kernel on the CPU: tuning candidates, the update's row groups") {
-  // Rows per thread staged in shared memory (plain copies on the host): a partial last group
-  // (B = 9 in groups of 4, 10 in groups of 3), a single row in a group of 6, padding rows under
-  // both rules, in place, both pool accesses, chained rounds (each round's pool is the next's
-  // history).
-  update_case<&causal_conv1d_kernel<bf, bf, bf, bf, 4, 8, 1, 0, ConvMode::rows,
-                                    ConvStateAccess::block, true, 0, 0, 4>>(
-      "row groups of 4, in place, block pool",
-      "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=1,span=0,"
-      "mode=rows,pool=block,silu=1,row_group=4",
-      DType::bf16, DType::bf16, DType::bf16, 4, 1, false, false, true,
-      ConvInvalidIndex::nonpositive, 3, 0, 9, 4);
-  update_case<&causal_conv1d_kernel<bf, bf, float, bf, 4, 8, 1, 0, ConvMode::rows,
-                                    ConvStateAccess::channels, true, 0, 0, 3>>(
-      "row groups of 3, transposed pool, f32 weights",
-      "causal_conv1d:in=bf16,out=bf16,weight=f32,state=bf16,width=4,vec=8,chunk=1,span=0,"
-      "mode=rows,pool=channels,silu=1,row_group=3",
-      DType::bf16, DType::f32, DType::bf16, 4, 1, false, true, false, ConvInvalidIndex::negative, 3,
-      0, 10, 3);
-  update_case<&causal_conv1d_kernel<bf, bf, bf, bf, 4, 8, 1, 0, ConvMode::rows,
-                                    ConvStateAccess::block, true, 0, 0, 6>>(
-      "row groups of 6, one row",
-      "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=1,span=0,"
-      "mode=rows,pool=block,silu=1,row_group=6",
-      DType::bf16, DType::bf16, DType::bf16, 4, 1, false, false, false, ConvInvalidIndex::negative,
-      2, 0, 1, 6);
-  update_case<&causal_conv1d_kernel<float, float, float, float, 3, 4, 1, 0, ConvMode::rows,
-                                    ConvStateAccess::block, true, 0, 0, 2>>(
-      "row groups of 2, f32, W = 3",
-      "causal_conv1d:in=f32,out=f32,weight=f32,state=f32,width=3,vec=4,chunk=1,span=0,"
-      "mode=rows,pool=block,silu=1,row_group=2",
-      DType::f32, DType::f32, DType::f32, 3, 1, false, false, false, ConvInvalidIndex::negative, 3,
-      0, 7, 2);
-}
-
-TEST_CASE("causal_conv1d kernel on the CPU: the ranges mode (equal ranges of the token axis)") {
-  // H200 limits and D = 64: ranges of about 16 tokens, so that range starts fall at every
-  // offset into sequences, including the first W - 2 tokens (moved back to the sequence's start)
-  // and empty sequences; staged batches restarted per sequence piece.
-  const std::vector<std::int64_t> lengths = {1,  2,  3,  4,  0, 5, 17, 40, 9,  100,
-                                             31, 32, 33, 64, 0, 0, 3,  2,  15, 16};
-  prefill_case<&causal_conv1d_kernel<bf, bf, bf, bf, 4, 8, 4, 0, ConvMode::ranges,
-                                     ConvStateAccess::block, true, 0, 4>>(
-      "ranges: staged, ranges of about 16 tokens",
-      "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=4,span=0,"
-      "mode=ranges,pool=block,silu=1,stages=4",
-      DType::bf16, DType::bf16, DType::bf16, 4, false, false, false, lengths,
-      ConvInvalidIndex::negative, 0, 0, 0, 0, PrefillExtra{.mode = "ranges"});
-  // One SM and D = 1024: 384 resident threads over 128 channel groups, 3 ranges of ~150 tokens,
-  // each across many sequences (a piece of one, whole ones, empty ones, the start of the next).
-  prefill_case<&causal_conv1d_kernel<bf, bf, bf, bf, 4, 8, 4, 0, ConvMode::ranges,
-                                     ConvStateAccess::block, true, 0, 4>>(
-      "ranges: 3 ranges across many sequences",
-      "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=4,span=0,"
-      "mode=ranges,pool=block,silu=1,stages=4",
-      DType::bf16, DType::bf16, DType::bf16, 4, false, false, false, lengths,
-      ConvInvalidIndex::nonpositive, 0, 0, 0, 0,
-      PrefillExtra{.mode = "ranges", .dim = 1024, .sm_count = 1});
-  // More channel groups (512) than resident threads (384): one range, the grid-stride loop over
-  // channel groups.
-  prefill_case<&causal_conv1d_kernel<bf, bf, bf, bf, 4, 8, 4, 0, ConvMode::ranges,
-                                     ConvStateAccess::block, true, 0, 4>>(
-      "ranges: one range, more channel groups than threads",
-      "causal_conv1d:in=bf16,out=bf16,weight=bf16,state=bf16,width=4,vec=8,chunk=4,span=0,"
-      "mode=ranges,pool=block,silu=1,stages=4",
-      DType::bf16, DType::bf16, DType::bf16, 4, false, false, false, {3, 50, 0, 120, 2},
-      ConvInvalidIndex::negative, 0, 0, 0, 0,
-      PrefillExtra{.mode = "ranges", .dim = 4096, .sm_count = 1});
-  // W = 8 (ranges start 7 tokens into a sequence or at its start), f16's 8-byte accesses: the
-  // register double buffer instead of stages, scalar pool.
-  prefill_case<&causal_conv1d_kernel<hf, hf, hf, hf, 8, 4, 4, 0, ConvMode::ranges,
-                                     ConvStateAccess::scalar, true>>(
-      "ranges: W = 8, f16, register buffers",
-      "causal_conv1d:in=f16,out=f16,weight=f16,state=f16,width=8,vec=4,chunk=4,span=0,"
-      "mode=ranges,pool=scalar,silu=1",
-      DType::f16, DType::f16, DType::f16, 8, false, false, false,
-      {1, 7, 8, 9, 15, 16, 17, 40, 0, 6, 13, 14, 22}, ConvInvalidIndex::negative, 0, 0, 0, 0,
-      PrefillExtra{.mode = "ranges"});
-  // f32, transposed pool (channel vectors), staged 4-channel accesses.
-  prefill_case<&causal_conv1d_kernel<float, float, float, float, 4, 4, 4, 0, ConvMode::ranges,
-                                     ConvStateAccess::channels, true, 0, 4>>(
-      "ranges: f32, transposed pool",
-      "causal_conv1d:in=f32,out=f32,weight=f32,state=f32,width=4,vec=4,chunk=4,span=0,"
-      "mode=ranges,pool=channels,silu=1,stages=4",
-      DType::f32, DType::f32, DType::f32, 4, false, true, false, lengths,
-      ConvInvalidIndex::nonpositive, 0, 0, 0, 0, PrefillExtra{.mode = "ranges", .sm_count = 2});
 }
 
 }  // namespace

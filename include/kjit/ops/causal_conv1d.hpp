@@ -56,10 +56,9 @@ struct CausalConv1dOptions {
   ConvActivation activation = ConvActivation::none;
   ConvInvalidIndex invalid_index = ConvInvalidIndex::negative;
   /// "" lets the planner choose. causal_conv1d: "chunked" (every span of every sequence in
-  /// parallel; not for in place), "sequential" (one thread per sequence and channel group
-  /// walks the whole sequence; the in-place mode) or "ranges" (a tuning candidate, not for in
-  /// place: one wave of threads, each walking an equal range of the token axis across sequence
-  /// boundaries). causal_conv1d_update: "rows". PlanError if the mode cannot run the call.
+  /// parallel; not for in place) or "sequential" (one thread per sequence and channel group
+  /// walks the whole sequence; the in-place mode). causal_conv1d_update: "rows". PlanError if
+  /// the mode cannot run the call.
   std::string force_mode;
   /// 0 lets the planner choose; else the channels per thread (1, 2, 4 or 8; the channel stride
   /// of x and out must then be 1 and every address aligned to vec elements). For tests.
@@ -82,13 +81,6 @@ struct CausalConv1dOptions {
   /// 16); PlanError otherwise and in other modes. 0: the planner's choice (4 stages where they
   /// apply); 1: the two register buffers. For A/B runs and tests.
   int force_stages = 0;
-  /// Tuning candidate (the default plan is 0), causal_conv1d_update only: each thread runs this
-  /// many decode rows (2, 3, 4 or 6) of its channels, their x and pool columns copied into
-  /// shared memory by cp.async before any arithmetic, so that several rows' index -> pool reads
-  /// are in flight per thread without holding registers. Needs single-token rows (S = 1, not
-  /// varlen, no num_accepted_tokens), 16-byte accesses of x and a pool whose columns are whole
-  /// 16-byte vectors (block or channel access); PlanError otherwise. For A/B runs and tests.
-  int force_row_group = 0;
   /// Before launching, copy the indices (and cu_seqlens, query_start_loc, num_accepted_tokens)
   /// to the host and check them: indices < slots, no valid index repeated, cu_seqlens starting
   /// at 0, non-decreasing and ending at T, query_start_loc from 0, non-decreasing and at most
@@ -105,7 +97,7 @@ struct CausalConv1dOptions {
 };
 
 /// The modes force_mode accepts.
-inline constexpr const char* kCausalConv1dModes[] = {"chunked", "sequential", "rows", "ranges"};
+inline constexpr const char* kCausalConv1dModes[] = {"chunked", "sequential", "rows"};
 
 /// Varlen prefill over a conv-state pool.
 ///

@@ -39,31 +39,11 @@ std::string check_causal_conv1d(const KernelSpec& spec) {
   const std::int64_t stages = std::stoll(spec.get_or("stages", "0"));
   if (stages != 0) {
     const std::int64_t access = vec * (spec.get("in") == "f32" ? 4 : 2);
-    const bool staged_mode = spec.get("mode") == "chunked" || spec.get("mode") == "ranges";
-    if (!staged_mode || access != 16 || stages * chunk > kConvMaxStagedTokens) {
+    if (spec.get("mode") != "chunked" || access != 16 || stages * chunk > kConvMaxStagedTokens) {
       return fmt::format(
-          "stages = {} needs mode = chunked or ranges, 16-byte accesses of x (vec x element size "
-          "= {}) and stages x chunk = {} <= {}",
+          "stages = {} needs mode = chunked, 16-byte accesses of x (vec x element size = {}) and "
+          "stages x chunk = {} <= {}",
           stages, access, stages * chunk, kConvMaxStagedTokens);
-    }
-  }
-  const std::int64_t row_group = std::stoll(spec.get_or("row_group", "0"));
-  if (row_group != 0) {
-    const std::int64_t access = vec * (spec.get("in") == "f32" ? 4 : 2);
-    const std::int64_t state_bytes = spec.get("state") == "f32" ? 4 : 2;
-    const std::string pool = spec.get("pool");
-    const std::int64_t vectors = pool == "block" && vec * (width - 1) * state_bytes % 16 == 0
-                                     ? vec * (width - 1) * state_bytes / 16
-                                 : pool == "channels" && vec * state_bytes % 16 == 0
-                                     ? (width - 1) * vec * state_bytes / 16
-                                     : 0;
-    if (spec.get("mode") != "rows" || chunk != 1 || access != 16 || vectors == 0 ||
-        row_group * (1 + vectors) > kConvMaxStagedTokens) {
-      return fmt::format(
-          "row_group = {} needs mode = rows, chunk = 1, 16-byte accesses of x (vec x element "
-          "size = {}), pool = block or channels in whole 16-byte vectors ({} here) and "
-          "row_group x (1 + {}) <= {}",
-          row_group, access, vectors, vectors, kConvMaxStagedTokens);
     }
   }
   for (const char* name : {"in", "out"}) {
@@ -132,11 +112,10 @@ FamilyDecl kernel_family() {
                         .doc = "tokens per work item of mode = chunked (0 in the other modes)"},
               ParamDecl{.name = "mode",
                         .kind = ParamKind::choice,
-                        .choices = {"chunked", "sequential", "rows", "ranges"},
+                        .choices = {"chunked", "sequential", "rows"},
                         .rendered = {"kjit::ConvMode::chunked", "kjit::ConvMode::sequential",
-                                     "kjit::ConvMode::rows", "kjit::ConvMode::ranges"},
-                        .doc = "chunked / sequential / ranges prefill, or the decode update's "
-                               "rows"},
+                                     "kjit::ConvMode::rows"},
+                        .doc = "chunked / sequential prefill, or the decode update's rows"},
               ParamDecl{
                   .name = "pool",
                   .kind = ParamKind::choice,
@@ -159,16 +138,8 @@ FamilyDecl kernel_family() {
                         .kind = ParamKind::choice,
                         .choices = {"0", "2", "3", "4", "6"},
                         .rendered = {"0", "2", "3", "4", "6"},
-                        .doc = "shared-memory stages of the chunked or ranges prefill's batches "
-                               "(cp.async; "
+                        .doc = "shared-memory stages of the chunked prefill's batches (cp.async; "
                                "0: two register buffers)",
-                        .omitted_default = "0"},
-              ParamDecl{.name = "row_group",
-                        .kind = ParamKind::choice,
-                        .choices = {"0", "2", "3", "4", "6"},
-                        .rendered = {"0", "2", "3", "4", "6"},
-                        .doc = "decode rows per thread of the update, staged in shared memory "
-                               "(cp.async; 0: one row, unstaged)",
                         .omitted_default = "0"},
           },
       .min_sm = 80,
@@ -204,8 +175,7 @@ std::vector<OpParam> causal_conv1d_params(bool update) {
       option("index_dtype", "i32", "dtype of state_indices (and cu_seqlens, num_accepted_tokens)"),
       option("silu", "1", "1: SiLU activation"),
       option("in_place", "0", "1: out is x"),
-      option("mode", "",
-             update ? "force a mode (rows)" : "force a mode (chunked, sequential, ranges)"),
+      option("mode", "", update ? "force a mode (rows)" : "force a mode (chunked, sequential)"),
   };
   if (update) {
     params.insert(params.begin(), size("batch", "1,32,256,2048,70000", "rows B",

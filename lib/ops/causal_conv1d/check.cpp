@@ -75,14 +75,13 @@ void check_options(Op op, const CausalConv1dOptions& options, Problem* p) {
     for (int i = 0; i < static_cast<int>(std::size(kCausalConv1dModes)); ++i) {
       if (options.force_mode == kCausalConv1dModes[i]) p->forced_mode = i;
     }
-    const bool allowed = op == Op::prefill
-                             ? (p->forced_mode == 0 || p->forced_mode == 1 || p->forced_mode == 3)
-                             : p->forced_mode == 2;
+    const bool allowed =
+        op == Op::prefill ? (p->forced_mode == 0 || p->forced_mode == 1) : p->forced_mode == 2;
     if (!allowed) {
       fail(op, fmt::format("options.force_mode = '{}' is not a mode of this op; accepted: '' "
                            "(planner picks), {}",
                            options.force_mode,
-                           op == Op::prefill ? "'chunked', 'sequential', 'ranges'" : "'rows'"));
+                           op == Op::prefill ? "'chunked', 'sequential'" : "'rows'"));
     }
   }
   if (options.force_vec != 0 && options.force_vec != 1 && options.force_vec != 2 &&
@@ -120,13 +119,6 @@ void check_options(Op op, const CausalConv1dOptions& options, Problem* p) {
                          stages));
   }
   p->force_stages = stages;
-  const int group = options.force_row_group;
-  if (group != 0 && group != 2 && group != 3 && group != 4 && group != 6) {
-    fail(op, fmt::format("options.force_row_group = {}; accepted: 0 (one row per thread), 2, 3, "
-                         "4, 6",
-                         group));
-  }
-  p->force_row_group = group;
 }
 
 /// weight [D, W], bias [D] or none, conv_state [slots, D, L].
@@ -185,9 +177,8 @@ void check_weights_and_pool(Op op, const TensorView& x, const TensorView& weight
 }
 
 /// num_accepted_tokens [B] (i32, i64) or data == nullptr; B = p.seqs.
-void check_accepted(Op op, const TensorView& accepted, Problem& p) {
+void check_accepted(Op op, const TensorView& accepted, const Problem& p) {
   if (accepted.data == nullptr) return;
-  p.speculative = true;
   const std::int64_t rows = p.seqs;
   require_rank(op, "num_accepted_tokens", accepted, 1, "[B]");
   checks(op).index_dtype("num_accepted_tokens", accepted);

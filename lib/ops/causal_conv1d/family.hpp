@@ -93,7 +93,6 @@ struct Problem {
   std::int32_t force_span = 0;
   std::int32_t force_min_blocks = 0;
   std::int32_t force_stages = 0;
-  std::int32_t force_row_group = 0;
   Op op = Op::prefill;
   DType in = DType::bf16, out = DType::bf16, weight = DType::bf16, state = DType::bf16;
   PoolLayout state_layout = PoolLayout::other;
@@ -101,10 +100,8 @@ struct Problem {
   bool silu = false;
   /// Update: rows delimited by query_start_loc (x [T, D]; `tokens` is T).
   bool varlen = false;
-  /// Update: num_accepted_tokens given (speculative decoding).
-  bool speculative = false;
   /// Keeps the size a multiple of 8 with every byte a member (the memo hashes the bytes).
-  std::uint8_t unused[2] = {};
+  std::uint8_t unused[7] = {};
 };
 static_assert(std::has_unique_object_representations_v<Problem> && sizeof(Problem) % 8 == 0);
 
@@ -117,10 +114,6 @@ struct Choice {
   /// Tokens per work item of the chunked mode (0 in the others).
   std::int32_t span = 0;
   ConvMode mode = ConvMode::rows;
-  /// Ranges of the token axis of the ranges mode (0 in the others).
-  std::int32_t ranges = 0;
-  /// The update's decode rows per thread, staged in shared memory (0: one row, unstaged).
-  std::int32_t row_group = 0;
 };
 
 struct Family {
@@ -142,8 +135,8 @@ struct Family {
                                    void* workspace);
 };
 
-/// Work items of a choice: (span ids, sequences, rows, row groups or ranges) x channel groups.
-std::uint64_t items_of(const Problem& p, const Choice& choice);
+/// Work items of a mode: (span ids, sequences or rows) x channel groups.
+std::uint64_t items_of(const Problem& p, ConvMode mode, std::int64_t vec, std::int64_t span);
 
 /// The update's x or out as [B, S, D]: [B, D] is [B, 1, D] (the token stride is never stepped
 /// over).

@@ -199,7 +199,7 @@ CausalConv1dParams Family::params(const Args& args, const Problem& p, const Choi
   }
   k.channel_groups = static_cast<u32>(p.dim / choice.vec);
   k.vector_flags = vector_flags(args, p, choice.vec);
-  k.num_items = items_of(p, choice);
+  k.num_items = items_of(p, choice.mode, choice.vec, choice.span);
   return k;
 }
 

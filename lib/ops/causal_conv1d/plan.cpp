@@ -27,10 +27,6 @@ constexpr std::int64_t kChunk = 8;
 constexpr std::int64_t kPrefillChunk = 4;
 /// The staged prefill's stages where they apply (options.force_stages = 0).
 constexpr std::int64_t kDefaultStages = 4;
-/// The ranges mode: the fewest tokens per range, and the most ranges (range_start's products
-/// r x T stay below 2^51).
-constexpr std::int64_t kRangeShortest = 16;
-constexpr std::int64_t kRangesMost = std::int64_t{1} << 20;
 constexpr std::int64_t kThreads = kConvBlockThreads;
 
 /// Why the widest channel vector is what it is (Problem::max_vec).
@@ -46,16 +42,10 @@ std::string why_vec(const Problem& p) {
 
 }  // namespace
 
-std::uint64_t items_of(const Problem& p, const Choice& choice) {
-  const auto groups = static_cast<std::uint64_t>(p.dim / choice.vec);
-  auto units = static_cast<std::uint64_t>(p.seqs);
-  if (choice.mode == ConvMode::chunked) {
-    units = static_cast<std::uint64_t>(p.tokens / choice.span + p.seqs);
-  } else if (choice.mode == ConvMode::ranges) {
-    units = static_cast<std::uint64_t>(choice.ranges);
-  } else if (choice.mode == ConvMode::rows && choice.row_group > 0) {
-    units = static_cast<std::uint64_t>((p.seqs + choice.row_group - 1) / choice.row_group);
-  }
+std::uint64_t items_of(const Problem& p, ConvMode mode, std::int64_t vec, std::int64_t span) {
+  const auto groups = static_cast<std::uint64_t>(p.dim / vec);
+  std::uint64_t units = static_cast<std::uint64_t>(p.seqs);
+  if (mode == ConvMode::chunked) units = static_cast<std::uint64_t>(p.tokens / span + p.seqs);
   return units * groups;
 }
 
@@ -95,11 +85,11 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
   if (p.op == Op::prefill) {
     if (p.forced_mode >= 0) {
       mode = p.forced_mode;
-      if ((mode == 0 || mode == 3) && p.in_place) {
+      if (mode == 0 && p.in_place) {
         throw PlanError(fmt::format(
-            "{}: forced mode '{}' is not legal in place (out == x): a {} reads the W - 1 inputs "
-            "before it, which the previous one's threads overwrite; use 'sequential'",
-            plan.op, kCausalConv1dModes[mode], mode == 0 ? "span" : "range"));
+            "{}: forced mode 'chunked' is not legal in place (out == x): a span reads the W - 1 "
+            "inputs before it, which the previous span's threads overwrite; use 'sequential'",
+            plan.op));
       }
       plan.reasons.push_back(
           fmt::format("mode {} forced by options.force_mode", kCausalConv1dModes[mode]));
@@ -135,10 +125,10 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
   const std::int64_t row_tokens =
       p.varlen ? std::max<std::int64_t>(1, (p.tokens + p.seqs - 1) / p.seqs) : p.tokens;
   std::int64_t chunk =
-      mode == 2 ? std::min<std::int64_t>(kChunk, static_cast<std::int64_t>(std::bit_ceil(
-                                                     static_cast<std::uint64_t>(row_tokens))))
-      : mode == 0 || mode == 3 ? kPrefillChunk
-                               : kChunk;
+      mode == 2   ? std::min<std::int64_t>(kChunk, static_cast<std::int64_t>(std::bit_ceil(
+                                                       static_cast<std::uint64_t>(row_tokens))))
+      : mode == 0 ? kPrefillChunk
+                  : kChunk;
   if (p.force_chunk != 0) {
     chunk = p.force_chunk;
     plan.reasons.push_back(fmt::format("chunk = {} forced by options.force_chunk", chunk));
@@ -150,10 +140,6 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
   // fixed cost (measured against shorter spans: docs/performance.md, "Spans of tokens per work
   // item").
   std::int64_t span = 0;
-  const auto chunked_choice = [&](std::int64_t s) {
-    return Choice{static_cast<std::int32_t>(vec), static_cast<std::int32_t>(chunk),
-                  static_cast<std::int32_t>(s), ConvMode::chunked};
-  };
   if (mode == 0) {
     const std::int64_t floor_span = std::max({kSpanShortest, chunk, p.width - 1});
     const auto enough = static_cast<std::uint64_t>(limits.sm_count) *
@@ -169,13 +155,13 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
       plan.reasons.push_back(fmt::format("span = {} forced by options.force_span", span));
     } else {
       span = std::max(kSpanLongest, floor_span);
-      while (span > floor_span && items_of(p, chunked_choice(span)) < enough) span /= 2;
+      while (span > floor_span && items_of(p, ConvMode::chunked, vec, span) < enough) span /= 2;
       plan.reasons.push_back(fmt::format(
           "span = {} tokens per work item: the longest of {}..{} giving at least {} SMs x {} "
           "threads / 2 = {} items ({} here), so that each item's sequence lookup, weights and "
           "W - 1 token halo are spread over many tokens while every SM still gets threads",
           span, kSpanLongest, floor_span, limits.sm_count, limits.max_threads_per_sm, enough,
-          items_of(p, chunked_choice(span))));
+          items_of(p, ConvMode::chunked, vec, span)));
     }
     plan.reasons.push_back(fmt::format(
         "chunked: every span of {} tokens of every sequence in parallel (span ids "
@@ -189,13 +175,12 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
   // (1.08-1.14x the register double buffer at Qwen3-Next sizes on the H200: docs/performance.md,
   // "Tuning candidates"). force_stages = 1 keeps the register double buffer.
   const std::int64_t access = vec * static_cast<std::int64_t>(size_of(p.in));
-  const bool can_stage = (mode == 0 || mode == 3) && access == 16;
+  const bool can_stage = mode == 0 && access == 16;
   std::int64_t stages = 0;
   if (p.force_stages > 1) {
     if (!can_stage || p.force_stages * chunk > kConvMaxStagedTokens) {
       throw PlanError(fmt::format(
-          "{}: options.force_stages = {} needs mode 'chunked' or 'ranges' with 16-byte accesses "
-          "of x and "
+          "{}: options.force_stages = {} needs mode 'chunked' with 16-byte accesses of x and "
           "stages x chunk <= {} ({} KiB of shared memory per block); this call runs mode '{}' "
           "with {}-byte accesses and chunk {}",
           plan.op, p.force_stages, kConvMaxStagedTokens,
@@ -225,39 +210,6 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
         "threads per SM (at most {} registers per thread)",
         p.force_min_blocks, p.force_min_blocks, kThreads,
         std::min<std::int64_t>(255, 65536 / (kThreads * p.force_min_blocks) / 8 * 8)));
-  }
-
-  // The ranges mode (opt-in): the token axis cut into as many equal ranges as one wave of
-  // kConvRangesBlocksPerSm blocks per SM (the template's __launch_bounds__ minimum) holds
-  // threads for, per channel group, so that every thread walks the same number of tokens; no
-  // range shorter than kRangeShortest tokens, where the walk's fixed cost (two searches, the
-  // weights, a halo) would dominate.
-  std::int64_t ranges = 0;
-  if (mode == 3) {
-    // (The stages' shared memory allows three blocks per SM on every arch from sm_80: 3 x 33
-    // KiB of 100 KiB on sm_86 / sm_89; occupancy_blocks_per_sm checks it.)
-    LaunchShape one_block;
-    one_block.block = Dim3{static_cast<std::uint32_t>(kThreads), 1, 1};
-    const int fit = occupancy_blocks_per_sm(
-        one_block, limits, FunctionLimits{.static_smem = conv_staged_bytes(stages * chunk)});
-    const std::int64_t per_sm = std::min<std::int64_t>(
-        fit, p.force_min_blocks != 0 ? p.force_min_blocks : kConvRangesBlocksPerSm);
-    const std::int64_t resident = limits.sm_count * per_sm * kThreads;
-    const std::int64_t groups = p.dim / vec;
-    const std::int64_t by_threads = std::max<std::int64_t>(1, resident / groups);
-    const std::int64_t by_tokens =
-        std::max<std::int64_t>(1, (p.tokens + kRangeShortest - 1) / kRangeShortest);
-    ranges = std::min({by_threads, by_tokens, kRangesMost});
-    plan.reasons.push_back(fmt::format(
-        "ranges: {} ranges of about {} tokens of the whole token axis (T = {}, N = {}) x {} "
-        "channel groups, each walked by one thread across sequence boundaries in batches of {} "
-        "tokens; {} x {} blocks of {} threads resident per SM hold {} threads{}; a range starts "
-        "at a sequence's start or at least W - 1 tokens into it",
-        ranges, p.tokens / ranges, p.tokens, p.seqs, groups, chunk, limits.sm_count, per_sm,
-        kThreads, resident,
-        ranges == by_threads && resident >= groups ? ", one wave"
-        : ranges == by_tokens ? fmt::format(" (ranges of at least {} tokens)", kRangeShortest)
-                              : fmt::format(" ({} channel groups: more than one wave)", groups)));
   }
 
   // The pool: its columns are a small part of a prefill's bytes but half of a decode step's.
@@ -291,42 +243,7 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
                           "channel-contiguous")));
   }
 
-  // The update's row groups (opt-in): R single-token rows per thread, x and pool columns staged
-  // in shared memory by cp.async, R x (1 + the pool's 16-byte vectors) x 16 bytes per thread.
-  std::int64_t row_group = 0;
-  if (p.force_row_group != 0) {
-    const std::int64_t pool_vectors = pool == "block" ? block_bytes / 16
-                                      : pool == "channels" && (vec * state_size) % 16 == 0
-                                          ? (p.width - 1) * (vec * state_size / 16)
-                                          : 0;
-    std::string why_not;
-    if (p.op != Op::update || p.varlen || p.tokens != 1 || p.speculative) {
-      why_not =
-          "single-token decode rows (causal_conv1d_update with S = 1, no num_accepted_tokens)";
-    } else if (access != 16) {
-      why_not = fmt::format("16-byte accesses of x (this call has {}-byte ones)", access);
-    } else if (pool_vectors == 0) {
-      why_not = fmt::format("pool columns in whole 16-byte vectors (pool access {} here)", pool);
-    } else if (p.force_row_group * (1 + pool_vectors) > kConvMaxStagedTokens) {
-      why_not = fmt::format("{} rows x (x + {} pool vectors) <= {} vectors of 16 bytes per thread",
-                            p.force_row_group, pool_vectors, kConvMaxStagedTokens);
-    }
-    if (!why_not.empty()) {
-      throw PlanError(fmt::format("{}: options.force_row_group = {} needs {}", plan.op,
-                                  p.force_row_group, why_not));
-    }
-    row_group = p.force_row_group;
-    plan.reasons.push_back(fmt::format(
-        "row_group = {} forced by options.force_row_group: each thread copies {} rows' x and "
-        "pool columns ({} vectors of 16 bytes) into shared memory by cp.async, then computes them "
-        "({} bytes per block)",
-        row_group, row_group, row_group * (1 + pool_vectors),
-        conv_staged_bytes(row_group * (1 + pool_vectors))));
-  }
-  Choice choice{static_cast<std::int32_t>(vec),    static_cast<std::int32_t>(chunk),
-                static_cast<std::int32_t>(span),   static_cast<ConvMode>(mode),
-                static_cast<std::int32_t>(ranges), static_cast<std::int32_t>(row_group)};
-  const std::uint64_t items = items_of(p, choice);
+  const std::uint64_t items = items_of(p, static_cast<ConvMode>(mode), vec, span);
   const std::uint64_t wanted = (items + kThreads - 1) / kThreads;
   const std::uint64_t blocks =
       std::min<std::uint64_t>(wanted, static_cast<std::uint64_t>(limits.max_grid_dim[0]));
@@ -355,14 +272,14 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
     spec_params.emplace_back("min_blocks", std::to_string(p.force_min_blocks));
   }
   if (stages != 0) spec_params.emplace_back("stages", std::to_string(stages));
-  if (row_group != 0) spec_params.emplace_back("row_group", std::to_string(row_group));
   launch.spec = KernelSpec::make("causal_conv1d", spec_params, limits.arch);
   launch.shape.grid = Dim3{static_cast<std::uint32_t>(blocks), 1, 1};
   launch.shape.block = Dim3{static_cast<std::uint32_t>(kThreads), 1, 1};
   launch.checks = check_launch(launch.shape, limits);
   require_legal(launch.checks, plan.op);
   plan.launches.push_back(std::move(launch));
-  planned.choice = choice;
+  planned.choice = Choice{static_cast<std::int32_t>(vec), static_cast<std::int32_t>(chunk),
+                          static_cast<std::int32_t>(span), static_cast<ConvMode>(mode)};
   return planned;
 }
 
