@@ -23,8 +23,8 @@
 //                              a comma-separated list, each candidate '+'-joined key=value of
 //                              min_blocks (force_min_blocks), stages (force_stages), vec, chunk,
 //                              span. A candidate that does not apply to a shape (stages of 2 or
-//                              more for the update) prints a line with "skipped" and the
-//                              planner's reason.
+//                              more for the update) or forces a value out of range prints a
+//                              line with "skipped" and the reason, and the others still run.
 //   KJIT_CONV_BENCH_UPDATE_ONLY=1  the update's shapes (and their floor) alone, no prefill.
 #include <fmt/format.h>
 
@@ -309,7 +309,7 @@ bool prefill(kjit::bench::Gpu& gpu, Common& common, std::int64_t tokens,
                              "\"pool_ok\":{}}}",
                              tokens, cand.name, m.us, base.us, base.us / m.us, cgbs / copy, m.spec,
                              m.err, m.pool_ok));
-    } catch (const kjit::PlanError& e) {
+    } catch (const kjit::Error& e) {  // a plan refused, or a forced value out of range
       print_json(json, fmt::format("{{\"op\":\"causal_conv1d\",\"tokens\":{},\"candidate\":"
                                    "\"{}\",\"skipped\":\"{}\"}}",
                                    tokens, cand.name, e.what()));
@@ -577,7 +577,7 @@ bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double em
                              cand_columns_us, columns_us,
                              static_cast<double>(step_bytes) / (cand_columns_us * 1e3) / copy,
                              has_floor ? floor_us / m.us : -1.0, m.spec, m.err, m.pool_ok));
-    } catch (const kjit::PlanError& e) {
+    } catch (const kjit::Error& e) {  // a plan refused, or a forced value out of range
       print_json(json, fmt::format("{{\"op\":\"causal_conv1d_update\",\"batch\":{},"
                                    "\"candidate\":\"{}\",\"skipped\":\"{}\"}}",
                                    batch, cand.name, e.what()));
