@@ -66,39 +66,13 @@ void compare_bytes(const char* what, Host& a, Host& b) {
                     static_cast<std::size_t>(a.elements()) * size_of(a.dtype)) == 0);
 }
 
-// Params as lib/ops/causal_conv1d/launch.cpp's Family::params builds them.
-CausalConv1dParams common(const TensorView& w, const TensorView& b, const TensorView& st,
-                          const Plan& plan, std::int64_t dim, bool nonpos) {
-  CausalConv1dParams k{};
-  k.weight = w.data;
-  k.weight_channel_stride = w.strides[0];
-  k.weight_tap_stride = w.strides[1];
-  if (b.data) {
-    k.bias = b.data;
-    k.bias_stride = b.strides[0];
-  }
-  k.state = st.data;
-  k.state_slot_stride = st.strides[0];
-  k.state_channel_stride = st.strides[1];
-  k.state_col_stride = st.strides[2];
-  k.num_slots = st.shape[0];
-  k.state_len = st.shape[2];
-  k.nonpositive_invalid = nonpos;
-  const KernelSpec& spec = plan.launches[0].spec;
-  const std::int64_t vec = spec.get_int("vec"), W = w.shape[1];
-  const auto sw = static_cast<std::int64_t>(size_of(w.dtype));
-  k.channel_groups = static_cast<u32>(dim / vec);
-  u32 flags = 0;
-  auto al = [](const void* p) {
-    auto a = reinterpret_cast<std::uintptr_t>(p);
-    return a % 16 == 0 ? 16 : a % 8 == 0 ? 8 : a % 4 == 0 ? 4 : 2;
-  };
-  if (w.strides[0] == W && w.strides[1] == 1 && al(w.data) >= 16 && vec * W * sw % 16 == 0)
-    flags |= kConvWeightBlock;
-  if (b.data && b.strides[0] == 1 && vec > 1 && vec * sw <= 16 && al(b.data) >= vec * sw)
-    flags |= kConvBiasVector;
-  k.vector_flags = flags;
-  return k;
+// The launch's own parameters (lib/ops/causal_conv1d/launch.cpp's Family::params) from the op's
+// checks and planner, whose plan must be the public one the case planned (`spec`).
+CausalConv1dParams library_params(const ops::conv1d::Args& args, const std::string& spec) {
+  const ops::conv1d::Problem problem = ops::conv1d::Family::check(args);
+  const auto planned = ops::conv1d::Family::plan(problem, DeviceLimits::for_name("h200"));
+  REQUIRE(planned.plan.launches.at(0).spec.str() == spec);
+  return ops::conv1d::Family::params(args, problem, planned.choice, nullptr);
 }
 
 template <Kernel K>
@@ -143,26 +117,20 @@ void prefill_case(const char* name, const char* expect_spec_prefix, DType xd, DT
   REQUIRE_MESSAGE(spec.rfind(expect_spec_prefix, 0) == 0, name << ": the plan's spec " << spec);
   std::vector<double> want = reference::causal_conv1d(
       x_ref.view(), w.view(), b.view(), pool_ref.view(), cuh.view(), idx.view(), has.view(), o);
-  CausalConv1dParams k =
-      common(w.view(), b.view(), pool.view(), plan, D, rule == ConvInvalidIndex::nonpositive);
-  k.x = x.data();
-  k.out = outv.data;
-  k.cu_seqlens = cuh.data();
-  k.state_indices = idx.data();
-  k.has_initial_state = (const unsigned char*)has.data();
-  k.has_initial_stride = 1;
-  k.x_token_stride = x.strides[0];
-  k.x_channel_stride = x.strides[1];
-  k.out_token_stride = outv.strides[0];
-  k.out_channel_stride = outv.strides[1];
-  k.cu_stride = 1;
-  k.index_stride = 1;
-  k.cu_bytes = 4;
-  k.index_bytes = 8;
-  k.num_tokens = T;
-  k.num_seqs = N;
-  const std::int64_t span = plan.launches[0].spec.get_int("span");
-  k.num_items = (plan.mode == "chunked" ? T / span + N : N) * (std::uint64_t)k.channel_groups;
+  const TensorView xv = x.view(), wv = w.view(), bv = b.view(), pv = pool.view(), cuv = cuh.view(),
+                   idxv = idx.view(), hasv = has.view();
+  ops::conv1d::Args args;
+  args.op = ops::conv1d::Op::prefill;
+  args.x = &xv;
+  args.weight = &wv;
+  args.bias = &bv;
+  args.conv_state = &pv;
+  args.cu_seqlens = &cuv;
+  args.state_indices = &idxv;
+  args.has_initial_state = &hasv;
+  args.out = &outv;
+  args.options = &o;
+  const CausalConv1dParams k = library_params(args, spec);
   launch(K, plan, k);
   compare(name, outv, want, xd == DType::f32 ? 1e-5 : xd == DType::f16 ? 1.0 / 512 : 1.0 / 128);
   compare_bytes(name, pool, pool_ref);
@@ -205,27 +173,19 @@ void update_case(const char* name, const char* expect_spec_prefix, DType xd, DTy
     REQUIRE_MESSAGE(spec.rfind(expect_spec_prefix, 0) == 0, name << ": the plan's spec " << spec);
     std::vector<double> want = reference::causal_conv1d_update(
         x_ref.view(), w.view(), b.view(), pool_ref.view(), idx.view(), accv, o);
-    CausalConv1dParams k =
-        common(w.view(), b.view(), pool.view(), plan, D, rule == ConvInvalidIndex::nonpositive);
-    k.x = x.data();
-    k.out = outv.data;
-    k.state_indices = idx.data();
-    k.index_stride = 1;
-    k.index_bytes = 4;
-    if (spec_mode) {
-      k.num_accepted = acc.data();
-      k.accepted_stride = 1;
-      k.accepted_bytes = 4;
-    }
-    k.x_row_stride = x.strides[0];
-    k.x_token_stride = x.strides[1];
-    k.x_channel_stride = x.strides[2];
-    k.out_row_stride = outv.strides[0];
-    k.out_token_stride = outv.strides[1];
-    k.out_channel_stride = outv.strides[2];
-    k.num_tokens = S;
-    k.num_seqs = B;
-    k.num_items = B * (std::uint64_t)k.channel_groups;
+    const TensorView xv = x.view(), wv = w.view(), bv = b.view(), pv = pool.view(),
+                     idxv = idx.view();
+    ops::conv1d::Args args;
+    args.op = ops::conv1d::Op::update;
+    args.x = &xv;
+    args.weight = &wv;
+    args.bias = &bv;
+    args.conv_state = &pv;
+    args.state_indices = &idxv;
+    args.num_accepted_tokens = &accv;
+    args.out = &outv;
+    args.options = &o;
+    const CausalConv1dParams k = library_params(args, spec);
     launch(K, plan, k);
     compare(name, outv, want, xd == DType::f32 ? 1e-5 : xd == DType::f16 ? 1.0 / 512 : 1.0 / 128);
     compare_bytes(name, pool, pool_ref);
@@ -281,28 +241,21 @@ void varlen_case(const char* name, const char* expect_spec_prefix, DType xd, DTy
     REQUIRE_MESSAGE(spec.rfind(expect_spec_prefix, 0) == 0, name << ": the plan's spec " << spec);
     std::vector<double> want = reference::causal_conv1d_update_varlen(
         x.view(), w.view(), b.view(), pool_ref.view(), q.view(), idx.view(), accv, o, kSentinel);
-    CausalConv1dParams k =
-        common(w.view(), b.view(), pool.view(), plan, D, rule == ConvInvalidIndex::nonpositive);
-    k.x = x.data();
-    k.out = out.data();
-    k.state_indices = idx.data();
-    k.index_stride = 1;
-    k.index_bytes = 8;
-    k.query_start_loc = q.data();
-    k.query_start_stride = 1;
-    k.query_start_bytes = 8;
-    if (spec_mode) {
-      k.num_accepted = acc.data();
-      k.accepted_stride = 1;
-      k.accepted_bytes = 4;
-    }
-    k.x_token_stride = x.strides[0];
-    k.x_channel_stride = x.strides[1];
-    k.out_token_stride = out.strides[0];
-    k.out_channel_stride = out.strides[1];
-    k.num_tokens = T;
-    k.num_seqs = B;
-    k.num_items = B * (std::uint64_t)k.channel_groups;
+    const TensorView xv = x.view(), wv = w.view(), bv = b.view(), pv = pool.view(), qv = q.view(),
+                     idxv = idx.view(), outv = out.view();
+    ops::conv1d::Args args;
+    args.op = ops::conv1d::Op::update;
+    args.varlen = true;
+    args.x = &xv;
+    args.weight = &wv;
+    args.bias = &bv;
+    args.conv_state = &pv;
+    args.query_start_loc = &qv;
+    args.state_indices = &idxv;
+    args.num_accepted_tokens = &accv;
+    args.out = &outv;
+    args.options = &o;
+    const CausalConv1dParams k = library_params(args, spec);
     launch(K, plan, k);
     compare(name, out.view(), want, xd == DType::f32 ? 1e-5 : 1.0 / 128);
     compare_bytes(name, pool, pool_ref);
