@@ -147,7 +147,10 @@ int cmd_precompile(const Argv& argv) {
   for (const std::string& text : split_list(args.get("arch"))) {
     const Arch arch = Arch::parse(text);
     archs.push_back(arch.str());
-    targets.push_back(DeviceLimits::for_arch(arch));
+    // Every product of the arch: plans can differ between them (gdn_prefill on an H100 and an
+    // H200), and a bundle must hold the kernels of each.
+    for (DeviceLimits& product : DeviceLimits::products_of(arch))
+      targets.push_back(std::move(product));
   }
   if (archs.empty()) throw UsageError("precompile: --arch names no arch");
   const std::vector<DeviceLimits> devices = verify_devices(args);  // bad names fail before work

@@ -35,6 +35,10 @@ struct DeviceLimits {
   int max_threads_per_sm = 2048;
   int max_blocks_per_sm = 32;
   std::int64_t l2_bytes = 50 * 1024 * 1024;
+  /// Peak DRAM bandwidth in bytes per second (a live device: memory clock x bus width x 2, as the
+  /// driver reports them; built-in: the product's published figure). Plans that trade workspace
+  /// traffic against on-chip work weigh it per SM (gdn_prefill's warp-specialized kernel).
+  std::int64_t dram_bytes_per_second = 3'352'000'000'000;
 
   /// The built-in limits of a known architecture (sm_80, sm_86, sm_89, sm_90, sm_100,
   /// sm_120; the a/f variants share their base's limits). Throws InvalidArgument naming the
@@ -45,6 +49,10 @@ struct DeviceLimits {
   static DeviceLimits for_name(std::string_view name);
   /// The archs of the built-in table.
   static std::vector<Arch> known_archs();
+  /// Every built-in product of `arch` (its variant kept), the arch's own row first: sm_90 is the
+  /// H100 and the H200, whose DRAM bandwidth differs and with it some plans (gdn_prefill's
+  /// warp-specialized kernel), so what is precompiled for an arch covers all of them.
+  static std::vector<DeviceLimits> products_of(Arch arch);
 };
 
 }  // namespace kjit

@@ -118,6 +118,13 @@ DeviceLimits query_device_limits(int ordinal) {
   limits.max_threads_per_sm = KJIT_ATTRIBUTE(MAX_THREADS_PER_MULTIPROCESSOR);
   limits.max_blocks_per_sm = KJIT_ATTRIBUTE(MAX_BLOCKS_PER_MULTIPROCESSOR);
   limits.l2_bytes = KJIT_ATTRIBUTE(L2_CACHE_SIZE);
+  // Peak DRAM bandwidth: the clock is in kHz, two transfers per clock, the bus width in bits. A
+  // driver that reports neither keeps the arch's built-in figure.
+  const std::int64_t memory_khz = KJIT_ATTRIBUTE(MEMORY_CLOCK_RATE);
+  const std::int64_t bus_bits = KJIT_ATTRIBUTE(GLOBAL_MEMORY_BUS_WIDTH);
+  if (memory_khz > 0 && bus_bits > 0) {
+    limits.dram_bytes_per_second = memory_khz * 1000 * 2 * bus_bits / 8;
+  }
 #undef KJIT_ATTRIBUTE
   return limits;
 }

@@ -274,7 +274,7 @@ TEST_CASE("planner gpu: the driver's limits agree with the built-in table where 
   const DeviceLimits live = test::runtime().device_limits(test::device());
   MESSAGE(live.name << " (" << live.arch.str() << "): " << live.sm_count << " SMs, "
                     << live.max_smem_per_block_optin << " bytes opt-in smem, " << live.l2_bytes
-                    << " bytes L2");
+                    << " bytes L2, " << live.dram_bytes_per_second / 1e9 << " GB/s DRAM");
   DeviceLimits table;
   try {
     table = DeviceLimits::for_arch(live.arch);
@@ -294,6 +294,10 @@ TEST_CASE("planner gpu: the driver's limits agree with the built-in table where 
   CHECK(live.max_threads_per_sm == table.max_threads_per_sm);
   CHECK(live.max_blocks_per_sm == table.max_blocks_per_sm);
   CHECK(live.warp_size == table.warp_size);
+  // The DRAM bandwidth differs between products of one arch (H100 3.35, H200 4.8 TB/s), but a
+  // driver figure outside half to twice the table's product would be a misread attribute.
+  CHECK(live.dram_bytes_per_second > table.dram_bytes_per_second / 2);
+  CHECK(live.dram_bytes_per_second < table.dram_bytes_per_second * 2);
 }
 
 }  // namespace

@@ -341,6 +341,17 @@ std::string error_of(const std::function<void()>& f) {
 
 }  // namespace
 
+// The planner's rule for the warp-specialized kernel (ws_pays in plan.cpp), restated: bf16
+// rows and K = V = 128 on compute capability 9.0 (as plan_for builds them), under 30 GB/s of
+// DRAM bandwidth per SM, pairs filling 7/8 of the SMs, 48 chunks x value heads per SM, at most
+// 128 sequences (ranked by the blocks).
+bool ws_rule(const Shapes& s, const DeviceLimits& device) {
+  const std::int64_t sms = device.sm_count;
+  return device.arch.major == 9 && device.arch.minor == 0 && s.k == 128 && s.v == 128 &&
+         device.dram_bytes_per_second / sms < 30'000'000'000 && 8 * s.n * s.hv >= 7 * sms &&
+         (s.t + 63) / 64 * s.hv >= 48 * sms && s.n <= 128;
+}
+
 TEST_CASE("gdn_prefill plans are legal for every shape, N = 4096 and T = 100k included") {
   if (!family_registered()) {
     MESSAGE("gdn_prefill family not registered in lib/codegen/families.cpp yet: skipped");
@@ -375,8 +386,14 @@ TEST_CASE("gdn_prefill plans are legal for every shape, N = 4096 and T = 100k in
       // Few long sequences take the context-parallel path (its own test below); the
       // sequential chunked path ("chunked") is checked here for every shape.
       if (automatic.launches.size() == 4) CHECK(3 * s.n * s.hv <= device.sm_count);
-      const Plan plan =
-          automatic.launches.size() == 4 ? plan_for(s, device, DType::f32, "chunked") : automatic;
+      // Where DRAM is slow per SM (the sm_90 table is the H100's) many long chains take the
+      // warp-specialized kernel instead (its own test below).
+      CHECK((automatic.mode == "chunked_ws") == ws_rule(s, device));
+      DeviceLimits fast_dram = device;
+      fast_dram.dram_bytes_per_second = std::int64_t{1} << 50;
+      const Plan plan = automatic.launches.size() == 4 ? plan_for(s, device, DType::f32, "chunked")
+                        : automatic.mode == "chunked_ws" ? plan_for(s, fast_dram)
+                                                         : automatic;
       for (const PlannedLaunch& launch : plan.launches) {
         for (const LimitCheck& check : launch.checks) CHECK_MESSAGE(check.ok(), check.limit);
         CHECK(launch.shape.dynamic_smem <= device.max_smem_per_block_optin);
@@ -495,7 +512,7 @@ TEST_CASE("gdn_prefill plans are legal for every shape, N = 4096 and T = 100k in
 // size the passes' grids, so two token counts with one segment length must not share a key:
 // 2 x 40000 and 2 x 50000 tokens (H = HV = 1) both take L = 16 on an H200, with 80 and 99 ids.
 TEST_CASE("gdn_prefill: the plan memo's key holds the context-parallel segment ids") {
-  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  const DeviceLimits h200 = DeviceLimits::for_name("h200");
   const auto key = [&](std::int64_t tokens) {
     ops::prefill::Problem p;
     p.tokens = tokens;
@@ -519,8 +536,92 @@ TEST_CASE("gdn_prefill: the plan memo's key holds the context-parallel segment i
   CHECK(seq.cp_segment_ids == 0);
 }
 
+// The planner's choice between the two kernels and the warp-specialized one follows the DRAM
+// bandwidth per SM (docs/performance.md, "The planner's choice between the two kernels and the
+// warp-specialized one"): the H100's 25 GB/s takes ws at many long chains, the H200's 36 never.
+TEST_CASE("gdn_prefill planner: the warp-specialized kernel where DRAM is slow per SM") {
+  const DeviceLimits h100 = DeviceLimits::for_name("h100");
+  const DeviceLimits h200 = DeviceLimits::for_name("h200");
+  const auto said = [](const Plan& plan, std::string_view text) {
+    for (const std::string& r : plan.reasons) {
+      if (r.find(text) != std::string::npos) return true;
+    }
+    return false;
+  };
+  // The shapes measured (bench_gdn_prefill): ws on the H100 where it won, not where it lost.
+  for (const Shapes& s : std::vector<Shapes>{{131072, 16, 16, 16, 128, 128},
+                                             {32768, 16, 16, 16, 128, 128},
+                                             {131072, 16, 16, 32, 128, 128},
+                                             {131072, 16, 16, 16, 128, 128},
+                                             {32768, 8, 16, 16, 128, 128}}) {
+    CAPTURE(s.t);
+    CAPTURE(s.n);
+    CAPTURE(s.hv);
+    const Plan on_h100 = plan_for(s, h100);
+    CHECK(on_h100.mode == "chunked_ws");
+    REQUIRE(on_h100.launches.size() == 1);
+    CHECK(on_h100.launches[0].spec.family == "gdn_prefill_ws");
+    CHECK(on_h100.launches[0].spec.arch == Arch{9, 0, 'a'});
+    CHECK(said(on_h100, "25.4 GB/s of DRAM bandwidth per SM (< 30)"));
+    const Plan on_h200 = plan_for(s, h200);
+    CHECK(on_h200.mode == "chunked_bv128_wgmma");
+    CHECK(on_h200.launches.size() == 2);
+    CHECK(said(on_h200, "two kernels, not the warp-specialized one: 36.4 GB/s"));
+  }
+  CHECK(said(plan_for({8192, 4, 16, 32, 128, 128}, h100),
+             "4096 chunks x value heads, fewer than 48 per SM"));
+  CHECK(plan_for({8192, 4, 16, 16, 128, 128}, h100).mode == "chunked_bv64");
+  CHECK(plan_for({32768, 4, 16, 16, 128, 128}, h100).mode == "chunked_bv64");
+  CHECK(plan_for({32768, 1, 16, 16, 128, 128}, h100).launches.size() == 4);  // context-parallel
+
+  // The boundaries, on the H100: 116 pairs (8 x 116 >= 7 x 132) and 115; 6336 chunks x value
+  // heads (48 x 132; a partial chunk counts) and one chunk per head fewer; 128 sequences and 129.
+  const auto mode = [&](const Shapes& s, const DeviceLimits& d) { return plan_for(s, d).mode; };
+  CHECK(mode({6336 * 64 / 58, 2, 2, 58, 128, 128}, h100) == "chunked_ws");  // 116 pairs
+  CHECK(mode({6336 * 64 / 23 + 64, 5, 1, 23, 128, 128}, h100) == "chunked_bv128_wgmma");  // 115
+  CHECK(mode({6336 * 64 / 32, 4, 4, 32, 128, 128}, h100) == "chunked_ws");                // 6336
+  CHECK(mode({6336 * 64 / 32 - 64, 4, 4, 32, 128, 128}, h100) == "chunked_bv128_wgmma");  // 6304
+  CHECK(mode({6336 * 64 / 32 - 63, 4, 4, 32, 128, 128}, h100) == "chunked_ws");  // rounds up
+  CHECK(mode({1 << 20, 128, 1, 1, 128, 128}, h100) == "chunked_ws");
+  const Plan too_many = plan_for({1 << 20, 129, 1, 1, 128, 128}, h100);
+  CHECK(too_many.mode == "chunked_bv128_wgmma");
+  CHECK(said(too_many, "129 sequences, more than the 128 its blocks rank longest first"));
+  // The bandwidth threshold itself: 30 GB/s per SM is fast enough, a byte less per second is not.
+  DeviceLimits edge = h100;
+  edge.dram_bytes_per_second = 30'000'000'000LL * edge.sm_count;
+  const Shapes big{131072, 16, 16, 16, 128, 128};
+  CHECK(mode(big, edge) == "chunked_bv128_wgmma");
+  edge.dram_bytes_per_second -= edge.sm_count;
+  CHECK(mode(big, edge) == "chunked_ws");
+  // Only where the kernel exists: K = V = 128 on sm_90a, bf16 rows (not sm_100, however slow its
+  // DRAM, nor K = 64).
+  DeviceLimits slow_b200 = DeviceLimits::for_name("b200");
+  slow_b200.dram_bytes_per_second = 1'000'000'000'000;
+  CHECK(plan_for(big, slow_b200).mode != "chunked_ws");
+  CHECK(mode({131072, 16, 16, 16, 64, 128}, h100) != "chunked_ws");
+
+  // The memo key holds the verdict in place of T: same sequences, one side of the chunk
+  // threshold each.
+  const auto key = [&](std::int64_t tokens) {
+    ops::prefill::Problem p;
+    p.tokens = tokens;
+    p.seqs = 4;
+    p.heads = 4;
+    p.value_heads = 32;
+    p.k = p.v = 128;
+    p.bf16 = p.v16 = true;
+    return ops::prefill::Family::memo_problem(p, h100);
+  };
+  const ops::prefill::Problem taken = key(6336 * 2), not_taken = key(6336 * 2 - 64),
+                              taken_too = key(100000);
+  CHECK(taken.ws_by_planner);
+  CHECK(!not_taken.ws_by_planner);
+  CHECK(std::memcmp(&taken, &not_taken, sizeof taken) != 0);
+  CHECK(std::memcmp(&taken, &taken_too, sizeof taken) == 0);
+}
+
 TEST_CASE("gdn_prefill: force_mode '_wgmma' compiles both kernels for sm_90a, only there") {
-  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  const DeviceLimits h200 = DeviceLimits::for_name("h200");
   for (const std::string mode : {"chunked_bv128_wgmma", "chunked_bv64_wgmma", "chunked_wgmma"}) {
     CAPTURE(mode);
     const Plan plan = plan_for({100000, 4096, 16, 32, 128, 128}, h200, DType::f32, mode);
@@ -1187,7 +1288,7 @@ TEST_CASE(
 }
 
 TEST_CASE("gdn_prefill: the warp-specialized mode plans one legal sm_90a launch or says why not") {
-  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  const DeviceLimits h200 = DeviceLimits::for_name("h200");
   for (const std::int64_t seqs : {std::int64_t{1}, std::int64_t{16}, std::int64_t{128},
                                   std::int64_t{129}, std::int64_t{4096}}) {
     CAPTURE(seqs);
@@ -1260,7 +1361,7 @@ TEST_CASE("gdn_prefill: who forms P, over a grid of shapes, and the _p0 / _p1 su
       }
     }
   }
-  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  const DeviceLimits h200 = DeviceLimits::for_name("h200");
   const Shapes s{131072, 16, 16, 16, 128, 128};
   // A narrow tile, or the 64-row tile on wgmma, cannot form P: refused with the reason.
   CHECK_THROWS_WITH_AS(plan_for(s, h200, DType::f32, "chunked_bv32_p1"),
@@ -1284,7 +1385,7 @@ TEST_CASE("gdn_prefill: who forms P, over a grid of shapes, and the _p0 / _p1 su
 
 TEST_CASE(
     "gdn_prefill planner: the context-parallel path where pairs leave SMs idle, plans legal") {
-  int cp_plans = 0, sequential_plans = 0;
+  int cp_plans = 0, sequential_plans = 0, ws_plans = 0;
   for (const char* arch : {"sm_80", "sm_86", "sm_90", "sm_100"}) {
     for (const int sms : {16, 66, 132, 264}) {
       DeviceLimits device = DeviceLimits::for_arch(Arch::parse(arch));
@@ -1344,8 +1445,12 @@ TEST_CASE(
                 said |= r.starts_with("context-parallel state: segments of");
               }
               CHECK(said);
+            } else if (plan.mode == "chunked_ws") {
+              ++ws_plans;
+              CHECK(ws_rule(s, device));
             } else {
               ++sequential_plans;
+              CHECK(!ws_rule(s, device));
               REQUIRE(plan.launches.size() == 2);
               bool said = false;
               for (const std::string& r : plan.reasons) {
@@ -1358,12 +1463,14 @@ TEST_CASE(
       }
     }
   }
-  MESSAGE(cp_plans << " context-parallel plans, " << sequential_plans << " sequential");
+  MESSAGE(cp_plans << " context-parallel plans, " << sequential_plans << " sequential, " << ws_plans
+                   << " warp-specialized");
   CHECK(cp_plans > 100);
+  CHECK(ws_plans > 10);
   CHECK(sequential_plans > 100);
 
   // The H200's shapes of the issue: few long sequences take it, 16 x 8k at HV = 16 does not.
-  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  const DeviceLimits h200 = DeviceLimits::for_name("h200");
   CHECK(plan_for({32768, 1, 16, 16, 128, 128}, h200).launches.size() == 4);
   CHECK(plan_for({32768, 2, 16, 16, 128, 128}, h200).launches.size() == 4);
   CHECK(plan_for({131072, 1, 16, 16, 128, 128}, h200).launches.size() == 4);
@@ -1373,7 +1480,7 @@ TEST_CASE(
 }
 
 TEST_CASE("gdn_prefill planner: forced context-parallel modes and their refusals") {
-  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  const DeviceLimits h200 = DeviceLimits::for_name("h200");
   const Shapes many{131072, 16, 16, 16, 128, 128};
   // Forced where the rule would not take it, with the planner's L or a given one.
   check_cp_plan(plan_for(many, h200, DType::f32, "chunked_cp"), many, h200);
@@ -1404,7 +1511,7 @@ TEST_CASE("gdn_prefill planner: forced context-parallel modes and their refusals
 
 TEST_CASE("gdn_prefill plans a K-major pool (V contiguous) as the state_layout=kv kernels") {
   if (!family_registered()) return;
-  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  const DeviceLimits h200 = DeviceLimits::for_name("h200");
   struct Case {
     Shapes shapes;
     const char* force;
@@ -1527,7 +1634,7 @@ TEST_CASE("gdn_prefill: other state strides, and final states or checkpoints in 
 }
 
 TEST_CASE("gdn_prefill planner: a caller's workspace too small for the context-parallel path") {
-  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  const DeviceLimits h200 = DeviceLimits::for_name("h200");
   const std::int64_t t = 65536, n = 1, h = 4, hv = 4, k = 128, v = 128;
   const auto view = [](DType d, std::initializer_list<std::int64_t> shape) {
     return TensorView::contiguous(nullptr, d, shape);

@@ -2,7 +2,9 @@
 // The built-in device table, the boundary shapes of every limit, and how plans print.
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kjit/error.hpp"
 #include "kjit/plan.hpp"
@@ -83,6 +85,29 @@ TEST_CASE("plan: a/f variants share their base's limits and keep their target") 
   const DeviceLimits blackwell_f = DeviceLimits::for_name("sm_100f");
   CHECK(blackwell_f.arch.str() == "sm_100f");
   CHECK(blackwell_f.sm_count == 148);
+}
+
+TEST_CASE("plan: DRAM bandwidth, and every product of an arch") {
+  constexpr std::int64_t kGBps = 1'000'000'000;
+  CHECK(DeviceLimits::for_name("h100").dram_bytes_per_second == 3352 * kGBps);
+  CHECK(DeviceLimits::for_arch(Arch{9, 0}).dram_bytes_per_second == 3352 * kGBps);
+  CHECK(DeviceLimits::for_name("h200").dram_bytes_per_second == 4800 * kGBps);
+  CHECK(DeviceLimits::for_arch(Arch{8, 0}).dram_bytes_per_second == 2039 * kGBps);
+  CHECK(DeviceLimits::for_name("b200").dram_bytes_per_second == 8000 * kGBps);
+  for (const Arch arch : DeviceLimits::known_archs()) {
+    CHECK(DeviceLimits::for_arch(arch).dram_bytes_per_second > 500 * kGBps);
+  }
+  // sm_90 is the H100 (its table row, first) and the H200; the variant stays the compile target.
+  const std::vector<DeviceLimits> hopper = DeviceLimits::products_of(Arch::parse("sm_90a"));
+  REQUIRE(hopper.size() == 2);
+  CHECK(hopper[0].dram_bytes_per_second == 3352 * kGBps);
+  CHECK(hopper[1].name == "h200");
+  CHECK(hopper[1].dram_bytes_per_second == 4800 * kGBps);
+  CHECK(hopper[1].l2_bytes == 60 * kMiB);
+  for (const DeviceLimits& d : hopper) CHECK(d.arch.str() == "sm_90a");
+  // One product per arch elsewhere (the RTX 3090 and the A10 share sm_86's table row).
+  CHECK(DeviceLimits::products_of(Arch{8, 6}).size() == 1);
+  CHECK(DeviceLimits::products_of(Arch{10, 0}).size() == 1);
 }
 
 TEST_CASE("plan: product names and arch texts") {

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -199,6 +200,24 @@ TEST_CASE("the issue's manifest ranges plan on sm_90 and sm_100a") {
                                                  DeviceLimits::for_arch(Arch::parse("sm_100a"))}));
   CHECK(enumeration.problems > 0);
   CHECK_FALSE(enumeration.specs.empty());
+}
+
+// kjit precompile plans each line on every product of an arch: gdn_prefill at many long
+// sequences takes the warp-specialized kernel on an H100 and the two kernels on an H200, and a
+// bundle for sm_90 must serve both.
+TEST_CASE("an sm_90 bundle holds the kernels the H100 and the H200 plan") {
+  const Manifest manifest = parse_manifest(
+      "gdn_prefill tokens=131072 seqs=16 heads=16 v_heads=16 k=128 v=128 dtype=bf16\n", "ws.txt");
+  const auto families = [&](const std::vector<DeviceLimits>& devices) {
+    std::set<std::string> out;
+    for (const KernelSpec& spec : enumerate_specs(manifest, devices).specs) out.insert(spec.family);
+    return out;
+  };
+  const std::vector<DeviceLimits> products = DeviceLimits::products_of(Arch::parse("sm_90"));
+  CHECK(families({products[0]}) == std::set<std::string>{"gdn_prefill_ws"});
+  CHECK(families({products[1]}) == std::set<std::string>{"gdn_prefill_chunk", "gdn_prefill_state"});
+  CHECK(families(products) ==
+        std::set<std::string>{"gdn_prefill_chunk", "gdn_prefill_state", "gdn_prefill_ws"});
 }
 
 TEST_CASE("a manifest range with no accepted value is an error naming the line") {

@@ -51,15 +51,16 @@ enum class ModeKind : std::uint8_t {
 
 /// The longest spelling of a mode the parser accepts ("chunked_cp999999_s3_s2") fits with room:
 /// a longer force_mode is no mode.
-inline constexpr std::size_t kModeTextBytes = 24;
+inline constexpr std::size_t kModeTextBytes = 31;  // (31: the key stays a multiple of 8)
 
 /// Everything validated about one call, options included; the plan is a function of it and the
 /// device. No pointer values: v's alignment class (v16) stands in for its address.
 ///
 /// It is the plan memo's key after memo_problem(): the plans of one sequence count do not
 /// depend on the token count T (the chunk kernel's grid strides over the chunk ids), except
-/// through the context-parallel decision, so the key holds that decision (its segment length
-/// and segment ids) in place of T and of the caller's workspace size.
+/// through the context-parallel decision and the warp-specialized kernel's, so the key holds
+/// those decisions (the segment length and segment ids; ws_by_planner) in place of T and of the
+/// caller's workspace size.
 struct Problem {
   std::int64_t tokens = 0, seqs = 0, heads = 0, value_heads = 0, k = 0, v = 0;
   /// options.checkpoint_every_n_tokens (the plan's text names the interval).
@@ -96,6 +97,9 @@ struct Problem {
   bool k_major = false;
   /// options.workspace has a data pointer: the call allocates no workspace.
   bool caller_workspace = false;
+  /// Filled by memo_problem (false in a checked problem): the planner takes the warp-specialized
+  /// kernel for this call on its device (ws_pays).
+  bool ws_by_planner = false;
   /// A "_p0" / "_p1" suffix: P formed by the chunk kernel (0) or by the state kernel (1); -1:
   /// the planner's rule. (Also keeps the size a multiple of 8 with every byte a member: the memo
   /// hashes the bytes.)

@@ -354,6 +354,93 @@ void prefer_wgmma(const Problem& pr, const DeviceLimits& device, Decision& choic
       "stages: 16-20% less time per call than mma.sync on the H200); the chunk kernel forms P");
 }
 
+// The warp-specialized kernel in place of the two chunked kernels, unforced. It keeps T', P and
+// the scales on chip (the two kernels move ~1.07 GB of them through DRAM at 128k tokens, H = HV
+// = 16) but walks a chunk on one SM in about the time the two kernels spend on it in all; so it
+// pays where DRAM is slow next to the SMs. Measured on one build (docs/performance.md, "The
+// planner's choice between the two kernels and the warp-specialized one"): on the H100 (3.35
+// TB/s, 25 GB/s per SM) it was 1.16-1.22x faster at 16/16 32k and 128k in 16 sequences, 16 x 8192
+// and 8 x 4096, level at HV = 32 (512 pairs), slower at 8k in 4 sequences (HV = 16 and 32: short
+// chains in one wave) and with 64 or fewer pairs; on the H200 (4.8 TB/s, 36 GB/s per SM) the two
+// kernels were faster at every shape. The thresholds sit between those points: below 30 GB/s
+// per SM, (sequence, value head) pairs filling at least 7/8 of the SMs, 48 or more chunks per SM
+// in all, and at most kGdnPrefillRankInStateMaxSeqs sequences (the blocks rank them longest
+// first; the measured calls all did).
+constexpr std::int64_t kWsMaxBytesPerSmSecond = 30'000'000'000;
+constexpr std::int64_t kWsMinChunksPerSm = 48;
+
+struct WsVerdict {
+  bool pays = false;
+  std::string why;  // the plan's text either way (empty: the kernel does not apply)
+};
+
+// `explain`: format the text (plans); the memo key needs only the verdict.
+WsVerdict ws_pays(const Problem& pr, const DeviceLimits& device, bool explain) {
+  WsVerdict v;
+  // What the kernel takes: the path prefer_wgmma picks (bf16 rows, 16-byte v, K = V = 128 on
+  // sm_90a, the whole-V tile), which the planner's other rules decide from the same fields.
+  if (!pr.bf16 || !pr.v16 || pr.k != 128 || pr.v != 128 || !has_sm90a(device) || pr.seqs == 0) {
+    return v;
+  }
+  const std::int64_t sms = std::max(device.sm_count, 1);
+  const std::int64_t per_sm = device.dram_bytes_per_second / sms;
+  const std::int64_t pairs = pr.seqs * pr.value_heads;
+  const std::int64_t chunks =
+      (pr.tokens + kGdnPrefillChunk - 1) / kGdnPrefillChunk * pr.value_heads;
+  const bool fast_dram = per_sm >= kWsMaxBytesPerSmSecond;
+  const bool few_pairs = 8 * pairs < 7 * sms;
+  const bool few_chunks = chunks < kWsMinChunksPerSm * sms;
+  const bool unranked = pr.seqs > static_cast<std::int64_t>(kGdnPrefillRankInStateMaxSeqs);
+  v.pays = !fast_dram && !few_pairs && !few_chunks && !unranked;
+  if (!explain) return v;
+  const double gbps = static_cast<double>(per_sm) * 1e-9;
+  if (v.pays) {
+    v.why = fmt::format(
+        "warp-specialized kernel in place of the two kernels: {:.1f} GB/s of DRAM bandwidth per "
+        "SM (< {}) makes their workspace traffic cost more than its on-chip chunk work; {} "
+        "(sequence, value head) pairs for {} SMs, {} chunks x value heads (>= {} per SM); "
+        "measured 1.16-1.22x faster on the H100 at such shapes",
+        gbps, kWsMaxBytesPerSmSecond / 1'000'000'000, pairs, sms, chunks, kWsMinChunksPerSm);
+  } else {
+    v.why = fmt::format(
+        "two kernels, not the warp-specialized one: {}",
+        fast_dram   ? fmt::format("{:.1f} GB/s of DRAM bandwidth per SM (>= {}: the workspace "
+                                    "traffic is cheap enough; on the H200, 36, the two kernels won "
+                                    "at every measured shape)",
+                                  gbps, kWsMaxBytesPerSmSecond / 1'000'000'000)
+        : few_pairs ? fmt::format("{} (sequence, value head) pairs leave more than 1/8 of {} SMs "
+                                  "idle (one block walks each)",
+                                  pairs, sms)
+        : few_chunks
+            ? fmt::format("{} chunks x value heads, fewer than {} per SM (short chains: the two "
+                          "kernels spread a chunk's work over more SMs)",
+                          chunks, kWsMinChunksPerSm)
+            : fmt::format("{} sequences, more than the {} its blocks rank longest first", pr.seqs,
+                          kGdnPrefillRankInStateMaxSeqs));
+  }
+  return v;
+}
+
+// Turns the planner's two-kernel wgmma path into the warp-specialized kernel where ws_pays.
+void prefer_ws(const Problem& pr, const DeviceLimits& device, Decision& choice) {
+  if (!choice.chunked || !choice.wgmma || choice.cp_chunks > 0 || choice.bv != 128) return;
+  WsVerdict verdict = ws_pays(pr, device, true);
+  if (verdict.why.empty()) return;
+  if (!verdict.pays) {
+    choice.reasons.push_back(std::move(verdict.why));
+    return;
+  }
+  choice.ws = true;
+  choice.reasons.clear();  // the two kernels' tiles and stages do not apply
+  choice.reasons.push_back(std::move(verdict.why));
+  choice.reasons.push_back(fmt::format(
+      "per (sequence, value head) one block of {} threads, compiled for sm_90a; a chunk "
+      "warpgroup copies each chunk's q, k, v rows into {} shared-memory stages and computes "
+      "T', P and the scales there one chunk ahead; two state warpgroups carry the state on "
+      "wgmma; no workspace",
+      kGdnPrefillWsThreads, kGdnPrefillWsStages));
+}
+
 // The path and tiles of a call. The state kernel's wide tiles (value tile >= 64, K <= 128) can
 // multiply on warpgroup wgmma, which reads each chunk's k, q, T' and P from shared memory once
 // per four warps instead of once per warp. It exists only in the arch-specific target sm_90a
@@ -376,6 +463,7 @@ Decision choose(const Problem& pr, const DeviceLimits& device) {
         }
       }
       prefer_wgmma(pr, device, choice);
+      prefer_ws(pr, device, choice);
       return choice;
     }
     case ModeKind::fused:
@@ -803,6 +891,8 @@ Problem Family::memo_problem(const Problem& problem, const DeviceLimits& limits)
   Problem key = problem;
   key.cp_chunks = cp_decision(problem, limits, false).chunks;
   key.cp_segment_ids = key.cp_chunks > 0 ? cp_segments(problem, key.cp_chunks) : 0;
+  key.ws_by_planner =
+      problem.forced_kind == ModeKind::automatic && ws_pays(problem, limits, false).pays;
   key.tokens = 0;
   key.user_workspace = -1;
   key.caller_workspace = false;
