@@ -59,6 +59,13 @@ run 0 plan gdn_prefill --tokens 1000 --seqs 4 --heads 16 --v-heads 32 --k 128 --
 contains "$OUT" "gdn_prefill:"
 contains "$OUT" "ckpt=0,stages=3@sm_90"
 contains "$OUT" "P formed by the chunk kernel"
+# Where DRAM is slow per SM (the H100) the same call takes the warp-specialized kernel, and says why;
+# the H200 says why not.
+run 0 plan gdn_prefill --tokens 131072 --seqs 16 --heads 16 --v-heads 16 --k 128 --v 128 --arch h100
+contains "$OUT" "mode chunked_ws"
+contains "$OUT" "25.4 GB/s of DRAM bandwidth per SM (< 30)"
+run 0 plan gdn_prefill --tokens 131072 --seqs 16 --heads 16 --v-heads 16 --k 128 --v 128 --arch h200
+contains "$OUT" "two kernels, not the warp-specialized one: 36.4 GB/s"
 # State checkpoints: the kernel with ckpt=1, and an interval that is no multiple of 64 refused.
 run 0 plan gdn_prefill --tokens 1000 --seqs 4 --heads 16 --v-heads 32 --k 128 --v 128 --checkpoint 128 --arch h200
 contains "$OUT" "ckpt=1,stages=3@sm_90"
