@@ -274,7 +274,8 @@ TEST_CASE("planner gpu: the driver's limits agree with the built-in table where 
   const DeviceLimits live = test::runtime().device_limits(test::device());
   MESSAGE(live.name << " (" << live.arch.str() << "): " << live.sm_count << " SMs, "
                     << live.max_smem_per_block_optin << " bytes opt-in smem, " << live.l2_bytes
-                    << " bytes L2, " << live.dram_bytes_per_second / 1e9 << " GB/s DRAM");
+                    << " bytes L2, " << static_cast<double>(live.dram_bytes_per_second) / 1e9
+                    << " GB/s DRAM");
   DeviceLimits table;
   try {
     table = DeviceLimits::for_arch(live.arch);
