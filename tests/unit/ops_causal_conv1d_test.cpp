@@ -470,6 +470,27 @@ TEST_CASE("causal_conv1d planner: vector width, in place, forced modes, empty ca
             .find("span = 64 tokens per work "
                   "item") != std::string::npos);
   CHECK(plan(prefill_views(100, 2, 64), h200).launches[0].spec.get("span") == "8");
+  // On an H100 (25.4 GB/s of DRAM per SM, under 30) the longest span is 32, and the plan says
+  // why; the A100's slower DRAM per SM keeps 64 (measured on Hopper only), as does a Hopper
+  // at exactly 30 GB/s per SM; a forced span stays what it is.
+  const DeviceLimits h100 = DeviceLimits::for_name("h100");
+  for (const std::int64_t tokens : {8192, 32768, 131072}) {
+    CAPTURE(tokens);
+    const Plan on_h100 = plan(prefill_views(tokens, 16, 8192), h100);
+    CHECK(on_h100.launches[0].spec.get("span") == "32");
+    CHECK(on_h100.explain().find("(longest 32, not 64: 25.4 GB/s of DRAM bandwidth per SM < 30") !=
+          std::string::npos);
+  }
+  CHECK(plan(prefill_views(100, 2, 64), h100).launches[0].spec.get("span") == "8");
+  CHECK(plan(prefill_views(131072, 16, 8192), DeviceLimits::for_name("a100"))
+            .launches[0]
+            .spec.get("span") == "64");
+  DeviceLimits edge = h100;
+  edge.dram_bytes_per_second = 30'000'000'000LL * edge.sm_count;
+  CHECK(plan(prefill_views(131072, 16, 8192), edge).launches[0].spec.get("span") == "64");
+  edge.dram_bytes_per_second -= 1;
+  CHECK(plan(prefill_views(131072, 16, 8192), edge).launches[0].spec.get("span") == "32");
+  CHECK(plan(prefill_views(131072, 16, 8192), h100, span64).launches[0].spec.get("span") == "64");
   // W > 4: 4 channels per thread in the prefill (the update keeps 8).
   const Plan w8 = plan(prefill_views(1000, 4, 4096, 8), h200);
   CHECK(w8.launches[0].spec.get("vec") == "4");

@@ -28,6 +28,9 @@ namespace kjit::ops::conv1d {
 /// the shortest it picks, and the longest options.force_span accepts (plan.cpp says why).
 inline constexpr std::int64_t kSpanLongest = 64;
 inline constexpr std::int64_t kSpanShortest = 8;
+/// Below this DRAM bandwidth per SM (bytes per second) the prefill's longest span on Hopper is
+/// kSpanLongest / 2 (the H100's 25.4 GB/s per SM: yes; the H200's 36.4: no).
+inline constexpr std::int64_t kSpan32BelowBytesPerSmSecond = 30'000'000'000;
 inline constexpr std::int64_t kSpanForcedLongest = 256;
 
 /// Which op a call came through: the prefill, or the update (varlen or not: Problem::varlen).

@@ -154,14 +154,28 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
       span = p.force_span;
       plan.reasons.push_back(fmt::format("span = {} forced by options.force_span", span));
     } else {
-      span = std::max(kSpanLongest, floor_span);
+      // Where DRAM is slow per SM the longest span is 32 on Hopper: on the H100 (25 GB/s per SM)
+      // span 32 was 1.03-1.04x span 64 at 8k, 32k and 128k tokens in two sessions' runs, on the
+      // H200 (36) 0.95-0.96x at 32k and 128k (docs/performance.md, "The prefill's span on the
+      // H100").
+      const std::int64_t dram_per_sm =
+          limits.dram_bytes_per_second / std::max<std::int64_t>(limits.sm_count, 1);
+      // (Measured on Hopper only: other archs keep 64 however their DRAM compares.)
+      const bool slow_dram = limits.arch.major == 9 && dram_per_sm < kSpan32BelowBytesPerSmSecond;
+      const std::int64_t longest = slow_dram ? kSpanLongest / 2 : kSpanLongest;
+      span = std::max(longest, floor_span);
       while (span > floor_span && items_of(p, ConvMode::chunked, vec, span) < enough) span /= 2;
       plan.reasons.push_back(fmt::format(
           "span = {} tokens per work item: the longest of {}..{} giving at least {} SMs x {} "
           "threads / 2 = {} items ({} here), so that each item's sequence lookup, weights and "
-          "W - 1 token halo are spread over many tokens while every SM still gets threads",
-          span, kSpanLongest, floor_span, limits.sm_count, limits.max_threads_per_sm, enough,
-          items_of(p, ConvMode::chunked, vec, span)));
+          "W - 1 token halo are spread over many tokens while every SM still gets threads{}",
+          span, longest, floor_span, limits.sm_count, limits.max_threads_per_sm, enough,
+          items_of(p, ConvMode::chunked, vec, span),
+          slow_dram ? fmt::format(" (longest {}, not {}: {:.1f} GB/s of DRAM bandwidth per SM "
+                                  "< {}, where shorter spans measured faster)",
+                                  longest, kSpanLongest, static_cast<double>(dram_per_sm) * 1e-9,
+                                  kSpan32BelowBytesPerSmSecond / 1'000'000'000)
+                    : std::string()));
     }
     plan.reasons.push_back(fmt::format(
         "chunked: every span of {} tokens of every sequence in parallel (span ids "
