@@ -102,20 +102,24 @@ struct GdnPrefillOptions {
   /// and 128-row mma.sync tiles (the planner's choice for the 128-row tile without GVA at K = V =
   /// 128 on sm_90 and later) or its 128-row wgmma tile ("chunked_bv128_wgmma_p1"; "_p1" with
   /// another tile is a PlanError). "chunked_ws" runs one warp-specialized kernel per (sequence,
-  /// value head) instead of the two (sm_90a, K = V = 128, no workspace; a PlanError elsewhere):
-  /// for A/B runs, the planner does not take it (slower today, docs/performance.md).
+  /// value head) instead of the two (sm_90a, K = V = 128, no workspace; a PlanError elsewhere).
+  /// The planner takes it by itself where DRAM is slow next to the SMs (under 30 GB/s per SM:
+  /// the H100, not the H200) and many long sequences fill the SMs; plan.explain() says why or
+  /// why not (docs/performance.md, "The planner's choice between the two kernels and the
+  /// warp-specialized one").
   std::string force_mode;
-  /// Scratch memory of the chunked path: a 1-D u8 tensor on the device, 256-byte aligned, of at
-  /// least gdn_prefill_workspace_bytes(T, HV) bytes; it must not be in use by other work on the
-  /// stream while the call runs. Default (empty): the call allocates it stream-ordered on its
-  /// stream from kjit's workspace pool of the device, which keeps the memory reserved for the
-  /// next call (the largest workspace used so far stays held until the process exits: pass
-  /// your own to avoid that), and frees it on the stream after the call's kernels; under CUDA
-  /// graph capture with cuMemAllocAsync / cuMemFreeAsync, which capture records as memory
-  /// nodes. The fused path needs none and ignores it. The context-parallel path needs more
-  /// (per segment and value head, f32 [V, K] states twice and a [K, K] map: the plan's reasons
-  /// give the bytes); with a given workspace too small for it the planner keeps the sequential
-  /// state kernel (and a forced "chunked_cp" mode is a PlanError).
+  /// Scratch memory of the chunked path (the warp-specialized kernel needs none and ignores it;
+  /// sizing it for the two kernels is always enough): a 1-D u8 tensor on the device, 256-byte
+  /// aligned, of at least gdn_prefill_workspace_bytes(T, HV) bytes; it must not be in use by other
+  /// work on the stream while the call runs. Default (empty): the call allocates it stream-ordered
+  /// on its stream from kjit's workspace pool of the device, which keeps the memory reserved for
+  /// the next call (the largest workspace used so far stays held until the process exits: pass your
+  /// own to avoid that), and frees it on the stream after the call's kernels; under CUDA graph
+  /// capture with cuMemAllocAsync / cuMemFreeAsync, which capture records as memory nodes. The
+  /// fused path needs none and ignores it. The context-parallel path needs more (per segment and
+  /// value head, f32 [V, K] states twice and a [K, K] map: the plan's reasons give the bytes); with
+  /// a given workspace too small for it the planner keeps the sequential state kernel (and a forced
+  /// "chunked_cp" mode is a PlanError).
   TensorView workspace;
 };
 
