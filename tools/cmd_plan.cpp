@@ -21,6 +21,7 @@
 #include "kjit/runtime.hpp"
 #include "kjit/settings.hpp"
 #include "kjit/source.hpp"
+#include "verify.hpp"
 
 namespace kjit::tool {
 namespace {
@@ -31,7 +32,9 @@ constexpr const char* kPlanUsage =
 Prints the Plan of an op for a concrete problem: the grid mode, every launch with its
 specialization, grid, block and dynamic shared memory, and every limit it was checked against.
 --arch plans offline from the built-in table (sm_80, sm_86, sm_89, sm_90, sm_100, sm_120, or a
-product name: h100, h200, b200, a100, l40s, rtx5090); --device plans for a live device.
+product name: h100, h200, b200, a100, l40s, rtx5090), or for a fabricated device given as
+key=value items over a base (the keys of `kjit bundle --help`), e.g. --arch base=h100,dram_gbps=4000
+for an H100 with faster memory; --device plans for a live device.
 Exit code 2 when the problem cannot be planned.
 
 ops and their shape options (sizes are required, the rest have defaults):
@@ -58,7 +61,10 @@ DeviceLimits target_limits(const Args& args, const char* cmd) {
   if (args.has("arch") == args.has("device")) {
     throw UsageError(fmt::format("{}: give exactly one of --arch sm_XY or --device N", cmd));
   }
-  if (args.has("arch")) return DeviceLimits::for_name(args.get("arch"));
+  if (args.has("arch")) {
+    const std::string arch = args.get("arch");
+    return arch.find('=') != std::string::npos ? parse_device(arch) : DeviceLimits::for_name(arch);
+  }
   Runtime runtime(Settings::from_env());
   return runtime.device_limits(static_cast<int>(args.get_int("device", 0)));
 }

@@ -48,7 +48,8 @@ verify: re-plans every shape of the bundle's own manifest on each device and che
 against the device limits and the kernel's recorded resources (exit 2 on failure).
 A fabricated device starts from base=NAME (default sm_90) and overrides limits: name, arch, sms,
 threads, block_x/y/z, grid_x/y/z, smem, smem_optin, smem_per_sm, regs, regs_per_sm, max_regs,
-threads_per_sm, blocks_per_sm. Example: --verify-device name=tiny,threads=256,grid_y=7
+threads_per_sm, blocks_per_sm, dram_gbps (DRAM bandwidth, GB/s). Example: --verify-device
+name=tiny,threads=256,grid_y=7
 )";
 
 std::vector<DeviceLimits> verify_devices(const Args& args) {

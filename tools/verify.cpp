@@ -59,11 +59,17 @@ DeviceLimits parse_device(std::string_view text) {
         device.max_threads_per_sm = small;
       } else if (key == "blocks_per_sm") {
         device.max_blocks_per_sm = small;
+      } else if (key == "dram_gbps") {
+        // DRAM bandwidth in GB/s: plans that weigh workspace traffic read it per SM.
+        if (number <= 0) {
+          throw UsageError(fmt::format("device dram_gbps = {}: must be > 0 (GB/s)", number));
+        }
+        device.dram_bytes_per_second = number * 1'000'000'000;
       } else {
         throw UsageError(fmt::format(
             "unknown device key '{}'; accepted: name, base, arch, sms, threads, block_x, "
             "block_y, block_z, grid_x, grid_y, grid_z, smem, smem_optin, smem_per_sm, regs, "
-            "regs_per_sm, max_regs, threads_per_sm, blocks_per_sm",
+            "regs_per_sm, max_regs, threads_per_sm, blocks_per_sm, dram_gbps",
             key));
       }
     }

@@ -66,6 +66,12 @@ contains "$OUT" "mode chunked_ws"
 contains "$OUT" "25.4 GB/s of DRAM bandwidth per SM (< 30)"
 run 0 plan gdn_prefill --tokens 131072 --seqs 16 --heads 16 --v-heads 16 --k 128 --v 128 --arch h200
 contains "$OUT" "two kernels, not the warp-specialized one: 36.4 GB/s"
+# A fabricated device: an H100 with 4 TB/s of DRAM (30.3 GB/s per SM) keeps the two kernels.
+run 0 plan gdn_prefill --tokens 131072 --seqs 16 --heads 16 --v-heads 16 --k 128 --v 128 --arch base=h100,dram_gbps=4000
+contains "$OUT" "mode chunked_bv128_wgmma"
+contains "$OUT" "30.3 GB/s of DRAM bandwidth per SM"
+run 2 plan gdn_prefill --tokens 8192 --seqs 4 --heads 16 --v-heads 16 --k 128 --v 128 --arch base=h100,dram=4
+contains "$ERR" "unknown device key 'dram'"
 # State checkpoints: the kernel with ckpt=1, and an interval that is no multiple of 64 refused.
 run 0 plan gdn_prefill --tokens 1000 --seqs 4 --heads 16 --v-heads 32 --k 128 --v 128 --checkpoint 128 --arch h200
 contains "$OUT" "ckpt=1,stages=3@sm_90"

@@ -293,6 +293,12 @@ TEST_CASE("fabricated devices") {
   CHECK(device.arch.sm() == 90);
   CHECK_THROWS_WITH_AS(parse_device("warp=16"), doctest::Contains("unknown device key 'warp'"),
                        UsageError);
+  // DRAM bandwidth in GB/s (the H100's table value otherwise), positive.
+  CHECK(device.dram_bytes_per_second == 3'352'000'000'000);
+  CHECK(parse_device("base=h100,dram_gbps=4000").dram_bytes_per_second == 4'000'000'000'000);
+  CHECK(parse_device("base=h200").dram_bytes_per_second == 4'800'000'000'000);
+  CHECK_THROWS_WITH_AS(parse_device("dram_gbps=0"),
+                       doctest::Contains("device dram_gbps = 0: must be > 0 (GB/s)"), UsageError);
 }
 
 TEST_CASE("sizes") {
