@@ -548,9 +548,9 @@ int run(int argc, char** argv) {
   };
   // "chunk us" and "state us": each kernel of the chunked path launched alone (their sum is
   // more than the call's time by the state kernel's overlap with the chunk kernel's tail).
-  std::printf("%4s %4s %8s %5s | %10s %10s %8s %9s | %8s %8s | %9s %9s | %9s %9s %7s %9s\n", "H",
-              "HV", "T", "seqs", "GPU us", "Mtok/s", "TFLOP/s", "host us", "fla us", "speedup",
-              "chunk us", "state us", "anchor", "+norm", "anch/kj", "diff");
+  std::printf("%4s %4s %8s %5s | %10s %10s %8s %9s | %8s %8s | %9s %9s | %9s %9s %7s %9s  %s\n",
+              "H", "HV", "T", "seqs", "GPU us", "Mtok/s", "TFLOP/s", "host us", "fla us", "speedup",
+              "chunk us", "state us", "anchor", "+norm", "anch/kj", "diff", "planner's mode");
   for (const Anchor& s : anchors) {
     Inputs in = make_inputs(s.tokens, s.seqs, s.heads, s.value_heads);
     kjit::bench::flush_l2(*gpu);
@@ -570,19 +570,24 @@ int run(int argc, char** argv) {
     const double flops = (6.0 * kDim * kDim + 4.0 * 64 * (kDim + kDim)) *
                          static_cast<double>(s.tokens * s.value_heads);
     const double tflops = flops / (us * 1e6);
+    // Each kernel alone: only the paths of two kernels or more ("-" for one launch).
     const double chunk_us = kernel_us(*gpu, in, options, 0);
     const double state_us = kernel_us(*gpu, in, options, 1);
-    std::printf(
-        "%4lld %4lld %8lld %5lld | %10.1f %10.2f %8.1f %9.2f | %8.0f %7.2fx | %9.1f %9.1f |",
-        static_cast<long long>(s.heads), static_cast<long long>(s.value_heads),
-        static_cast<long long>(s.tokens), static_cast<long long>(s.seqs), us, mtok, tflops, host_us,
-        s.fla_us, s.fla_us / us, chunk_us, state_us);
+    const auto alone = [](double kernel) {
+      return kernel > 0 ? fmt::format("{:9.1f}", kernel) : fmt::format("{:>9}", "-");
+    };
+    std::printf("%4lld %4lld %8lld %5lld | %10.1f %10.2f %8.1f %9.2f | %8.0f %7.2fx | %s %s |",
+                static_cast<long long>(s.heads), static_cast<long long>(s.value_heads),
+                static_cast<long long>(s.tokens), static_cast<long long>(s.seqs), us, mtok, tflops,
+                host_us, s.fla_us, s.fla_us / us, alone(chunk_us).c_str(), alone(state_us).c_str());
     if (anchor) {
       const AnchorRun a = run_anchor(*gpu, *anchor, in, options);
       std::printf(" %9.1f %9.1f %6.2fx %.0e/%.0e", a.kernel_us, a.with_norm_us, a.kernel_us / us,
                   a.out_diff, a.state_diff);
     }
-    std::printf("\n");
+    // The planner's mode: it depends on the device (the warp-specialized kernel where DRAM is
+    // slow per SM).
+    std::printf("  %s\n", plan_of(*gpu, in, options).mode.c_str());
     std::fflush(stdout);
     if (json != nullptr) {
       std::fprintf(json,
