@@ -183,6 +183,40 @@ kjit::Plan plan_of(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOpti
 constexpr std::uint32_t kTwoBlocksPerSmSmem = 100 * 1024;
 constexpr std::uint32_t kOneBlockPerSmSmem = 160 * 1024;
 
+// The parameters of a launch over `in` that every path shares (kernel_us and ws_profile add
+// their workspace, value tiles or profile).
+kjit::GdnPrefillParams launch_params(Inputs& in) {
+  const std::int64_t t = in.tokens, h = in.heads, hv = in.value_heads, n = in.seqs;
+  kjit::GdnPrefillParams p{};
+  p.q = in.q.get();
+  p.k = in.k.get();
+  p.v = in.v.get();
+  p.a = in.a.get();
+  p.b = in.b.get();
+  p.a_log = in.a_log.get();
+  p.dt_bias = in.dt_bias.get();
+  p.cu_seqlens = in.cu_dev.get();
+  p.state_indices = in.indices.get();
+  p.state = in.pool.get();
+  p.out = in.out.get();
+  p.q_stride_t = p.k_stride_t = h * kDim;
+  p.q_stride_h = p.k_stride_h = kDim;
+  p.v_stride_t = p.out_stride_t = hv * kDim;
+  p.v_stride_h = p.out_stride_h = kDim;
+  p.a_stride_t = p.b_stride_t = hv;
+  p.state_slot_stride = hv * kDim * kDim;
+  p.index_stride = 1;
+  p.num_slots = n;
+  p.num_seqs = static_cast<std::uint32_t>(n);
+  p.num_value_heads = static_cast<std::uint32_t>(hv);
+  p.heads_per_group = static_cast<std::uint32_t>(hv / h);
+  p.num_heads = static_cast<std::uint32_t>(h);
+  p.num_tokens = t;
+  p.scale = 1.0f;
+  p.softplus_threshold = 20.0f;
+  return p;
+}
+
 /// The chunk kernel (kernel 1 of the chunked path) alone, launched through the runtime from the
 /// plan gdn_prefill would run, to split the call's time between its two kernels. The parameter
 /// block is packed as lib/ops/gdn_prefill/launch.cpp does for this bench's contiguous inputs.
@@ -192,7 +226,7 @@ constexpr std::uint32_t kOneBlockPerSmSmem = 160 * 1024;
 // blocks share an SM (an occupancy experiment: the kernel does not use the extra bytes).
 double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOptions& options,
                  std::size_t launch, std::uint32_t min_dynamic_smem = 0) {
-  const std::int64_t t = in.tokens, h = in.heads, hv = in.value_heads, n = in.seqs;
+  const std::int64_t t = in.tokens, hv = in.value_heads, n = in.seqs;
   kjit::Plan plan = plan_of(gpu, in, options);
   if (plan.launches.size() < 2 || launch >= plan.launches.size()) return 0.0;
   std::uint32_t& smem = plan.launches[launch].shape.dynamic_smem;
@@ -213,18 +247,7 @@ double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOption
       kjit::gdn_prefill_cp_workspace(layout.total, static_cast<std::uint64_t>(segments),
                                      static_cast<std::uint64_t>(hv), kDim, kDim);
   DeviceBuffer ws(static_cast<std::size_t>(cp ? cp_layout.total : layout.total));
-  kjit::GdnPrefillParams p{};
-  p.q = in.q.get();
-  p.k = in.k.get();
-  p.v = in.v.get();
-  p.a = in.a.get();
-  p.b = in.b.get();
-  p.a_log = in.a_log.get();
-  p.dt_bias = in.dt_bias.get();
-  p.cu_seqlens = in.cu_dev.get();
-  p.state_indices = in.indices.get();
-  p.state = in.pool.get();
-  p.out = in.out.get();
+  kjit::GdnPrefillParams p = launch_params(in);
   auto* base = static_cast<unsigned char*>(ws.get());
   p.ws_t = base + layout.t;
   p.ws_p = base + layout.p;
@@ -242,22 +265,7 @@ double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOption
     p.cp_segments = segments;
     p.k_tiles = static_cast<std::uint32_t>(kDim / bv);
   }
-  p.q_stride_t = p.k_stride_t = h * kDim;
-  p.q_stride_h = p.k_stride_h = kDim;
-  p.v_stride_t = p.out_stride_t = hv * kDim;
-  p.v_stride_h = p.out_stride_h = kDim;
-  p.a_stride_t = p.b_stride_t = hv;
-  p.state_slot_stride = hv * kDim * kDim;
-  p.index_stride = 1;
-  p.num_slots = n;
-  p.num_seqs = static_cast<std::uint32_t>(n);
-  p.num_value_heads = static_cast<std::uint32_t>(hv);
-  p.heads_per_group = static_cast<std::uint32_t>(hv / h);
   p.v_tiles = static_cast<std::uint32_t>(kDim / bv);
-  p.num_heads = static_cast<std::uint32_t>(h);
-  p.num_tokens = t;
-  p.scale = 1.0f;
-  p.softplus_threshold = 20.0f;
   // The launches before this one, once: they fill what it reads.
   for (std::size_t i = 0; i < launch; ++i)
     gpu.runtime().launch(resolved, i, gpu.stream, &p, sizeof p);
@@ -265,6 +273,88 @@ double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOption
       gpu,
       [&](kjit::Stream stream) { gpu.runtime().launch(resolved, launch, stream, &p, sizeof p); },
       10, 2);
+}
+
+// KJIT_PREFILL_BENCH_PROFILE=1 with a build of the warp-specialized kernel that has
+// KJIT_GDN_WS_PROFILE 1 in templates/gdn_prefill/params.h (measurement only): one launch with
+// GdnPrefillParams::profile set, and per role (the chunk warpgroup, state warpgroups 0 and 1)
+// the clock cycles per chunk at each site of its loop, summed over the role's warps and blocks
+// and divided by their chunk iterations. Prints why when the plan is not chunked_ws or the
+// kernel was built without the sites.
+void ws_profile(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOptions& options) {
+  const kjit::Plan plan = plan_of(gpu, in, options);
+  if (plan.mode != "chunked_ws") {
+    std::printf("  (profile: mode %s, not chunked_ws; KJIT_PREFILL_BENCH_FORCE=chunked_ws)\n",
+                plan.mode.c_str());
+    return;
+  }
+  constexpr int kWarps = kjit::kGdnPrefillWsThreads / 32;
+  constexpr int kSites = kjit::kGdnWsProfileSites;
+  const std::uint64_t blocks = plan.launches[0].shape.grid.count();
+  const std::size_t cells = static_cast<std::size_t>(blocks) * kWarps * kSites;
+  DeviceBuffer profile(cells * sizeof(std::uint64_t));
+  const kjit::Runtime::ResolvedPlan resolved = gpu.runtime().resolve(plan, gpu.device);
+  kjit::GdnPrefillParams p = launch_params(in);
+  p.v_tiles = 1;
+  p.profile = static_cast<unsigned long long*>(profile.get());
+  // Once without the profile (compile, first touch), then once with it from zeros.
+  kjit::GdnPrefillParams plain = p;
+  plain.profile = nullptr;
+  gpu.runtime().launch(resolved, 0, gpu.stream, &plain, sizeof plain);
+  gpu.synchronize();
+  profile.upload(std::vector<std::uint64_t>(cells, 0));
+  gpu.runtime().launch(resolved, 0, gpu.stream, &p, sizeof p);
+  gpu.synchronize();
+  std::vector<std::uint64_t> host(cells);
+  profile.download(host.data(), cells * sizeof(std::uint64_t));
+  struct Role {
+    const char* name;
+    int first_warp;
+    std::vector<int> sites;
+  };
+  using S = kjit::GdnWsProfileSite;
+  const std::vector<int> state_sites = {
+      S::kWsProfStateFull, S::kWsProfStateNorms,  S::kWsProfStateChunkReady, S::kWsProfStateInverse,
+      S::kWsProfStateTurn, S::kWsProfStateFirst,  S::kWsProfStateR,          S::kWsProfStateTReady,
+      S::kWsProfStateVn,   S::kWsProfStateUpdate, S::kWsProfStateStore};
+  const std::vector<Role> roles = {
+      {"chunk warpgroup",
+       8,
+       {S::kWsProfChunkFull, S::kWsProfChunkEmpty, S::kWsProfChunkProducts, S::kWsProfChunkTReady,
+        S::kWsProfChunkDecay}},
+      {"state warpgroup 0", 0, state_sites},
+      {"state warpgroup 1", 4, state_sites}};
+  static constexpr const char* kNames[kSites] = {
+      "chunks", "full",    "empty+fill",  "products", "t_ready", "decay",
+      "full",   "q norms", "chunk_ready", "inverse",  "turn",    "S products",
+      "R",      "t_ready", "Vn",          "O+update", "store"};
+  for (const Role& role : roles) {
+    std::uint64_t chunks = 0, total = 0;
+    std::vector<std::uint64_t> sum(kSites, 0);
+    for (std::uint64_t b = 0; b < blocks; ++b) {
+      for (int w = role.first_warp; w < role.first_warp + 4; ++w) {
+        const std::uint64_t* cell =
+            host.data() + (b * kWarps + static_cast<std::uint64_t>(w)) * kSites;
+        chunks += cell[S::kWsProfChunks];
+        for (int site : role.sites) sum[static_cast<std::size_t>(site)] += cell[site];
+      }
+    }
+    for (int site : role.sites) total += sum[static_cast<std::size_t>(site)];
+    if (chunks == 0) {
+      std::printf("  (profile: no chunks counted: build the kernel with KJIT_GDN_WS_PROFILE 1)\n");
+      return;
+    }
+    std::printf("  %-17s %7.0f cycles/chunk:", role.name,
+                static_cast<double>(total) / static_cast<double>(chunks));
+    for (int site : role.sites) {
+      const double cycles =
+          static_cast<double>(sum[static_cast<std::size_t>(site)]) / static_cast<double>(chunks);
+      std::printf(" %s %.0f (%.0f%%)", kNames[site], cycles,
+                  100.0 * static_cast<double>(sum[static_cast<std::size_t>(site)]) /
+                      static_cast<double>(total));
+    }
+    std::printf("\n");
+  }
 }
 
 // A prefill anchor loaded from KJIT_PREFILL_ANCHOR_LIB (bench/anchor_library.hpp), e.g.
@@ -601,6 +691,18 @@ int run(int argc, char** argv) {
   }
   if (std::getenv("KJIT_PREFILL_BENCH_MAIN_ONLY") == nullptr) {
     few_sequences_table(*gpu, options, anchor, json);
+  }
+  if (const char* profile = std::getenv("KJIT_PREFILL_BENCH_PROFILE");
+      profile != nullptr && std::string(profile) == "1") {
+    std::printf("\nwarp-specialized kernel, cycles per chunk and warp at each site of its loop\n");
+    for (const Anchor& s : anchors) {
+      Inputs in = make_inputs(s.tokens, s.seqs, s.heads, s.value_heads);
+      std::printf("%lld/%lld, %lld tokens, %lld seqs\n", static_cast<long long>(s.heads),
+                  static_cast<long long>(s.value_heads), static_cast<long long>(s.tokens),
+                  static_cast<long long>(s.seqs));
+      ws_profile(*gpu, in, options);
+      std::fflush(stdout);
+    }
   }
   // KJIT_PREFILL_BENCH_OCCUPANCY=1: each kernel of the chunked path alone with its blocks per SM
   // capped by padding its dynamic shared memory (3 = the chunk kernel's own occupancy; the

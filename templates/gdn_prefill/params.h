@@ -310,6 +310,38 @@ inline constexpr bool kGdnWsNoInverse = KJIT_GDN_WS_PACE == 5 || KJIT_GDN_WS_PAC
 
 /// Threads of the warp-specialized kernel: two state warpgroups, then the chunk warpgroup.
 inline constexpr int kGdnPrefillWsThreads = 384;
+
+/// Measurement only: a build with KJIT_GDN_WS_PROFILE 1 (inserted like KJIT_GDN_WS_PACE) makes
+/// every warp of the warp-specialized kernel add, through its lane 0, the clock cycles of each
+/// stretch of its chunk loop into GdnPrefillParams::profile (when not null): u64 [blocks, 12
+/// warps, kGdnWsProfileSites], the stretches below in loop order, so that a role's sites add up
+/// to its loop. bench_gdn_prefill with KJIT_PREFILL_BENCH_PROFILE=1 prints them per role. The
+/// results stay right; the timing moves a little (two clock reads and a reduction per site).
+#ifndef KJIT_GDN_WS_PROFILE
+#define KJIT_GDN_WS_PROFILE 0
+#endif
+enum GdnWsProfileSite : int {
+  kWsProfChunks = 0,  // chunk iterations (a count, not cycles)
+  // The chunk warpgroup.
+  kWsProfChunkFull,      // waiting for its copies of the chunk (full)
+  kWsProfChunkEmpty,     // waiting for the next stage and the T' / P^T slot (empty), the fill
+  kWsProfChunkProducts,  // K K^T, K Q^T and the gates' scan, k's norms, beta and the factors
+  kWsProfChunkTReady,    // waiting for A's tile (the state side's inverse of the chunk before)
+  kWsProfChunkDecay,     // A and P^T (decay pass), the scales, chunk_ready
+  // The state warpgroups.
+  kWsProfStateFull,        // waiting for the chunk's copies (full)
+  kWsProfStateNorms,       // q's norms
+  kWsProfStateChunkReady,  // waiting for the chunk warpgroup's A, P^T and scales
+  kWsProfStateInverse,     // T' = (I + A)^-1 diag(beta) (warpgroup 1)
+  kWsProfStateTurn,        // waiting for the warpgroup's turn on the S tile
+  kWsProfStateFirst,       // the S tile, S K^T and S Q^T until S K^T is done
+  kWsProfStateR,           // R, S Q^T done, the turn passed
+  kWsProfStateTReady,      // waiting for T' (warpgroup 1's inverse)
+  kWsProfStateVn,          // Vn = R T'^T
+  kWsProfStateUpdate,      // O's and the state's products until O is done, O's scales
+  kWsProfStateStore,       // O's stores, the update done, the stage released
+  kGdnWsProfileSites
+};
 /// Registers per thread the warp-specialized kernel's block holds (65,536 over its threads, in
 /// steps of 8), and what setmaxnreg gives each role of it: the two state warpgroups and the chunk
 /// warpgroup together may not ask for more (setmaxnreg.inc would wait forever). At 184 for the
@@ -460,6 +492,9 @@ struct GdnPrefillParams {
   i64 cp_segments;
   float scale;
   float softplus_threshold;
+  /// Measurement only (KJIT_GDN_WS_PROFILE builds of the warp-specialized kernel): u64 [blocks,
+  /// 12, kGdnWsProfileSites] cycle sums, or null. Every other build ignores it.
+  unsigned long long* profile;
 };
 
 /// The context-parallel scan (cp.cuh): each block owns kGdnPrefillCpScanRows rows of

@@ -718,6 +718,45 @@ __device__ __forceinline__ __nv_bfloat16* sw128_element(unsigned char* tile, int
   return reinterpret_cast<__nv_bfloat16*>(tile + sw128::offset(r, c >> 3) + (c & 7) * 2);
 }
 
+/// Measurement only (KJIT_GDN_WS_PROFILE, params.h): a warp's cycle sums per site of the
+/// warp-specialized kernel's loop. Without the macro every member is a constant and nothing is
+/// read or written.
+struct WsProfile {
+  unsigned long long* cell = nullptr;
+  __device__ __forceinline__ explicit WsProfile(const GdnPrefillParams& p) {
+#if KJIT_GDN_WS_PROFILE
+    if (p.profile != nullptr && (threadIdx.x & 31) == 0) {
+      cell = p.profile + (u64(blockIdx.x) * (kGdnPrefillWsThreads / 32) + (threadIdx.x >> 5)) *
+                             u64(kGdnWsProfileSites);
+    }
+#else
+    (void)p;
+#endif
+  }
+  __device__ __forceinline__ long long now() const {
+#if KJIT_GDN_WS_PROFILE
+    return clock64();
+#else
+    return 0;
+#endif
+  }
+  /// Adds the cycles since `since` to `site` and returns the time: the next stretch's start.
+  __device__ __forceinline__ long long add([[maybe_unused]] int site, long long since) const {
+#if KJIT_GDN_WS_PROFILE
+    const long long t = clock64();
+    if (cell != nullptr) atomicAdd(cell + site, static_cast<unsigned long long>(t - since));
+    return t;
+#else
+    return since;
+#endif
+  }
+  __device__ __forceinline__ void count_chunk() const {
+#if KJIT_GDN_WS_PROFILE
+    if (cell != nullptr) atomicAdd(cell + kWsProfChunks, 1ull);
+#endif
+  }
+};
+
 /// The named barrier of warpgroup `wg`'s four warps in the warp-specialized kernel (5 and 6; 0 is
 /// __syncthreads, 1 the mma.sync tiles' P, 2 and 3 the turns, 4 the chunk warpgroup's).
 __device__ __forceinline__ void warpgroup_sync(int wg) { named_barrier::sync<128>(5 + wg); }
@@ -1104,9 +1143,16 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   int st = 0;
   // kWs: the byte offset of this chunk's T' / P^T slot (two slots, chunks alternate).
   [[maybe_unused]] u32 tp_off = 0;
+  // kWs, measurement only (KJIT_GDN_WS_PROFILE): the loop's stretches, each closed by mark().
+  [[maybe_unused]] const WsProfile prof(p);
+  [[maybe_unused]] long long tp = 0;
+  [[maybe_unused]] const auto mark = [&](int site) {
+    if constexpr (kWs) tp = prof.add(site, tp);
+  };
   for (i64 t0 = bos; t0 < eos; t0 += kGdnPrefillChunk) {
     const int rows = rows_at(t0);
     [[maybe_unused]] const int cur = st;
+    if constexpr (kWs) tp = prof.now();
 #if KJIT_GDN_STATE_WGMMA
     if constexpr (kWs && kGdnWsChunkAlone) {  // measurement only: the chunk side's pace
       mbarrier::wait(full + st, (full_phase >> st) & 1u);
@@ -1128,6 +1174,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       // the async proxy. The barrier made every thread's copies visible to this thread.
       wgmma::fence_shared_writes();
 #endif
+      mark(kWsProfStateFull);
       const int sn = st + 1 == kStages ? 0 : st + 1;
       const i64 tn = t0 + kGdnPrefillChunk;
       if (!kWs && !kFetchAhead && tn < eos) {
@@ -1249,19 +1296,23 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         if (hf == 0) s_rqw[r] = p.scale * gdn::l2_inv_norm(sum);
       }
+      mark(kWsProfStateNorms);
       // T' of this chunk: the second warpgroup inverts (I + A) from the chunk warpgroup's A tile
       // while it waits for its turn (the first issues its products); its arrivals also hand A's
       // tile back.
       if (wg == 1) {
         wait_chunk_ready(cur);
+        mark(kWsProfStateChunkReady);
         if constexpr (!kGdnWsNoInverse) {
           ChunkRole::invert(smem, tp_base + kSmem.t0, par, warp & 3, lane,
                             [] { warpgroup_sync(1); });
         }
         wgmma::fence_shared_writes();  // this thread's T' stores, before wgmma reads them
         mbarrier::arrive(t_ready + par);
+        mark(kWsProfStateInverse);
       }
       turn_wait();
+      mark(kWsProfStateTurn);
       const int wr = (warp & 3) * 16 + g;  // the warp's rows of the tile
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
@@ -1290,8 +1341,10 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       wgmma::commit();
       wgmma::wait<1>();
       wgmma::hold_registers(acc_r);
+      mark(kWsProfStateFirst);
       // This chunk's P^T and scales from the chunk warpgroup (the second warpgroup waited above).
       if (wg == 0) wait_chunk_ready(cur);
+      mark(kWsProfStateChunkReady);
     } else {
       u32 s_frag[kKSteps][4];
 #pragma unroll
@@ -1324,8 +1377,10 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       wgmma::wait<0>();
       wgmma::hold_registers(acc_o);
       turn_pass();
+      mark(kWsProfStateR);
       mbarrier::wait(t_ready + par, (t_ready_phase >> par) & 1u);
       t_ready_phase ^= 1u << par;
+      mark(kWsProfStateTReady);
     }
 
     // 3. Vn_w^T = R_w^T T'^T (T''s zero upper blocks are multiplied too).
@@ -1347,6 +1402,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     wgmma::hold_registers(acc_o);
     u32 vb[4][4], vd[4][4];
     pack_vn(acc_v, kd, vb, vd);
+    mark(kWsProfStateVn);
 
     // 4 and 5 in one group: S_w <- e^gamma_last S_w + Vd_w^T K (k read N-major) and
     // O_w^T = diag(e^gamma / |q|) (S_w Q^T) + Vn_w^T P^T.
@@ -1411,6 +1467,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
           acc_o[nt][2] *= rq.x;
           acc_o[nt][3] *= rq.y;
         }
+        mark(kWsProfStateUpdate);
       }
     }
 
@@ -1464,6 +1521,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     // chunk warpgroup of the warp-specialized kernel) need not wait for that too.
     if constexpr (kWs) {
       mbarrier::arrive(empty + cur);
+      mark(kWsProfStateStore);
+      prof.count_chunk();
     } else if constexpr (kHandoff) {
       __syncwarp();
       if (lane == 0) mbarrier::arrive(empty + cur);

@@ -178,6 +178,8 @@ struct WsChunkRole {
     u32 full_phase = 0, empty_phase = 0, t_ready_phase = 0;
     int st = 0;
     i64 chunk = 0;
+    // Measurement only (KJIT_GDN_WS_PROFILE): the loop's stretches.
+    [[maybe_unused]] const WsProfile prof(p);
 #pragma unroll 1
     for (i64 t0 = bos; t0 < eos; t0 += kGdnPrefillChunk, ++chunk) {
       const int rows = rows_at(t0);
@@ -191,9 +193,11 @@ struct WsChunkRole {
       // The warp's lanes are done with the previous chunk's per-warp gates and factors before
       // this chunk's scan rewrites them (no warpgroup barrier behind the decay pass).
       __syncwarp();
+      [[maybe_unused]] long long tp = prof.now();
       mbarrier::wait(full + st, (full_phase >> st) & 1u);
       full_phase ^= 1u << st;
       wgmma::fence_shared_writes();  // the landed copies, before wgmma reads them
+      tp = prof.add(kWsProfChunkFull, tp);
       // The next chunk's rows into the next stage, once every state warp has released it (it
       // held chunk c - 2; the state warpgroups are on chunk c - 1 by now).
       const i64 tn = t0 + kGdnPrefillChunk;
@@ -207,6 +211,7 @@ struct WsChunkRole {
         empty_phase ^= 1u << sn;
       }
       if (tn < eos) fill(sn, tn);
+      tp = prof.add(kWsProfChunkEmpty, tp);
       unsigned char* const base = smem + st * kStage;
       const u32 slot_off = u32(chunk & 1) * kWsSmem.tp_stride;
       float* const s_rk = s_rk_base + (chunk & 1) * 64;
@@ -243,6 +248,7 @@ struct WsChunkRole {
 
       // 3b. Beta and the column factors, which need the norms.
       gates.store_beta_and_factors(scanned, lane, s_rk, s_beta, s_cf);
+      tp = prof.add(kWsProfChunkProducts, tp);
       // A's tile (and beta's copy of this parity) are free once the state warpgroups' inverse of
       // the previous chunk is done.
       if (chunk > 0) {
@@ -250,6 +256,7 @@ struct WsChunkRole {
         mbarrier::wait(t_ready + pp, (t_ready_phase >> pp) & 1u);
         t_ready_phase ^= 1u << pp;
       }
+      tp = prof.add(kWsProfChunkTReady, tp);
       if (warp == 0) {
         *reinterpret_cast<float2*>(s_beta_t + (chunk & 1) * 64 + 2 * lane) =
             make_float2(scanned.beta[0], scanned.beta[1]);
@@ -285,6 +292,8 @@ struct WsChunkRole {
       // what the next chunk overwrites before its norms' barrier is per warp or by parity.
       wgmma::fence_shared_writes();
       mbarrier::arrive(chunk_ready + st);
+      prof.add(kWsProfChunkDecay, tp);
+      prof.count_chunk();
       st = sn;
     }
   }

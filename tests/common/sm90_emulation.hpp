@@ -102,6 +102,17 @@ static inline T __ldg(const T* p) {
   return *p;
 }
 static inline int __clz(unsigned x) { return x == 0 ? 32 : __builtin_clz(x); }
+// The warp-specialized kernel's measurement build (KJIT_GDN_WS_PROFILE): a clock that only moves
+// forward, and an add (the emulated threads are fibers of one host thread: no two run at once).
+static inline long long clock64() {
+  static long long ticks = 0;
+  return ++ticks;
+}
+static inline unsigned long long atomicAdd(unsigned long long* cell, unsigned long long v) {
+  const unsigned long long old = *cell;
+  *cell = old + v;
+  return old;
+}
 
 #if defined(__x86_64__)
 // The context switch: saves the System V callee-saved registers on the current stack, stores its
