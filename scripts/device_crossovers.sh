@@ -10,7 +10,9 @@
 #     KJIT_PREFILL_ANCHOR_LIB names its library), then with the warp-specialized kernel forced;
 #     the few-sequence table's "chunked" column is the two kernels forced.
 # Needs .deps carried (scripts/fetch_deps.sh). Knobs: KJIT_BUILD (default /tmp/kjit-build),
-# KJIT_PREFILL_ANCHOR_LIB, KJIT_CROSSOVER_MAIN_ONLY=1 (main prefill tables only, ~40 s less).
+# KJIT_PREFILL_ANCHOR_LIB, KJIT_CROSSOVER_MAIN_ONLY=1 (main prefill tables only, ~40 s less),
+# KJIT_CROSSOVER_PROFILE=1 (also a copy of the tree built with KJIT_GDN_WS_PROFILE 1: where each
+# warpgroup of the warp-specialized kernel spends its chunk loop, docs/performance.md).
 # Usage: bash scripts/device_crossovers.sh
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -45,6 +47,27 @@ env "${main_only[@]}" KJIT_PREFILL_BENCH_FORCE=chunked_ws KJIT_PREFILL_ANCHOR_LI
   timeout 150 ./bench/bench_gdn_prefill >"$out/prefill_ws.txt" 2>&1
 elapsed gdn_prefill ws
 
+if [ "${KJIT_CROSSOVER_PROFILE:-0}" = 1 ]; then
+  # The measurement build from a copy of the tree (the build trees, dependencies and anchors
+  # left out), its one switch turned on; only the benchmark is built.
+  src=/tmp/kjit-profile-src
+  rm -rf "$src" && mkdir -p "$src"
+  (cd "$root" && tar --exclude='./build*' --exclude=./.deps --exclude=./.ab --exclude=./.anchors \
+    --exclude=./out -cf - .) | tar -xf - -C "$src"
+  sed -i 's/^#define KJIT_GDN_WS_PROFILE 0$/#define KJIT_GDN_WS_PROFILE 1/' \
+    "$src/templates/gdn_prefill/params.h"
+  grep -q '^#define KJIT_GDN_WS_PROFILE 1$' "$src/templates/gdn_prefill/params.h" ||
+    echo "profile: the switch was not found in params.h"
+  cmake -S "$src" -B /tmp/kjit-profile-build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKJIT_WERROR=OFF \
+    -DCMAKE_PREFIX_PATH=/tmp/deps/usr >"$out/profile_configure.log" 2>&1 &&
+    cmake --build /tmp/kjit-profile-build --target bench_gdn_prefill -- -j16 \
+      >"$out/profile_build.log" 2>&1 || grep -E 'error|FAILED' "$out/profile_build.log" | head
+  (cd /tmp/kjit-profile-build && KJIT_PREFILL_BENCH_PROFILE=1 KJIT_PREFILL_BENCH_FORCE=chunked_ws \
+    KJIT_PREFILL_BENCH_MAIN_ONLY=1 KJIT_CACHE_DIR=/tmp/kjit-profile-cache timeout 200 \
+    ./bench/bench_gdn_prefill >"$out/prefill_profile.txt" 2>&1)
+  elapsed profile
+fi
+
 echo "=== $gpu"
 grep -E 'GB/s DRAM|FAILED|ERROR' "$out/limits.log" | head -3
 echo "=== causal_conv1d prefill (D = 8192): planner's span, then forced spans; GPU us, ratio to copy"
@@ -68,4 +91,8 @@ for f in prefill_planner prefill_ws; do
   echo "=== gdn_prefill, $f (GPU us; H, HV, T, seqs | ... )"
   grep -E '^ +16 +(16|32) +|FAILED|mismatch' "$out/$f.txt" | cut -c1-175
 done
+if [ -f "$out/prefill_profile.txt" ]; then
+  echo "=== gdn_prefill ws profile (cycles per chunk and warp at each site)"
+  sed -n '/cycles per chunk and warp/,$p' "$out/prefill_profile.txt" | cut -c1-400
+fi
 elapsed done
