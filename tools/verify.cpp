@@ -61,8 +61,10 @@ DeviceLimits parse_device(std::string_view text) {
         device.max_blocks_per_sm = small;
       } else if (key == "dram_gbps") {
         // DRAM bandwidth in GB/s: plans that weigh workspace traffic read it per SM.
-        if (number <= 0) {
-          throw UsageError(fmt::format("device dram_gbps = {}: must be > 0 (GB/s)", number));
+        constexpr std::int64_t kMaxGbps = 1'000'000;  // 1 PB/s: past any device, no overflow
+        if (number <= 0 || number > kMaxGbps) {
+          throw UsageError(
+              fmt::format("device dram_gbps = {}: must be in 1..{} (GB/s)", number, kMaxGbps));
         }
         device.dram_bytes_per_second = number * 1'000'000'000;
       } else {

@@ -39,6 +39,10 @@ struct DeviceLimits {
   /// driver reports them; built-in: the product's published figure). Plans that trade workspace
   /// traffic against on-chip work weigh it per SM (gdn_prefill's warp-specialized kernel).
   std::int64_t dram_bytes_per_second = 3'352'000'000'000;
+  /// dram_bytes_per_second shared by the SMs (what one SM's traffic can draw), bytes per second.
+  std::int64_t dram_bytes_per_sm_second() const {
+    return dram_bytes_per_second / (sm_count > 0 ? sm_count : 1);
+  }
 
   /// The built-in limits of a known architecture (sm_80, sm_86, sm_89, sm_90, sm_100,
   /// sm_120; the a/f variants share their base's limits). Throws InvalidArgument naming the

@@ -298,7 +298,12 @@ TEST_CASE("fabricated devices") {
   CHECK(parse_device("base=h100,dram_gbps=4000").dram_bytes_per_second == 4'000'000'000'000);
   CHECK(parse_device("base=h200").dram_bytes_per_second == 4'800'000'000'000);
   CHECK_THROWS_WITH_AS(parse_device("dram_gbps=0"),
-                       doctest::Contains("device dram_gbps = 0: must be > 0 (GB/s)"), UsageError);
+                       doctest::Contains("device dram_gbps = 0: must be in 1..1000000 (GB/s)"),
+                       UsageError);
+  CHECK_THROWS_WITH_AS(parse_device("dram_gbps=99999999999"),
+                       doctest::Contains("device dram_gbps = 99999999999: must be in 1..1000000"),
+                       UsageError);
+  CHECK(parse_device("dram_gbps=1000000").dram_bytes_per_second == 1'000'000'000'000'000);
 }
 
 TEST_CASE("sizes") {

@@ -158,8 +158,7 @@ Planned<Choice> Family::plan(const Problem& p, const DeviceLimits& limits) {
       // span 32 was 1.03-1.04x span 64 at 8k, 32k and 128k tokens in two sessions' runs, on the
       // H200 (36) 0.95-0.96x at 32k and 128k (docs/performance.md, "The prefill's span on the
       // H100").
-      const std::int64_t dram_per_sm =
-          limits.dram_bytes_per_second / std::max<std::int64_t>(limits.sm_count, 1);
+      const std::int64_t dram_per_sm = limits.dram_bytes_per_sm_second();
       // (Measured on Hopper only: other archs keep 64 however their DRAM compares.)
       const bool slow_dram = limits.arch.major == 9 && dram_per_sm < kSpan32BelowBytesPerSmSecond;
       const std::int64_t longest = slow_dram ? kSpanLongest / 2 : kSpanLongest;

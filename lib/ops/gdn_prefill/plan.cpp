@@ -383,7 +383,7 @@ WsVerdict ws_pays(const Problem& pr, const DeviceLimits& device, bool explain) {
     return v;
   }
   const std::int64_t sms = std::max(device.sm_count, 1);
-  const std::int64_t per_sm = device.dram_bytes_per_second / sms;
+  const std::int64_t per_sm = device.dram_bytes_per_sm_second();
   const std::int64_t pairs = pr.seqs * pr.value_heads;
   const std::int64_t chunks =
       (pr.tokens + kGdnPrefillChunk - 1) / kGdnPrefillChunk * pr.value_heads;
@@ -421,6 +421,26 @@ WsVerdict ws_pays(const Problem& pr, const DeviceLimits& device, bool explain) {
   return v;
 }
 
+// The warp-specialized kernel in place of the two kernels (forced or the planner's): its fields;
+// the two kernels' tiles, stages and reasons no longer apply.
+void take_ws(Decision& choice) {
+  choice.bv = 128;
+  choice.wgmma = true;
+  choice.ws = true;
+  choice.cp_chunks = 0;
+  choice.reasons.clear();
+}
+
+// What the warp-specialized kernel does, for the plan's reasons.
+std::string ws_layout_text() {
+  return fmt::format(
+      "per (sequence, value head) one block of {} threads, compiled for sm_90a; a chunk "
+      "warpgroup copies each chunk's q, k, v rows into {} shared-memory stages and computes T', "
+      "P and the scales there one chunk ahead; two state warpgroups carry the state on wgmma; no "
+      "workspace",
+      kGdnPrefillWsThreads, kGdnPrefillWsStages);
+}
+
 // Turns the planner's two-kernel wgmma path into the warp-specialized kernel where ws_pays.
 void prefer_ws(const Problem& pr, const DeviceLimits& device, Decision& choice) {
   if (!choice.chunked || !choice.wgmma || choice.cp_chunks > 0 || choice.bv != 128) return;
@@ -430,15 +450,9 @@ void prefer_ws(const Problem& pr, const DeviceLimits& device, Decision& choice) 
     choice.reasons.push_back(std::move(verdict.why));
     return;
   }
-  choice.ws = true;
-  choice.reasons.clear();  // the two kernels' tiles and stages do not apply
+  take_ws(choice);
   choice.reasons.push_back(std::move(verdict.why));
-  choice.reasons.push_back(fmt::format(
-      "per (sequence, value head) one block of {} threads, compiled for sm_90a; a chunk "
-      "warpgroup copies each chunk's q, k, v rows into {} shared-memory stages and computes "
-      "T', P and the scales there one chunk ahead; two state warpgroups carry the state on "
-      "wgmma; no workspace",
-      kGdnPrefillWsThreads, kGdnPrefillWsStages));
+  choice.reasons.push_back(ws_layout_text());
 }
 
 // The path and tiles of a call. The state kernel's wide tiles (value tile >= 64, K <= 128) can
@@ -491,17 +505,10 @@ Decision choose(const Problem& pr, const DeviceLimits& device) {
             "9.0 (sm_90a: wgmma, setmaxnreg) and K = V = 128; here {}, K = {}, V = {}",
             kOp, force, device.arch.str(), pr.k, pr.v));
       }
-      choice.bv = 128;
-      choice.wgmma = true;
-      choice.ws = true;
-      choice.cp_chunks = 0;
-      choice.reasons.clear();  // the two kernels' tiles and stages do not apply
-      choice.reasons.push_back(fmt::format(
-          "warp-specialized kernel (forced by options.force_mode '{}'): per (sequence, value "
-          "head) one block of {} threads, compiled for sm_90a; a chunk warpgroup copies each "
-          "chunk's q, k, v rows into {} shared-memory stages and computes T', P and the scales "
-          "there one chunk ahead; two state warpgroups carry the state on wgmma; no workspace",
-          force, kGdnPrefillWsThreads, kGdnPrefillWsStages));
+      take_ws(choice);
+      choice.reasons.push_back(
+          fmt::format("warp-specialized kernel (forced by options.force_mode '{}'): {}", force,
+                      ws_layout_text()));
       return choice;
     }
     case ModeKind::chunked:
