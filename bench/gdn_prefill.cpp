@@ -320,9 +320,11 @@ void ws_profile(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOptions
   };
   using S = kjit::GdnWsProfileSite;
   const std::vector<int> state_sites = {
-      S::kWsProfStateFull, S::kWsProfStateNorms,  S::kWsProfStateChunkReady, S::kWsProfStateInverse,
-      S::kWsProfStateTurn, S::kWsProfStateFirst,  S::kWsProfStateR,          S::kWsProfStateTReady,
-      S::kWsProfStateVn,   S::kWsProfStateUpdate, S::kWsProfStateStore};
+      S::kWsProfStateFull,    S::kWsProfStateNorms,    S::kWsProfStateChunkReady,
+      S::kWsProfStateInvDiag, S::kWsProfStateInvFirst, S::kWsProfStateInverse,
+      S::kWsProfStateTurn,    S::kWsProfStateFirst,    S::kWsProfStateR,
+      S::kWsProfStateTReady,  S::kWsProfStateVn,       S::kWsProfStateUpdate,
+      S::kWsProfStateStore};
   const std::vector<Role> roles = {
       {"chunk warpgroup",
        8,
@@ -331,9 +333,9 @@ void ws_profile(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOptions
       {"state warpgroup 0", 0, state_sites},
       {"state warpgroup 1", 4, state_sites}};
   static constexpr const char* kNames[kSites] = {
-      "chunks", "full",    "empty+fill",  "products", "t_ready", "decay",
-      "full",   "q norms", "chunk_ready", "inverse",  "turn",    "S products",
-      "R",      "t_ready", "Vn",          "O+update", "store"};
+      "chunks",  "full",        "empty+fill", "products",  "t_ready",    "decay", "full",
+      "q norms", "chunk_ready", "inv diag",   "inv first", "inv second", "turn",  "S products",
+      "R",       "t_ready",     "Vn",         "O+update",  "store"};
   for (const Role& role : roles) {
     std::uint64_t chunks = 0, total = 0;
     std::vector<std::uint64_t> sum(kSites, 0);

@@ -281,7 +281,7 @@ struct GdnPrefillWsSmem {
   u32 beta;                   // f32 [4][64]: one copy per warp
   u32 cf;                     // f32 [4][64]: rk_j e^(gamma_ref - gamma_j)
   u32 ref;                    // f32 [4][4]
-  u32 rq;                     // f32 [2][2][64]: 1 / |q_i| by state warpgroup and chunk parity
+  u32 rq;                     // f32 [3][64]: 1 / |q_i| by stage (state warpgroup 0 writes it)
   u32 rk;                     // f32 [2][64], by chunk parity
   u32 beta_t;                 // f32 [2][64]: beta for the state side's inverse, by chunk parity
   u32 total;
@@ -332,7 +332,9 @@ enum GdnWsProfileSite : int {
   kWsProfStateFull,        // waiting for the chunk's copies (full)
   kWsProfStateNorms,       // q's norms
   kWsProfStateChunkReady,  // waiting for the chunk warpgroup's A, P^T and scales
-  kWsProfStateInverse,     // T' = (I + A)^-1 diag(beta) (warpgroup 1)
+  kWsProfStateInvDiag,     // the inverse's diagonal blocks and the barrier behind them (wg 1)
+  kWsProfStateInvFirst,    // its first block products and the barrier behind them (wg 1)
+  kWsProfStateInverse,     // its second block products, T' stored (warpgroup 1)
   kWsProfStateTurn,        // waiting for the warpgroup's turn on the S tile
   kWsProfStateFirst,       // the S tile, S K^T and S Q^T until S K^T is done
   kWsProfStateR,           // R, S Q^T done, the turn passed
@@ -398,7 +400,7 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillWsSmem gdn_prefill_ws_smem(int k) {
   m.ref = at;
   at += 64u;
   m.rq = at;
-  at += 4u * 256u;
+  at += u32(kGdnPrefillWsStages) * 256u;
   m.rk = at;
   at += 2u * 256u;
   m.beta_t = at;

@@ -1223,10 +1223,11 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     const __nv_bfloat16* s_q = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.q);
     const __nv_bfloat16* s_v = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.v);
     unsigned char* const tp_base = kWs ? smem + tp_off : base;
-    // kWs: this chunk's 1 / |q_i| (times the output scale), the warpgroup's copy of the chunk's
-    // parity (a warp may start the next chunk while another still reads this one's).
-    [[maybe_unused]] float* const s_rqw =
-        reinterpret_cast<float*>(smem + kWsSmem.rq) + (2 * (warp >> 2) + ws_par) * 64;
+    // kWs: this chunk's 1 / |q_i| (times the output scale), one copy per stage: warpgroup 0
+    // writes it before its turn, warpgroup 1 reads it after its own (the turn's barrier orders
+    // them), and the stage's next chunk rewrites it only after every state thread released the
+    // stage.
+    [[maybe_unused]] float* const s_rqw = reinterpret_cast<float*>(smem + kWsSmem.rq) + cur * 64;
     const __nv_bfloat16* s_t = reinterpret_cast<const __nv_bfloat16*>(tp_base + kSmem.t0);
     __nv_bfloat16* const s_p = reinterpret_cast<__nv_bfloat16*>(tp_base + kSmem.p);
     const float4* s_sc = reinterpret_cast<const float4*>(base + kSmem.sc0);
@@ -1277,8 +1278,11 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       // two threads a row, each one 128-byte slice of the swizzled q tile, read from a rotated
       // chunk so that a quarter warp's eight rows hit eight different 16-byte bank groups. Done
       // here instead of by the chunk warpgroup (an mma.sync Q Q^T diagonal beside its wgmma),
-      // which paces the kernel; the warpgroup barrier below publishes them.
-      if constexpr (ChunkRole::kL2Norm) {
+      // which paced the kernel, and by warpgroup 0 alone: warpgroup 1 also inverts each chunk
+      // and paces the kernel (the profile: 14% of its loop went to its own copy of the norms).
+      // Warpgroup 0's turn_pass publishes them to warpgroup 1 (its turn_wait of this chunk); the
+      // warpgroup barrier below to warpgroup 0's other warps.
+      if (ChunkRole::kL2Norm && wg == 0) {
         const int wt = tid & 127, r = wt >> 1, hf = wt & 1;
         const unsigned char* const row = base + kSmem.q + hf * sw128::kSlice + r * 128;
         float sum = 0.f;
@@ -1304,8 +1308,12 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         wait_chunk_ready(cur);
         mark(kWsProfStateChunkReady);
         if constexpr (!kGdnWsNoInverse) {
-          ChunkRole::invert(smem, tp_base + kSmem.t0, par, warp & 3, lane,
-                            [] { warpgroup_sync(1); });
+          // (The profile splits it at its two barriers.)
+          int inverse_phase = 0;
+          ChunkRole::invert(smem, tp_base + kSmem.t0, par, warp & 3, lane, [&] {
+            warpgroup_sync(1);
+            mark(inverse_phase++ == 0 ? kWsProfStateInvDiag : kWsProfStateInvFirst);
+          });
         }
         wgmma::fence_shared_writes();  // this thread's T' stores, before wgmma reads them
         mbarrier::arrive(t_ready + par);

@@ -1261,7 +1261,7 @@ TEST_CASE(
   regions.push_back({"beta", m.beta, 4 * 64 * 4});
   regions.push_back({"cf", m.cf, 4 * 64 * 4});
   regions.push_back({"ref", m.ref, 4 * 4 * 4});
-  regions.push_back({"rq (by state warpgroup and chunk parity)", m.rq, 2 * 2 * 64 * 4});
+  regions.push_back({"rq (by stage)", m.rq, kGdnPrefillWsStages * 64 * 4});
   regions.push_back({"rk (by chunk parity)", m.rk, 2 * 64 * 4});
   regions.push_back({"beta for the inverse (by chunk parity)", m.beta_t, 2 * 64 * 4});
   for (std::size_t i = 0; i < regions.size(); ++i) {
