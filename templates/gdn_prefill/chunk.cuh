@@ -416,34 +416,46 @@ __device__ __forceinline__ void per_warp_index(int warp, Pass&& pass) {
 
 /// Step 5a, warp w: T_ww = (I + A_ww)^-1 by forward substitution, lane c (mod 16) owning column c:
 /// x_r = -sum_{m<r} A_rm x_m (r > c), x_c = 1, x_r = 0 above (exact zeros in the sums); parked in
-/// f32 and stored as T' (times beta_c) through `element`.
+/// f32 and stored as T' (times beta_c) through `element`. Right-looking: once x_m is known it goes
+/// into every later row's sum, so x_{m+1} is one FMA behind x_m. Each sum still adds its terms in
+/// the order m = 0, 1, ... (the same roundings as summing row by row), but the row-by-row form
+/// waited for row r's loads and then its whole FMA chain before row r + 1 could finish: the ws
+/// kernel's profile measured this step at ~2000 cycles of the second state warpgroup's chunk
+/// (docs/performance.md). A's columns are read four at a time (float4 of each row below).
 template <typename Element>
 __device__ __forceinline__ void invert_diagonal_block(float* s_a, const float* s_beta0, int warp,
                                                       int lane, Element&& element) {
   const int c = lane & 15;
   const float* ab = s_a + (16 * warp) * kLdA + 16 * warp;
-  float x[16];
+  float x[16], acc[16];
 #pragma unroll
-  for (int r = 0; r < 16; ++r) {
-    float acc = 0.f;
+  for (int r = 0; r < 16; ++r) acc[r] = 0.f;
 #pragma unroll
-    for (int m4 = 0; m4 < r; m4 += 4) {
-      const float4 av = *reinterpret_cast<const float4*>(ab + r * kLdA + m4);
-      acc = fmaf(av.x, x[m4], acc);
-      if (m4 + 1 < r) acc = fmaf(av.y, x[m4 + 1], acc);
-      if (m4 + 2 < r) acc = fmaf(av.z, x[m4 + 2], acc);
-      if (m4 + 3 < r) acc = fmaf(av.w, x[m4 + 3], acc);
+  for (int m4 = 0; m4 < 16; m4 += 4) {
+    float4 a[16];
+#pragma unroll
+    for (int r = m4 + 1; r < 16; ++r) a[r] = *reinterpret_cast<const float4*>(ab + r * kLdA + m4);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int m = m4 + e;
+      x[m] = m < c ? 0.f : (m == c ? 1.f : -acc[m]);
+#pragma unroll
+      for (int r = m + 1; r < 16; ++r) {
+        const float arm = e == 0 ? a[r].x : e == 1 ? a[r].y : e == 2 ? a[r].z : a[r].w;
+        acc[r] = fmaf(arm, x[m], acc[r]);
+      }
     }
-    x[r] = r < c ? 0.f : (r == c ? 1.f : -acc);
   }
-  if (lane < 16) {
-    float* td = t_diag_block(s_a, warp);
-    const float bc = s_beta0[16 * warp + c];
+  // Both half-warps hold the whole column: each stores half of its rows.
+  float* td = t_diag_block(s_a, warp);
+  const float bc = s_beta0[16 * warp + c];
+  const bool low = lane < 16;
 #pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      td[r * kLdA + c] = x[r];
-      *element(16 * warp + r, 16 * warp + c) = __float2bfloat16_rn(x[r] * bc);
-    }
+  for (int r = 0; r < 8; ++r) {
+    const int row = low ? r : r + 8;
+    const float v = low ? x[r] : x[r + 8];
+    td[row * kLdA + c] = v;
+    *element(16 * warp + row, 16 * warp + c) = __float2bfloat16_rn(v * bc);
   }
 }
 
