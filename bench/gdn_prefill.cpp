@@ -332,10 +332,6 @@ void ws_profile(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOptions
         S::kWsProfChunkDecay}},
       {"state warpgroup 0", 0, state_sites},
       {"state warpgroup 1", 4, state_sites}};
-  static constexpr const char* kNames[kSites] = {
-      "chunks",  "full",        "empty+fill", "products",  "t_ready",    "decay", "full",
-      "q norms", "chunk_ready", "inv diag",   "inv first", "inv second", "turn",  "S products",
-      "R",       "t_ready",     "Vn",         "O+update",  "store"};
   for (const Role& role : roles) {
     std::uint64_t chunks = 0, total = 0;
     std::vector<std::uint64_t> sum(kSites, 0);
@@ -357,7 +353,7 @@ void ws_profile(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOptions
     for (int site : role.sites) {
       const double cycles =
           static_cast<double>(sum[static_cast<std::size_t>(site)]) / static_cast<double>(chunks);
-      std::printf(" %s %.0f (%.0f%%)", kNames[site], cycles,
+      std::printf(" %s %.0f (%.0f%%)", kjit::gdn_ws_profile_site_name(site), cycles,
                   100.0 * static_cast<double>(sum[static_cast<std::size_t>(site)]) /
                       static_cast<double>(total));
     }

@@ -344,6 +344,51 @@ enum GdnWsProfileSite : int {
   kWsProfStateStore,       // O's stores, the update done, the stage released
   kGdnWsProfileSites
 };
+/// The short name bench_gdn_prefill prints for a profile site (one list, beside the enum).
+KJIT_GDN_PREFILL_HD constexpr const char* gdn_ws_profile_site_name(int site) {
+  switch (site) {
+    case kWsProfChunks:
+      return "chunks";
+    case kWsProfChunkFull:
+      return "full";
+    case kWsProfChunkEmpty:
+      return "empty+fill";
+    case kWsProfChunkProducts:
+      return "products";
+    case kWsProfChunkTReady:
+      return "t_ready";
+    case kWsProfChunkDecay:
+      return "decay";
+    case kWsProfStateFull:
+      return "full";
+    case kWsProfStateNorms:
+      return "q norms";
+    case kWsProfStateChunkReady:
+      return "chunk_ready";
+    case kWsProfStateInvDiag:
+      return "inv diag";
+    case kWsProfStateInvFirst:
+      return "inv first";
+    case kWsProfStateInverse:
+      return "inv second";
+    case kWsProfStateTurn:
+      return "turn";
+    case kWsProfStateFirst:
+      return "S products";
+    case kWsProfStateR:
+      return "R";
+    case kWsProfStateTReady:
+      return "t_ready";
+    case kWsProfStateVn:
+      return "Vn";
+    case kWsProfStateUpdate:
+      return "O+update";
+    case kWsProfStateStore:
+      return "store";
+    default:
+      return nullptr;
+  }
+}
 /// Registers per thread the warp-specialized kernel's block holds (65,536 over its threads, in
 /// steps of 8), and what setmaxnreg gives each role of it: the two state warpgroups and the chunk
 /// warpgroup together may not ask for more (setmaxnreg.inc would wait forever). At 184 for the

@@ -1223,6 +1223,19 @@ std::int64_t check_cp_plan(const Plan& plan, const Shapes& s, const DeviceLimits
   return l;
 }
 
+TEST_CASE("gdn_prefill: every profile site of the warp-specialized kernel has a printed name") {
+  // bench_gdn_prefill prints the measurement build's sites by these names: a site added to the
+  // enum without one would print a null pointer.
+  for (int site = 0; site < kjit::kGdnWsProfileSites; ++site) {
+    CAPTURE(site);
+    const char* name = kjit::gdn_ws_profile_site_name(site);
+    REQUIRE(name != nullptr);
+    CHECK(std::string(name).size() > 0);
+  }
+  CHECK(kjit::gdn_ws_profile_site_name(kjit::kGdnWsProfileSites) == nullptr);
+  CHECK(std::string(kjit::gdn_ws_profile_site_name(kjit::kWsProfStateInvDiag)) == "inv diag");
+}
+
 TEST_CASE(
     "gdn_prefill: the warp-specialized kernel's shared memory: disjoint regions, aligned "
     "swizzled tiles, one H200 block") {
