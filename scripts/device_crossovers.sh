@@ -20,6 +20,8 @@ out=${OUT:-$root/out}
 mkdir -p "$out" /tmp/deps
 for f in "$root"/.deps/*.deb; do dpkg -x "$f" /tmp/deps; done
 build=${KJIT_BUILD:-/tmp/kjit-build}
+# shellcheck source=lib.sh
+source "$root/scripts/lib.sh"
 t0=$(date +%s)
 elapsed() { echo "[$(($(date +%s) - t0)) s] $*"; }
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKJIT_WERROR=OFF \
@@ -48,20 +50,8 @@ env "${main_only[@]}" KJIT_PREFILL_BENCH_FORCE=chunked_ws KJIT_PREFILL_ANCHOR_LI
 elapsed gdn_prefill ws
 
 if [ "${KJIT_CROSSOVER_PROFILE:-0}" = 1 ]; then
-  # The measurement build from a copy of the tree (the build trees, dependencies and anchors
-  # left out), its one switch turned on; only the benchmark is built.
-  src=/tmp/kjit-profile-src
-  rm -rf "$src" && mkdir -p "$src"
-  (cd "$root" && tar --exclude='./build*' --exclude=./.deps --exclude=./.ab --exclude=./.anchors \
-    --exclude=./out -cf - .) | tar -xf - -C "$src"
-  sed -i 's/^#define KJIT_GDN_WS_PROFILE 0$/#define KJIT_GDN_WS_PROFILE 1/' \
-    "$src/templates/gdn_prefill/params.h"
-  grep -q '^#define KJIT_GDN_WS_PROFILE 1$' "$src/templates/gdn_prefill/params.h" ||
-    echo "profile: the switch was not found in params.h"
-  cmake -S "$src" -B /tmp/kjit-profile-build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKJIT_WERROR=OFF \
-    -DCMAKE_PREFIX_PATH=/tmp/deps/usr >"$out/profile_configure.log" 2>&1 &&
-    cmake --build /tmp/kjit-profile-build --target bench_gdn_prefill -- -j16 \
-      >"$out/profile_build.log" 2>&1 || grep -E 'error|FAILED' "$out/profile_build.log" | head
+  # The measurement build (scripts/lib.sh); only the benchmark is built.
+  kjit_ws_profile_build /tmp/kjit-profile-src /tmp/kjit-profile-build "$out/profile"
   (cd /tmp/kjit-profile-build && KJIT_PREFILL_BENCH_PROFILE=1 KJIT_PREFILL_BENCH_FORCE=chunked_ws \
     KJIT_PREFILL_BENCH_MAIN_ONLY=1 KJIT_CACHE_DIR=/tmp/kjit-profile-cache timeout 200 \
     ./bench/bench_gdn_prefill >"$out/prefill_profile.txt" 2>&1)

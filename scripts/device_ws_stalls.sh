@@ -23,17 +23,9 @@ mkdir -p "$out" /tmp/deps
 for f in "$root"/.deps/*.deb; do dpkg -x "$f" /tmp/deps; done
 command -v ncu >/dev/null || { echo "ncu is not on PATH: nothing measured"; exit 1; }
 
-rm -rf "$src" && mkdir -p "$src"
-(cd "$root" && tar --exclude='./build*' --exclude=./.deps --exclude=./.ab --exclude=./.anchors \
-  --exclude=./out -cf - .) | tar -xf - -C "$src"
-sed -i 's/^#define KJIT_GDN_WS_PROFILE 0$/#define KJIT_GDN_WS_PROFILE 1/' \
-  "$src/templates/gdn_prefill/params.h"
-grep -q '^#define KJIT_GDN_WS_PROFILE 1$' "$src/templates/gdn_prefill/params.h" ||
-  { echo "the profile switch was not found in params.h"; exit 1; }
-cmake -S "$src" -B "$src/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKJIT_WERROR=OFF \
-  -DCMAKE_PREFIX_PATH=/tmp/deps/usr >"$out/ws_stalls_configure.log" 2>&1 &&
-  cmake --build "$src/build" --target bench_gdn_prefill -- -j16 >"$out/ws_stalls_build.log" 2>&1 ||
-  { grep -E 'error|FAILED' "$out/ws_stalls_build.log" | head -20; exit 1; }
+# shellcheck source=lib.sh
+source "$root/scripts/lib.sh"
+kjit_ws_profile_build "$src" "$src/build" "$out/ws_stalls" || exit 1
 
 cd "$src/build"
 report=/tmp/kjit-ws-stalls

@@ -39,3 +39,25 @@ kjit_build() {
   fi
   cmake --build "$KJIT_BUILD" -- -j"$(nproc)"
 }
+
+# The measurement build of the warp-specialized prefill kernel (docs/performance.md, "Where the
+# warpgroups wait"): a copy of the tree at $1 (the build trees, dependencies and anchors left
+# out) with KJIT_GDN_WS_PROFILE turned on, bench_gdn_prefill built into $2 against the
+# dependencies unpacked under /tmp/deps (the GPU machine's recipe), logs to $3.configure.log and
+# $3.build.log. Fails, saying why, when the switch is not found or the build fails.
+kjit_ws_profile_build() {
+  local src=$1 build=$2 log=$3
+  rm -rf "$src" && mkdir -p "$src"
+  (cd "$KJIT_ROOT" && tar --exclude='./build*' --exclude=./.deps --exclude=./.ab \
+    --exclude=./.anchors --exclude=./out -cf - .) | tar -xf - -C "$src"
+  sed -i 's/^#define KJIT_GDN_WS_PROFILE 0$/#define KJIT_GDN_WS_PROFILE 1/' \
+    "$src/templates/gdn_prefill/params.h"
+  if ! grep -q '^#define KJIT_GDN_WS_PROFILE 1$' "$src/templates/gdn_prefill/params.h"; then
+    echo "profile: the switch was not found in params.h" >&2
+    return 1
+  fi
+  cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKJIT_WERROR=OFF \
+    -DCMAKE_PREFIX_PATH=/tmp/deps/usr >"$log.configure.log" 2>&1 &&
+    cmake --build "$build" --target bench_gdn_prefill -- -j"$(nproc)" >"$log.build.log" 2>&1 ||
+    { grep -E 'error|FAILED' "$log.build.log" | head -20 >&2; return 1; }
+}
