@@ -319,19 +319,18 @@ void ws_profile(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOptions
     std::vector<int> sites;
   };
   using S = kjit::GdnWsProfileSite;
-  const std::vector<int> state_sites = {
-      S::kWsProfStateFull,    S::kWsProfStateNorms,    S::kWsProfStateChunkReady,
-      S::kWsProfStateInvDiag, S::kWsProfStateInvFirst, S::kWsProfStateInverse,
-      S::kWsProfStateTurn,    S::kWsProfStateFirst,    S::kWsProfStateR,
-      S::kWsProfStateTReady,  S::kWsProfStateVn,       S::kWsProfStateUpdate,
-      S::kWsProfStateStore};
-  const std::vector<Role> roles = {
-      {"chunk warpgroup",
-       8,
-       {S::kWsProfChunkFull, S::kWsProfChunkEmpty, S::kWsProfChunkProducts, S::kWsProfChunkTReady,
-        S::kWsProfChunkDecay}},
-      {"state warpgroup 0", 0, state_sites},
-      {"state warpgroup 1", 4, state_sites}};
+  // A role's sites, in loop order: the enum lists the chunk warpgroup's, then the state
+  // warpgroups' (params.h).
+  const auto sites_between = [](int first, int end) {
+    std::vector<int> sites;
+    for (int site = first; site < end; ++site) sites.push_back(site);
+    return sites;
+  };
+  const std::vector<int> chunk_sites = sites_between(S::kWsProfChunkFull, S::kWsProfStateFull);
+  const std::vector<int> state_sites = sites_between(S::kWsProfStateFull, kSites);
+  const std::vector<Role> roles = {{"chunk warpgroup", 8, chunk_sites},
+                                   {"state warpgroup 0", 0, state_sites},
+                                   {"state warpgroup 1", 4, state_sites}};
   for (const Role& role : roles) {
     std::uint64_t chunks = 0, total = 0;
     std::vector<std::uint64_t> sum(kSites, 0);

@@ -322,7 +322,7 @@ inline constexpr int kGdnPrefillWsThreads = 384;
 #endif
 enum GdnWsProfileSite : int {
   kWsProfChunks = 0,  // chunk iterations (a count, not cycles)
-  // The chunk warpgroup.
+  // The chunk warpgroup's sites, then the state warpgroups' (the bench reads them as two ranges).
   kWsProfChunkFull,      // waiting for its copies of the chunk (full)
   kWsProfChunkEmpty,     // waiting for the next stage and the T' / P^T slot (empty), the fill
   kWsProfChunkProducts,  // K K^T, K Q^T and the gates' scan, k's norms, beta and the factors
