@@ -316,11 +316,22 @@ struct ChunkGates {
 /// upper blocks left alone (the parked T blocks live there); 1 (P): the diagonal included and the
 /// upper blocks zero-filled. kRow is a constant, so which blocks are off-diagonal, diagonal or
 /// zero is known at compile time (13% of this pass's instructions were branches when it was not).
-template <int kRow, int kWithDiagonal, typename RowFactor, typename StorePair>
-__device__ __forceinline__ void decay_row_block(const float (&x)[8][4], const float* s_gamma,
+/// kInPlace: the values go back into x instead (store_pair unused), to be stored later by
+/// store_row_block (the warp-specialized kernel computes A before A's tile is free).
+template <int kRow, int kWithDiagonal, bool kInPlace = false, typename RowFactor,
+          typename StorePair>
+__device__ __forceinline__ void decay_row_block(float (&x)[8][4], const float* s_gamma,
                                                 const float* s_ref, const float* s_cf,
                                                 const float* s_rk, int g, int t4,
                                                 RowFactor&& row_factor, StorePair&& store_pair) {
+  const auto put = [&](int nt, int hf, int i, int j, float x0, float x1) {
+    if constexpr (kInPlace) {
+      x[nt][2 * hf] = x0;
+      x[nt][2 * hf + 1] = x1;
+    } else {
+      store_pair(i, j, x0, x1);
+    }
+  };
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int i = kRow * 16 + g + 8 * hf;
@@ -333,7 +344,7 @@ __device__ __forceinline__ void decay_row_block(const float (&x)[8][4], const fl
         for (int h2 = 0; h2 < 2; ++h2) {
           const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
           const float2 cf = *reinterpret_cast<const float2*>(s_cf + j);
-          store_pair(i, j, rf * cf.x * x[nt][2 * hf], rf * cf.y * x[nt][2 * hf + 1]);
+          put(nt, hf, i, j, rf * cf.x * x[nt][2 * hf], rf * cf.y * x[nt][2 * hf + 1]);
         }
       } else if (jb == kRow) {
 #pragma unroll
@@ -343,12 +354,27 @@ __device__ __forceinline__ void decay_row_block(const float (&x)[8][4], const fl
           const float2 kj = *reinterpret_cast<const float2*>(s_rk + j);
           const float x0 = fi * kj.x * ex2((gi - gj.x) * kLog2e) * x[nt][2 * hf];
           const float x1 = fi * kj.y * ex2((gi - gj.y) * kLog2e) * x[nt][2 * hf + 1];
-          store_pair(i, j, i + kWithDiagonal > j ? x0 : 0.f, i + kWithDiagonal > j + 1 ? x1 : 0.f);
+          put(nt, hf, i, j, i + kWithDiagonal > j ? x0 : 0.f, i + kWithDiagonal > j + 1 ? x1 : 0.f);
         }
       } else if (kWithDiagonal) {
 #pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) store_pair(i, (2 * jb + h2) * 8 + 2 * t4, 0.f, 0.f);
+        for (int h2 = 0; h2 < 2; ++h2)
+          put(2 * jb + h2, hf, i, (2 * jb + h2) * 8 + 2 * t4, 0.f, 0.f);
       }
+    }
+  }
+}
+
+/// Stores what decay_row_block<kRow, 0, true> left in x: the blocks left of and on the diagonal
+/// block of row block kRow, through store_pair(i, j, x_j, x_j+1).
+template <int kRow, typename StorePair>
+__device__ __forceinline__ void store_row_block(const float (&x)[8][4], int g, int t4,
+                                                StorePair&& store_pair) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+#pragma unroll
+    for (int nt = 0; nt < 2 * kRow + 2; ++nt) {
+      store_pair(kRow * 16 + g + 8 * hf, nt * 8 + 2 * t4, x[nt][2 * hf], x[nt][2 * hf + 1]);
     }
   }
 }

@@ -326,19 +326,20 @@ enum GdnWsProfileSite : int {
   kWsProfChunkFull,      // waiting for its copies of the chunk (full)
   kWsProfChunkEmpty,     // waiting for the next stage and the T' / P^T slot (empty), the fill
   kWsProfChunkProducts,  // K K^T, K Q^T and the gates' scan, k's norms, beta and the factors
+  kWsProfChunkDecay,     // the decay pass (P^T stored, A computed), beta's copy, the scales
   kWsProfChunkTReady,    // waiting for A's tile (the state side's inverse of the chunk before)
-  kWsProfChunkDecay,     // A and P^T (decay pass), the scales, chunk_ready
+  kWsProfChunkAStore,    // A's stores, chunk_ready
   // The state warpgroups.
   kWsProfStateFull,        // waiting for the chunk's copies (full)
   kWsProfStateNorms,       // q's norms
   kWsProfStateChunkReady,  // waiting for the chunk warpgroup's A, P^T and scales
-  kWsProfStateInvDiag,     // the inverse's diagonal blocks and the barrier behind them (wg 1)
-  kWsProfStateInvFirst,    // its first block products and the barrier behind them (wg 1)
-  kWsProfStateInverse,     // its second block products, T' stored (warpgroup 1)
+  kWsProfStateInvDiag,     // the inverse's diagonal blocks and the barrier behind them
+  kWsProfStateInvFirst,    // its first block products and the barrier behind them
+  kWsProfStateInverse,     // its second block products, T' stored (on every other chunk)
   kWsProfStateTurn,        // waiting for the warpgroup's turn on the S tile
   kWsProfStateFirst,       // the S tile, S K^T and S Q^T until S K^T is done
   kWsProfStateR,           // R, S Q^T done, the turn passed
-  kWsProfStateTReady,      // waiting for T' (warpgroup 1's inverse)
+  kWsProfStateTReady,      // waiting for T' (the other warpgroup's inverse)
   kWsProfStateVn,          // Vn = R T'^T
   kWsProfStateUpdate,      // O's and the state's products until O is done, O's scales
   kWsProfStateStore,       // O's stores, the update done, the stage released
@@ -355,10 +356,12 @@ KJIT_GDN_PREFILL_HD constexpr const char* gdn_ws_profile_site_name(int site) {
       return "empty+fill";
     case kWsProfChunkProducts:
       return "products";
-    case kWsProfChunkTReady:
-      return "t_ready";
     case kWsProfChunkDecay:
       return "decay";
+    case kWsProfChunkTReady:
+      return "t_ready";
+    case kWsProfChunkAStore:
+      return "A stores";
     case kWsProfStateFull:
       return "full";
     case kWsProfStateNorms:

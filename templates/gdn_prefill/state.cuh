@@ -846,7 +846,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
           mbarrier::init(bars + 2 * kStages + s, kThreads);
           mbarrier::init(reinterpret_cast<u64*>(smem + kSmem.total) + s, kGdnPrefillThreads);
         }
-        // t_ready[c & 1]: the second state warpgroup's inverse of chunk c (ChunkRole::invert).
+        // t_ready[c & 1]: the inverse of chunk c (ChunkRole::invert) by the state warpgroup
+        // going second on it.
         mbarrier::init(reinterpret_cast<u64*>(smem + kWsSmem.t_ready), kGdnPrefillThreads);
         mbarrier::init(reinterpret_cast<u64*>(smem + kWsSmem.t_ready) + 1, kGdnPrefillThreads);
       }
@@ -1062,7 +1063,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   // kWs: chunk_ready[s] (see above), after the stages' barriers.
   [[maybe_unused]] u64* const chunk_ready = reinterpret_cast<u64*>(smem + kSmem.total);
   [[maybe_unused]] u32 chunk_ready_phase = 0;
-  // kWs: t_ready[c & 1] (the second warpgroup's T' of chunk c), and chunk c's parity.
+  // kWs: t_ready[c & 1] (T' of chunk c, by the warpgroup going second), and chunk c's parity
+  // (warpgroup `parity` goes first on the chunk).
   [[maybe_unused]] u64* const t_ready = reinterpret_cast<u64*>(smem + kWsSmem.t_ready);
   [[maybe_unused]] u32 t_ready_phase = 0, ws_par = 0;
   // kWs: waits until the chunk warpgroup's T', P^T and scales of stage s's chunk are in (once per
@@ -1090,7 +1092,9 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     if constexpr (kTakeTurns) named_barrier::arrive<256>(3 - wg);
   };
   // Warpgroup 0 goes first; the arrivals balance at the end (warpgroup 0 waits once more).
-  if (wg == 1) turn_pass();
+  // kWs: warpgroup c & 1 goes first on chunk c and passes; the other waits, inverts before its
+  // turn and keeps the tile for chunk c + 1 (one wait and one pass a chunk, balanced in it).
+  if (!kWs && wg == 1) turn_pass();
 #endif
   if constexpr (kHandoff) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1158,7 +1162,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       mbarrier::wait(full + st, (full_phase >> st) & 1u);
       full_phase ^= 1u << st;
       wait_chunk_ready(st);
-      if (warp >= 4) mbarrier::arrive(t_ready + ws_par);  // (the inverse left out)
+      if (wg != int(ws_par)) mbarrier::arrive(t_ready + ws_par);  // (the inverse left out)
       ws_par ^= 1u;
       mbarrier::arrive(empty + st);
       st = st + 1 == kStages ? 0 : st + 1;
@@ -1223,10 +1227,10 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     const __nv_bfloat16* s_q = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.q);
     const __nv_bfloat16* s_v = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.v);
     unsigned char* const tp_base = kWs ? smem + tp_off : base;
-    // kWs: this chunk's 1 / |q_i| (times the output scale), one copy per stage: warpgroup 0
-    // writes it before its turn, warpgroup 1 reads it after its own (the turn's barrier orders
-    // them), and the stage's next chunk rewrites it only after every state thread released the
-    // stage.
+    // kWs: this chunk's 1 / |q_i| (times the output scale), one copy per stage: the warpgroup
+    // going first writes it before its turn passes, the other reads it after its own (the turn's
+    // barrier orders them), and the stage's next chunk rewrites it only after every state thread
+    // released the stage.
     [[maybe_unused]] float* const s_rqw = reinterpret_cast<float*>(smem + kWsSmem.rq) + cur * 64;
     const __nv_bfloat16* s_t = reinterpret_cast<const __nv_bfloat16*>(tp_base + kSmem.t0);
     __nv_bfloat16* const s_p = reinterpret_cast<__nv_bfloat16*>(tp_base + kSmem.p);
@@ -1274,15 +1278,20 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       // to keep any wgmma in flight (C7512: every wgmma of the kernel waited for itself). The
       // tile is the warpgroup's from its turn until its products have read it.
       unsigned char* const s_tile = smem + kWsSmem.s_tile;
+      // The warpgroups alternate by chunk: on chunk c one goes first on the S tile while the
+      // other inverts (I + A) for T', then the inverting one takes its turn, keeps the tile and
+      // goes first on chunk c + 1. With warpgroup 1 inverting every chunk it was busy ~90% of its
+      // loop and warpgroup 0 waited a quarter of its own for T' (docs/performance.md).
+      const bool goes_first = wg == par;
       // q's norms, which only O needs (its columns are scaled by them after its last product):
       // two threads a row, each one 128-byte slice of the swizzled q tile, read from a rotated
       // chunk so that a quarter warp's eight rows hit eight different 16-byte bank groups. Done
       // here instead of by the chunk warpgroup (an mma.sync Q Q^T diagonal beside its wgmma),
-      // which paced the kernel, and by warpgroup 0 alone: warpgroup 1 also inverts each chunk
-      // and paces the kernel (the profile: 14% of its loop went to its own copy of the norms).
-      // Warpgroup 0's turn_pass publishes them to warpgroup 1 (its turn_wait of this chunk); the
-      // warpgroup barrier below to warpgroup 0's other warps.
-      if (ChunkRole::kL2Norm && wg == 0) {
+      // which paced the kernel, and by the warpgroup going first alone (the other inverts; the
+      // profile: 14% of the inverting warpgroup's loop went to its own copy of the norms). Its
+      // turn_pass publishes them to the other (its turn_wait of this chunk); the warpgroup
+      // barrier below to its own other warps.
+      if (ChunkRole::kL2Norm && goes_first) {
         const int wt = tid & 127, r = wt >> 1, hf = wt & 1;
         const unsigned char* const row = base + kSmem.q + hf * sw128::kSlice + r * 128;
         float sum = 0.f;
@@ -1304,22 +1313,23 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       // T' of this chunk: the second warpgroup inverts (I + A) from the chunk warpgroup's A tile
       // while it waits for its turn (the first issues its products); its arrivals also hand A's
       // tile back.
-      if (wg == 1) {
+      if (!goes_first) {
         wait_chunk_ready(cur);
         mark(kWsProfStateChunkReady);
         if constexpr (!kGdnWsNoInverse) {
           // (The profile splits it at its two barriers.)
           int inverse_phase = 0;
           ChunkRole::invert(smem, tp_base + kSmem.t0, par, warp & 3, lane, [&] {
-            warpgroup_sync(1);
+            warpgroup_sync(wg);
             mark(inverse_phase++ == 0 ? kWsProfStateInvDiag : kWsProfStateInvFirst);
           });
         }
         wgmma::fence_shared_writes();  // this thread's T' stores, before wgmma reads them
         mbarrier::arrive(t_ready + par);
         mark(kWsProfStateInverse);
+        // The first warpgroup's products have read the S tile, and its norms are in.
+        turn_wait();
       }
-      turn_wait();
       mark(kWsProfStateTurn);
       const int wr = (warp & 3) * 16 + g;  // the warp's rows of the tile
 #pragma unroll
@@ -1351,7 +1361,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       wgmma::hold_registers(acc_r);
       mark(kWsProfStateFirst);
       // This chunk's P^T and scales from the chunk warpgroup (the second warpgroup waited above).
-      if (wg == 0) wait_chunk_ready(cur);
+      if (goes_first) wait_chunk_ready(cur);
       mark(kWsProfStateChunkReady);
     } else {
       u32 s_frag[kKSteps][4];
@@ -1381,10 +1391,11 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     float kd[4][2][2];
     form_r(acc_r, s_v + vw, kLdV, s_sc, t4, ra, kd);
     if constexpr (kWs) {
-      // S_w Q^T has read the shared S tile by now (it ran during R): the other warpgroup's turn.
+      // S_w Q^T has read the shared S tile by now (it ran during R): the other warpgroup's turn
+      // (the warpgroup going second keeps the tile for the next chunk).
       wgmma::wait<0>();
       wgmma::hold_registers(acc_o);
-      turn_pass();
+      if (wg == par) turn_pass();
       mark(kWsProfStateR);
       mbarrier::wait(t_ready + par, (t_ready_phase >> par) & 1u);
       t_ready_phase ^= 1u << par;
@@ -1707,7 +1718,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     }
   }
 #if KJIT_GDN_STATE_WGMMA
-  if (wg == 0) turn_wait();
+  if (!kWs && wg == 0) turn_wait();
 #endif
   // No copies are in flight at exit: none is issued past the end of the sequence.
   if constexpr (kPhase == 0) {

@@ -11,11 +11,13 @@
 //     stage; from K K^T and K Q^T on wgmma, k's norms from the diagonal of K K^T and the gates.
 //   warpgroups 0 and 1 (state.cuh, state_wide with a chunk role): the state recurrence on wgmma,
 //     64 rows of V each, taking turns through one shared bf16 S tile for their first products.
-//     Warpgroup 1 also turns A into T' = (I + A)^-1 diag(beta) (invert: the forward substitution
-//     and the tf32 block products) while it waits for its turn, and both take q's norms from the
-//     stage's q tile and apply them to O's columns (neither P^T nor the scales hold them). Both
-//     moved off the chunk warpgroup, which paced the kernel (docs/performance.md, "The inverse
-//     and q's norms on the state warpgroups").
+//     By chunk parity one goes first and takes q's norms from the stage's q tile (both apply them
+//     to O's columns: neither P^T nor the scales hold them) while the other turns A into T' =
+//     (I + A)^-1 diag(beta) (invert: the forward substitution and the tf32 block products), then
+//     takes its turn and goes first on the next chunk. Both moved off the chunk warpgroup, which
+//     paced the kernel (docs/performance.md, "The inverse and q's norms on the state
+//     warpgroups"); the alternation since warpgroup 1 alone, inverting every chunk, was busy ~90%
+//     of its loop while warpgroup 0 waited (docs/performance.md, "Where the warpgroups wait").
 //
 // Three mbarriers per stage hand the stages around: full (the chunk warpgroup's copies landed),
 // chunk_ready (its A, P^T and scales are in), empty (every state thread is done with the stage
@@ -60,10 +62,10 @@ struct WsChunkRole {
   static constexpr bool kL2Norm = kL2NormQK;
 
   /// T' = (I + A)^-1 diag(beta) of the chunk of parity `parity` into its T' tile at `t_tile`,
-  /// from the chunk warpgroup's A tile and beta: run by the second state warpgroup (`warp` 0..3
-  /// of it) once the chunk is ready, `sync()` its warpgroup barrier. The chunk warpgroup, which
-  /// paced the kernel, did it itself until the inverse was measured at 24% of its time
-  /// (docs/performance.md).
+  /// from the chunk warpgroup's A tile and beta: run by the state warpgroup going second on the
+  /// chunk (`warp` 0..3 of it) once the chunk is ready, `sync()` its warpgroup barrier. The chunk
+  /// warpgroup, which paced the kernel, did it itself until the inverse was measured at 24% of its
+  /// time (docs/performance.md).
   template <typename Sync>
   static __device__ __forceinline__ void invert(unsigned char* smem, unsigned char* t_tile,
                                                 int parity, int warp, int lane, Sync&& sync) {
@@ -249,34 +251,29 @@ struct WsChunkRole {
       // 3b. Beta and the column factors, which need the norms.
       gates.store_beta_and_factors(scanned, lane, s_rk, s_beta, s_cf);
       tp = prof.add(kWsProfChunkProducts, tp);
-      // A's tile (and beta's copy of this parity) are free once the state warpgroups' inverse of
-      // the previous chunk is done.
-      if (chunk > 0) {
-        const int pp = int((chunk - 1) & 1);
-        mbarrier::wait(t_ready + pp, (t_ready_phase >> pp) & 1u);
-        t_ready_phase ^= 1u << pp;
-      }
-      tp = prof.add(kWsProfChunkTReady, tp);
+      // 4. The decay pass: P^T's block row `warp` (decay_col_block) into the slot's swizzled tile,
+      // and A (f32, strictly lower) of block row `warp` (decay_row_block) computed into acc_g,
+      // once per warp index. Everything but A's stores runs before the wait for A's tile: the
+      // decay pass of chunk c + 1 and the inverse of chunk c were one cycle through that tile, as
+      // long as the loop (docs/performance.md, "Where the warpgroups wait").
       if (warp == 0) {
+        // (Beta's copy of this parity was last read by the inverse of chunk c - 2.)
         *reinterpret_cast<float2*>(s_beta_t + (chunk & 1) * 64 + 2 * lane) =
             make_float2(scanned.beta[0], scanned.beta[1]);
       }
+      // The lanes' beta and column factors (store_beta_and_factors), before the warp reads them.
       __syncwarp();
-      // 4. A (f32, strictly lower) of block row `warp` (decay_row_block) and P^T's block row
-      // `warp` (decay_col_block) into the slot's swizzled tile, once per warp index.
       unsigned char* const pt_tile = smem + kS.p + slot_off;
       if constexpr (!kGdnWsNoDecay) {
         per_warp_index(warp, [&](auto warp_index) {
           constexpr int kW = decltype(warp_index)::value;
-          decay_row_block<kW, 0>(
-              acc_g, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int i) { return s_beta[i] * s_rk[i]; },
-              [&](int i, int j, float x0, float x1) {
-                *reinterpret_cast<float2*>(s_a + i * kLdA + j) = make_float2(x0, x1);
-              });
           decay_col_block<kW>(
               acc_p, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int j, int i, float x0, float x1) {
                 *reinterpret_cast<u32*>(sw128_element(pt_tile, j, i)) = mma::pack_bf16(x0, x1);
               });
+          decay_row_block<kW, 0, true>(
+              acc_g, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int i) { return s_beta[i] * s_rk[i]; },
+              [](int, int, float, float) {});
         });
       }
       // The chunk's scales into the stage: every row (rows past the end have zero q, k and gates,
@@ -287,12 +284,28 @@ struct WsChunkRole {
         reinterpret_cast<float4*>(base + kS.sc0)[ctid] =
             make_float4(eg, s_rk[ctid] * eg, s_rk[ctid] * __expf(g_last - gi), __expf(g_last));
       }
+      tp = prof.add(kWsProfChunkDecay, tp);
+      // A's tile is free once the state warpgroups' inverse of the previous chunk is done.
+      if (chunk > 0) {
+        const int pp = int((chunk - 1) & 1);
+        mbarrier::wait(t_ready + pp, (t_ready_phase >> pp) & 1u);
+        t_ready_phase ^= 1u << pp;
+      }
+      tp = prof.add(kWsProfChunkTReady, tp);
+      if constexpr (!kGdnWsNoDecay) {
+        per_warp_index(warp, [&](auto warp_index) {
+          store_row_block<decltype(warp_index)::value>(
+              acc_g, g, t4, [&](int i, int j, float x0, float x1) {
+                *reinterpret_cast<float2*>(s_a + i * kLdA + j) = make_float2(x0, x1);
+              });
+        });
+      }
       // This thread's A, beta, P^T and scales of the chunk, to the state warpgroups (the second
       // inverts (I + A) into the slot's T' tile, see invert; both run wgmma on P^T). No barrier:
       // what the next chunk overwrites before its norms' barrier is per warp or by parity.
       wgmma::fence_shared_writes();
       mbarrier::arrive(chunk_ready + st);
-      prof.add(kWsProfChunkDecay, tp);
+      prof.add(kWsProfChunkAStore, tp);
       prof.count_chunk();
       st = sn;
     }
