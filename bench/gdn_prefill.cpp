@@ -287,6 +287,46 @@ double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOption
 // the clock cycles per chunk at each site of its loop, summed over the role's warps and blocks
 // and divided by their chunk iterations. Prints why when the plan is not chunked_ws or the
 // kernel was built without the sites.
+/// The profile build's block timeline (warp 0's cells of each block: start and end in ns, SM,
+/// chunks): the call's span from the first block's start to the last block's end, the share of
+/// it the SMs held a block, and the share a longest-first packing of the same chunk counts onto
+/// the SMs would give (blocks of equal speed per chunk): what the order and the lengths cost,
+/// apart from the speed of a chunk.
+void ws_timeline(const std::vector<std::uint64_t>& host, std::uint64_t blocks, int warps, int sites,
+                 int sm_count) {
+  using S = kjit::GdnWsProfileSite;
+  std::uint64_t first = UINT64_MAX, last = 0, held = 0, latest_start = 0;
+  std::vector<std::uint64_t> chunks;
+  for (std::uint64_t b = 0; b < blocks; ++b) {
+    const std::uint64_t* cell = host.data() + b * static_cast<std::uint64_t>(warps * sites);
+    if (cell[S::kWsProfBlockEnd] < cell[S::kWsProfBlockStart]) return;  // not recorded
+    first = std::min(first, cell[S::kWsProfBlockStart]);
+    last = std::max(last, cell[S::kWsProfBlockEnd]);
+    latest_start = std::max(latest_start, cell[S::kWsProfBlockStart]);
+    held += cell[S::kWsProfBlockEnd] - cell[S::kWsProfBlockStart];
+    chunks.push_back(cell[S::kWsProfChunks]);  // warp 0 counts each of its chunks once
+  }
+  if (blocks == 0 || last <= first || sm_count <= 0) return;
+  std::sort(chunks.begin(), chunks.end(), std::greater<>());
+  std::vector<std::uint64_t> load(static_cast<std::size_t>(sm_count), 0);
+  std::uint64_t total = 0;
+  for (const std::uint64_t c : chunks) {
+    *std::min_element(load.begin(), load.end()) += c;
+    total += c;
+  }
+  const double span = static_cast<double>(last - first);
+  const double packed = static_cast<double>(total) /
+                        (static_cast<double>(*std::max_element(load.begin(), load.end())) *
+                         static_cast<double>(sm_count));
+  std::printf(
+      "  timeline: %llu blocks on %d SMs, %.1f us from the first start to the last end; SMs held "
+      "a block %.1f%% of it (longest-first packing of the same chunks: %.1f%%); last start at "
+      "%.1f us\n",
+      static_cast<unsigned long long>(blocks), sm_count, span / 1e3,
+      100.0 * static_cast<double>(held) / (span * sm_count), 100.0 * packed,
+      static_cast<double>(latest_start - first) / 1e3);
+}
+
 void ws_profile(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOptions& options) {
   const kjit::Plan plan = plan_of(gpu, in, options);
   if (plan.mode != "chunked_ws") {
@@ -327,7 +367,7 @@ void ws_profile(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOptions
     return sites;
   };
   const std::vector<int> chunk_sites = sites_between(S::kWsProfChunkFull, S::kWsProfStateFull);
-  const std::vector<int> state_sites = sites_between(S::kWsProfStateFull, kSites);
+  const std::vector<int> state_sites = sites_between(S::kWsProfStateFull, S::kWsProfBlockStart);
   const std::vector<Role> roles = {{"chunk warpgroup", 8, chunk_sites},
                                    {"state warpgroup 0", 0, state_sites},
                                    {"state warpgroup 1", 4, state_sites}};
@@ -358,6 +398,7 @@ void ws_profile(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOptions
     }
     std::printf("\n");
   }
+  ws_timeline(host, blocks, kWarps, kSites, gpu.limits.sm_count);
 }
 
 // A prefill anchor loaded from KJIT_PREFILL_ANCHOR_LIB (bench/anchor_library.hpp), e.g.

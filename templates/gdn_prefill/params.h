@@ -343,6 +343,11 @@ enum GdnWsProfileSite : int {
   kWsProfStateVn,          // Vn = R T'^T
   kWsProfStateUpdate,      // O's and the state's products until O is done, O's scales
   kWsProfStateStore,       // O's stores, the update done, the stage released
+  // Per block, in warp 0's cells, written (not added) by thread 0: %globaltimer (ns) when the
+  // block starts and when that thread leaves, and the SM it ran on (the bench's timeline line).
+  kWsProfBlockStart,
+  kWsProfBlockEnd,
+  kWsProfBlockSm,
   kGdnWsProfileSites
 };
 /// The short name bench_gdn_prefill prints for a profile site (one list, beside the enum).
@@ -388,6 +393,12 @@ KJIT_GDN_PREFILL_HD constexpr const char* gdn_ws_profile_site_name(int site) {
       return "O+update";
     case kWsProfStateStore:
       return "store";
+    case kWsProfBlockStart:
+      return "block start";
+    case kWsProfBlockEnd:
+      return "block end";
+    case kWsProfBlockSm:
+      return "block SM";
     default:
       return nullptr;
   }

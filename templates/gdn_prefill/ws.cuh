@@ -327,10 +327,13 @@ __global__ void __launch_bounds__(kGdnPrefillWsThreads, 1)
     gdn_prefill_ws_kernel(const GdnPrefillParams p) {
 #if KJIT_GDN_STATE_WGMMA
   static_assert(kK == 128 && kV == 128, "the warp-specialized kernel is laid out for K = V = 128");
+  // Measurement only (KJIT_GDN_WS_PROFILE): the block's place in the call's timeline.
+  const gdn_prefill_detail::WsBlockTimeline timeline(p);
   gdn_prefill_detail::state_wide<
       Tin, Tstate, Tout, Tcu, Tidx, kK, kV, 128, kCkpt, 0, kGdnPrefillWsStages,
       kStateLayout == kGdnStateKMajor, false,
       gdn_prefill_detail::WsChunkRole<Tin, Tgate, Tparam, kK, kGated, kL2Norm>>(p);
+  timeline.end();
 #endif
 }
 
