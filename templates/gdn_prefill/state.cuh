@@ -1358,6 +1358,13 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         // The first warpgroup's products have read the S tile, and its norms are in.
         turn_wait();
       }
+      if (goes_first) {
+        // The tile is still this warpgroup's from its turn on the chunk before: all its warps
+        // past the wait for those products before any warp rewrites its rows. (On the GPU each
+        // warp's wait already covers the warpgroup's whole product; the emulation, which retires
+        // a product at any one warp's wait, saw a race under ThreadSanitizer without it.)
+        warpgroup_sync(wg);
+      }
       mark(kWsProfStateTurn);
       const int wr = (warp & 3) * 16 + g;  // the warp's rows of the tile
 #pragma unroll
