@@ -763,7 +763,7 @@ struct WsProfile {
 struct WsBlockTimeline {
   unsigned long long* cell = nullptr;
   __device__ __forceinline__ explicit WsBlockTimeline(const GdnPrefillParams& p) {
-#if KJIT_GDN_WS_PROFILE
+#if KJIT_GDN_WS_PROFILE && defined(__CUDA_ARCH__)
     if (p.profile != nullptr && threadIdx.x == 0) {
       cell = p.profile + u64(blockIdx.x) * (kGdnPrefillWsThreads / 32) * u64(kGdnWsProfileSites);
       cell[kWsProfBlockStart] = now();
@@ -779,8 +779,10 @@ struct WsBlockTimeline {
     if (cell != nullptr) cell[kWsProfBlockEnd] = now();
   }
   static __device__ __forceinline__ unsigned long long now() {
-    unsigned long long t;
+    unsigned long long t = 0;
+#if KJIT_GDN_WS_PROFILE && defined(__CUDA_ARCH__)  // (host builds of the template: the emulation)
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+#endif
     return t;
   }
 };
