@@ -446,7 +446,7 @@ __device__ __forceinline__ void per_warp_index(int warp, Pass&& pass) {
 /// into every later row's sum, so x_{m+1} is one FMA behind x_m. Each sum still adds its terms in
 /// the order m = 0, 1, ... (the same roundings as summing row by row), but the row-by-row form
 /// waited for row r's loads and then its whole FMA chain before row r + 1 could finish: the ws
-/// kernel's profile measured this step at ~2000 cycles of the second state warpgroup's chunk
+/// kernel's profile measured this step at ~2000 cycles of the inverting state warpgroup's chunk
 /// (docs/performance.md). A's columns are read four at a time (float4 of each row below).
 template <typename Element>
 __device__ __forceinline__ void invert_diagonal_block(float* s_a, const float* s_beta0, int warp,

@@ -295,7 +295,7 @@ inline constexpr int kGdnPrefillWsStages = 3;
 /// then wrong; bench_gdn_prefill runs them with KJIT_PREFILL_BENCH_NO_VERIFY=1
 /// (docs/performance.md, "The state warpgroups' turns, ... the first warp-specialized kernel").
 /// 3, 4 and 5 take one part out: the chunk warpgroup's copies (the stages keep what they held),
-/// its decay pass (A and P^T), the inverse (since e0d91e9 the second state warpgroup's); 8, 6
+/// its decay pass (A and P^T), the inverse (since e0d91e9 a state warpgroup's); 8, 6
 /// and 7 take the same part out of the chunk warpgroup alone (as 2, where the inverse no longer
 /// runs at all).
 #ifndef KJIT_GDN_WS_PACE
