@@ -1188,11 +1188,16 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     [[maybe_unused]] const int cur = st;
     if constexpr (kWs) tp = prof.now();
 #if KJIT_GDN_STATE_WGMMA
+    // kWs: the warpgroups alternate by chunk: on chunk c warpgroup c & 1 goes first on the S tile
+    // while the other inverts (I + A) for T', then the inverting one takes its turn, keeps the
+    // tile and goes first on chunk c + 1. With warpgroup 1 inverting every chunk it was busy ~90%
+    // of its loop and warpgroup 0 waited a quarter of its own for T' (docs/performance.md).
+    [[maybe_unused]] const bool goes_first = wg == int(ws_par);
     if constexpr (kWs && kGdnWsChunkAlone) {  // measurement only: the chunk side's pace
       mbarrier::wait(full + st, (full_phase >> st) & 1u);
       full_phase ^= 1u << st;
       wait_chunk_ready(st);
-      if (wg != int(ws_par)) mbarrier::arrive(t_ready + ws_par);  // (the inverse left out)
+      if (!goes_first) mbarrier::arrive(t_ready + ws_par);  // (the inverse left out)
       ws_par ^= 1u;
       mbarrier::arrive(empty + st);
       st = st + 1 == kStages ? 0 : st + 1;
@@ -1308,11 +1313,6 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       // to keep any wgmma in flight (C7512: every wgmma of the kernel waited for itself). The
       // tile is the warpgroup's from its turn until its products have read it.
       unsigned char* const s_tile = smem + kWsSmem.s_tile;
-      // The warpgroups alternate by chunk: on chunk c one goes first on the S tile while the
-      // other inverts (I + A) for T', then the inverting one takes its turn, keeps the tile and
-      // goes first on chunk c + 1. With warpgroup 1 inverting every chunk it was busy ~90% of its
-      // loop and warpgroup 0 waited a quarter of its own for T' (docs/performance.md).
-      const bool goes_first = wg == par;
       // q's norms, which only O needs (its columns are scaled by them after its last product):
       // two threads a row, each one 128-byte slice of the swizzled q tile, read from a rotated
       // chunk so that a quarter warp's eight rows hit eight different 16-byte bank groups. Done
@@ -1432,7 +1432,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       // (the warpgroup going second keeps the tile for the next chunk).
       wgmma::wait<0>();
       wgmma::hold_registers(acc_o);
-      if (wg == par) turn_pass();
+      if (goes_first) turn_pass();
       mark(kWsProfStateR);
       mbarrier::wait(t_ready + par, (t_ready_phase >> par) & 1u);
       t_ready_phase ^= 1u << par;
