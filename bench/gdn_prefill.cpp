@@ -281,12 +281,6 @@ double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOption
       10, 2);
 }
 
-// KJIT_PREFILL_BENCH_PROFILE=1 with a build of the warp-specialized kernel that has
-// KJIT_GDN_WS_PROFILE 1 in templates/gdn_prefill/params.h (measurement only): one launch with
-// GdnPrefillParams::profile set, and per role (the chunk warpgroup, state warpgroups 0 and 1)
-// the clock cycles per chunk at each site of its loop, summed over the role's warps and blocks
-// and divided by their chunk iterations. Prints why when the plan is not chunked_ws or the
-// kernel was built without the sites.
 /// The profile build's block timeline (warp 0's cells of each block: start and end in ns, SM,
 /// chunks): the call's span from the first block's start to the last block's end, the share of
 /// it the SMs held a block, and the share a longest-first packing of the same chunk counts onto
@@ -327,6 +321,12 @@ void ws_timeline(const std::vector<std::uint64_t>& host, std::uint64_t blocks, i
       static_cast<double>(latest_start - first) / 1e3);
 }
 
+// KJIT_PREFILL_BENCH_PROFILE=1 with a build of the warp-specialized kernel that has
+// KJIT_GDN_WS_PROFILE 1 in templates/gdn_prefill/params.h (measurement only): one launch with
+// GdnPrefillParams::profile set, and per role (the chunk warpgroup, state warpgroups 0 and 1)
+// the clock cycles per chunk at each site of its loop, summed over the role's warps and blocks
+// and divided by their chunk iterations. Prints why when the plan is not chunked_ws or the
+// kernel was built without the sites.
 void ws_profile(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOptions& options) {
   const kjit::Plan plan = plan_of(gpu, in, options);
   if (plan.mode != "chunked_ws") {

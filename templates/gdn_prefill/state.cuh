@@ -757,36 +757,6 @@ struct WsProfile {
   }
 };
 
-/// Measurement only (KJIT_GDN_WS_PROFILE): the block's start and end (%globaltimer, ns) and its SM
-/// into warp 0's profile cells (kWsProfBlockStart..Sm), by thread 0: where the call's time goes
-/// between the blocks (bench_gdn_prefill's timeline line). Without the macro, nothing.
-struct WsBlockTimeline {
-  unsigned long long* cell = nullptr;
-  __device__ __forceinline__ explicit WsBlockTimeline(const GdnPrefillParams& p) {
-#if KJIT_GDN_WS_PROFILE && defined(__CUDA_ARCH__)
-    if (p.profile != nullptr && threadIdx.x == 0) {
-      cell = p.profile + u64(blockIdx.x) * (kGdnPrefillWsThreads / 32) * u64(kGdnWsProfileSites);
-      cell[kWsProfBlockStart] = now();
-      unsigned sm;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      cell[kWsProfBlockSm] = sm;
-    }
-#else
-    (void)p;
-#endif
-  }
-  __device__ __forceinline__ void end() const {
-    if (cell != nullptr) cell[kWsProfBlockEnd] = now();
-  }
-  static __device__ __forceinline__ unsigned long long now() {
-    unsigned long long t = 0;
-#if KJIT_GDN_WS_PROFILE && defined(__CUDA_ARCH__)  // (host builds of the template: the emulation)
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-#endif
-    return t;
-  }
-};
-
 /// The named barrier of warpgroup `wg`'s four warps in the warp-specialized kernel (5 and 6; 0 is
 /// __syncthreads, 1 the mma.sync tiles' P, 2 and 3 the turns, 4 the chunk warpgroup's).
 __device__ __forceinline__ void warpgroup_sync(int wg) { named_barrier::sync<128>(5 + wg); }
