@@ -2,8 +2,9 @@
 // Thread-block clusters (sm_90 and later; LaunchShape::cluster): the blocks of a cluster run at
 // the same time, meet at the cluster barrier and read each other's shared memory (distributed
 // shared memory). A kernel uses these only in a clustered launch, whose blocks are consecutive
-// along x. Elsewhere (earlier archs, the host emulation) they compile to nothing: the planner
-// never clusters a launch there. NVRTC-clean.
+// along x. On earlier archs they compile to nothing: the planner never clusters a launch there.
+// The CPU emulation (tests/common/cuda_warp_emulation.hpp, which defines KJIT_EMULATED_CLUSTER)
+// defines them itself, over blocks it runs at once. NVRTC-clean.
 #pragma once
 
 #include "templates/common/types.h"
@@ -11,6 +12,7 @@
 namespace kjit {
 namespace cluster {
 
+#if !defined(KJIT_EMULATED_CLUSTER)
 /// Every thread of every block of the cluster arrives; its earlier shared-memory writes become
 /// visible to the cluster's threads that wait() after this arrival (release).
 __device__ __forceinline__ void arrive() {
@@ -41,6 +43,7 @@ __device__ __forceinline__ float load_peer(const float* local, u32 rank) {
   return *local;
 #endif
 }
+#endif  // !KJIT_EMULATED_CLUSTER
 
 }  // namespace cluster
 }  // namespace kjit

@@ -6,11 +6,18 @@
 // exchanges data through static shared memory redefines it as `static` (one block runs at a time),
 // see ops_gdn_decode_emulated_test.cpp. Loads and stores with cache hints are plain ones. Like the
 // base header: indexing and arithmetic only, not races or the memory model.
+//
+// Thread-block clusters (templates/common/cluster.cuh) run through emulated_launch_clusters: the
+// blocks of a cluster at once, each with shared memory of its own (emulated_block_smem), the
+// cluster barrier's arrive and wait split as on the GPU, and a peer block's shared memory read
+// at the same offset.
 #pragma once
 
 #include <barrier>
 #include <cstddef>
 #include <cstdlib>
+#include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -29,13 +36,53 @@ void __stcs(T* p, T v) {
 /// Only for name lookup of the (never instantiated here) cp.async helpers.
 inline unsigned __cvta_generic_to_shared(const void*) { return 0; }
 
-/// The threads of the block being run, meeting at `barrier`.
+/// The threads of the block being run, meeting at `barrier`; `smem`: its shared memory when
+/// the launch gives each block its own (emulated_launch_clusters).
 struct EmulatedBlock {
-  explicit EmulatedBlock(unsigned threads) : barrier(threads), exchange(threads) {}
+  explicit EmulatedBlock(unsigned threads, std::size_t smem_floats = 0)
+      : barrier(threads), exchange(threads), smem(smem_floats, 0.0f) {}
   std::barrier<> barrier;
   std::vector<float> exchange;
+  std::vector<float> smem;
 };
 inline thread_local EmulatedBlock* emulated_block = nullptr;
+
+/// The blocks of the cluster being run (rank = blockIdx.x % size), meeting at `barrier`.
+struct EmulatedCluster {
+  explicit EmulatedCluster(unsigned threads) : barrier(threads) {}
+  std::barrier<> barrier;
+  std::vector<EmulatedBlock*> blocks;
+};
+inline thread_local EmulatedCluster* emulated_cluster = nullptr;
+/// This thread's arrival at the cluster barrier, until it waits.
+inline thread_local std::optional<std::barrier<>::arrival_token> emulated_cluster_arrival;
+
+/// This thread's block's shared memory (emulated_launch_clusters).
+inline float* emulated_block_smem() { return emulated_block->smem.data(); }
+
+// templates/common/cluster.cuh's operations (it leaves them to this header when
+// KJIT_EMULATED_CLUSTER is defined). Outside a clustered launch they abort: a kernel that
+// reaches them was planned with a cluster and must be run as one.
+#define KJIT_EMULATED_CLUSTER 1
+namespace kjit::cluster {
+inline void arrive() {
+  if (emulated_cluster == nullptr || emulated_cluster_arrival) std::abort();
+  emulated_cluster_arrival.emplace(emulated_cluster->barrier.arrive());
+}
+inline void wait() {
+  if (emulated_cluster == nullptr || !emulated_cluster_arrival) std::abort();
+  emulated_cluster->barrier.wait(std::move(*emulated_cluster_arrival));
+  emulated_cluster_arrival.reset();
+}
+inline float load_peer(const float* local, unsigned rank) {
+  if (emulated_cluster == nullptr || rank >= emulated_cluster->blocks.size()) std::abort();
+  const std::ptrdiff_t offset = local - emulated_block->smem.data();
+  if (offset < 0 || offset >= static_cast<std::ptrdiff_t>(emulated_block->smem.size())) {
+    std::abort();  // not this block's shared memory
+  }
+  return emulated_cluster->blocks[rank]->smem[static_cast<std::size_t>(offset)];
+}
+}  // namespace kjit::cluster
 
 inline void __syncthreads() { emulated_block->barrier.arrive_and_wait(); }
 
@@ -85,5 +132,41 @@ void emulated_launch_threads(void (*kernel)(Params), EmulatedDim3 grid, unsigned
         for (std::thread& thread : threads) thread.join();
       }
     }
+  }
+}
+
+/// Runs a 1-D launch of `kernel(params)` of `grid` blocks of `block` threads in clusters of
+/// `cluster` consecutive blocks (1: no cluster; grid a multiple of it): one cluster after
+/// another, the threads of all its blocks at once, each block with `smem_floats` floats of
+/// shared memory of its own (emulated_block_smem), zeroed.
+template <typename Params>
+void emulated_launch_clusters(void (*kernel)(Params), unsigned grid, unsigned block,
+                              unsigned cluster, std::size_t smem_floats, const Params& params) {
+  if (cluster == 0 || grid % cluster != 0) std::abort();
+  for (unsigned first = 0; first < grid; first += cluster) {
+    EmulatedCluster state(cluster * block);
+    std::vector<std::unique_ptr<EmulatedBlock>> blocks;
+    for (unsigned r = 0; r < cluster; ++r) {
+      blocks.push_back(std::make_unique<EmulatedBlock>(block, smem_floats));
+      state.blocks.push_back(blocks.back().get());
+    }
+    std::vector<std::thread> threads;
+    threads.reserve(static_cast<std::size_t>(cluster) * block);
+    for (unsigned r = 0; r < cluster; ++r) {
+      for (unsigned t = 0; t < block; ++t) {
+        threads.emplace_back([&, r, t] {
+          gridDim = EmulatedDim3{grid, 1, 1};
+          blockDim = EmulatedDim3{block, 1, 1};
+          blockIdx = EmulatedDim3{first + r, 0, 0};
+          threadIdx = EmulatedDim3{t, 0, 0};
+          emulated_block = blocks[r].get();
+          emulated_cluster = cluster > 1 ? &state : nullptr;
+          kernel(params);
+          // A thread that left with an arrival pending would have hung the GPU's cluster.
+          if (emulated_cluster_arrival) std::abort();
+        });
+      }
+    }
+    for (std::thread& thread : threads) thread.join();
   }
 }

@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // The fused decode step's kernel (templates/gdn_decode/conv.cuh) compiled as host C++ and run on
 // the CPU, each block's threads at once with their shuffles and __syncthreads meeting at a
-// barrier (tests/common/cuda_warp_emulation.hpp), against the composed float64 reference
-// (causal_conv1d_update's, rounded to mixed_qkv's dtype, then gdn_decode's): out and the state
-// pool within tolerance, the conv pool bytewise, slots no valid row owns bytewise, padding rows
-// (both invalid-index rules, and an index >= slots) zero. Parameters and launch shape come from
-// the op's own check, plan and params, whose spec must be the instantiated kernel. Indexing and
-// arithmetic only, not races.
+// barrier, and a clustered plan's blocks at once with their cluster barrier and shared-memory
+// reads of each other (tests/common/cuda_warp_emulation.hpp), against the composed float64
+// reference (causal_conv1d_update's, rounded to mixed_qkv's dtype, then gdn_decode's): out and the
+// state pool within tolerance, the conv pool bytewise, slots no valid row owns bytewise, padding
+// rows (both invalid-index rules, and an index >= slots) zero. Parameters and launch shape come
+// from the op's own check, plan and params, whose spec must be the instantiated kernel. Indexing
+// and arithmetic only, not races.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -42,16 +43,13 @@ namespace {
 
 using Host = test::HostTensor;
 
-/// Shared memory of the block being run (blocks run one after another).
-std::vector<float> emulated_smem;
-
 template <typename QkvT, typename GateT, typename StateT, typename OutT, typename WeightT,
           typename ConvT, int kK, int kV, int kWidth, int kWarps, bool kGated, int kRule,
-          bool kSilu, int kStateVec>
+          bool kSilu, int kStateVec, int kCluster = 1>
 void emulated_conv_kernel(GdnDecodeConvParams p) {
   gdn_decode_conv_block<QkvT, GateT, float, float, StateT, OutT, int, WeightT, ConvT, kK, kV,
-                        kWidth, kWarps, kGated, true, kRule, kSilu, kStateVec>(
-      p, emulated_smem.data());
+                        kWidth, kWarps, kGated, true, kRule, kSilu, kStateVec, kCluster>(
+      p, emulated_block_smem());
 }
 
 struct Case {
@@ -67,8 +65,8 @@ struct Case {
   int steps = 2;
   /// SMs of the planned device: 1 makes the planner take 8-warp blocks (cheaper to emulate).
   int sm_count = 1;
-  /// The planned arch. Few blocks on many SMs of sm_90 would be clustered, which the emulation
-  /// (blocks one after another) cannot run: such cases plan for sm_89.
+  /// The planned arch. Few blocks on many SMs of sm_90 are clustered: the blocks of a cluster
+  /// then run at once (emulated_launch_clusters).
   Arch arch{9, 0};
 };
 
@@ -138,7 +136,7 @@ void run(const Case& c, const std::string& expected_spec, void (*kernel)(GdnDeco
   REQUIRE(launch.spec.str() == expected_spec);
   const GdnDecodeConvParams params =
       ops::decode::ConvFamily::params(args, problem, planned.choice, nullptr);
-  emulated_smem.assign(launch.shape.dynamic_smem / sizeof(float), 0.0f);
+  const unsigned cluster = launch.shape.cluster.x;
 
   GdnDecodeOptions ref_options = options;
   ref_options.conv->conv_state = ref_pool.view();
@@ -151,8 +149,8 @@ void run(const Case& c, const std::string& expected_spec, void (*kernel)(GdnDeco
       b.set(i, c.gated ? reference::gdn_sigmoid(y) : y);
     }
     std::fill(out.storage.begin(), out.storage.end(), 0xFF);  // NaN in every float format
-    emulated_launch_threads(kernel, EmulatedDim3{launch.shape.grid.x, 1, 1}, launch.shape.block.x,
-                            params);
+    emulated_launch_clusters(kernel, launch.shape.grid.x, launch.shape.block.x, cluster,
+                             launch.shape.dynamic_smem / sizeof(float), params);
     TensorView r_state = ref_state.view(), r_out = ref_out.view();
     reference::gdn_decode_conv_reference(v_qkv, v_a, v_b, c.gated ? nullptr : &v_alog,
                                          c.gated ? nullptr : &v_dt, r_state, v_idx, r_out,
@@ -259,6 +257,41 @@ TEST_CASE("gdn_decode fused conv emulated: f32 state in 16-byte vectors over thr
       "silu=1,state_vec=4@sm_90",
       &emulated_conv_kernel<__nv_bfloat16, __nv_bfloat16, float, __nv_bfloat16, __nv_bfloat16,
                             __nv_bfloat16, 128, 16, 4, 8, false, kGdnInvalidNegative, true, 4>);
+}
+
+TEST_CASE("gdn_decode fused conv emulated: clusters of 8 (B = 5 on 132 SMs), blocks at once") {
+  // 10 (row, q/k head) blocks < 2 per SM: each is a cluster of 8 blocks of 8 state rows and
+  // 8 of the 64 q/k channels, two warps each; the cluster's blocks run at once, meeting at the
+  // cluster barrier.
+  Case c;
+  c.sm_count = 132;
+  run(c,
+      "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=f32,state=f32,out=bf16,index=i32,"
+      "weight=bf16,conv_state=bf16,k=32,v=32,width=4,warps=2,gated=0,l2norm=1,invalid=negative,"
+      "silu=1,state_vec=1,cluster=8@sm_90",
+      &emulated_conv_kernel<__nv_bfloat16, __nv_bfloat16, float, __nv_bfloat16, __nv_bfloat16,
+                            __nv_bfloat16, 32, 32, 4, 2, false, kGdnInvalidNegative, true, 1, 8>);
+}
+
+TEST_CASE("gdn_decode fused conv emulated: clusters of 4, 16-byte state, channel-major pool") {
+  // 5 blocks on 10 SMs: clusters of 4 (20 blocks = 2 per SM); 32 rows per block over 8 warps,
+  // 64 of the 256 q/k channels; f32 conv pool [slots, L, D] with a column past W - 1.
+  Case c;
+  c.k = 128;
+  c.v = 32;
+  c.heads = 1;
+  c.value_heads = 4;
+  c.sm_count = 10;
+  c.conv = c.weight = DType::f32;
+  c.channel_major_pool = true;
+  c.columns = 4;
+  c.rule = GdnInvalidIndex::nonpositive;
+  run(c,
+      "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=f32,state=f32,out=bf16,index=i32,"
+      "weight=f32,conv_state=f32,k=128,v=32,width=4,warps=8,gated=0,l2norm=1,"
+      "invalid=nonpositive,silu=1,state_vec=4,cluster=4@sm_90",
+      &emulated_conv_kernel<__nv_bfloat16, __nv_bfloat16, float, __nv_bfloat16, float, float, 128,
+                            32, 4, 8, false, kGdnInvalidNonpositive, true, 4, 4>);
 }
 
 }  // namespace
