@@ -476,13 +476,15 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
 
 // KJIT_GDN_BENCH_FUSED_CONV=1 ("only": this table alone): issue 22's fused decode step. HV = 32,
 // H = 16, K = V = 128, W = 4, bf16 mixed_qkv / weights / conv pool, f32 state pool, SiLU, at
-// B = 1 and 256; median GPU us (cold: L2 flushed once, both pools rotated through >= 512 MB of
-// state slots as the main table does) of gdn_decode alone (on an already convolved mixed_qkv),
-// the two-kernel sequence (kjit's causal_conv1d_update into a conv-output buffer, then
+// B = 1, 4, 16, 64 and 256; median GPU us (cold: L2 flushed once, both pools rotated through >= 512
+// MB of state slots as the main table does) of gdn_decode alone (on an already convolved
+// mixed_qkv), the two-kernel sequence (kjit's causal_conv1d_update into a conv-output buffer, then
 // gdn_decode on it) and the fused step, beside an empty kernel. Before timing, the sequence and
 // the fused step run once on identical copies of both pools: the conv pools must be bytewise
 // equal and out / the state of the sampled rows within rounding ("check"). The issue's target:
-// the fused step at B = 1 no slower than gdn_decode alone + 1 us.
+// the fused step at B = 1 no slower than gdn_decode alone + 1 us. KJIT_GDN_BENCH_FUSED_CLUSTERS
+// (e.g. "1,2,4,8") times the fused step with each forced cluster size too (options.conv->
+// force_cluster, each checked the same way; a size the planner refuses prints why).
 bool fused_conv_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& base,
                       kjit::bench::ActivityTimer* durations, std::FILE* json) {
   constexpr std::int64_t value_heads = 32, conv_width = 4;
@@ -494,8 +496,19 @@ bool fused_conv_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& base,
       "\nfused decode step (gdn_decode + options.conv) HV=32 H=16 K=V=128 W=4 bf16, f32 state; "
       "median GPU us, cold; empty kernel %.2f us\n%6s | %12s | %18s | %12s | %8s | %s\n",
       empty_us, "B", "gdn_decode", "conv + gdn_decode", "fused", "check", "fused vs alone + 1 us");
+  // KJIT_GDN_BENCH_FUSED_CLUSTERS="1,2,4,8": also each forced cluster size at every batch.
+  std::vector<int> forced_clusters;
+  if (const char* list = std::getenv("KJIT_GDN_BENCH_FUSED_CLUSTERS")) {
+    for (const char* at = list; *at != '\0';) {
+      char* end = nullptr;
+      const long value = std::strtol(at, &end, 10);
+      if (end == at) break;
+      forced_clusters.push_back(static_cast<int>(value));
+      at = *end == ',' ? end + 1 : end;
+    }
+  }
   bool all_ok = true;
-  for (std::int64_t batch : {1, 4, 16, 256}) {
+  for (std::int64_t batch : {1, 4, 16, 64, 256}) {
     const std::size_t step_bytes = slot_bytes * static_cast<std::size_t>(batch);
     const std::int64_t rotations =
         std::max<std::int64_t>(1, static_cast<std::int64_t>(kRotationBytes / step_bytes));
@@ -562,26 +575,37 @@ bool fused_conv_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& base,
       kjit::gdn_decode(v_y, v_a, v_b, v_alog, v_dtb, v_pool_a, indices_for(rotation), v_out_seq,
                        base, stream);
     };
-    const auto fused_step = [&](std::int64_t rotation, kjit::Stream stream) {
+    const auto fused_step_with = [&](const kjit::GdnDecodeOptions& options, std::int64_t rotation,
+                                     kjit::Stream stream) {
       kjit::gdn_decode(v_x, v_a, v_b, v_alog, v_dtb, v_pool_b, indices_for(rotation), v_out_fused,
-                       fused, stream);
+                       options, stream);
+    };
+    const auto fused_step = [&](std::int64_t rotation, kjit::Stream stream) {
+      fused_step_with(fused, rotation, stream);
     };
 
-    // Check: one call of each on identical pools.
-    sequence(0, gpu.stream);
-    fused_step(0, gpu.stream);
-    gpu.synchronize();
-    bool ok = download<std::uint8_t>(conv_a, 0, conv_a.bytes()) ==
-              download<std::uint8_t>(conv_b, 0, conv_b.bytes());
-    double max_err = 0;
-    {
+    // Check: one call of the sequence and one of the fused step (with `options`) on identical
+    // pools (b made a copy of a first): conv pools bytewise, out and sampled state rows within
+    // rounding.
+    const auto check_fused = [&](const kjit::GdnDecodeOptions& options, double* max_err) {
+      for (auto [from, to] : {std::pair{&pool_a, &pool_b}, std::pair{&conv_a, &conv_b}}) {
+        kjit::bench::check(kjit::bench::cu().cuMemcpyDtoDAsync(to->ptr(), from->ptr(),
+                                                               from->bytes(), gpu.cu_stream()),
+                           "cuMemcpyDtoDAsync");
+      }
+      sequence(0, gpu.stream);
+      fused_step_with(options, 0, gpu.stream);
+      gpu.synchronize();
+      bool same = download<std::uint8_t>(conv_a, 0, conv_a.bytes()) ==
+                  download<std::uint8_t>(conv_b, 0, conv_b.bytes());
+      *max_err = 0;
       const auto got = download<std::uint16_t>(out_fused, 0, out_fused.bytes() / 2);
       const auto want = download<std::uint16_t>(out_seq, 0, out_seq.bytes() / 2);
       for (std::size_t i = 0; i < got.size(); ++i) {
         const double g = kjit::support::bf16_to_float(got[i]);
         const double w = kjit::support::bf16_to_float(want[i]);
-        max_err = std::max(max_err, std::fabs(g - w));
-        if (!(std::fabs(g - w) <= 2e-2 + 1e-2 * std::fabs(w))) ok = false;
+        *max_err = std::max(*max_err, std::fabs(g - w));
+        if (!(std::fabs(g - w) <= 2e-2 + 1e-2 * std::fabs(w))) same = false;
       }
       for (std::int64_t n : {std::int64_t{0}, batch - 1}) {
         const std::size_t at =
@@ -589,10 +613,13 @@ bool fused_conv_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& base,
         const auto sa = download<float>(pool_a, at, slot_bytes / 4);
         const auto sb = download<float>(pool_b, at, slot_bytes / 4);
         for (std::size_t i = 0; i < sa.size(); ++i) {
-          if (!(std::fabs(sa[i] - sb[i]) <= 1e-4 + 1e-4 * std::fabs(sa[i]))) ok = false;
+          if (!(std::fabs(sa[i] - sb[i]) <= 1e-4 + 1e-4 * std::fabs(sa[i]))) same = false;
         }
       }
-    }
+      return same;
+    };
+    double max_err = 0;
+    const bool ok = check_fused(fused, &max_err);
     all_ok = all_ok && ok;
 
     std::int64_t call = 0;
@@ -626,6 +653,35 @@ bool fused_conv_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& base,
           "B=1 kernel durations (CUPTI): fused %.2f us, gdn_decode alone %.2f us, empty kernel "
           "%.2f us\n",
           timed.call, alone.call, timed.empty);
+    }
+    // The fused step with each forced cluster size (KJIT_GDN_BENCH_FUSED_CLUSTERS), each checked
+    // like the planner's first: where the planner's cluster rule should switch.
+    for (int cluster : forced_clusters) {
+      kjit::GdnDecodeOptions forced = fused;
+      forced.conv->force_cluster = cluster;
+      try {
+        kjit::plan_gdn_decode(v_x, v_a, v_b, v_alog, v_dtb, v_pool_b, indices_for(0), v_out_fused,
+                              forced, gpu.limits);
+      } catch (const kjit::PlanError& error) {
+        std::printf("%6s   force_cluster=%d skipped: %s\n", "", cluster, error.what());
+        continue;
+      }
+      double forced_err = 0;
+      const bool forced_ok = check_fused(forced, &forced_err);
+      all_ok = all_ok && forced_ok;
+      kjit::bench::flush_l2(gpu);
+      const double forced_us = kjit::bench::median_gpu_us(
+          gpu, [&](kjit::Stream stream) { fused_step_with(forced, call++ % rotations, stream); });
+      std::printf("%6s   force_cluster=%d: fused %.2f us (x%.3f of the planner's), %s\n", "",
+                  cluster, forced_us, fused_us / forced_us, forced_ok ? "ok" : "FAILED");
+      if (json != nullptr) {
+        std::fprintf(json,
+                     "{\"op\":\"gdn_decode_fused_conv\",\"B\":%lld,\"force_cluster\":%d,"
+                     "\"fused_us\":%.3f,\"planner_fused_us\":%.3f,\"check\":%s,"
+                     "\"max_err\":%.3e}\n",
+                     static_cast<long long>(batch), cluster, forced_us, fused_us,
+                     forced_ok ? "true" : "false", forced_err);
+      }
     }
     std::fflush(stdout);
     if (json != nullptr) {

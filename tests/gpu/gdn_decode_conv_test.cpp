@@ -42,14 +42,17 @@ struct Case {
   /// Every invalid_every-th row is padding (0: none); row 2 (when B > 4) has an index >= slots.
   std::int64_t invalid_every = 4;
   int steps = 3;
+  /// options.conv->force_cluster (0: the planner's choice).
+  int force_cluster = 0;
 
   std::string str() const {
     return fmt::format(
         "B={} H={} HV={} K={} V={} W={} L={}{} qkv={} state={} weight={} conv={} index={} "
-        "gated={} bias={} silu={} rule={}",
+        "gated={} bias={} silu={} rule={} force_cluster={}",
         batch, heads, value_heads, k, v, width, columns, channel_major ? " (channel-major)" : "",
         to_string(qkv), to_string(state), to_string(weight), to_string(conv), to_string(index),
-        gated, bias, silu, rule == GdnInvalidIndex::negative ? "negative" : "nonpositive");
+        gated, bias, silu, rule == GdnInvalidIndex::negative ? "negative" : "nonpositive",
+        force_cluster);
   }
 };
 
@@ -131,6 +134,7 @@ void run_case(const Case& c) {
   GdnDecodeOptions fused = options;
   fused.conv = GdnDecodeConv{weight.view(true), c.bias ? bias.view(true) : TensorView{},
                              conv_fused.view(true), conv_options.activation};
+  fused.conv->force_cluster = c.force_cluster;
   GdnDecodeOptions ref_options = options;
   ref_options.conv = GdnDecodeConv{weight.view(false), c.bias ? bias.view(false) : TensorView{},
                                    conv_ref.view(false), conv_options.activation};
@@ -251,6 +255,27 @@ TEST_CASE("gdn_decode fused conv gpu: Qwen3-Next shape at B = 1, 3, 256 vs the t
     c.batch = batch;
     run_case(c);
   }
+}
+
+TEST_CASE("gdn_decode fused conv gpu: forced clusters at large batches and none at B = 1") {
+  // Clusters where the planner takes none (B = 256: 4096 clusters of 8, 8192 of 2; B = 70000
+  // with HV = H: 70000 clusters of 4 past 65535 in x), and none where it takes 8 (B = 1).
+  for (const auto& [batch, cluster] : {std::pair<std::int64_t, int>{256, 8}, {256, 2}, {1, 1}}) {
+    Case c;
+    c.batch = batch;
+    c.force_cluster = cluster;
+    c.steps = 2;
+    run_case(c);
+  }
+  Case c;
+  c.batch = 70000;
+  c.heads = 1;
+  c.value_heads = 1;
+  c.k = 64;
+  c.v = 16;
+  c.force_cluster = 4;
+  c.steps = 1;
+  run_case(c);
 }
 
 TEST_CASE("gdn_decode fused conv gpu: odd sizes, dtypes, rules, forms") {

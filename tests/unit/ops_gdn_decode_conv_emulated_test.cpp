@@ -260,10 +260,12 @@ TEST_CASE("gdn_decode fused conv emulated: f32 state in 16-byte vectors over thr
 }
 
 TEST_CASE("gdn_decode fused conv emulated: clusters of 8 (B = 5 on 132 SMs), blocks at once") {
-  // 10 (row, q/k head) blocks < 2 per SM: each is a cluster of 8 blocks of 8 state rows and
+  // 5 (row, q/k head) blocks < 2 per SM: each is a cluster of 8 blocks of 8 state rows and
   // 8 of the 64 q/k channels, two warps each; the cluster's blocks run at once, meeting at the
-  // cluster barrier.
+  // cluster barrier and reading each other's q/k conv outputs.
   Case c;
+  c.heads = 1;
+  c.value_heads = 2;
   c.sm_count = 132;
   run(c,
       "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=f32,state=f32,out=bf16,index=i32,"
@@ -273,25 +275,27 @@ TEST_CASE("gdn_decode fused conv emulated: clusters of 8 (B = 5 on 132 SMs), blo
                             __nv_bfloat16, 32, 32, 4, 2, false, kGdnInvalidNegative, true, 1, 8>);
 }
 
-TEST_CASE("gdn_decode fused conv emulated: clusters of 4, 16-byte state, channel-major pool") {
-  // 5 blocks on 10 SMs: clusters of 4 (20 blocks = 2 per SM); 32 rows per block over 8 warps,
-  // 64 of the 256 q/k channels; f32 conv pool [slots, L, D] with a column past W - 1.
+TEST_CASE("gdn_decode fused conv emulated: clusters of 4, 8-byte state, channel-major pool") {
+  // 4 blocks on 8 SMs: clusters of 4 (16 blocks = 2 per SM); 32 rows per block over 8 warps,
+  // 32 of the 128 q/k channels; f32 conv pool [slots, L, D] with a column past W - 1. (Small
+  // enough for CI's ThreadSanitizer stage, which runs this file.)
   Case c;
-  c.k = 128;
+  c.k = 64;
   c.v = 32;
   c.heads = 1;
   c.value_heads = 4;
-  c.sm_count = 10;
+  c.batch = 4;
+  c.sm_count = 8;
   c.conv = c.weight = DType::f32;
   c.channel_major_pool = true;
   c.columns = 4;
   c.rule = GdnInvalidIndex::nonpositive;
   run(c,
       "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=f32,state=f32,out=bf16,index=i32,"
-      "weight=f32,conv_state=f32,k=128,v=32,width=4,warps=8,gated=0,l2norm=1,"
-      "invalid=nonpositive,silu=1,state_vec=4,cluster=4@sm_90",
-      &emulated_conv_kernel<__nv_bfloat16, __nv_bfloat16, float, __nv_bfloat16, float, float, 128,
-                            32, 4, 8, false, kGdnInvalidNonpositive, true, 4, 4>);
+      "weight=f32,conv_state=f32,k=64,v=32,width=4,warps=8,gated=0,l2norm=1,"
+      "invalid=nonpositive,silu=1,state_vec=2,cluster=4@sm_90",
+      &emulated_conv_kernel<__nv_bfloat16, __nv_bfloat16, float, __nv_bfloat16, float, float, 64,
+                            32, 4, 8, false, kGdnInvalidNonpositive, true, 2, 4>);
 }
 
 }  // namespace

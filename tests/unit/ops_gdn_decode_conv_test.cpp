@@ -130,6 +130,75 @@ TEST_CASE("gdn_decode fused conv plan: clusters only on sm_90 and later, only ev
   }
 }
 
+TEST_CASE("gdn_decode fused conv plan: options.conv->force_cluster") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  const auto forced = [](const Views& w, int cluster) {
+    GdnDecodeOptions options = conv_options(w);
+    options.conv->force_cluster = cluster;
+    return options;
+  };
+  // B = 256 would take no cluster: forced to 4, 4096 clusters of 4 blocks of 64 rows.
+  {
+    const Views w = views(256);
+    const Plan p = plan(w, forced(w, 4), h200);
+    CHECK(p.launches[0].shape.cluster == Dim3{4, 1, 1});
+    CHECK(p.launches[0].shape.grid.x == 256 * 16 * 4);
+    CHECK(p.launches[0].spec.get("cluster") == "4");
+    CHECK(p.explain().find("forced (options.conv->force_cluster = 4)") != std::string::npos);
+    for (const LimitCheck& check : p.launches[0].checks) CHECK(check.ok());
+  }
+  // 70000 rows of one head (the GPU test's case): 280000 blocks in clusters of 4, grid x only.
+  {
+    const Views w = views(70000, 1, 1, 64, 16);
+    const Plan p = plan(w, forced(w, 4), h200);
+    CHECK(p.launches[0].shape.grid == Dim3{280000, 1, 1});
+    CHECK(p.launches[0].shape.cluster == Dim3{4, 1, 1});
+    for (const LimitCheck& check : p.launches[0].checks) CHECK(check.ok());
+  }
+  // B = 1 would take clusters of 8: forced to 1, one block per (row, q/k head), as on sm_80.
+  {
+    const Views w = views(1);
+    const Plan p = plan(w, forced(w, 1), h200);
+    CHECK(p.launches[0].shape.cluster == Dim3{});
+    CHECK(p.launches[0].spec.get_or("cluster", "1") == "1");
+    CHECK(p.launches[0].shape.grid.x == 16);
+    CHECK(p.launches[0].shape.block.x == 1024);  // 16 blocks < 4 per SM: 32 warps each
+    CHECK(p.explain().find("no cluster: forced (options.conv->force_cluster = 1)") !=
+          std::string::npos);
+  }
+  // Refused: a size that is not 0, 1, 2, 4, 8 (argument), clusters before sm_90 and splits of
+  // fewer than 4 rows (plan).
+  {
+    const Views w = views(1);
+    try {
+      plan(w, forced(w, 3), h200);
+      FAIL("force_cluster = 3 was accepted");
+    } catch (const InvalidArgument& error) {
+      CHECK(std::string(error.what())
+                .find("options.conv->force_cluster = 3 is not accepted; "
+                      "accepted: 0 (the planner's choice), 1 (no cluster), "
+                      "2, 4 or 8") != std::string::npos);
+    }
+    try {
+      plan(w, forced(w, 2), DeviceLimits::for_arch(Arch{8, 9}));
+      FAIL("a cluster on sm_89 was planned");
+    } catch (const PlanError& error) {
+      CHECK(std::string(error.what())
+                .find("force_cluster = 2 needs thread-block clusters (sm_90 "
+                      "or later); the device is sm_89") != std::string::npos);
+    }
+    const Views small = views(1, 16, 16, 16, 16);  // 16 state rows per group
+    try {
+      plan(small, forced(small, 8), h200);
+      FAIL("2 rows per block were planned");
+    } catch (const PlanError& error) {
+      CHECK(std::string(error.what())
+                .find("force_cluster = 8 does not split the group's 16 "
+                      "state rows") != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("gdn_decode_conv specs: clusters of 1, 2, 4, 8 blocks, only from sm_90") {
   const std::string base =
       "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=bf16,state=f32,out=bf16,index=i32,"

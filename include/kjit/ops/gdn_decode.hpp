@@ -62,6 +62,10 @@ struct GdnDecodeConv {
   TensorView conv_state;
   /// silu (Qwen3-Next's layers) or none.
   ConvActivation activation = ConvActivation::silu;
+  /// 0 lets the planner choose; otherwise the blocks per (row, q/k head): 1 (no cluster), or a
+  /// cluster of 2, 4 or 8 (sm_90 and later, V * HV / H state rows and 2K channels splitting
+  /// evenly with at least 4 rows per block; PlanError otherwise). For tests and tuning.
+  int force_cluster = 0;
 };
 
 /// Options of gdn_decode / gdn_decode_gated and their plan twins.
@@ -108,9 +112,11 @@ struct GdnDecodeOptions {
   GdnRowOrder row_order = GdnRowOrder::automatic;
   /// Set: the fused decode step (conv update + delta rule in one kernel; see GdnDecodeConv).
   /// It runs its own kernel (gdn_decode_conv: one block per (row, q/k head), which owns every
-  /// channel it convolves, so each conv-pool column has one reader and writer; B * H blocks, at
-  /// most 2^31 - 1, and the conv output of a block's channels in shared memory, else a
-  /// PlanError), a K-contiguous state pool only; force_mode, force_bv, force_stages,
+  /// channel it convolves, so each conv-pool column has one reader and writer; on sm_90 and
+  /// later a small batch's (row, q/k head) is a cluster of 2-8 blocks that share their q/k conv
+  /// outputs through the cluster's shared memory; B * H blocks (times the cluster), at most
+  /// 2^31 - 1, and the conv output of a block's channels in shared memory, else a PlanError), a
+  /// K-contiguous state pool only; force_mode, force_bv, force_stages,
   /// force_blocks_per_sm, force_cache_hints and row_order = by_slot do not apply to it
   /// (InvalidArgument).
   std::optional<GdnDecodeConv> conv;

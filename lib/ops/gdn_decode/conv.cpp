@@ -24,18 +24,41 @@ constexpr std::int64_t kManyBlocksPerSm = 4;
 /// (sm_90 and later): 16 blocks at B = 1 (Qwen3-Next) stream the state through 16 of 132 SMs.
 constexpr std::int64_t kClusterBelowBlocksPerSm = 2;
 
-/// Blocks per cluster (1: no cluster): the smallest of 2, 4, 8 that gives at least
-/// kClusterBelowBlocksPerSm blocks per SM, or 8; only sizes that split the group's state rows and
-/// q/k channels evenly, with at least 4 rows per block.
+/// Whether a cluster of `c` blocks splits the group's `rows` state rows and 2K q/k channels
+/// evenly with at least 4 rows per block.
+bool cluster_splits(const decode::Problem& p, std::int64_t rows, int c) {
+  return rows % c == 0 && rows / c >= 4 && 2 * p.k % c == 0;
+}
+
+/// Blocks per cluster (1: no cluster): options.conv->force_cluster where set (PlanError where it
+/// cannot launch), else the smallest of 2, 4, 8 that gives at least kClusterBelowBlocksPerSm
+/// blocks per SM, or 8; only sizes that split the group's state rows and q/k channels evenly,
+/// with at least 4 rows per block.
 int cluster_blocks(const ConvProblem& cp, const DeviceLimits& device) {
   const decode::Problem& p = cp.step;
   const std::int64_t blocks = p.batch * p.heads;
   const std::int64_t sms = std::max(device.sm_count, 1);
-  if (device.arch.sm() < 90 || blocks >= kClusterBelowBlocksPerSm * sms) return 1;
   const std::int64_t rows = p.value_heads / p.heads * p.v;
+  if (cp.force_cluster > 1) {
+    if (device.arch.sm() < 90) {
+      throw PlanError(fmt::format(
+          "{}: options.conv->force_cluster = {} needs thread-block clusters (sm_90 or later); "
+          "the device is {}",
+          op_name(p.form), cp.force_cluster, device.arch.str()));
+    }
+    if (!cluster_splits(p, rows, cp.force_cluster)) {
+      throw PlanError(fmt::format(
+          "{}: options.conv->force_cluster = {} does not split the group's {} state rows (V * HV "
+          "/ H) and {} q/k channels evenly with at least 4 rows per block",
+          op_name(p.form), cp.force_cluster, rows, 2 * p.k));
+    }
+    return cp.force_cluster;
+  }
+  if (cp.force_cluster == 1) return 1;
+  if (device.arch.sm() < 90 || blocks >= kClusterBelowBlocksPerSm * sms) return 1;
   int chosen = 1;
   for (int c : {2, 4, 8}) {
-    if (rows % c != 0 || rows / c < 4 || 2 * p.k % c != 0) break;
+    if (!cluster_splits(p, rows, c)) break;
     chosen = c;
     if (blocks * c >= kClusterBelowBlocksPerSm * sms) break;
   }
@@ -95,7 +118,7 @@ ConvProblem ConvFamily::check(const Args& args) {
   }
   c.not_null("options.conv->weight", weight, /*empty_may_be_null=*/false);
   c.element_aligned("options.conv->weight", weight);
-  cp.width = static_cast<std::int32_t>(weight.shape[1]);
+  cp.width = static_cast<std::int16_t>(weight.shape[1]);
   cp.weight = weight.dtype;
   cp.weight_channel_stride = weight.strides[0];
   cp.weight_tap_stride = weight.strides[1];
@@ -134,6 +157,14 @@ ConvProblem ConvFamily::check(const Args& args) {
                     op_name(form), static_cast<int>(conv.activation)));
   }
   cp.silu = conv.activation == ConvActivation::silu;
+  if (conv.force_cluster != 0 && conv.force_cluster != 1 && conv.force_cluster != 2 &&
+      conv.force_cluster != 4 && conv.force_cluster != 8) {
+    throw InvalidArgument(fmt::format(
+        "{}: options.conv->force_cluster = {} is not accepted; accepted: 0 (the planner's "
+        "choice), 1 (no cluster), 2, 4 or 8 blocks per (row, q/k head)",
+        op_name(form), conv.force_cluster));
+  }
+  cp.force_cluster = static_cast<std::int16_t>(conv.force_cluster);
   return cp;
 }
 
@@ -154,13 +185,19 @@ Planned<ConvChoice> ConvFamily::plan(const ConvProblem& cp, const DeviceLimits& 
       "conv-pool column has one reader and writer",
       blocks, 2 * p.k + rows, group));
   const int cluster = cluster_blocks(cp, device);
+  const std::string why_cluster =
+      cp.force_cluster != 0
+          ? fmt::format("forced (options.conv->force_cluster = {})", cp.force_cluster)
+          : fmt::format("{} blocks < {} per SM ({} SMs)", blocks, kClusterBelowBlocksPerSm, sms);
   if (cluster > 1) {
     plan.reasons.push_back(fmt::format(
-        "clusters of {} blocks per (row, q/k head): {} blocks < {} per SM ({} SMs), so each "
-        "block of a cluster takes {} of the group's {} state rows and {} of its {} q/k channels, "
-        "and reads the other q/k conv outputs from the cluster's shared memory",
-        cluster, blocks, kClusterBelowBlocksPerSm, sms, rows / cluster, rows, 2 * p.k / cluster,
-        2 * p.k));
+        "clusters of {} blocks per (row, q/k head): {}, so each block of a cluster takes {} of "
+        "the group's {} state rows and {} of its {} q/k channels, and reads the other q/k conv "
+        "outputs from the cluster's shared memory",
+        cluster, why_cluster, rows / cluster, rows, 2 * p.k / cluster, 2 * p.k));
+  } else if (cp.force_cluster == 1) {
+    plan.reasons.push_back(
+        fmt::format("one block per (row, q/k head), no cluster: {}", why_cluster));
   }
   // With clusters, the warps follow the block's rows: two register sets of 4 rows per warp
   // cover them in one pass.

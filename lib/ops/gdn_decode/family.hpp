@@ -157,7 +157,9 @@ struct ConvProblem {
   Problem step;
   std::int64_t weight_channel_stride = 0, weight_tap_stride = 0, bias_stride = 0;
   std::int64_t conv_slot_stride = 0, conv_channel_stride = 0, conv_column_stride = 0;
-  std::int32_t width = 0;
+  std::int16_t width = 0;
+  /// GdnDecodeConv::force_cluster (0: the planner's choice).
+  std::int16_t force_cluster = 0;
   DType weight = DType::f32, conv_state = DType::f32;
   bool has_bias = false;
   bool silu = true;
