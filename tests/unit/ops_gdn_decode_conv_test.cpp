@@ -58,13 +58,19 @@ Plan plan(const Views& w, const GdnDecodeOptions& options,
                          device);
 }
 
-std::string rejection(const Views& w, const GdnDecodeOptions& options) {
+/// The message of the E that planning throws, empty if it throws none.
+template <typename E>
+std::string failure(const Views& w, const GdnDecodeOptions& options, const DeviceLimits& device) {
   try {
-    plan(w, options);
-  } catch (const InvalidArgument& error) {
+    plan(w, options, device);
+  } catch (const E& error) {
     return error.what();
   }
   return {};
+}
+
+std::string rejection(const Views& w, const GdnDecodeOptions& options) {
+  return failure<InvalidArgument>(w, options, DeviceLimits::for_arch(Arch{9, 0}));
 }
 
 TEST_CASE("gdn_decode fused conv plan: one gdn_decode_conv launch per (row, q/k head)") {
@@ -168,35 +174,17 @@ TEST_CASE("gdn_decode fused conv plan: options.conv->force_cluster") {
   }
   // Refused: a size that is not 0, 1, 2, 4, 8 (argument), clusters before sm_90 and splits of
   // fewer than 4 rows (plan).
-  {
-    const Views w = views(1);
-    try {
-      plan(w, forced(w, 3), h200);
-      FAIL("force_cluster = 3 was accepted");
-    } catch (const InvalidArgument& error) {
-      CHECK(std::string(error.what())
-                .find("options.conv->force_cluster = 3 is not accepted; "
-                      "accepted: 0 (the planner's choice), 1 (no cluster), "
-                      "2, 4 or 8") != std::string::npos);
-    }
-    try {
-      plan(w, forced(w, 2), DeviceLimits::for_arch(Arch{8, 9}));
-      FAIL("a cluster on sm_89 was planned");
-    } catch (const PlanError& error) {
-      CHECK(std::string(error.what())
-                .find("force_cluster = 2 needs thread-block clusters (sm_90 "
-                      "or later); the device is sm_89") != std::string::npos);
-    }
-    const Views small = views(1, 16, 16, 16, 16);  // 16 state rows per group
-    try {
-      plan(small, forced(small, 8), h200);
-      FAIL("2 rows per block were planned");
-    } catch (const PlanError& error) {
-      CHECK(std::string(error.what())
-                .find("force_cluster = 8 does not split the group's 16 "
-                      "state rows") != std::string::npos);
-    }
-  }
+  const Views w = views(1);
+  CHECK(failure<InvalidArgument>(w, forced(w, 3), h200)
+            .find("options.conv->force_cluster = 3 is not accepted; accepted: 0 (the planner's "
+                  "choice), 1 (no cluster), 2, 4 or 8") != std::string::npos);
+  CHECK(failure<PlanError>(w, forced(w, 2), DeviceLimits::for_arch(Arch{8, 9}))
+            .find("force_cluster = 2 needs thread-block clusters (sm_90 or later); the device is "
+                  "sm_89") != std::string::npos);
+  const Views small = views(1, 16, 16, 16, 16);  // 16 state rows per group
+  CHECK(failure<PlanError>(small, forced(small, 8), h200)
+            .find("force_cluster = 8 does not split the group's 16 state rows") !=
+        std::string::npos);
 }
 
 TEST_CASE("gdn_decode_conv specs: clusters of 1, 2, 4, 8 blocks, only from sm_90") {
