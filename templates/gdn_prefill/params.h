@@ -297,13 +297,15 @@ inline constexpr int kGdnPrefillWsStages = 3;
 /// 3, 4 and 5 take one part out: the chunk warpgroup's copies (the stages keep what they held),
 /// its decay pass (A and P^T), the inverse (since e0d91e9 a state warpgroup's); 8, 6
 /// and 7 take the same part out of the chunk warpgroup alone (as 2, where the inverse no longer
-/// runs at all).
+/// runs at all). Values from 9 on are the whole kernel with a switch of their own (branches'
+/// measurement builds); the chunk warpgroup runs alone only at 2, 6, 7 and 8.
 #ifndef KJIT_GDN_WS_PACE
 #define KJIT_GDN_WS_PACE 0
 #endif
 /// What a KJIT_GDN_WS_PACE build leaves out.
 inline constexpr bool kGdnWsStateAlone = KJIT_GDN_WS_PACE == 1;
-inline constexpr bool kGdnWsChunkAlone = KJIT_GDN_WS_PACE == 2 || KJIT_GDN_WS_PACE >= 6;
+inline constexpr bool kGdnWsChunkAlone =
+    KJIT_GDN_WS_PACE == 2 || (KJIT_GDN_WS_PACE >= 6 && KJIT_GDN_WS_PACE <= 8);
 inline constexpr bool kGdnWsNoCopies = KJIT_GDN_WS_PACE == 3 || KJIT_GDN_WS_PACE == 8;
 inline constexpr bool kGdnWsNoDecay = KJIT_GDN_WS_PACE == 4 || KJIT_GDN_WS_PACE == 6;
 inline constexpr bool kGdnWsNoInverse = KJIT_GDN_WS_PACE == 5 || KJIT_GDN_WS_PACE == 7;
