@@ -7,7 +7,7 @@
 #            processes sharing the cache, the NVRTC pool, the runtime; a TSan tree builds only
 #            those), ops_gdn_prefill_sm90_emulated_test.cpp (the sm_90a kernels' emulated threads,
 #            as TSan fibers), ops_gdn_decode_conv_emulated_test.cpp (the fused decode step's
-#            clustered blocks at once, ordered by the cluster barrier)
+#            clustered blocks at once, their conv-pool columns ordered by the cluster barrier)
 #            and the stress tests; the other op, planner and codegen tests are
 #            single-threaded and left to ASan;
 #   Both run the compile sweeps of compile_nvrtc_test.cpp on a sample of their specs

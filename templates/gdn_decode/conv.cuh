@@ -26,9 +26,13 @@
 //
 // Clustered form (kCluster = C > 1, sm_90, a cluster of C consecutive blocks per (row, q/k
 // head)): block r of the cluster takes the group's state rows [r R / C, (r + 1) R / C) with
-// their v channels, and q/k channels [r 2K / C, (r + 1) 2K / C), so each channel still has one
-// reader and writer; after the cluster barrier every block copies the q/k conv outputs of the
-// others from their shared memory. A small batch then spreads its state over C times more SMs.
+// their v channels (their only reader and writer), and convolves all 2K q/k channels itself, so
+// nothing passes between the blocks before the step. The q/k pool columns have C readers: each
+// block arrives at the cluster barrier once it has read them, and writes its share, channels
+// [r 2K / C, (r + 1) 2K / C) (kept in shared memory meanwhile), only after waiting for it at its
+// end, when the step is done. A small batch then spreads its state over C times more SMs, with
+// no cluster barrier between the pool reads and the state arithmetic (the form before met at one
+// and copied the other blocks' q/k outputs from their shared memory there).
 #pragma once
 
 #include "templates/common/cluster.cuh"
@@ -84,10 +88,11 @@ __device__ __forceinline__ void store_state_vec(T* dst, const float (&src)[kVec]
 
 }  // namespace gdn_decode_conv_detail
 
-/// The body of gdn_decode_conv_kernel for block blockIdx.x = n * H + h, with `smem` the block's
-/// shared memory (gdn_decode_conv_smem_floats floats: q [K], k [K], v [G V], alpha [G],
-/// beta [G]). Separate from the __global__ entry so a host test can run it with memory of its
-/// own.
+/// The body of gdn_decode_conv_kernel for block blockIdx.x = (n * H + h) * C + r, with `smem`
+/// the block's shared memory (gdn_decode_conv_smem_floats floats: q [K], k [K], v [G V],
+/// alpha [G], beta [G], and with clusters the new q/k pool columns of its share
+/// [2K / C][W - 1]). Separate from the __global__ entry so a host test can run it with memory of
+/// its own.
 template <typename QkvT, typename GateT, typename ALogT, typename DtBiasT, typename StateT,
           typename OutT, typename IndexT, typename WeightT, typename ConvT, int kK, int kV,
           int kWidth, int kWarps, bool kGated, bool kL2Norm, int kInvalidRule, bool kSilu,
@@ -117,13 +122,15 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
   const u32 n = static_cast<u32>(block / p.num_heads);
   const u32 h = static_cast<u32>(block % p.num_heads);
   const int rows = static_cast<int>(group) * kV;  // state rows (and v channels) of the group
-  // This block's part: q/k channels [qk_begin, qk_begin + qk_count) and state rows (v channels)
-  // [row_begin, row_end). The planner clusters only groups whose rows split evenly.
-  constexpr int qk_count = 2 * kK / kCluster;
-  const int qk_begin = static_cast<int>(rank) * qk_count;
+  // This block's part: state rows (v channels) [row_begin, row_end), and the q/k channels whose
+  // pool columns it writes, [qk_begin, qk_begin + qk_share) (all 2K without clusters). It
+  // convolves all 2K q/k channels and its v channels. The planner clusters only groups whose
+  // rows split evenly.
+  constexpr int qk_share = 2 * kK / kCluster;
+  const int qk_begin = static_cast<int>(rank) * qk_share;
   const int row_begin = static_cast<int>(rank) * (rows / kCluster);
   const int row_end = row_begin + rows / kCluster;
-  const int channels = qk_count + (row_end - row_begin);
+  const int channels = 2 * kK + (row_end - row_begin);
   const int tid = static_cast<int>(threadIdx.x);
   const int threads = kWarps * 32;
 
@@ -132,12 +139,15 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
   float* v_s = smem + 2 * kK;
   float* alpha_s = v_s + rows;
   float* beta_s = alpha_s + group;
+  // With clusters: the new pool columns of the block's q/k share, written after the cluster
+  // barrier ([qk_share][W - 1], each channel's columns in pool order).
+  float* qk_columns_s = beta_s + group;
 
   // The block's i-th channel is the group's channel t = slot_of(i) (q/k first, then v; also its
   // float in shared memory), global channel h K + t (q), H K + h K + t - K (k) or
   // 2 H K + h G V + t - 2K (v).
   const auto slot_of = [&](int i) -> int {
-    return i < qk_count ? qk_begin + i : 2 * kK + row_begin + (i - qk_count);
+    return i < 2 * kK ? i : 2 * kK + row_begin + (i - 2 * kK);
   };
   const auto channel = [&](int t) -> i64 {
     if (t < kK) return static_cast<i64>(h) * kK + t;
@@ -236,26 +246,27 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
       acc += gdn::to_f32(weight[c * p.weight_channel_stride + j * p.weight_tap_stride]) * hist[j];
     }
     if constexpr (kSilu) acc = __fdividef(acc, 1.0f + __expf(-acc));
+    const float x_new = gdn::to_f32(x_row[c]);
+    if (kCluster == 1 || t >= 2 * kK) {
       // This thread is the channel's only reader, so it may overwrite the columns it read.
 #pragma unroll
-    for (int j = 0; j + 1 < kWidth - 1; ++j) {
-      column[j * p.conv_column_stride] = gdn::from_f32<ConvT>(hist[j + 1]);
+      for (int j = 0; j + 1 < kWidth - 1; ++j) {
+        column[j * p.conv_column_stride] = gdn::from_f32<ConvT>(hist[j + 1]);
+      }
+      column[(kWidth - 2) * p.conv_column_stride] = gdn::from_f32<ConvT>(x_new);
+    } else if (t - qk_begin >= 0 && t - qk_begin < qk_share) {
+      // A q/k channel of this block's share: the other blocks of the cluster read its columns
+      // too, so the new ones wait in shared memory for the cluster barrier (end of the kernel).
+      float* staged = qk_columns_s + (t - qk_begin) * (kWidth - 1);
+#pragma unroll
+      for (int j = 0; j + 1 < kWidth - 1; ++j) staged[j] = hist[j + 1];
+      staged[kWidth - 2] = x_new;
     }
-    column[(kWidth - 2) * p.conv_column_stride] = gdn::from_f32<ConvT>(gdn::to_f32(x_row[c]));
     smem[t] = gdn::to_f32(gdn::from_f32<QkvT>(acc));
   }
-  if constexpr (kCluster > 1) {
-    // Every block's q/k conv outputs are in its shared memory once the cluster has met; copy the
-    // other blocks' parts. The second arrival (after the copies) lets each block leave only when
-    // no other block still reads its shared memory (waited for at the end of the kernel).
-    cluster::arrive();
-    cluster::wait();
-    for (int t = tid; t < 2 * kK; t += threads) {
-      const u32 owner = static_cast<u32>(t / qk_count);
-      if (owner != rank) smem[t] = cluster::load_peer(smem + t, owner);
-    }
-    cluster::arrive();
-  }
+  // This block has read its q/k history (release: those reads come before any block's writes of
+  // the new columns, which follow its wait).
+  if constexpr (kCluster > 1) cluster::arrive();
   __syncthreads();
 
   // Phase 2: norms and k.q, per warp (K / 32 elements per lane).
@@ -325,7 +336,16 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
     if (base + 2 * kStep < row_end) load_rows(xa, base + 2 * kStep);
     update_rows(xb, base + kStep);
   }
-  if constexpr (kCluster > 1) cluster::wait();
+  if constexpr (kCluster > 1) {
+    // Every block of the cluster has read the q/k history once all have arrived: this block's
+    // share of the new columns replaces it (consecutive threads on consecutive columns).
+    cluster::wait();
+    for (int e = tid; e < qk_share * (kWidth - 1); e += threads) {
+      const int i = e / (kWidth - 1), j = e % (kWidth - 1);
+      pool[channel(qk_begin + i) * p.conv_channel_stride + j * p.conv_column_stride] =
+          gdn::from_f32<ConvT>(qk_columns_s[e]);
+    }
+  }
 }
 
 template <typename QkvT, typename GateT, typename ALogT, typename DtBiasT, typename StateT,

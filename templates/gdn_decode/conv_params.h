@@ -59,9 +59,11 @@ constexpr int gdn_decode_conv_rows_per_set(int k) { return k <= 128 ? 4 : 1; }
 
 #ifndef __CUDACC_RTC__
 /// Shared-memory floats of one block of the fused step: q [K], k [K], v [G V], alpha [G],
-/// beta [G] (G = HV / H).
-constexpr long long gdn_decode_conv_smem_floats(long long k, long long v, long long group) {
-  return 2 * k + group * (v + 2);
+/// beta [G] (G = HV / H), and in a cluster of `cluster` > 1 blocks the new pool columns of the
+/// block's share of the q/k channels, [2K / cluster][W - 1].
+constexpr long long gdn_decode_conv_smem_floats(long long k, long long v, long long group,
+                                                long long width, long long cluster) {
+  return 2 * k + group * (v + 2) + (cluster > 1 ? 2 * k / cluster * (width - 1) : 0);
 }
 #endif
 

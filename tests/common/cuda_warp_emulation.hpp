@@ -8,9 +8,8 @@
 // base header: indexing and arithmetic only, not races or the memory model.
 //
 // Thread-block clusters (templates/common/cluster.cuh) run through emulated_launch_clusters: the
-// blocks of a cluster at once, each with shared memory of its own (emulated_block_smem), the
-// cluster barrier's arrive and wait split as on the GPU, and a peer block's shared memory read
-// at the same offset.
+// blocks of a cluster at once, each with shared memory of its own (emulated_block_smem), and the
+// cluster barrier's arrive and wait split as on the GPU.
 #pragma once
 
 #include <barrier>
@@ -47,11 +46,10 @@ struct EmulatedBlock {
 };
 inline thread_local EmulatedBlock* emulated_block = nullptr;
 
-/// The blocks of the cluster being run (rank = blockIdx.x % size), meeting at `barrier`.
+/// The threads of the cluster being run, all its blocks', meeting at `barrier`.
 struct EmulatedCluster {
   explicit EmulatedCluster(unsigned threads) : barrier(threads) {}
   std::barrier<> barrier;
-  std::vector<EmulatedBlock*> blocks;
 };
 inline thread_local EmulatedCluster* emulated_cluster = nullptr;
 /// This thread's arrival at the cluster barrier, until it waits.
@@ -73,14 +71,6 @@ inline void wait() {
   if (emulated_cluster == nullptr || !emulated_cluster_arrival) std::abort();
   emulated_cluster->barrier.wait(std::move(*emulated_cluster_arrival));
   emulated_cluster_arrival.reset();
-}
-inline float load_peer(const float* local, unsigned rank) {
-  if (emulated_cluster == nullptr || rank >= emulated_cluster->blocks.size()) std::abort();
-  const std::ptrdiff_t offset = local - emulated_block->smem.data();
-  if (offset < 0 || offset >= static_cast<std::ptrdiff_t>(emulated_block->smem.size())) {
-    std::abort();  // not this block's shared memory
-  }
-  return emulated_cluster->blocks[rank]->smem[static_cast<std::size_t>(offset)];
 }
 }  // namespace kjit::cluster
 
@@ -148,7 +138,6 @@ void emulated_launch_clusters(void (*kernel)(Params), unsigned grid, unsigned bl
     std::vector<std::unique_ptr<EmulatedBlock>> blocks;
     for (unsigned r = 0; r < cluster; ++r) {
       blocks.push_back(std::make_unique<EmulatedBlock>(block, smem_floats));
-      state.blocks.push_back(blocks.back().get());
     }
     std::vector<std::thread> threads;
     threads.reserve(static_cast<std::size_t>(cluster) * block);

@@ -260,25 +260,26 @@ TEST_CASE("gdn_decode fused conv emulated: f32 state in 16-byte vectors over thr
 }
 
 TEST_CASE("gdn_decode fused conv emulated: clusters of 8 (B = 5 on 132 SMs), blocks at once") {
-  // 5 (row, q/k head) blocks < 2 per SM: each is a cluster of 8 blocks of 8 state rows and
-  // 8 of the 64 q/k channels, two warps each; the cluster's blocks run at once, meeting at the
-  // cluster barrier and reading each other's q/k conv outputs.
+  // 5 (row, q/k head) blocks < 2 per SM: each is a cluster of 8 blocks of 8 state rows that
+  // convolve all 64 q/k channels and write the columns of 8 of them after the cluster barrier;
+  // 4 warps each (72 channels); the cluster's blocks run at once.
   Case c;
   c.heads = 1;
   c.value_heads = 2;
   c.sm_count = 132;
   run(c,
       "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=f32,state=f32,out=bf16,index=i32,"
-      "weight=bf16,conv_state=bf16,k=32,v=32,width=4,warps=2,gated=0,l2norm=1,invalid=negative,"
+      "weight=bf16,conv_state=bf16,k=32,v=32,width=4,warps=4,gated=0,l2norm=1,invalid=negative,"
       "silu=1,state_vec=1,cluster=8@sm_90",
       &emulated_conv_kernel<__nv_bfloat16, __nv_bfloat16, float, __nv_bfloat16, __nv_bfloat16,
-                            __nv_bfloat16, 32, 32, 4, 2, false, kGdnInvalidNegative, true, 1, 8>);
+                            __nv_bfloat16, 32, 32, 4, 4, false, kGdnInvalidNegative, true, 1, 8>);
 }
 
 TEST_CASE("gdn_decode fused conv emulated: clusters of 4, 8-byte state, channel-major pool") {
-  // 4 blocks on 8 SMs: clusters of 4 (16 blocks = 2 per SM); 32 rows per block over 8 warps,
-  // 32 of the 128 q/k channels; f32 conv pool [slots, L, D] with a column past W - 1. (Small
-  // enough for CI's ThreadSanitizer stage, which runs this file.)
+  // 4 blocks on 8 SMs: clusters of 4 (16 blocks = 2 per SM); 32 rows per block, 128 q/k
+  // channels convolved by each (32 of them written by each): 160 channels over 8 warps; f32
+  // conv pool [slots, L, D] with a column past W - 1. (Small enough for CI's ThreadSanitizer
+  // stage, which runs this file: ~4 s of OS threads per cluster there.)
   Case c;
   c.k = 64;
   c.v = 32;

@@ -84,19 +84,21 @@ TEST_CASE("gdn_decode fused conv plan: one gdn_decode_conv launch per (row, q/k 
     CHECK(p.mode == "fused_conv");
     CHECK(launch.spec.family == "gdn_decode_conv");
     // Below 2 blocks per SM each (row, q/k head) is a cluster of 8 blocks with 32 of the
-    // group's 256 state rows each (8 warps of 4 rows); above, one block per (row, q/k head).
+    // group's 256 state rows each, which convolve all 256 q/k channels: 288 channels over 16
+    // warps (512 threads, one channel each); above, one block per (row, q/k head).
     const bool clustered = batch * 16 < 2 * 132;
     CHECK(launch.shape.grid.x == batch * 16 * (clustered ? 8 : 1));
     CHECK(launch.shape.cluster == (clustered ? Dim3{8, 1, 1} : Dim3{}));
-    CHECK(launch.shape.block.x == (clustered || batch * 16 >= 4 * 132 ? 256u : 1024u));
-    // q, k [128] each, v of 2 value heads [256], 2 alphas and betas: 516 floats.
-    CHECK(launch.shape.dynamic_smem == 516 * 4);
+    CHECK(launch.shape.block.x == (clustered ? 512u : batch * 16 >= 4 * 132 ? 256u : 1024u));
+    // q, k [128] each, v of 2 value heads [256], 2 alphas and betas: 516 floats; clustered, the
+    // new pool columns of 32 q/k channels [32][3] besides.
+    CHECK(launch.shape.dynamic_smem == (clustered ? 516 + 96 : 516) * 4);
     for (const LimitCheck& check : launch.checks) CHECK(check.ok());
   }
   const Views w = views(1);
   CHECK(plan(w, conv_options(w), h200).launches[0].spec.str() ==
         "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=bf16,state=f32,out=bf16,index=i32,"
-        "weight=bf16,conv_state=bf16,k=128,v=128,width=4,warps=8,gated=0,l2norm=1,"
+        "weight=bf16,conv_state=bf16,k=128,v=128,width=4,warps=16,gated=0,l2norm=1,"
         "invalid=negative,silu=1,state_vec=4,cluster=8@sm_90");
   // Without the option the plain step's plan (and spec) is untouched.
   CHECK(plan(w, {}, h200).launches.back().spec.family == "gdn_decode");
@@ -277,7 +279,7 @@ TEST_CASE("gdn_decode fused conv in the op catalog: kjit plan and manifests reac
   REQUIRE(p.launches.size() == 1);
   CHECK(p.launches[0].spec.str() ==
         "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=bf16,state=f32,out=bf16,index=i32,"
-        "weight=bf16,conv_state=bf16,k=128,v=128,width=4,warps=8,gated=0,l2norm=1,"
+        "weight=bf16,conv_state=bf16,k=128,v=128,width=4,warps=16,gated=0,l2norm=1,"
         "invalid=negative,silu=1,state_vec=4,cluster=8@sm_90");
   ShapeValues gated = values;
   gated["gated"] = "1";

@@ -113,10 +113,10 @@ struct GdnDecodeOptions {
   /// Set: the fused decode step (conv update + delta rule in one kernel; see GdnDecodeConv).
   /// It runs its own kernel (gdn_decode_conv: one block per (row, q/k head), which owns every
   /// channel it convolves, so each conv-pool column has one reader and writer; on sm_90 and
-  /// later a small batch's (row, q/k head) is a cluster of 2-8 blocks that share their q/k conv
-  /// outputs through the cluster's shared memory; B * H blocks (times the cluster), at most
-  /// 2^31 - 1, and the conv output of a block's channels in shared memory, else a PlanError), a
-  /// K-contiguous state pool only; force_mode, force_bv, force_stages,
+  /// later a small batch's (row, q/k head) is a cluster of 2-8 blocks that order their q/k
+  /// column writes after every block's reads by the cluster barrier; B * H blocks (times the
+  /// cluster), at most 2^31 - 1, and the conv output of a block's channels in shared memory, else
+  /// a PlanError), a K-contiguous state pool only; force_mode, force_bv, force_stages,
   /// force_blocks_per_sm, force_cache_hints and row_order = by_slot do not apply to it
   /// (InvalidArgument).
   std::optional<GdnDecodeConv> conv;

@@ -192,23 +192,30 @@ Planned<ConvChoice> ConvFamily::plan(const ConvProblem& cp, const DeviceLimits& 
   if (cluster > 1) {
     plan.reasons.push_back(fmt::format(
         "clusters of {} blocks per (row, q/k head): {}, so each block of a cluster takes {} of "
-        "the group's {} state rows and {} of its {} q/k channels, and reads the other q/k conv "
-        "outputs from the cluster's shared memory",
-        cluster, why_cluster, rows / cluster, rows, 2 * p.k / cluster, 2 * p.k));
+        "the group's {} state rows and convolves all {} q/k channels itself; it writes the new "
+        "pool columns of {} of them after the cluster barrier at its end, which every block "
+        "passes once it has read them",
+        cluster, why_cluster, rows / cluster, rows, 2 * p.k, 2 * p.k / cluster));
   } else if (cp.force_cluster == 1) {
     plan.reasons.push_back(
         fmt::format("one block per (row, q/k head), no cluster: {}", why_cluster));
   }
-  // With clusters, the warps follow the block's rows: two register sets of 4 rows per warp
-  // cover them in one pass.
+  // With clusters, the warps follow the block's rows (two register sets of 4 rows per warp
+  // cover them in one pass), and its threads cover the channels it convolves, one each: a
+  // second channel per thread would be a second dependent trip to the conv pool before the step.
   int warps = cluster > 1 ? 32 : blocks >= kManyBlocksPerSm * sms ? 8 : 32;
   const std::int64_t block_rows = rows / cluster;
   const std::int64_t rows_per_warp =
       cluster > 1 ? gdn_decode_conv_rows_per_set(static_cast<int>(p.k)) : 1;
   while (warps > 1 && warps * rows_per_warp > block_rows) warps /= 2;
+  const std::int64_t block_channels = 2 * p.k + block_rows;
+  if (cluster > 1) {
+    while (warps < 32 && warps * 32 < block_channels) warps *= 2;
+  }
   plan.reasons.push_back(
-      cluster > 1 ? fmt::format("{} warps per block: its {} state rows, up to {} per warp", warps,
-                                block_rows, rows_per_warp)
+      cluster > 1 ? fmt::format("{} warps per block: its {} state rows, up to {} per warp, and "
+                                "its {} conv channels, up to one per thread",
+                                warps, block_rows, rows_per_warp, block_channels)
       : blocks >= kManyBlocksPerSm * sms
           ? fmt::format("{} warps per block: {} blocks >= {} per SM ({} SMs)", warps, blocks,
                         kManyBlocksPerSm, sms)
@@ -249,7 +256,7 @@ Planned<ConvChoice> ConvFamily::plan(const ConvProblem& cp, const DeviceLimits& 
   shape.grid = Dim3{
       static_cast<std::uint32_t>(std::min<std::int64_t>(blocks * cluster, 0xFFFFFFFFll)), 1, 1};
   if (cluster > 1) shape.cluster = Dim3{static_cast<std::uint32_t>(cluster), 1, 1};
-  const std::int64_t smem = gdn_decode_conv_smem_floats(p.k, p.v, group) * 4;
+  const std::int64_t smem = gdn_decode_conv_smem_floats(p.k, p.v, group, cp.width, cluster) * 4;
   shape.dynamic_smem = static_cast<std::uint32_t>(std::min<std::int64_t>(smem, 0xFFFFFFFFll));
   plan.reasons.push_back(fmt::format(
       "{} B of shared memory per block: the conv output of its channels and its gates", smem));
