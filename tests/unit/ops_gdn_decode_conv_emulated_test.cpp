@@ -68,6 +68,8 @@ struct Case {
   /// The planned arch. Few blocks on many SMs of sm_90 are clustered: the blocks of a cluster
   /// then run at once (emulated_launch_clusters).
   Arch arch{9, 0};
+  /// options.conv->force_cluster (0: the planner's choice).
+  int force_cluster = 0;
 };
 
 void run(const Case& c, const std::string& expected_spec, void (*kernel)(GdnDecodeConvParams)) {
@@ -114,6 +116,7 @@ void run(const Case& c, const std::string& expected_spec, void (*kernel)(GdnDeco
   options.invalid_index = c.rule;
   options.conv = GdnDecodeConv{weight.view(), c.bias ? bias.view() : TensorView{}, pool.view(),
                                c.silu ? ConvActivation::silu : ConvActivation::none};
+  options.conv->force_cluster = c.force_cluster;
   const TensorView v_qkv = qkv.view(), v_a = a.view(), v_b = b.view(), v_alog = a_log.view(),
                    v_dt = dt_bias.view(), v_state = state.view(), v_idx = indices.view(),
                    v_out = out.view();
@@ -276,10 +279,11 @@ TEST_CASE("gdn_decode fused conv emulated: clusters of 8 (B = 5 on 132 SMs), blo
 }
 
 TEST_CASE("gdn_decode fused conv emulated: clusters of 4, 8-byte state, channel-major pool") {
-  // 4 blocks on 8 SMs: clusters of 4 (16 blocks = 2 per SM); 32 rows per block, 128 q/k
-  // channels convolved by each (32 of them written by each): 160 channels over 8 warps; f32
-  // conv pool [slots, L, D] with a column past W - 1. (Small enough for CI's ThreadSanitizer
-  // stage, which runs this file: ~4 s of OS threads per cluster there.)
+  // 4 blocks in clusters of 4 (forced: the planner's rule keeps 64 rows a block in groups of
+  // 128); 32 rows per block, 128 q/k channels convolved by each (32 of them written by each):
+  // 160 channels over 8 warps; f32 conv pool [slots, L, D] with a column past W - 1. (Small
+  // enough for CI's ThreadSanitizer stage, which runs this file: ~4 s of OS threads per cluster
+  // there.)
   Case c;
   c.k = 64;
   c.v = 32;
@@ -287,6 +291,7 @@ TEST_CASE("gdn_decode fused conv emulated: clusters of 4, 8-byte state, channel-
   c.value_heads = 4;
   c.batch = 4;
   c.sm_count = 8;
+  c.force_cluster = 4;
   c.conv = c.weight = DType::f32;
   c.channel_major_pool = true;
   c.columns = 4;

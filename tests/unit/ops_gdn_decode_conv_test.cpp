@@ -75,7 +75,7 @@ std::string rejection(const Views& w, const GdnDecodeOptions& options) {
 
 TEST_CASE("gdn_decode fused conv plan: one gdn_decode_conv launch per (row, q/k head)") {
   const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
-  for (std::int64_t batch : {1, 3, 256, 4096, 1 << 20}) {
+  for (std::int64_t batch : {1, 2, 3, 256, 4096, 1 << 20}) {
     CAPTURE(batch);
     const Views w = views(batch);
     const Plan p = plan(w, conv_options(w), h200);
@@ -83,23 +83,24 @@ TEST_CASE("gdn_decode fused conv plan: one gdn_decode_conv launch per (row, q/k 
     const PlannedLaunch& launch = p.launches[0];
     CHECK(p.mode == "fused_conv");
     CHECK(launch.spec.family == "gdn_decode_conv");
-    // Below 2 blocks per SM each (row, q/k head) is a cluster of 8 blocks with 32 of the
-    // group's 256 state rows each, which convolve all 256 q/k channels: 288 channels over 16
-    // warps (512 threads, one channel each); above, one block per (row, q/k head).
-    const bool clustered = batch * 16 < 2 * 132;
-    CHECK(launch.shape.grid.x == batch * 16 * (clustered ? 8 : 1));
-    CHECK(launch.shape.cluster == (clustered ? Dim3{8, 1, 1} : Dim3{}));
+    // While the (row, q/k head) blocks are at most a quarter of the SMs (B = 1, 2) each is a
+    // cluster of 4 blocks with 64 of the group's 256 state rows each (not 8 of 32), which
+    // convolve all 256 q/k channels: 320 channels over 16 warps (512 threads, one channel each);
+    // from B = 3 one block per (row, q/k head).
+    const bool clustered = batch * 16 * 4 <= 132;
+    CHECK(launch.shape.grid.x == batch * 16 * (clustered ? 4 : 1));
+    CHECK(launch.shape.cluster == (clustered ? Dim3{4, 1, 1} : Dim3{}));
     CHECK(launch.shape.block.x == (clustered ? 512u : batch * 16 >= 4 * 132 ? 256u : 1024u));
     // q, k [128] each, v of 2 value heads [256], 2 alphas and betas: 516 floats; clustered, the
-    // new pool columns of 32 q/k channels [32][3] besides.
-    CHECK(launch.shape.dynamic_smem == (clustered ? 516 + 96 : 516) * 4);
+    // new pool columns of 64 q/k channels [64][3] besides.
+    CHECK(launch.shape.dynamic_smem == (clustered ? 516 + 192 : 516) * 4);
     for (const LimitCheck& check : launch.checks) CHECK(check.ok());
   }
   const Views w = views(1);
   CHECK(plan(w, conv_options(w), h200).launches[0].spec.str() ==
         "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=bf16,state=f32,out=bf16,index=i32,"
         "weight=bf16,conv_state=bf16,k=128,v=128,width=4,warps=16,gated=0,l2norm=1,"
-        "invalid=negative,silu=1,state_vec=4,cluster=8@sm_90");
+        "invalid=negative,silu=1,state_vec=4,cluster=4@sm_90");
   // Without the option the plain step's plan (and spec) is untouched.
   CHECK(plan(w, {}, h200).launches.back().spec.family == "gdn_decode");
 }
@@ -113,19 +114,24 @@ TEST_CASE("gdn_decode fused conv plan: clusters only on sm_90 and later, only ev
     CHECK(p.launches[0].shape.cluster == Dim3{});
     CHECK(p.launches[0].spec.get_or("cluster", "1") == "1");
   }
-  // Mid batches take the smallest cluster that gives 2 blocks per SM: B = 5 (80 blocks) -> 4.
+  // B = 2 (32 blocks): the smallest cluster whose grid covers half the SMs, 2 x 32 x 4 >= 132.
   {
-    const Views w = views(5);
+    const Views w = views(2);
     const Plan p = plan(w, conv_options(w), h200);
     CHECK(p.launches[0].shape.cluster == Dim3{4, 1, 1});
-    CHECK(p.launches[0].shape.grid.x == 5 * 16 * 4);
+    CHECK(p.launches[0].shape.grid.x == 2 * 16 * 4);
     CHECK(p.launches[0].spec.get("cluster") == "4");
     CHECK(p.to_json().find("\"cluster\":[4,1,1]") != std::string::npos);
     CHECK(p.explain().find("cluster (4, 1, 1)") != std::string::npos);
     for (const LimitCheck& check : p.launches[0].checks) CHECK(check.ok());
   }
+  // B = 5 (80 blocks, more than a quarter of the SMs): no cluster (from B = 4 clusters lost).
+  {
+    const Views w = views(5);
+    CHECK(plan(w, conv_options(w), h200).launches[0].shape.cluster == Dim3{});
+  }
   // A group of 4 state rows (HV = H, V = 4 is not a head dim; use V = 16 with HV = H): 16 rows
-  // split at most 4 ways (4 rows per block).
+  // split at most 4 ways (4 rows per block; groups under 128 rows have no 64-row floor).
   {
     const Views w = views(1, 16, 16, 16, 16);
     const Plan p = plan(w, conv_options(w), h200);
@@ -280,7 +286,7 @@ TEST_CASE("gdn_decode fused conv in the op catalog: kjit plan and manifests reac
   CHECK(p.launches[0].spec.str() ==
         "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=bf16,state=f32,out=bf16,index=i32,"
         "weight=bf16,conv_state=bf16,k=128,v=128,width=4,warps=16,gated=0,l2norm=1,"
-        "invalid=negative,silu=1,state_vec=4,cluster=8@sm_90");
+        "invalid=negative,silu=1,state_vec=4,cluster=4@sm_90");
   ShapeValues gated = values;
   gated["gated"] = "1";
   gated["silu"] = "0";

@@ -20,9 +20,16 @@ namespace {
 /// each block's state rows over as many warps as a block holds.
 constexpr std::int64_t kManyBlocksPerSm = 4;
 
-/// Below this many (row, q/k head) blocks per SM, the planner splits each group over a cluster
-/// (sm_90 and later): 16 blocks at B = 1 (Qwen3-Next) stream the state through 16 of 132 SMs.
-constexpr std::int64_t kClusterBelowBlocksPerSm = 2;
+/// The planner splits each group over a cluster (sm_90 and later) only while the (row, q/k head)
+/// blocks are at most a quarter of the SMs: measured on an H200 (Qwen3-Next, HV = 32, docs/
+/// performance.md), clusters paid at B = 1 (16 blocks: 8.36 us in clusters of 4 against 12.38
+/// without) and lost from B = 4 (64 blocks: 13.8 us without, 15.5-18.7 with).
+constexpr std::int64_t kClusterUpToBlocksPerSms = 4;
+
+/// State rows a clustered block keeps at least where the group has twice as many: at B = 1,
+/// clusters of 4 (64 rows a block) took 8.36 us and of 8 (32 rows, each block also convolving
+/// all 2K q/k channels) 8.9.
+constexpr std::int64_t kClusterMinBlockRows = 64;
 
 /// Whether a cluster of `c` blocks splits the group's `rows` state rows and 2K q/k channels
 /// evenly with at least 4 rows per block.
@@ -31,9 +38,10 @@ bool cluster_splits(const decode::Problem& p, std::int64_t rows, int c) {
 }
 
 /// Blocks per cluster (1: no cluster): options.conv->force_cluster where set (PlanError where it
-/// cannot launch), else the smallest of 2, 4, 8 that gives at least kClusterBelowBlocksPerSm
-/// blocks per SM, or 8; only sizes that split the group's state rows and q/k channels evenly,
-/// with at least 4 rows per block.
+/// cannot launch); else none unless kClusterUpToBlocksPerSms x blocks <= SMs, and then the
+/// smallest of 2, 4, 8 whose grid covers half the SMs, without going below kClusterMinBlockRows
+/// rows per block once clustered (where the group has 2 x that many); only sizes that split the
+/// group's state rows and q/k channels evenly, with at least 4 rows per block.
 int cluster_blocks(const ConvProblem& cp, const DeviceLimits& device) {
   const decode::Problem& p = cp.step;
   const std::int64_t blocks = p.batch * p.heads;
@@ -55,12 +63,13 @@ int cluster_blocks(const ConvProblem& cp, const DeviceLimits& device) {
     return cp.force_cluster;
   }
   if (cp.force_cluster == 1) return 1;
-  if (device.arch.sm() < 90 || blocks >= kClusterBelowBlocksPerSm * sms) return 1;
+  if (device.arch.sm() < 90 || kClusterUpToBlocksPerSms * blocks > sms) return 1;
+  const std::int64_t min_rows = rows >= 2 * kClusterMinBlockRows ? kClusterMinBlockRows : 4;
   int chosen = 1;
   for (int c : {2, 4, 8}) {
-    if (!cluster_splits(p, rows, c)) break;
+    if (!cluster_splits(p, rows, c) || rows / c < min_rows) break;
     chosen = c;
-    if (blocks * c >= kClusterBelowBlocksPerSm * sms) break;
+    if (2 * blocks * c >= sms) break;
   }
   return chosen;
 }
@@ -188,7 +197,8 @@ Planned<ConvChoice> ConvFamily::plan(const ConvProblem& cp, const DeviceLimits& 
   const std::string why_cluster =
       cp.force_cluster != 0
           ? fmt::format("forced (options.conv->force_cluster = {})", cp.force_cluster)
-          : fmt::format("{} blocks < {} per SM ({} SMs)", blocks, kClusterBelowBlocksPerSm, sms);
+          : fmt::format("{} blocks, at most 1 / {} of the {} SMs", blocks, kClusterUpToBlocksPerSms,
+                        sms);
   if (cluster > 1) {
     plan.reasons.push_back(fmt::format(
         "clusters of {} blocks per (row, q/k head): {}, so each block of a cluster takes {} of "
