@@ -440,7 +440,8 @@ __device__ __forceinline__ void per_warp_index(int warp, Pass&& pass) {
   }
 }
 
-/// Step 5a, warp w: T_ww = (I + A_ww)^-1 by forward substitution, lane c (mod 16) owning column c:
+/// Step 5a, half-warp h of warp w < 2 (block b = 2 w + h): T_bb = (I + A_bb)^-1 by forward
+/// substitution, lane c (mod 16) owning column c:
 /// x_r = -sum_{m<r} A_rm x_m (r > c), x_c = 1, x_r = 0 above (exact zeros in the sums); parked in
 /// f32 and stored as T' (times beta_c) through `element`. Right-looking: once x_m is known it goes
 /// into every later row's sum, so x_{m+1} is one FMA behind x_m. Each sum still adds its terms in
@@ -451,8 +452,13 @@ __device__ __forceinline__ void per_warp_index(int warp, Pass&& pass) {
 template <typename Element>
 __device__ __forceinline__ void invert_diagonal_block(float* s_a, const float* s_beta0, int warp,
                                                       int lane, Element&& element) {
+  // Each half-warp of warps 0 and 1 takes one block (block 2 warp + lane / 16); warps 2 and 3 go
+  // straight to the barrier behind this step. (Both half-warps of every warp used to compute the
+  // same column of the warp's block: half of the step's instructions were duplicates.)
+  if (warp >= 2) return;
+  const int blk = 2 * warp + (lane >> 4);
   const int c = lane & 15;
-  const float* ab = s_a + (16 * warp) * kLdA + 16 * warp;
+  const float* ab = s_a + (16 * blk) * kLdA + 16 * blk;
   float x[16], acc[16];
 #pragma unroll
   for (int r = 0; r < 16; ++r) acc[r] = 0.f;
@@ -472,16 +478,12 @@ __device__ __forceinline__ void invert_diagonal_block(float* s_a, const float* s
       }
     }
   }
-  // Both half-warps hold the whole column: each stores half of its rows.
-  float* td = t_diag_block(s_a, warp);
-  const float bc = s_beta0[16 * warp + c];
-  const bool low = lane < 16;
+  float* td = t_diag_block(s_a, blk);
+  const float bc = s_beta0[16 * blk + c];
 #pragma unroll
-  for (int r = 0; r < 8; ++r) {
-    const int row = low ? r : r + 8;
-    const float v = low ? x[r] : x[r + 8];
-    td[row * kLdA + c] = v;
-    *element(16 * warp + row, 16 * warp + c) = __float2bfloat16_rn(v * bc);
+  for (int r = 0; r < 16; ++r) {
+    td[r * kLdA + c] = x[r];
+    *element(16 * blk + r, 16 * blk + c) = __float2bfloat16_rn(x[r] * bc);
   }
 }
 
