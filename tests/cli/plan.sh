@@ -39,8 +39,8 @@ contains "$ERR" "row_order must be auto, by_slot or as_given, got 'sorted'"
 # The fused decode step (gdn_decode with options.conv): one launch of its own kernel.
 run 0 plan gdn_decode_conv --batch 1 --heads 16 --v-heads 32 --k 128 --v 128 --arch h200
 contains "$OUT" "launch 1 of 1: gdn_decode_conv:"
-contains "$OUT" "width=4,warps=8"
-contains "$OUT" "cluster (8, 1, 1)"
+contains "$OUT" "width=4,warps=16"
+contains "$OUT" "cluster (4, 1, 1)"
 run 0 plan gdn_decode_conv --batch 1 --heads 16 --v-heads 32 --k 128 --v 128 --arch a100
 contains "$OUT" "width=4,warps=32"
 usage_error plan gdn_decode_conv --batch 1 --heads 16 --v-heads 32 --k 128 --v 128 --width 9 --arch h200
