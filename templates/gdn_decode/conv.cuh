@@ -112,8 +112,7 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
   // (64 registers a thread in 32-warp blocks).
   constexpr int kRows = gdn_decode_conv_rows_per_set(kK);
 
-  static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4 || kCluster == 8,
-                "clusters of 1, 2, 4 or 8 blocks");
+  static_assert(gdn_decode_conv_cluster_size(kCluster), "clusters of 1, 2, 4 or 8 blocks");
   static_assert(2 * kK % kCluster == 0, "q/k channels split evenly over the cluster");
 
   const u32 group = p.heads_per_group;

@@ -52,6 +52,12 @@ struct GdnDecodeConvParams {
   float softplus_threshold;
 };
 
+/// The fused step's cluster sizes (blocks per (row, q/k head); 1: no cluster): the template's
+/// and the op's checks of a size, one list.
+constexpr bool gdn_decode_conv_cluster_size(long long c) {
+  return c == 1 || c == 2 || c == 4 || c == 8;
+}
+
 /// State rows a warp of the fused step holds per register set (two sets in flight): 4 up to
 /// K = 128, 1 at K = 256 (64 registers a thread). The kernel's kRows; the planner sizes clustered
 /// blocks' warps by it.

@@ -166,8 +166,7 @@ ConvProblem ConvFamily::check(const Args& args) {
                     op_name(form), static_cast<int>(conv.activation)));
   }
   cp.silu = conv.activation == ConvActivation::silu;
-  if (conv.force_cluster != 0 && conv.force_cluster != 1 && conv.force_cluster != 2 &&
-      conv.force_cluster != 4 && conv.force_cluster != 8) {
+  if (conv.force_cluster != 0 && !gdn_decode_conv_cluster_size(conv.force_cluster)) {
     throw InvalidArgument(fmt::format(
         "{}: options.conv->force_cluster = {} is not accepted; accepted: 0 (the planner's "
         "choice), 1 (no cluster), 2, 4 or 8 blocks per (row, q/k head)",
@@ -188,12 +187,20 @@ Planned<ConvChoice> ConvFamily::plan(const ConvProblem& cp, const DeviceLimits& 
   const std::int64_t rows = group * p.v;
   const std::int64_t blocks = p.batch * p.heads;
   const std::int64_t sms = std::max(device.sm_count, 1);
-  plan.reasons.push_back(fmt::format(
-      "fused conv update + delta rule: one block per (row, q/k head) = {} blocks; a block owns "
-      "the {} channels it convolves (q and k of its head, v of its {} value heads), so each "
-      "conv-pool column has one reader and writer",
-      blocks, 2 * p.k + rows, group));
   const int cluster = cluster_blocks(cp, device);
+  // (Clustered, the q/k columns have a reader in every block of the cluster: its reason below.)
+  if (cluster == 1) {
+    plan.reasons.push_back(fmt::format(
+        "fused conv update + delta rule: one block per (row, q/k head) = {} blocks; a block owns "
+        "the {} channels it convolves (q and k of its head, v of its {} value heads), so each "
+        "conv-pool column has one reader and writer",
+        blocks, 2 * p.k + rows, group));
+  } else {
+    plan.reasons.push_back(fmt::format(
+        "fused conv update + delta rule: {} (row, q/k head) groups of {} channels (q and k of a "
+        "head, v of its {} value heads)",
+        blocks, 2 * p.k + rows, group));
+  }
   const std::string why_cluster =
       cp.force_cluster != 0
           ? fmt::format("forced (options.conv->force_cluster = {})", cp.force_cluster)
