@@ -291,14 +291,29 @@ void ws_timeline(const std::vector<std::uint64_t>& host, std::uint64_t blocks, i
   using S = kjit::GdnWsProfileSite;
   std::uint64_t first = UINT64_MAX, last = 0, held = 0, latest_start = 0;
   std::vector<std::uint64_t> chunks;
+  // Each block's ns per chunk, and whether it started in the first wave (before any block
+  // ended): if the blocks' speed varies, the slowest long block, not the packing, sets the end.
+  std::vector<double> ns_per_chunk, first_wave_ns, later_ns;
+  std::uint64_t first_end = UINT64_MAX;
+  for (std::uint64_t b = 0; b < blocks; ++b) {
+    const std::uint64_t* cell = host.data() + b * static_cast<std::uint64_t>(warps * sites);
+    first_end = std::min(first_end, cell[S::kWsProfBlockEnd]);
+  }
   for (std::uint64_t b = 0; b < blocks; ++b) {
     const std::uint64_t* cell = host.data() + b * static_cast<std::uint64_t>(warps * sites);
     if (cell[S::kWsProfBlockEnd] < cell[S::kWsProfBlockStart]) return;  // not recorded
     first = std::min(first, cell[S::kWsProfBlockStart]);
     last = std::max(last, cell[S::kWsProfBlockEnd]);
     latest_start = std::max(latest_start, cell[S::kWsProfBlockStart]);
-    held += cell[S::kWsProfBlockEnd] - cell[S::kWsProfBlockStart];
+    const std::uint64_t took = cell[S::kWsProfBlockEnd] - cell[S::kWsProfBlockStart];
+    held += took;
     chunks.push_back(cell[S::kWsProfChunks]);  // warp 0 counts each of its chunks once
+    // (Blocks of a few chunks are mostly their prologue and epilogue: left out of the spread.)
+    if (cell[S::kWsProfChunks] >= 16) {
+      const double ns = static_cast<double>(took) / static_cast<double>(cell[S::kWsProfChunks]);
+      ns_per_chunk.push_back(ns);
+      (cell[S::kWsProfBlockStart] < first_end ? first_wave_ns : later_ns).push_back(ns);
+    }
   }
   if (blocks == 0 || last <= first || sm_count <= 0) return;
   std::sort(chunks.begin(), chunks.end(), std::greater<>());
@@ -319,6 +334,16 @@ void ws_timeline(const std::vector<std::uint64_t>& host, std::uint64_t blocks, i
       static_cast<unsigned long long>(blocks), sm_count, span / 1e3,
       100.0 * static_cast<double>(held) / (span * sm_count), 100.0 * packed,
       static_cast<double>(latest_start - first) / 1e3);
+  const auto spread = [](std::vector<double> v) {
+    if (v.empty()) return std::string("-");
+    std::sort(v.begin(), v.end());
+    return fmt::format("{:.0f} / {:.0f} / {:.0f} ({} blocks)", v.front(), v[v.size() / 2], v.back(),
+                       v.size());
+  };
+  std::printf(
+      "  timeline: ns per chunk of blocks of >= 16 chunks, min / median / max: all %s; started "
+      "before the first end %s; later %s\n",
+      spread(ns_per_chunk).c_str(), spread(first_wave_ns).c_str(), spread(later_ns).c_str());
 }
 
 // KJIT_PREFILL_BENCH_PROFILE=1 with a build of the warp-specialized kernel that has
