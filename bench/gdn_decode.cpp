@@ -484,7 +484,8 @@ bool serving_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& options,
 // equal and out / the state of the sampled rows within rounding ("check"). The target:
 // the fused step at B = 1 no slower than gdn_decode alone + 1 us. KJIT_GDN_BENCH_FUSED_CLUSTERS
 // (e.g. "1,2,4,8") times the fused step with each forced cluster size too (options.conv->
-// force_cluster, each checked the same way; a size the planner refuses prints why).
+// force_cluster, each checked the same way; a size the planner refuses prints why), and
+// KJIT_GDN_BENCH_FUSED_STAGES (e.g. "1,2,3,4") each state ring (options.conv->force_stages).
 bool fused_conv_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& base,
                       kjit::bench::ActivityTimer* durations, std::FILE* json) {
   constexpr std::int64_t value_heads = 32, conv_width = 4;
@@ -496,16 +497,31 @@ bool fused_conv_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& base,
       "\nfused decode step (gdn_decode + options.conv) HV=32 H=16 K=V=128 W=4 bf16, f32 state; "
       "median GPU us, cold; empty kernel %.2f us\n%6s | %12s | %18s | %12s | %8s | %s\n",
       empty_us, "B", "gdn_decode", "conv + gdn_decode", "fused", "check", "fused vs alone + 1 us");
-  // KJIT_GDN_BENCH_FUSED_CLUSTERS="1,2,4,8": also each forced cluster size at every batch.
-  std::vector<int> forced_clusters;
-  if (const char* list = std::getenv("KJIT_GDN_BENCH_FUSED_CLUSTERS")) {
-    for (const char* at = list; *at != '\0';) {
-      char* end = nullptr;
-      const long value = std::strtol(at, &end, 10);
-      if (end == at) break;
-      forced_clusters.push_back(static_cast<int>(value));
-      at = *end == ',' ? end + 1 : end;
+  // KJIT_GDN_BENCH_FUSED_CLUSTERS="1,2,4,8": also each forced cluster size at every batch;
+  // KJIT_GDN_BENCH_FUSED_STAGES="1,2,3,4": each forced state ring (options.conv->force_stages).
+  const auto int_list = [](const char* name) {
+    std::vector<int> values;
+    if (const char* list = std::getenv(name)) {
+      for (const char* at = list; *at != '\0';) {
+        char* end = nullptr;
+        const long value = std::strtol(at, &end, 10);
+        if (end == at) break;
+        values.push_back(static_cast<int>(value));
+        at = *end == ',' ? end + 1 : end;
+      }
     }
+    return values;
+  };
+  struct Forced {
+    const char* option;
+    int value;
+  };
+  std::vector<Forced> forced_variants;
+  for (int cluster : int_list("KJIT_GDN_BENCH_FUSED_CLUSTERS")) {
+    forced_variants.push_back({"force_cluster", cluster});
+  }
+  for (int stages : int_list("KJIT_GDN_BENCH_FUSED_STAGES")) {
+    forced_variants.push_back({"force_stages", stages});
   }
   bool all_ok = true;
   for (std::int64_t batch : {1, 4, 16, 64, 256}) {
@@ -654,16 +670,18 @@ bool fused_conv_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& base,
           "%.2f us\n",
           timed.call, alone.call, timed.empty);
     }
-    // The fused step with each forced cluster size (KJIT_GDN_BENCH_FUSED_CLUSTERS), each checked
-    // like the planner's first: where the planner's cluster rule should switch.
-    for (int cluster : forced_clusters) {
+    // The fused step with each forced cluster size (KJIT_GDN_BENCH_FUSED_CLUSTERS) and state
+    // ring (KJIT_GDN_BENCH_FUSED_STAGES), each checked like the planner's first: where the
+    // planner's rules should switch.
+    for (const Forced& variant : forced_variants) {
       kjit::GdnDecodeOptions forced = fused;
-      forced.conv->force_cluster = cluster;
+      const bool by_cluster = std::string(variant.option) == "force_cluster";
+      (by_cluster ? forced.conv->force_cluster : forced.conv->force_stages) = variant.value;
       try {
         kjit::plan_gdn_decode(v_x, v_a, v_b, v_alog, v_dtb, v_pool_b, indices_for(0), v_out_fused,
                               forced, gpu.limits);
       } catch (const kjit::PlanError& error) {
-        std::printf("%6s   force_cluster=%d skipped: %s\n", "", cluster, error.what());
+        std::printf("%6s   %s=%d skipped: %s\n", "", variant.option, variant.value, error.what());
         continue;
       }
       double forced_err = 0;
@@ -672,15 +690,15 @@ bool fused_conv_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& base,
       kjit::bench::flush_l2(gpu);
       const double forced_us = kjit::bench::median_gpu_us(
           gpu, [&](kjit::Stream stream) { fused_step_with(forced, call++ % rotations, stream); });
-      std::printf("%6s   force_cluster=%d: fused %.2f us (x%.3f of the planner's), %s\n", "",
-                  cluster, forced_us, fused_us / forced_us, forced_ok ? "ok" : "FAILED");
+      std::printf("%6s   %s=%d: fused %.2f us (x%.3f of the planner's), %s\n", "", variant.option,
+                  variant.value, forced_us, fused_us / forced_us, forced_ok ? "ok" : "FAILED");
       if (json != nullptr) {
         std::fprintf(json,
-                     "{\"op\":\"gdn_decode_fused_conv\",\"B\":%lld,\"force_cluster\":%d,"
+                     "{\"op\":\"gdn_decode_fused_conv\",\"B\":%lld,\"%s\":%d,"
                      "\"fused_us\":%.3f,\"planner_fused_us\":%.3f,\"check\":%s,"
                      "\"max_err\":%.3e}\n",
-                     static_cast<long long>(batch), cluster, forced_us, fused_us,
-                     forced_ok ? "true" : "false", forced_err);
+                     static_cast<long long>(batch), variant.option, variant.value, forced_us,
+                     fused_us, forced_ok ? "true" : "false", forced_err);
       }
     }
     std::fflush(stdout);

@@ -8,6 +8,7 @@
 #include "codegen/family_decls.hpp"
 #include "kjit/spec.hpp"
 #include "kjit/types.hpp"
+#include "templates/gdn_decode/conv_params.h"
 
 namespace kjit::codegen {
 namespace {
@@ -58,6 +59,21 @@ std::string check_k_major(const KernelSpec& spec, std::int64_t per_vec) {
 // missing and the kernel would compute wrong outputs, not fail).
 std::string check_gdn_decode_conv(const KernelSpec& spec) {
   const std::int64_t cluster = std::stoll(spec.get_or("cluster", "1"));
+  const std::int64_t stages = std::stoll(spec.get_or("stages", "0"));
+  if (!gdn_decode_conv_stage_count(stages)) {
+    return fmt::format("stages = {}; accepted: 0 (no ring), 2, 3 or 4", stages);
+  }
+  if (stages > 0) {
+    const std::int64_t vec_bytes =
+        spec.get_int("state_vec") *
+        static_cast<std::int64_t>(size_of(parse_dtype(spec.get("state"), "state")));
+    if (cluster != 1 || vec_bytes != 16) {
+      return fmt::format(
+          "stages = {} needs cluster = 1 and 16-byte state vectors; the spec has cluster = {} and "
+          "{}-byte vectors",
+          stages, cluster, vec_bytes);
+    }
+  }
   if (cluster == 1) return {};
   if (cluster != 2 && cluster != 4 && cluster != 8) {
     return fmt::format("cluster = {}; accepted: 1, 2, 4 or 8 blocks", cluster);
@@ -335,15 +351,26 @@ FamilyDecl gdn_decode_conv_family() {
                         .doc = "blocks per cluster that share a (row, q/k head) (1: no cluster; "
                                "2, 4, 8: sm_90 and later)",
                         .omitted_default = "1"},
+              ParamDecl{.name = "stages",
+                        .kind = ParamKind::integer,
+                        .min = 0,
+                        .max = 4,
+                        .doc = "sets of state rows per warp in a shared-memory ring (cp.async; 0: "
+                               "two register sets; 2..4: unclustered, 16-byte state vectors)",
+                        .omitted_default = "0"},
           },
       .min_sm = 80,
       .doc =
           "Gated DeltaNet fused decode step: causal conv update of mixed_qkv (both pools in "
           "place) and the delta rule in one launch",
       // What the planner emits for Qwen3-Next at small B on any arch: 32 warps, W = 4, SiLU, no
-      // cluster (sm_90 clusters blocks of 8 warps at B = 1).
-      .typical =
-          {{"width", "4"}, {"warps", "32"}, {"silu", "1"}, {"state_vec", "4"}, {"cluster", "1"}},
+      // cluster (sm_90 clusters blocks of 16 warps at B = 1), no state ring.
+      .typical = {{"width", "4"},
+                  {"warps", "32"},
+                  {"silu", "1"},
+                  {"state_vec", "4"},
+                  {"cluster", "1"},
+                  {"stages", "0"}},
       .check = check_gdn_decode_conv,
   };
 }

@@ -36,6 +36,11 @@
 #pragma once
 
 #include "templates/common/cluster.cuh"
+#if defined(__CUDA_ARCH__)
+// (Device code only: the emulated tests compile this template as host C++, where the staged
+// state copies are plain ones.)
+#include "templates/common/cp_async.cuh"
+#endif
 #include "templates/common/gdn_math.cuh"
 #include "templates/common/vec.cuh"
 #include "templates/gdn_decode/conv_params.h"
@@ -66,6 +71,27 @@ __device__ __forceinline__ void load_state_vec(const T* src, float (&dst)[kVec])
   }
 }
 
+/// kStages > 0: 16 bytes of state from the pool into this lane's place in the stage ring (cp.async,
+/// L2 only), read back only by the same lane, so the group wait alone orders its reads.
+__device__ __forceinline__ void stage_copy16(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__)
+  cp_async::copy16(dst, src);
+#else
+  *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
+#endif
+}
+__device__ __forceinline__ void stage_commit() {
+#if defined(__CUDA_ARCH__)
+  cp_async::commit();
+#endif
+}
+template <int kPending>
+__device__ __forceinline__ void stage_wait() {
+#if defined(__CUDA_ARCH__)
+  cp_async::wait<kPending>();
+#endif
+}
+
 /// The inverse of load_state_vec: kVec floats rounded to T, stored in one instruction.
 template <typename T, int kVec>
 __device__ __forceinline__ void store_state_vec(T* dst, const float (&src)[kVec]) {
@@ -91,12 +117,19 @@ __device__ __forceinline__ void store_state_vec(T* dst, const float (&src)[kVec]
 /// The body of gdn_decode_conv_kernel for block blockIdx.x = (n * H + h) * C + r, with `smem`
 /// the block's shared memory (gdn_decode_conv_smem_floats floats: q [K], k [K], v [G V],
 /// alpha [G], beta [G], and with clusters the new q/k pool columns of its share
-/// [2K / C][W - 1]). Separate from the __global__ entry so a host test can run it with memory of
-/// its own.
+/// [2K / C][W - 1]; with kStages > 0, from the next 16-byte boundary, the state ring
+/// [kStages][kWarps][kRows][K]). Separate from the __global__ entry so a host test can run it with
+/// memory of its own.
+///
+/// kStages (0, or 2..4; unclustered blocks with 16-byte state vectors): each warp's sets of kRows
+/// state rows come through a ring of kStages sets in shared memory (cp.async) instead of two
+/// register sets, so kStages - 1 sets per warp are in flight while one is computed, without the
+/// registers a load in flight holds. A block of 8 warps walking its group's 256 rows kept ~1.5
+/// sets in flight per warp in registers.
 template <typename QkvT, typename GateT, typename ALogT, typename DtBiasT, typename StateT,
           typename OutT, typename IndexT, typename WeightT, typename ConvT, int kK, int kV,
           int kWidth, int kWarps, bool kGated, bool kL2Norm, int kInvalidRule, bool kSilu,
-          int kStateVec, int kCluster = 1>
+          int kStateVec, int kCluster = 1, int kStages = 0>
 __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams& p, float* smem) {
   static_assert(kK % 16 == 0 && kK >= 16 && kK <= 256, "K: a multiple of 16 in 16..256");
   static_assert(kV % 16 == 0 && kV >= 16 && kV <= 256, "V: a multiple of 16 in 16..256");
@@ -114,6 +147,9 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
 
   static_assert(gdn_decode_conv_cluster_size(kCluster), "clusters of 1, 2, 4 or 8 blocks");
   static_assert(2 * kK % kCluster == 0, "q/k channels split evenly over the cluster");
+  static_assert(gdn_decode_conv_stage_count(kStages), "a ring of 2..4 stages, or none");
+  static_assert(kStages == 0 || (kCluster == 1 && kStateVec * sizeof(StateT) == 16),
+                "staged: unclustered blocks with 16-byte state vectors");
 
   const u32 group = p.heads_per_group;
   const u64 block = blockIdx.x / kCluster;
@@ -208,8 +244,9 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
   const auto state_col = [&](int e) { return 32 * kStateVec * e + kStateVec * lane; };
   // Two register sets of kRows rows: the loads of the next pass are issued before the current
   // pass's reductions, so a warp always has state loads in flight.
-  float xa[kRows][kPer], xb[kRows][kPer];
-  const auto load_rows = [&](float(&x)[kRows][kPer], int base) {
+  float xa[kRows][kPer];
+  [[maybe_unused]] float xb[kRows][kPer];
+  [[maybe_unused]] const auto load_rows = [&](float(&x)[kRows][kPer], int base) {
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
       const int r = base + i * kWarps + warp;
@@ -228,7 +265,37 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
       }
     }
   };
-  load_rows(xa, row_begin);
+  constexpr int kStep = kWarps * kRows;
+  // kStages: set s (rows row_begin + s kStep + i kWarps + warp) lives in ring place s % kStages;
+  // every set is one commit group, empty past the group's rows, so the group count stays one per
+  // set. The ring starts at the first 16-byte boundary past the floats above (none of them is a
+  // q/k column: no clusters here).
+  [[maybe_unused]] StateT* const ring =
+      reinterpret_cast<StateT*>(smem + ((2 * kK + static_cast<int>(group) * (kV + 2) + 3) & ~3));
+  [[maybe_unused]] const auto ring_rows = [&](int set) {
+    return ring + ((set % (kStages > 0 ? kStages : 1)) * kWarps + warp) * kRows * kK;
+  };
+  [[maybe_unused]] const auto stage_rows = [&](int set) {
+    StateT* const place = ring_rows(set);
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int r = row_begin + set * kStep + i * kWarps + warp;
+      if (r < row_end) {
+#pragma unroll
+        for (int e = 0; e < kAccesses; ++e) {
+          gdn_decode_conv_detail::stage_copy16(place + i * kK + state_col(e),
+                                               state + static_cast<i64>(r) * kK + state_col(e));
+        }
+      }
+    }
+    gdn_decode_conv_detail::stage_commit();
+  };
+  if constexpr (kStages > 0) {
+#pragma unroll
+    for (int set = 0; set + 1 < kStages; ++set) stage_rows(set);
+  } else {
+    load_rows(xa, row_begin);
+  }
 
   // Phase 1, the history: the conv output of the group's channels and their new pool columns.
   ConvT* pool = static_cast<ConvT*>(p.conv_state) + slot * p.conv_slot_stride;
@@ -327,13 +394,43 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
       if (lane == 0) out[r] = gdn::from_f32<OutT>(alpha * dq + u * kq);
     }
   };
-  constexpr int kStep = kWarps * kRows;
-  for (int base = row_begin; base < row_end; base += 2 * kStep) {
-    if (base + kStep < row_end) load_rows(xb, base + kStep);
-    update_rows(xa, base);
-    if (base + kStep >= row_end) break;
-    if (base + 2 * kStep < row_end) load_rows(xa, base + 2 * kStep);
-    update_rows(xb, base + kStep);
+  if constexpr (kStages > 0) {
+    const int sets = (row_end - row_begin + kStep - 1) / kStep;
+    for (int set = 0; set < sets; ++set) {
+      // Into the place set - 1 used: this lane read it (its values are in the stores of the last
+      // update_rows) before this copy is issued.
+      stage_rows(set + kStages - 1);
+      gdn_decode_conv_detail::stage_wait<kStages - 1>();
+      const StateT* const place = ring_rows(set);
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        const int r = row_begin + set * kStep + i * kWarps + warp;
+#pragma unroll
+        for (int e = 0; e < kAccesses; ++e) {
+          float v[kStateVec];
+          if (r < row_end) {
+            gdn_decode_conv_detail::load_state_vec<StateT, kStateVec>(place + i * kK + state_col(e),
+                                                                      v);
+          } else {
+#pragma unroll
+            for (int j = 0; j < kStateVec; ++j) v[j] = 0.0f;
+          }
+#pragma unroll
+          for (int j = 0; j < kStateVec; ++j) xa[i][e * kStateVec + j] = v[j];
+        }
+      }
+      update_rows(xa, row_begin + set * kStep);
+    }
+    // (Empty groups past the end: nothing left in flight that a later block's ring could meet.)
+    gdn_decode_conv_detail::stage_wait<0>();
+  } else {
+    for (int base = row_begin; base < row_end; base += 2 * kStep) {
+      if (base + kStep < row_end) load_rows(xb, base + kStep);
+      update_rows(xa, base);
+      if (base + kStep >= row_end) break;
+      if (base + 2 * kStep < row_end) load_rows(xa, base + 2 * kStep);
+      update_rows(xb, base + kStep);
+    }
   }
   if constexpr (kCluster > 1) {
     // Every block of the cluster has read the q/k history once all have arrived: this block's
@@ -350,12 +447,12 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
 template <typename QkvT, typename GateT, typename ALogT, typename DtBiasT, typename StateT,
           typename OutT, typename IndexT, typename WeightT, typename ConvT, int kK, int kV,
           int kWidth, int kWarps, bool kGated, bool kL2Norm, int kInvalidRule, bool kSilu,
-          int kStateVec, int kCluster = 1>
+          int kStateVec, int kCluster = 1, int kStages = 0>
 __global__ void __launch_bounds__(kWarps * 32) gdn_decode_conv_kernel(GdnDecodeConvParams p) {
   extern __shared__ __align__(16) float gdn_decode_conv_smem[];
   gdn_decode_conv_block<QkvT, GateT, ALogT, DtBiasT, StateT, OutT, IndexT, WeightT, ConvT, kK, kV,
-                        kWidth, kWarps, kGated, kL2Norm, kInvalidRule, kSilu, kStateVec, kCluster>(
-      p, gdn_decode_conv_smem);
+                        kWidth, kWarps, kGated, kL2Norm, kInvalidRule, kSilu, kStateVec, kCluster,
+                        kStages>(p, gdn_decode_conv_smem);
 }
 
 }  // namespace kjit

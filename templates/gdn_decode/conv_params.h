@@ -63,6 +63,9 @@ constexpr bool gdn_decode_conv_cluster_size(long long c) {
 /// blocks' warps by it.
 constexpr int gdn_decode_conv_rows_per_set(int k) { return k <= 128 ? 4 : 1; }
 
+/// The fused step's ring stages (0: no ring, the state rows in two register sets).
+constexpr bool gdn_decode_conv_stage_count(long long s) { return s == 0 || (s >= 2 && s <= 4); }
+
 #ifndef __CUDACC_RTC__
 /// Shared-memory floats of one block of the fused step: q [K], k [K], v [G V], alpha [G],
 /// beta [G] (G = HV / H), and in a cluster of `cluster` > 1 blocks the new pool columns of the
@@ -70,6 +73,18 @@ constexpr int gdn_decode_conv_rows_per_set(int k) { return k <= 128 ? 4 : 1; }
 constexpr long long gdn_decode_conv_smem_floats(long long k, long long v, long long group,
                                                 long long width, long long cluster) {
   return 2 * k + group * (v + 2) + (cluster > 1 ? 2 * k / cluster * (width - 1) : 0);
+}
+
+/// Shared-memory bytes of one block of the fused step: the floats above, and with a ring of
+/// `stages` > 0 (unclustered) from the next 16-byte boundary `stages` sets of
+/// gdn_decode_conv_rows_per_set(k) state rows of K elements of `state_bytes` per warp.
+constexpr long long gdn_decode_conv_smem_bytes(long long k, long long v, long long group,
+                                               long long width, long long cluster, long long warps,
+                                               long long stages, long long state_bytes) {
+  const long long floats = gdn_decode_conv_smem_floats(k, v, group, width, cluster);
+  if (stages == 0) return 4 * floats;
+  return (floats + 3) / 4 * 16 +
+         stages * warps * gdn_decode_conv_rows_per_set(static_cast<int>(k)) * k * state_bytes;
 }
 #endif
 

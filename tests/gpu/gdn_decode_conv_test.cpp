@@ -42,17 +42,18 @@ struct Case {
   /// Every invalid_every-th row is padding (0: none); row 2 (when B > 4) has an index >= slots.
   std::int64_t invalid_every = 4;
   int steps = 3;
-  /// options.conv->force_cluster (0: the planner's choice).
+  /// options.conv->force_cluster and force_stages (0: the planner's choice).
   int force_cluster = 0;
+  int force_stages = 0;
 
   std::string str() const {
     return fmt::format(
         "B={} H={} HV={} K={} V={} W={} L={}{} qkv={} state={} weight={} conv={} index={} "
-        "gated={} bias={} silu={} rule={} force_cluster={}",
+        "gated={} bias={} silu={} rule={} force_cluster={} force_stages={}",
         batch, heads, value_heads, k, v, width, columns, channel_major ? " (channel-major)" : "",
         to_string(qkv), to_string(state), to_string(weight), to_string(conv), to_string(index),
         gated, bias, silu, rule == GdnInvalidIndex::negative ? "negative" : "nonpositive",
-        force_cluster);
+        force_cluster, force_stages);
   }
 };
 
@@ -135,6 +136,7 @@ void run_case(const Case& c) {
   fused.conv = GdnDecodeConv{weight.view(true), c.bias ? bias.view(true) : TensorView{},
                              conv_fused.view(true), conv_options.activation};
   fused.conv->force_cluster = c.force_cluster;
+  fused.conv->force_stages = c.force_stages;
   GdnDecodeOptions ref_options = options;
   ref_options.conv = GdnDecodeConv{weight.view(false), c.bias ? bias.view(false) : TensorView{},
                                    conv_ref.view(false), conv_options.activation};
@@ -275,6 +277,34 @@ TEST_CASE("gdn_decode fused conv gpu: forced clusters at large batches and none 
   c.v = 16;
   c.force_cluster = 4;
   c.steps = 1;
+  run_case(c);
+}
+
+TEST_CASE("gdn_decode fused conv gpu: the state ring of 2, 3 and 4 stages") {
+  // Qwen3-Next at B = 256 (8-warp blocks, 256 rows: 8 sets) in each ring; B = 3 unclustered
+  // (32-warp blocks, 2 sets); 5 value heads of 48 rows per group (8 warps, a last set of 16
+  // rows) with the nonpositive rule and an f32 conv pool.
+  for (int stages : {2, 3, 4}) {
+    Case c;
+    c.batch = 256;
+    c.force_stages = stages;
+    c.steps = 2;
+    run_case(c);
+  }
+  Case c;
+  c.batch = 3;
+  c.force_cluster = 1;
+  c.force_stages = 3;
+  run_case(c);
+  c = Case{};
+  c.batch = 600;
+  c.heads = 1;
+  c.value_heads = 5;
+  c.v = 48;
+  c.conv = DType::f32;
+  c.rule = GdnInvalidIndex::nonpositive;
+  c.force_stages = 4;
+  c.steps = 2;
   run_case(c);
 }
 

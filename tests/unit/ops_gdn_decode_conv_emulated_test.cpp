@@ -45,10 +45,10 @@ using Host = test::HostTensor;
 
 template <typename QkvT, typename GateT, typename StateT, typename OutT, typename WeightT,
           typename ConvT, int kK, int kV, int kWidth, int kWarps, bool kGated, int kRule,
-          bool kSilu, int kStateVec, int kCluster = 1>
+          bool kSilu, int kStateVec, int kCluster = 1, int kStages = 0>
 void emulated_conv_kernel(GdnDecodeConvParams p) {
   gdn_decode_conv_block<QkvT, GateT, float, float, StateT, OutT, int, WeightT, ConvT, kK, kV,
-                        kWidth, kWarps, kGated, true, kRule, kSilu, kStateVec, kCluster>(
+                        kWidth, kWarps, kGated, true, kRule, kSilu, kStateVec, kCluster, kStages>(
       p, emulated_block_smem());
 }
 
@@ -68,8 +68,9 @@ struct Case {
   /// The planned arch. Few blocks on many SMs of sm_90 are clustered: the blocks of a cluster
   /// then run at once (emulated_launch_clusters).
   Arch arch{9, 0};
-  /// options.conv->force_cluster (0: the planner's choice).
+  /// options.conv->force_cluster and force_stages (0: the planner's choice).
   int force_cluster = 0;
+  int force_stages = 0;
 };
 
 void run(const Case& c, const std::string& expected_spec, void (*kernel)(GdnDecodeConvParams)) {
@@ -117,6 +118,7 @@ void run(const Case& c, const std::string& expected_spec, void (*kernel)(GdnDeco
   options.conv = GdnDecodeConv{weight.view(), c.bias ? bias.view() : TensorView{}, pool.view(),
                                c.silu ? ConvActivation::silu : ConvActivation::none};
   options.conv->force_cluster = c.force_cluster;
+  options.conv->force_stages = c.force_stages;
   const TensorView v_qkv = qkv.view(), v_a = a.view(), v_b = b.view(), v_alog = a_log.view(),
                    v_dt = dt_bias.view(), v_state = state.view(), v_idx = indices.view(),
                    v_out = out.view();
@@ -260,6 +262,48 @@ TEST_CASE("gdn_decode fused conv emulated: f32 state in 16-byte vectors over thr
       "silu=1,state_vec=4@sm_90",
       &emulated_conv_kernel<__nv_bfloat16, __nv_bfloat16, float, __nv_bfloat16, __nv_bfloat16,
                             __nv_bfloat16, 128, 16, 4, 8, false, kGdnInvalidNegative, true, 4>);
+}
+
+TEST_CASE("gdn_decode fused conv emulated: the state ring of 2, 3 and 4 stages") {
+  // 80 rows (G = 5, V = 16) over 8 warps of 4 rows: 3 sets, the last with 16 rows, so the ring
+  // wraps (2 stages), is filled past the end (4 stages: empty groups) and both; the slot rows
+  // (padding, index >= slots) skip the ring altogether.
+  Case c;
+  c.k = 128;  // 32 lanes x 4 floats: one 16-byte copy per lane and row
+  c.v = 16;
+  c.heads = 1;
+  c.value_heads = 5;
+  c.batch = 5;
+  c.sm_count = 1;  // 5 blocks >= 4 per SM: 8 warps
+  const std::string spec =
+      "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=f32,state=f32,out=bf16,index=i32,"
+      "weight=bf16,conv_state=bf16,k=128,v=16,width=4,warps=8,gated=0,l2norm=1,invalid=negative,"
+      "silu=1,state_vec=4,stages=";
+  SUBCASE("2 stages") {
+    c.force_stages = 2;
+    run(c, spec + "2@sm_90",
+        &emulated_conv_kernel<__nv_bfloat16, __nv_bfloat16, float, __nv_bfloat16, __nv_bfloat16,
+                              __nv_bfloat16, 128, 16, 4, 8, false, kGdnInvalidNegative, true, 4, 1,
+                              2>);
+  }
+  SUBCASE("3 stages, f32 conv pool and weights, nonpositive rule") {
+    c.force_stages = 3;
+    c.conv = c.weight = DType::f32;
+    c.rule = GdnInvalidIndex::nonpositive;
+    run(c,
+        "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=f32,state=f32,out=bf16,index=i32,"
+        "weight=f32,conv_state=f32,k=128,v=16,width=4,warps=8,gated=0,l2norm=1,"
+        "invalid=nonpositive,silu=1,state_vec=4,stages=3@sm_90",
+        &emulated_conv_kernel<__nv_bfloat16, __nv_bfloat16, float, __nv_bfloat16, float, float, 128,
+                              16, 4, 8, false, kGdnInvalidNonpositive, true, 4, 1, 3>);
+  }
+  SUBCASE("4 stages") {
+    c.force_stages = 4;
+    run(c, spec + "4@sm_90",
+        &emulated_conv_kernel<__nv_bfloat16, __nv_bfloat16, float, __nv_bfloat16, __nv_bfloat16,
+                              __nv_bfloat16, 128, 16, 4, 8, false, kGdnInvalidNegative, true, 4, 1,
+                              4>);
+  }
 }
 
 TEST_CASE("gdn_decode fused conv emulated: clusters of 8 (B = 5 on 132 SMs), blocks at once") {

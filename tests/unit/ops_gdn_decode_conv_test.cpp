@@ -4,6 +4,7 @@
 // without the option, the validation messages of every conv argument and refused option, and
 // the composed reference against a hand computation of one row.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <cmath>
 #include <cstdint>
@@ -195,6 +196,59 @@ TEST_CASE("gdn_decode fused conv plan: options.conv->force_cluster") {
         std::string::npos);
 }
 
+TEST_CASE("gdn_decode fused conv plan: options.conv->force_stages") {
+  const DeviceLimits h200 = DeviceLimits::for_arch(Arch{9, 0});
+  const auto forced = [](const Views& w, int stages, int cluster = 0) {
+    GdnDecodeOptions options = conv_options(w);
+    options.conv->force_stages = stages;
+    options.conv->force_cluster = cluster;
+    return options;
+  };
+  // The planner's own plans take no ring (spec without stages, two register sets).
+  for (std::int64_t batch : {1, 4, 256}) {
+    const Views w = views(batch);
+    const Plan p = plan(w, conv_options(w), h200);
+    CHECK_FALSE(p.launches[0].spec.has("stages"));
+    CHECK(p.explain().find("two register sets of 4 rows per warp") != std::string::npos);
+  }
+  // B = 256 (8-warp blocks) forced to 2, 3, 4 stages: the ring follows the 16-byte-aligned
+  // floats (2K + G (V + 2) = 516 floats -> 2064 bytes), stages x 8 warps x 4 rows x 512 bytes.
+  for (int stages : {2, 3, 4}) {
+    CAPTURE(stages);
+    const Views w = views(256);
+    const Plan p = plan(w, forced(w, stages), h200);
+    CHECK(p.launches[0].spec.get("stages") == std::to_string(stages));
+    CHECK(p.launches[0].shape.block.x == 256);
+    CHECK(p.launches[0].shape.dynamic_smem == 2064 + stages * 8 * 4 * 512);
+    CHECK(p.explain().find(fmt::format("a ring of {} sets of 4 rows per warp", stages)) !=
+          std::string::npos);
+    for (const LimitCheck& check : p.launches[0].checks) CHECK(check.ok());
+  }
+  // 1 is the register sets, said as forced; the spec is the planner's.
+  {
+    const Views w = views(256);
+    const Plan p = plan(w, forced(w, 1), h200);
+    CHECK(p.launches[0].spec == plan(w, conv_options(w), h200).launches[0].spec);
+    CHECK(p.explain().find("forced (options.conv->force_stages = 1)") != std::string::npos);
+  }
+  // Refused: a count that is not 0..4 (argument); a clustered plan (B = 1 on an H200 clusters
+  // unless told not to) and state vectors narrower than 16 bytes (plan).
+  const Views one = views(1);
+  CHECK(failure<InvalidArgument>(one, forced(one, 5), h200)
+            .find("options.conv->force_stages = 5 is not accepted; accepted: 0 (the planner's "
+                  "choice), 1 (state rows in registers), 2, 3 or 4") != std::string::npos);
+  CHECK(failure<InvalidArgument>(one, forced(one, -1), h200)
+            .find("force_stages = -1 is not accepted") != std::string::npos);
+  CHECK(failure<PlanError>(one, forced(one, 3), h200)
+            .find("force_stages = 3 needs an unclustered plan; this one takes clusters of 4 "
+                  "blocks") != std::string::npos);
+  CHECK(plan(one, forced(one, 3, 1), h200).launches[0].spec.get("stages") == "3");
+  const Views narrow = views(256, 16, 32, 64, 128);  // K = 64: 32 lanes x 2 floats
+  CHECK(failure<PlanError>(narrow, forced(narrow, 2), h200)
+            .find("force_stages = 2 needs 16-byte state vectors (cp.async copies 16 bytes); this "
+                  "plan accesses the state 8 bytes per lane (K = 64") != std::string::npos);
+}
+
 TEST_CASE("gdn_decode_conv specs: clusters of 1, 2, 4, 8 blocks, only from sm_90") {
   const std::string base =
       "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=bf16,state=f32,out=bf16,index=i32,"
@@ -214,6 +268,21 @@ TEST_CASE("gdn_decode_conv specs: clusters of 1, 2, 4, 8 blocks, only from sm_90
         std::string::npos);
   CHECK(refusal(",cluster=2@sm_80").find("cluster = 2 needs sm_90 or later") != std::string::npos);
   CHECK(refusal(",cluster=9@sm_90").find("out of range; accepted: 1..8") != std::string::npos);
+  // The state ring: 2..4 stages, unclustered, 16-byte vectors (f32 x 4 here; f16 x 4 is 8 bytes).
+  CHECK(refusal(",stages=3@sm_90").empty());
+  CHECK(refusal(",stages=1@sm_90").find("stages = 1; accepted: 0 (no ring), 2, 3 or 4") !=
+        std::string::npos);
+  CHECK(refusal(",cluster=2,stages=2@sm_90")
+            .find("stages = 2 needs cluster = 1 and 16-byte state vectors; the spec has cluster = "
+                  "2 and 16-byte vectors") != std::string::npos);
+  std::string half = base;
+  half.replace(half.find("state=f32"), 9, "state=f16");
+  try {
+    KernelSpec::parse(half + ",stages=2@sm_90");
+    FAIL("an f16 state in 8-byte vectors took a ring");
+  } catch (const Error& error) {
+    CHECK(std::string(error.what()).find("cluster = 1 and 8-byte vectors") != std::string::npos);
+  }
 }
 
 TEST_CASE("launch checks: clusters of more than 8 blocks, partial clusters, sm_80") {

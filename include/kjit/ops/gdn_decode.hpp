@@ -66,6 +66,10 @@ struct GdnDecodeConv {
   /// cluster of 2, 4 or 8 (sm_90 and later, V * HV / H state rows and 2K channels splitting
   /// evenly with at least 4 rows per block; PlanError otherwise). For tests and tuning.
   int force_cluster = 0;
+  /// 0 lets the planner choose; 1: each warp's state rows load into two register sets; 2, 3 or 4:
+  /// through a ring of that many sets in shared memory (cp.async; unclustered plans with 16-byte
+  /// state vectors, PlanError otherwise). For tests and tuning.
+  int force_stages = 0;
 };
 
 /// Options of gdn_decode / gdn_decode_gated and their plan twins.

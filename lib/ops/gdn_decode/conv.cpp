@@ -74,6 +74,29 @@ int cluster_blocks(const ConvProblem& cp, const DeviceLimits& device) {
   return chosen;
 }
 
+/// Sets of state rows per warp in the shared-memory ring (0: none, two register sets):
+/// options.conv->force_stages where set (PlanError where the plan cannot take a ring); else none.
+/// (A ring holds no registers for its loads in flight; not yet measured against the register
+/// sets, so the planner does not choose it by itself.)
+int ring_stages(const ConvProblem& cp, int cluster, int state_vec_bytes) {
+  if (cp.force_stages <= 1) return 0;
+  const decode::Problem& p = cp.step;
+  if (cluster > 1) {
+    throw PlanError(fmt::format(
+        "{}: options.conv->force_stages = {} needs an unclustered plan; this one takes clusters of "
+        "{} blocks (options.conv->force_cluster = 1 keeps one block per (row, q/k head))",
+        op_name(p.form), cp.force_stages, cluster));
+  }
+  if (state_vec_bytes != 16) {
+    throw PlanError(fmt::format(
+        "{}: options.conv->force_stages = {} needs 16-byte state vectors (cp.async copies 16 "
+        "bytes); this plan accesses the state {} bytes per lane (K = {}, {} pool aligned to {} "
+        "bytes)",
+        op_name(p.form), cp.force_stages, state_vec_bytes, p.k, to_string(p.state), p.vec_bytes));
+  }
+  return static_cast<int>(cp.force_stages);
+}
+
 /// Options that choose among the plain step's kernels have no meaning for the fused one.
 void reject_plain_options(Form form, const GdnDecodeOptions& options) {
   const auto refuse = [&](std::string_view what) {
@@ -173,6 +196,14 @@ ConvProblem ConvFamily::check(const Args& args) {
         op_name(form), conv.force_cluster));
   }
   cp.force_cluster = static_cast<std::int16_t>(conv.force_cluster);
+  if (conv.force_stages != 1 && !gdn_decode_conv_stage_count(conv.force_stages)) {
+    throw InvalidArgument(fmt::format(
+        "{}: options.conv->force_stages = {} is not accepted; accepted: 0 (the planner's choice), "
+        "1 (state rows in registers), 2, 3 or 4 (a ring of that many sets of rows per warp in "
+        "shared memory)",
+        op_name(form), conv.force_stages));
+  }
+  cp.force_stages = conv.force_stages;
   return cp;
 }
 
@@ -257,6 +288,19 @@ Planned<ConvChoice> ConvFamily::plan(const ConvProblem& cp, const DeviceLimits& 
           : fmt::format("state accessed one element per lane and instruction: K = {} is not a "
                         "multiple of 32 vectors of >= 4 bytes, or the pool is aligned to {} bytes",
                         p.k, p.vec_bytes));
+  const int stages = ring_stages(cp, cluster, state_vec * state_bytes);
+  const int rows_per_set = gdn_decode_conv_rows_per_set(static_cast<int>(p.k));
+  if (stages > 0) {
+    plan.reasons.push_back(fmt::format(
+        "state rows through a ring of {} sets of {} rows per warp in shared memory (cp.async): "
+        "forced (options.conv->force_stages = {})",
+        stages, rows_per_set, stages));
+  } else {
+    plan.reasons.push_back(fmt::format(
+        "state rows in two register sets of {} rows per warp (the next set's loads issued before "
+        "the current set's sums){}",
+        rows_per_set, cp.force_stages == 1 ? ": forced (options.conv->force_stages = 1)" : ""));
+  }
 
   std::vector<std::pair<std::string, std::string>> spec_params = step_spec_params(p);
   spec_params.insert(spec_params.end(), {{"weight", std::string(to_string(cp.weight))},
@@ -265,18 +309,21 @@ Planned<ConvChoice> ConvFamily::plan(const ConvProblem& cp, const DeviceLimits& 
                                          {"warps", std::to_string(warps)},
                                          {"silu", cp.silu ? "1" : "0"},
                                          {"state_vec", std::to_string(state_vec)}});
-  // (left out at 1: the specs of unclustered kernels stay what they were)
+  // (left out at 1 and 0: the specs of unclustered, unstaged kernels stay what they were)
   if (cluster > 1) spec_params.emplace_back("cluster", std::to_string(cluster));
+  if (stages > 0) spec_params.emplace_back("stages", std::to_string(stages));
   KernelSpec spec = KernelSpec::make("gdn_decode_conv", std::move(spec_params), device.arch);
   LaunchShape shape;
   shape.block = Dim3{static_cast<std::uint32_t>(warps * 32), 1, 1};
   shape.grid = Dim3{
       static_cast<std::uint32_t>(std::min<std::int64_t>(blocks * cluster, 0xFFFFFFFFll)), 1, 1};
   if (cluster > 1) shape.cluster = Dim3{static_cast<std::uint32_t>(cluster), 1, 1};
-  const std::int64_t smem = gdn_decode_conv_smem_floats(p.k, p.v, group, cp.width, cluster) * 4;
+  const std::int64_t smem =
+      gdn_decode_conv_smem_bytes(p.k, p.v, group, cp.width, cluster, warps, stages, state_bytes);
   shape.dynamic_smem = static_cast<std::uint32_t>(std::min<std::int64_t>(smem, 0xFFFFFFFFll));
   plan.reasons.push_back(fmt::format(
-      "{} B of shared memory per block: the conv output of its channels and its gates", smem));
+      "{} B of shared memory per block: the conv output of its channels and its gates{}", smem,
+      stages > 0 ? ", then the state ring" : ""));
   PlannedLaunch launch{std::move(spec), shape, check_launch(shape, device)};
   require_legal(launch.checks, fmt::format("{} (fused conv step)", plan.op));
   plan.launches.push_back(std::move(launch));

@@ -163,6 +163,8 @@ struct ConvProblem {
   DType weight = DType::f32, conv_state = DType::f32;
   bool has_bias = false;
   bool silu = true;
+  /// GdnDecodeConv::force_stages (0: the planner's choice; 64 bits: the problem has no padding).
+  std::int64_t force_stages = 0;
 };
 static_assert(std::has_unique_object_representations_v<ConvProblem> &&
               sizeof(ConvProblem) % 8 == 0);
