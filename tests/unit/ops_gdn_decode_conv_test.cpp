@@ -243,6 +243,11 @@ TEST_CASE("gdn_decode fused conv plan: options.conv->force_stages") {
             .find("force_stages = 3 needs an unclustered plan; this one takes clusters of 4 "
                   "blocks") != std::string::npos);
   CHECK(plan(one, forced(one, 3, 1), h200).launches[0].spec.get("stages") == "3");
+  // B = 4: 64 blocks of 32 warps (unclustered on an H200); 3 stages are 196,608 bytes of ring,
+  // 4 would be 262,144, more than a block may have: refused by the launch checks.
+  const Views four = views(4);
+  CHECK(plan(four, forced(four, 3), h200).launches[0].shape.dynamic_smem == 2064 + 3 * 32 * 2048);
+  CHECK(failure<PlanError>(four, forced(four, 4), h200).find("shared memory") != std::string::npos);
   const Views narrow = views(256, 16, 32, 64, 128);  // K = 64: 32 lanes x 2 floats
   CHECK(failure<PlanError>(narrow, forced(narrow, 2), h200)
             .find("force_stages = 2 needs 16-byte state vectors (cp.async copies 16 bytes); this "
