@@ -264,6 +264,24 @@ TEST_CASE("gdn_decode fused conv emulated: f32 state in 16-byte vectors over thr
                             __nv_bfloat16, 128, 16, 4, 8, false, kGdnInvalidNegative, true, 4>);
 }
 
+TEST_CASE("gdn_decode fused conv emulated: more channels than two per thread (K = 256)") {
+  // 2K + V = 528 channels over 8 warps: two passes of channel pairs, the second with 16 channels
+  // (each thread's first and second channel, then a tail).
+  Case c;
+  c.k = 256;
+  c.v = 16;
+  c.heads = 1;
+  c.value_heads = 1;
+  c.batch = 4;
+  c.sm_count = 1;
+  run(c,
+      "gdn_decode_conv:qkv=bf16,gate=bf16,a_log=f32,dt_bias=f32,state=f32,out=bf16,index=i32,"
+      "weight=bf16,conv_state=bf16,k=256,v=16,width=4,warps=8,gated=0,l2norm=1,invalid=negative,"
+      "silu=1,state_vec=4@sm_90",
+      &emulated_conv_kernel<__nv_bfloat16, __nv_bfloat16, float, __nv_bfloat16, __nv_bfloat16,
+                            __nv_bfloat16, 256, 16, 4, 8, false, kGdnInvalidNegative, true, 4>);
+}
+
 TEST_CASE("gdn_decode fused conv emulated: the state ring of 2, 3 and 4 stages") {
   // 80 rows (G = 5, V = 16) over 8 warps of 4 rows: 3 sets, the last with 16 rows, so the ring
   // wraps (2 stages), is filled past the end (4 stages: empty groups) and both; the slot rows
