@@ -20,11 +20,8 @@
 #include <cuda_fp16.h>
 
 #include "templates/causal_conv1d/params.h"
-#if defined(__CUDA_ARCH__)
-// (Device code only: the emulated tests compile this template as host C++, where the staged
-// prefill's copies are plain ones.)
+// (Its *_portable copies are plain ones where the emulated tests compile this as host C++.)
 #include "templates/common/cp_async.cuh"
-#endif
 #include "templates/common/vec.cuh"
 
 namespace kjit {
@@ -411,24 +408,6 @@ __device__ __forceinline__ uint4* stage_slots() {
 #endif
   return slots;
 }
-__device__ __forceinline__ void stage_copy16(uint4* dst, const void* src) {
-#if defined(__CUDA_ARCH__)
-  cp_async::copy16(dst, src);
-#else
-  *dst = *static_cast<const uint4*>(src);
-#endif
-}
-__device__ __forceinline__ void stage_commit() {
-#if defined(__CUDA_ARCH__)
-  cp_async::commit();
-#endif
-}
-template <int kPending>
-__device__ __forceinline__ void stage_wait() {
-#if defined(__CUDA_ARCH__)
-  cp_async::wait<kPending>();
-#endif
-}
 
 /// Issues tokens [t0, min(t0 + kChunk, count)) of x into one stage (`stage`: this thread's slot
 /// of token 0 of the stage; token u is kConvBlockThreads slots further) and commits them as one
@@ -440,11 +419,12 @@ __device__ __forceinline__ void stage_batch(const CausalConv1dParams& p, uint4* 
 #pragma unroll
   for (int u = 0; u < kChunk; ++u) {
     if (t0 + u < count) {
-      stage_copy16(stage + u * kConvBlockThreads,
-                   at<TIn, kVec>(p.x, x_off + (t0 + u) * p.x_token_stride, c0, p.x_channel_stride));
+      cp_async::copy16_portable(
+          stage + u * kConvBlockThreads,
+          at<TIn, kVec>(p.x, x_off + (t0 + u) * p.x_token_stride, c0, p.x_channel_stride));
     }
   }
-  stage_commit();
+  cp_async::commit_portable();
 }
 
 /// run_tokens_pipelined through shared memory: batches 0..kStages-2 were issued by the caller
@@ -460,7 +440,7 @@ __device__ __forceinline__ void run_tokens_staged(const CausalConv1dParams& p,
   const i64 batches = (count + kChunk - 1) / kChunk;
   for (i64 b = 0; b < batches; ++b) {
     // Groups committed: batches 0..b + kStages - 2; at most kStages - 2 pending: batch b is in.
-    stage_wait<kStages - 2>();
+    cp_async::wait_portable<kStages - 2>();
     stage_batch<TIn, kVec, kChunk>(p, mine + ((b + kStages - 1) % kStages) * kStageSlots, x_off,
                                    (b + kStages - 1) * kChunk, count, c0);
     const uint4* stage = mine + (b % kStages) * kStageSlots;
@@ -642,7 +622,7 @@ __global__ void __launch_bounds__(kConvBlockThreads, (kConvMinBlocks<kMode, kChu
       const i64 slot = load_int(p.state_indices, n, p.index_stride, p.index_bytes);
       if (!slot_valid(slot, p)) {
         // (Staged: the copies land before the next item's reuse the same slots.)
-        if constexpr (kStages > 0) stage_wait<0>();
+        if constexpr (kStages > 0) cp_async::wait_portable<0>();
         zero_rows<TOut, kVec>(p, o_off, p.out_token_stride, count, c0);
         continue;
       }
@@ -669,7 +649,8 @@ __global__ void __launch_bounds__(kConvBlockThreads, (kConvMinBlocks<kMode, kChu
       if constexpr (kStages > 0) {
         run_tokens_staged<TIn, TOut, kWidth, kVec, kChunk, kStages, kSilu>(p, conv, mine, x_off,
                                                                            o_off, count, c0);
-        stage_wait<0>();  // the empty groups past the end, before the next item's copies
+        cp_async::wait_portable<0>();  // the empty groups past the end, before the next item's
+                                       // copies
       } else {
         run_tokens_pipelined<TIn, TOut, kWidth, kVec, kChunk, kSilu>(p, conv, first_batch, x_off,
                                                                      o_off, count, c0);

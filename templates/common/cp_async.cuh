@@ -36,5 +36,29 @@ __device__ __forceinline__ void wait() {
 }
 
 #endif
+
+/// For templates that tests/common/cuda_warp_emulation.hpp also compiles as host C++, where a
+/// block's threads run as OS threads and nothing is asynchronous: on the device copy16 (16
+/// bytes, always whole), commit and wait; on the host a plain copy, and commit and wait have
+/// nothing to do. A thread that reads back only its own copies needs nothing else on either.
+__device__ __forceinline__ void copy16_portable(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__)
+  copy16(dst, src);
+#else
+  *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
+#endif
+}
+__device__ __forceinline__ void commit_portable() {
+#if defined(__CUDA_ARCH__)
+  commit();
+#endif
+}
+template <int kPending>
+__device__ __forceinline__ void wait_portable() {
+#if defined(__CUDA_ARCH__)
+  wait<kPending>();
+#endif
+}
+
 }  // namespace cp_async
 }  // namespace kjit

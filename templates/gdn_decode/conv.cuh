@@ -36,11 +36,8 @@
 #pragma once
 
 #include "templates/common/cluster.cuh"
-#if defined(__CUDA_ARCH__)
-// (Device code only: the emulated tests compile this template as host C++, where the staged
-// state copies are plain ones.)
+// (Its *_portable copies are plain ones where the emulated tests compile this as host C++.)
 #include "templates/common/cp_async.cuh"
-#endif
 #include "templates/common/gdn_math.cuh"
 #include "templates/common/vec.cuh"
 #include "templates/gdn_decode/conv_params.h"
@@ -69,27 +66,6 @@ __device__ __forceinline__ void load_state_vec(const T* src, float (&dst)[kVec])
 #pragma unroll
     for (int i = 0; i < kVec; ++i) dst[i] = raw.get(i);
   }
-}
-
-/// kStages > 0: 16 bytes of state from the pool into this lane's place in the stage ring (cp.async,
-/// L2 only), read back only by the same lane, so the group wait alone orders its reads.
-__device__ __forceinline__ void stage_copy16(void* dst, const void* src) {
-#if defined(__CUDA_ARCH__)
-  cp_async::copy16(dst, src);
-#else
-  *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
-#endif
-}
-__device__ __forceinline__ void stage_commit() {
-#if defined(__CUDA_ARCH__)
-  cp_async::commit();
-#endif
-}
-template <int kPending>
-__device__ __forceinline__ void stage_wait() {
-#if defined(__CUDA_ARCH__)
-  cp_async::wait<kPending>();
-#endif
 }
 
 /// The inverse of load_state_vec: kVec floats rounded to T, stored in one instruction.
@@ -313,12 +289,12 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
       if (r < row_end) {
 #pragma unroll
         for (int e = 0; e < kAccesses; ++e) {
-          gdn_decode_conv_detail::stage_copy16(place + i * kK + state_col(e),
-                                               state + static_cast<i64>(r) * kK + state_col(e));
+          cp_async::copy16_portable(place + i * kK + state_col(e),
+                                    state + static_cast<i64>(r) * kK + state_col(e));
         }
       }
     }
-    gdn_decode_conv_detail::stage_commit();
+    cp_async::commit_portable();
   };
   if constexpr (kStages > 0) {
 #pragma unroll
@@ -449,7 +425,7 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
       // Into the place set - 1 used: this lane read it (its values are in the stores of the last
       // update_rows) before this copy is issued.
       stage_rows(set + kStages - 1);
-      gdn_decode_conv_detail::stage_wait<kStages - 1>();
+      cp_async::wait_portable<kStages - 1>();
       const StateT* const place = ring_rows(set);
 #pragma unroll
       for (int i = 0; i < kRows; ++i) {
@@ -471,7 +447,7 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
       update_rows(xa, row_begin + set * kStep);
     }
     // (Empty groups past the end: nothing left in flight that a later block's ring could meet.)
-    gdn_decode_conv_detail::stage_wait<0>();
+    cp_async::wait_portable<0>();
   } else {
     for (int base = row_begin; base < row_end; base += 2 * kStep) {
       if (base + kStep < row_end) load_rows(xb, base + kStep);

@@ -31,6 +31,11 @@ struct uint2 {
   unsigned x, y;
 };
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+/// Only for name lookup of the cp.async helpers (templates/common/cp_async.cuh), which the host
+/// compile never calls: their *_portable forms copy plainly here.
+#if !defined(KJIT_EMULATED_PTX)  // (sm90_emulation.hpp has a real one)
+inline unsigned __cvta_generic_to_shared(const void*) { return 0; }
+#endif
 inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
 inline float __uint_as_float(unsigned u) {
   float f;

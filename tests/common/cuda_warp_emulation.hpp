@@ -32,8 +32,6 @@ template <typename T>
 void __stcs(T* p, T v) {
   *p = v;
 }
-/// Only for name lookup of the (never instantiated here) cp.async helpers.
-inline unsigned __cvta_generic_to_shared(const void*) { return 0; }
 
 /// The threads of the block being run, meeting at `barrier`; `smem`: its shared memory when
 /// the launch gives each block its own (emulated_launch_clusters).

@@ -63,9 +63,10 @@ extern "C" void __tsan_ignore_thread_begin();
 extern "C" void __tsan_ignore_thread_end();
 #endif
 
+// (Defined first: cuda_host_emulation.hpp then leaves __cvta_generic_to_shared to this file.)
+#define KJIT_EMULATED_PTX 1
 #include "common/cuda_host_emulation.hpp"
 
-#define KJIT_EMULATED_PTX 1
 #define __CUDA_ARCH__ 900
 #define __CUDA_ARCH_FEAT_SM90_ALL 1
 
