@@ -3,6 +3,7 @@
 // compiles for every target kjit ships, ptxas resources are read, and failures say where.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <chrono>
@@ -621,6 +622,47 @@ TEST_CASE("compile_source reports shared memory and launch bounds") {
   REQUIRE(from_cubin.has_value());
   CHECK(from_cubin->registers == report.at(output.lowered_name).registers);
   CHECK_FALSE(cubin_resources(output.cubin, "_Z5otherPf").has_value());
+}
+
+TEST_CASE("NVRTC runs on a stack of its own, not the caller's") {
+  // NVRTC's front end recurses with the source's nesting and crashes the process (SIGSEGV) when
+  // the stack runs out: a 4000-deep expression needs more than 8 MiB (NVRTC 13.0). Compiled from
+  // a thread with 1 MiB of stack, as threads of other runtimes have, this test died with the
+  // process before compile_source moved NVRTC onto a thread of its own.
+  const Compiler& c = nvrtc();
+  std::string expression = "x";
+  for (int depth = 0; depth < 4000; ++depth) expression = "(" + expression + " + 1)";
+  SourceProgram program;
+  program.name = "kjit_nested.cu";
+  program.source =
+      "__global__ void nested(int* out) { const int x = *out; *out = " + expression + "; }\n";
+  program.name_expression = "&nested";
+  program.options = c.compile_options_for(probe(false, "sm_90"));
+  program.what = "deeply nested test kernel";
+  struct Call {
+    const Compiler* compiler;
+    const SourceProgram* program;
+    std::string lowered_name;
+    std::string error;
+  } call{&c, &program, {}, {}};
+  const auto run = [](void* argument) -> void* {
+    auto* job = static_cast<Call*>(argument);
+    try {
+      job->lowered_name = job->compiler->compile_source(*job->program).lowered_name;
+    } catch (const std::exception& e) {
+      job->error = e.what();
+    }
+    return nullptr;
+  };
+  pthread_attr_t attributes;
+  REQUIRE(pthread_attr_init(&attributes) == 0);
+  REQUIRE(pthread_attr_setstacksize(&attributes, std::size_t{1} << 20) == 0);
+  pthread_t thread;
+  REQUIRE(pthread_create(&thread, &attributes, run, &call) == 0);
+  pthread_attr_destroy(&attributes);
+  REQUIRE(pthread_join(thread, nullptr) == 0);
+  CHECK(call.error.empty());
+  CHECK(call.lowered_name == "_Z6nestedPi");
 }
 
 TEST_CASE("cubin_resources agrees with the ptxas report on real kernels") {
