@@ -455,8 +455,10 @@ struct PrefillAnchor {
 
 // The anchor on `in`'s shape: its kernel alone and with the q/k normalization pass (GPU us), and
 // its out and final state against kjit's from the same initial state (relative L2).
+// same_inputs_us: kjit on the anchor's inputs (q and k normalized by the anchor's pass, g and beta
+// precomputed, no in-kernel norms), i.e. the same work as the anchor's kernel alone.
 struct AnchorRun {
-  double kernel_us = 0, with_norm_us = 0, out_diff = 0, state_diff = 0;
+  double kernel_us = 0, with_norm_us = 0, out_diff = 0, state_diff = 0, same_inputs_us = 0;
 };
 
 AnchorRun run_anchor(kjit::bench::Gpu& gpu, const PrefillAnchor& anchor, Inputs& in,
@@ -467,22 +469,25 @@ AnchorRun run_anchor(kjit::bench::Gpu& gpu, const PrefillAnchor& anchor, Inputs&
              state_bytes = static_cast<std::size_t>(n * hv * kDim * kDim) * 4;
   DeviceBuffer qn(qk_rows * kDim * 2), kn(qk_rows * kDim * 2), alpha(gates * 4), beta(gates * 4),
       cu64(static_cast<std::size_t>(n + 1) * 8), state_in(state_bytes), state_out(state_bytes),
-      out(gates * kDim * 2), workspace(std::size_t{1} << 20);
+      out(gates * kDim * 2), workspace(std::size_t{1} << 20), log_decay(gates * 4);
   // The gates as the anchor takes them, from the bench's raw ones by the reference's formulas.
   const auto a = host_copy(in.a), b = host_copy(in.b), a_log = host_copy(in.a_log),
              dt_bias = host_copy(in.dt_bias);
-  std::vector<float> host_alpha(gates), host_beta(gates);
+  std::vector<float> host_alpha(gates), host_beta(gates), host_g(gates);
   for (std::size_t i = 0; i < gates; ++i) {
     const auto head = static_cast<std::int64_t>(i % static_cast<std::size_t>(hv));
     const auto at = static_cast<std::int64_t>(i);
-    host_alpha[i] = static_cast<float>(std::exp(kjit::reference::gdn_log_decay(
+    const double g = kjit::reference::gdn_log_decay(
         load_as_double(a.data(), DType::bf16, at), load_as_double(a_log.data(), DType::f32, head),
-        load_as_double(dt_bias.data(), DType::f32, head), options.softplus_threshold)));
+        load_as_double(dt_bias.data(), DType::f32, head), options.softplus_threshold);
+    host_g[i] = static_cast<float>(g);
+    host_alpha[i] = static_cast<float>(std::exp(g));
     host_beta[i] =
         static_cast<float>(kjit::reference::gdn_sigmoid(load_as_double(b.data(), DType::bf16, at)));
   }
   alpha.upload(host_alpha);
   beta.upload(host_beta);
+  log_decay.upload(host_g);
   cu64.upload(std::vector<long long>(in.cu.begin(), in.cu.end()));
   kjit::bench::check(kjit::bench::cu().cuMemcpyDtoDAsync(state_in.ptr(), in.pool.ptr(), state_bytes,
                                                          gpu.cu_stream()),
@@ -521,6 +526,25 @@ AnchorRun run_anchor(kjit::bench::Gpu& gpu, const PrefillAnchor& anchor, Inputs&
   kjit::bench::flush_l2(gpu);
   run.with_norm_us = kjit::bench::median_gpu_us(
       gpu, [&](kjit::Stream) { enqueue(true); }, 20, 3);
+  // kjit on the same inputs (qn and kn hold the normalized rows since the first call above).
+  kjit::GdnPrefillOptions same = options;
+  same.l2norm_qk = false;
+  const auto view = [](const DeviceBuffer& buffer, DType dtype,
+                       std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(buffer.get(), dtype, shape);
+  };
+  const auto same_call = [&](kjit::Stream stream) {
+    kjit::gdn_prefill(view(qn, DType::bf16, {t, h, kDim}), view(kn, DType::bf16, {t, h, kDim}),
+                      view(in.v, DType::bf16, {t, hv, kDim}),
+                      kjit::GdnGates::precomputed(view(log_decay, DType::f32, {t, hv}),
+                                                  view(beta, DType::f32, {t, hv})),
+                      view(in.cu_dev, DType::i32, {n + 1}),
+                      view(in.pool, DType::f32, {n, hv, kDim, kDim}),
+                      view(in.indices, DType::i32, {n}), TensorView{},
+                      view(in.out, DType::bf16, {t, hv, kDim}), same, stream);
+  };
+  kjit::bench::flush_l2(gpu);
+  run.same_inputs_us = kjit::bench::median_gpu_us(gpu, same_call, 20, 3);
   return run;
 }
 
@@ -707,9 +731,13 @@ int run(int argc, char** argv) {
   };
   // "chunk us" and "state us": each kernel of the chunked path launched alone (their sum is
   // more than the call's time by the state kernel's overlap with the chunk kernel's tail).
-  std::printf("%4s %4s %8s %5s | %10s %10s %8s %9s | %8s %8s | %9s %9s | %9s %9s %7s %9s  %s\n",
+  // With an anchor: also kjit on the anchor's inputs ("same in": q and k normalized by its pass,
+  // g and beta precomputed, no norms in the kernel), the same work as the anchor's kernel alone.
+  std::printf("%4s %4s %8s %5s | %10s %10s %8s %9s | %8s %8s | %9s %9s | %9s %9s %7s %9s%s  %s\n",
               "H", "HV", "T", "seqs", "GPU us", "Mtok/s", "TFLOP/s", "host us", "fla us", "speedup",
-              "chunk us", "state us", "anchor", "+norm", "anch/kj", "diff", "planner's mode");
+              "chunk us", "state us", "anchor", "+norm", "anch/kj", "diff",
+              anchor ? fmt::format(" | {:>9} {:>7}", "same in", "anch/si").c_str() : "",
+              "planner's mode");
   for (const Anchor& s : anchors) {
     Inputs in = make_inputs(s.tokens, s.seqs, s.heads, s.value_heads);
     kjit::bench::flush_l2(*gpu);
@@ -741,8 +769,9 @@ int run(int argc, char** argv) {
                 host_us, s.fla_us, s.fla_us / us, alone(chunk_us).c_str(), alone(state_us).c_str());
     if (anchor) {
       const AnchorRun a = run_anchor(*gpu, *anchor, in, options);
-      std::printf(" %9.1f %9.1f %6.2fx %.0e/%.0e", a.kernel_us, a.with_norm_us, a.kernel_us / us,
-                  a.out_diff, a.state_diff);
+      std::printf(" %9.1f %9.1f %6.2fx %.0e/%.0e | %9.1f %6.2fx", a.kernel_us, a.with_norm_us,
+                  a.kernel_us / us, a.out_diff, a.state_diff, a.same_inputs_us,
+                  a.kernel_us / a.same_inputs_us);
     }
     // The planner's mode: it depends on the device (the warp-specialized kernel where DRAM is
     // slow per SM).
