@@ -29,6 +29,13 @@ __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
   return (u32(__bfloat16_as_ushort(v.y)) << 16) | u32(__bfloat16_as_ushort(v.x));
 }
 
+/// Two f32 -> one register of two f16 (round to nearest even); `lo` in the low half. The caller
+/// keeps the values inside f16's range (6.5e4): beyond it they become infinite.
+__device__ __forceinline__ u32 pack_f16(float lo, float hi) {
+  return (u32(__half_as_ushort(__float2half_rn(hi))) << 16) |
+         u32(__half_as_ushort(__float2half_rn(lo)));
+}
+
 #if !defined(KJIT_EMULATED_PTX)  // tests/common/sm90_emulation.hpp defines these on the CPU
 /// The transpose of an 8 x 8 matrix of 16-bit elements spread over a warp as an mma accumulator
 /// tile is (lane holds row lane / 4, columns 2 (lane % 4) and + 1, the lower column in the low
@@ -43,6 +50,15 @@ __device__ __forceinline__ u32 transpose8x8(u32 x) {
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// d += a * b for one 16x8x16 tile of f16 operands, f32 accumulate.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

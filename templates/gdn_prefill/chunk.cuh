@@ -128,6 +128,58 @@ __device__ __forceinline__ void mma_bt(float (&c)[2][4], const TfA& a, const flo
   }
 }
 
+/// A 16x16 mma A operand in f16 (m16n8k16's layout: k in order, no reordering needed).
+struct H16A {
+  u32 r[4];
+};
+
+/// The inverse's block products on tf32 operands (any input) or on f16 operands (half the mma
+/// instructions; only where every operand lies within [-16, 16], see F16Operands).
+struct TfOperands {
+  using A = TfA;
+  static __device__ __forceinline__ A load_transposed(const float* y, int g, int t4) {
+    return load_a_transposed(y, g, t4);
+  }
+  static __device__ __forceinline__ A from_acc(const float (&z)[2][4]) { return a_from_acc(z); }
+  static __device__ __forceinline__ void mma_bt(float (&c)[2][4], const A& a, const float* x, int g,
+                                                int t4) {
+    gdn_prefill_chunk_detail::mma_bt(c, a, x, g, t4);
+  }
+};
+
+/// f16 operands, f32 sums: the same 10-bit mantissa as tf32, a range of 6.5e4. Taken only where
+/// k is unit length (normalized in the kernel) and beta = sigmoid(b) <= 1: then |T_ij| <= beta_i
+/// <= 1 (column j of T is x_r = -beta_r k_r . w_(r-1) with w_r = (I - beta_r k_r k_r^T) w_(r-1),
+/// w_j = k_j, a contraction; the decay scales entry (i, j) by e^(g_i - g_j) <= 1), |A_ij| <= 1,
+/// and the partial products of 16 terms stay within 16 (docs/performance.md, "What FlashInfer's
+/// aux warpgroup does per chunk").
+struct F16Operands {
+  using A = H16A;
+  /// Y^T of the f32 16x16 block Y (pitch kLdA): element (r, k) = Y[k][r].
+  static __device__ __forceinline__ A load_transposed(const float* y, int g, int t4) {
+    const float* c0 = y + (2 * t4) * kLdA;
+    const float* c8 = c0 + 8 * kLdA;
+    return A{{mma::pack_f16(c0[g], c0[kLdA + g]), mma::pack_f16(c0[g + 8], c0[kLdA + g + 8]),
+              mma::pack_f16(c8[g], c8[kLdA + g]), mma::pack_f16(c8[g + 8], c8[kLdA + g + 8])}};
+  }
+  /// A operand from a 16x16 accumulator (two n-tiles of 8 columns: n-tile s is k-half s).
+  static __device__ __forceinline__ A from_acc(const float (&z)[2][4]) {
+    return A{{mma::pack_f16(z[0][0], z[0][1]), mma::pack_f16(z[0][2], z[0][3]),
+              mma::pack_f16(z[1][0], z[1][1]), mma::pack_f16(z[1][2], z[1][3])}};
+  }
+  /// c += a X^T for the f32 16x16 block X (pitch kLdA): B element (k, n) = X[n][k].
+  static __device__ __forceinline__ void mma_bt(float (&c)[2][4], const A& a, const float* x, int g,
+                                                int t4) {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float* row = x + (8 * nt + g) * kLdA + 2 * t4;
+      const float2 lo = *reinterpret_cast<const float2*>(row);
+      const float2 hi = *reinterpret_cast<const float2*>(row + 8);
+      mma::mma_f16(c[nt], a.r, mma::pack_f16(lo.x, lo.y), mma::pack_f16(hi.x, hi.y));
+    }
+  }
+};
+
 __device__ __forceinline__ void zero_acc(float (&c)[2][4]) {
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
@@ -491,7 +543,7 @@ __device__ __forceinline__ void invert_diagonal_block(float* s_a, const float* s
 ///   warp 0: T10 = -T11 (A10 T00)            warp 1: T32 = -T33 (A32 T22)
 ///   warp 2: T21 = -T22 (A21 T11); Z21 = (A21 T11)^T and Z31 = (A31 T11)^T kept
 ///   warp 3: Z20 = (A20 T00)^T, Z30 = (A30 T00)^T kept
-template <typename Element>
+template <typename Ops, typename Element>
 __device__ __forceinline__ void invert_first_products(float* s_a, const float* s_beta0, int warp,
                                                       int g, int t4, float (&z1)[2][4],
                                                       float (&z2)[2][4], Element&& element) {
@@ -503,25 +555,25 @@ __device__ __forceinline__ void invert_first_products(float* s_a, const float* s
   float c[2][4];
   zero_acc(c);
   if (warp == 0) {
-    mma_bt(z1, load_a_transposed(t_diag_block(s_a, 0), g, t4), a_blk(1, 0), g, t4);
-    mma_bt(c, a_from_acc(z1), t_diag_block(s_a, 1), g, t4);
+    Ops::mma_bt(z1, Ops::load_transposed(t_diag_block(s_a, 0), g, t4), a_blk(1, 0), g, t4);
+    Ops::mma_bt(c, Ops::from_acc(z1), t_diag_block(s_a, 1), g, t4);
     park_neg_transposed(parked_block(s_a, 1, 3), c, g, t4);
     store_t_block(element, s_beta0, 1, 0, c, g, t4);
   } else if (warp == 1) {
-    mma_bt(z1, load_a_transposed(t_diag_block(s_a, 2), g, t4), a_blk(3, 2), g, t4);
-    mma_bt(c, a_from_acc(z1), t_diag_block(s_a, 3), g, t4);
+    Ops::mma_bt(z1, Ops::load_transposed(t_diag_block(s_a, 2), g, t4), a_blk(3, 2), g, t4);
+    Ops::mma_bt(c, Ops::from_acc(z1), t_diag_block(s_a, 3), g, t4);
     park_neg_transposed(parked_block(s_a, 2, 3), c, g, t4);
     store_t_block(element, s_beta0, 3, 2, c, g, t4);
   } else if (warp == 2) {
-    const TfA t11 = load_a_transposed(t_diag_block(s_a, 1), g, t4);
-    mma_bt(z1, t11, a_blk(2, 1), g, t4);
-    mma_bt(z2, t11, a_blk(3, 1), g, t4);
-    mma_bt(c, a_from_acc(z1), t_diag_block(s_a, 2), g, t4);
+    const typename Ops::A t11 = Ops::load_transposed(t_diag_block(s_a, 1), g, t4);
+    Ops::mma_bt(z1, t11, a_blk(2, 1), g, t4);
+    Ops::mma_bt(z2, t11, a_blk(3, 1), g, t4);
+    Ops::mma_bt(c, Ops::from_acc(z1), t_diag_block(s_a, 2), g, t4);
     store_t_block(element, s_beta0, 2, 1, c, g, t4);
   } else {
-    const TfA t00 = load_a_transposed(t_diag_block(s_a, 0), g, t4);
-    mma_bt(z1, t00, a_blk(2, 0), g, t4);
-    mma_bt(z2, t00, a_blk(3, 0), g, t4);
+    const typename Ops::A t00 = Ops::load_transposed(t_diag_block(s_a, 0), g, t4);
+    Ops::mma_bt(z1, t00, a_blk(2, 0), g, t4);
+    Ops::mma_bt(z2, t00, a_blk(3, 0), g, t4);
   }
 }
 
@@ -529,7 +581,7 @@ __device__ __forceinline__ void invert_first_products(float* s_a, const float* s
 ///   warp 0: T20 = -T22 (A20 T00 + A21 T10)
 ///   warp 2: T31 = -(T32 X21 + T33 X31), X_m1 = A_m1 T11 (Z21, Z31 of 5b)
 ///   warp 3: T30 = -(T32 X20 + T33 X30), X_m0 = A_m0 T00 + A_m1 T10
-template <typename Element>
+template <typename Ops, typename Element>
 __device__ __forceinline__ void invert_second_products(float* s_a, const float* s_beta0, int warp,
                                                        int g, int t4, float (&z1)[2][4],
                                                        float (&z2)[2][4], Element&& element) {
@@ -542,37 +594,49 @@ __device__ __forceinline__ void invert_second_products(float* s_a, const float* 
   zero_acc(c);
   if (warp == 0) {
     zero_acc(z1);
-    mma_bt(z1, load_a_transposed(t_diag_block(s_a, 0), g, t4), a_blk(2, 0), g, t4);
-    mma_bt(z1, load_a_transposed(t10, g, t4), a_blk(2, 1), g, t4);
-    mma_bt(c, a_from_acc(z1), t_diag_block(s_a, 2), g, t4);
+    Ops::mma_bt(z1, Ops::load_transposed(t_diag_block(s_a, 0), g, t4), a_blk(2, 0), g, t4);
+    Ops::mma_bt(z1, Ops::load_transposed(t10, g, t4), a_blk(2, 1), g, t4);
+    Ops::mma_bt(c, Ops::from_acc(z1), t_diag_block(s_a, 2), g, t4);
     store_t_block(element, s_beta0, 2, 0, c, g, t4);
   } else if (warp == 2) {
-    mma_bt(c, a_from_acc(z1), t32, g, t4);
-    mma_bt(c, a_from_acc(z2), t_diag_block(s_a, 3), g, t4);
+    Ops::mma_bt(c, Ops::from_acc(z1), t32, g, t4);
+    Ops::mma_bt(c, Ops::from_acc(z2), t_diag_block(s_a, 3), g, t4);
     store_t_block(element, s_beta0, 3, 1, c, g, t4);
   } else if (warp == 3) {
-    const TfA t10a = load_a_transposed(t10, g, t4);
-    mma_bt(z1, t10a, a_blk(2, 1), g, t4);
-    mma_bt(z2, t10a, a_blk(3, 1), g, t4);
-    mma_bt(c, a_from_acc(z1), t32, g, t4);
-    mma_bt(c, a_from_acc(z2), t_diag_block(s_a, 3), g, t4);
+    const typename Ops::A t10a = Ops::load_transposed(t10, g, t4);
+    Ops::mma_bt(z1, t10a, a_blk(2, 1), g, t4);
+    Ops::mma_bt(z2, t10a, a_blk(3, 1), g, t4);
+    Ops::mma_bt(c, Ops::from_acc(z1), t32, g, t4);
+    Ops::mma_bt(c, Ops::from_acc(z2), t_diag_block(s_a, 3), g, t4);
     store_t_block(element, s_beta0, 3, 0, c, g, t4);
   }
 }
 
+/// The block products' operands: InverseOperands<kF16>::type.
+template <bool kF16>
+struct InverseOperands {
+  using type = TfOperands;
+};
+template <>
+struct InverseOperands<true> {
+  using type = F16Operands;
+};
+
 /// Steps 5a-c: T = (I + A)^-1 of the chunk whose A (and parked blocks) are in s_a, T' stored
 /// through `element`; `sync()` is the barrier of the four warps between the steps (each reads
-/// blocks another warp parked).
-template <typename Element, typename Sync>
+/// blocks another warp parked). kF16: the block products on f16 operands (F16Operands: only
+/// where k is normalized in the kernel and beta is a sigmoid), else tf32.
+template <bool kF16 = false, typename Element, typename Sync>
 __device__ __forceinline__ void invert_chunk(float* s_a, const float* s_beta0, int warp, int lane,
                                              Element&& element, Sync&& sync) {
+  using Ops = typename InverseOperands<kF16>::type;
   const int g = lane >> 2, t4 = lane & 3;
   invert_diagonal_block(s_a, s_beta0, warp, lane, element);
   sync();
   float z1[2][4], z2[2][4];
-  invert_first_products(s_a, s_beta0, warp, g, t4, z1, z2, element);
+  invert_first_products<Ops>(s_a, s_beta0, warp, g, t4, z1, z2, element);
   sync();
-  invert_second_products(s_a, s_beta0, warp, g, t4, z1, z2, element);
+  invert_second_products<Ops>(s_a, s_beta0, warp, g, t4, z1, z2, element);
 }
 
 #if KJIT_GDN_CHUNK_WGMMA
@@ -911,7 +975,8 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
 
       // 5a-c. T = (I + A)^-1: the diagonal blocks by forward substitution, then the block
       // products (see the top of the file), T' into the staging tile.
-      invert_chunk(
+      // (f16 block products where |T| <= 1 is guaranteed: k normalized here, beta a sigmoid.)
+      invert_chunk<kL2Norm && !kGated>(
           s_a, s_beta0, warp, lane, [&](int r, int c) { return s_t + r * kLd + c; },
           [] { __syncthreads(); });
       __syncthreads();

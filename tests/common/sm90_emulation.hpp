@@ -1128,6 +1128,35 @@ static inline void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   }
 }
 
+/// m16n8k16 with f16 operands (the layout of mma_bf16), f32 accumulate.
+static inline void mma_f16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
+  const u32 mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
+  const auto* all = emu::gather_warp(mine, sizeof(mine), "mma.sync f16");
+  const unsigned lane = emu::tid() % 32, g = lane / 4, t4 = lane % 4;
+  const auto half_at = [&](unsigned l, int reg, bool high) {
+    u32 w[6];
+    std::memcpy(w, all[l].data(), sizeof(w));
+    return kjit::support::f16_to_float(
+        static_cast<unsigned short>(high ? w[reg] >> 16 : w[reg] & 0xffffu));
+  };
+  for (int e = 0; e < 4; ++e) {
+    const int r = int(g) + (e >= 2 ? 8 : 0), n = int(2 * t4) + (e & 1);
+    float sum = 0.f;
+    for (int k = 0; k < 16; ++k) {
+      // A: lane 4 (r % 8) + (k % 8) / 2, register (r >= 8) + 2 (k >= 8); B: lane 4 n + (k % 8) /
+      // 2, register 4 + (k >= 8); the odd k in the high half.
+      const float av = half_at(4 * unsigned(r % 8) + unsigned(k % 8) / 2,
+                               (r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0), k % 2 != 0);
+      const float bv =
+          half_at(4 * unsigned(n) + unsigned(k % 8) / 2, 4 + (k >= 8 ? 1 : 0), k % 2 != 0);
+      sum += av * bv;
+    }
+    d[e] += sum;
+  }
+}
+
 /// m16n8k8 with tf32 operands (the low 13 bits of each operand ignored), f32 accumulate.
 static inline void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
   namespace emu = kjit_sm90_emulation;

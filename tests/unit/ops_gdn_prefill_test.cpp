@@ -247,6 +247,61 @@ TEST_CASE("gdn_prefill reference equals the chunked WY form in float64") {
   }
 }
 
+TEST_CASE("gdn_prefill: |T| <= max beta for unit k, the bound the f16 inverse relies on") {
+  // The kernels' inverse takes f16 operands (range 6.5e4) where k is normalized in the kernel and
+  // beta is a sigmoid (templates/gdn_prefill/chunk.cuh, F16Operands), on the bound |T_ij| <=
+  // beta_i for T = (I + A)^-1 with A_ij = beta_i (k_i . k_j) e^(g_i - g_j) below the diagonal.
+  // Checked in float64 on chunks meant to be hard: k in 1 to 3 dimensions (many parallel and
+  // anti-parallel pairs), beta at 1, no decay; and random ones. With |k| = 8 instead of 1 the
+  // same chunks exceed it by far, which is why the f16 form is not used for caller-normalized k.
+  constexpr int n = 64;
+  std::mt19937_64 rng(20261206);
+  std::normal_distribution<double> normal;
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  const auto largest_entry = [&](const std::vector<double>& k, std::size_t dims,
+                                 const std::vector<double>& beta, const std::vector<double>& g) {
+    double largest = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      std::vector<double> x(n, 0.0);
+      x[j] = 1.0;
+      for (std::size_t r = j + 1; r < n; ++r) {
+        double sum = 0;
+        for (std::size_t m = j; m < r; ++m) {
+          double dot = 0;
+          for (std::size_t d = 0; d < dims; ++d) dot += k[r * dims + d] * k[m * dims + d];
+          sum += beta[r] * dot * std::exp(g[r] - g[m]) * x[m];
+        }
+        x[r] = -sum;
+        largest = std::max(largest, std::abs(x[r]));
+      }
+    }
+    return largest;
+  };
+  double unnormalized_largest = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const std::size_t dims = std::array<std::size_t, 5>{1, 2, 3, 8, 128}[trial % 5];
+    std::vector<double> k(n * dims), beta(n), g(n);
+    double cumulative = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      double norm2 = 0;
+      for (std::size_t d = 0; d < dims; ++d) {
+        k[i * dims + d] = normal(rng);
+        norm2 += k[i * dims + d] * k[i * dims + d];
+      }
+      for (std::size_t d = 0; d < dims; ++d) k[i * dims + d] /= std::sqrt(norm2);
+      beta[i] = trial % 2 == 0 ? 1.0 : uniform(rng);
+      if (trial % 4 == 3) cumulative -= 0.3 * uniform(rng);  // a decay on some trials
+      g[i] = cumulative;
+    }
+    CAPTURE(trial);
+    CAPTURE(dims);
+    CHECK(largest_entry(k, dims, beta, g) <= *std::max_element(beta.begin(), beta.end()) + 1e-9);
+    for (double& v : k) v *= 8.0;
+    unnormalized_largest = std::max(unnormalized_largest, largest_entry(k, dims, beta, g));
+  }
+  CHECK(unnormalized_largest > 65504.0);  // past f16's range
+}
+
 TEST_CASE("gdn_prefill reference: padding, has_initial_state and in-place pool writes") {
   Problem pr = make_problem({5, 0, 9, 3}, 1, 2, 8, 4, 99);
   pr.indices = {-1, 2, 1, 4};  // seq 0 is padding
