@@ -170,63 +170,33 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
   const WeightT* bias = static_cast<const WeightT*>(p.conv_bias);
 
   // Everything that does not depend on the slot is loaded in the same round trip as the slot:
-  // the gates' inputs, then the conv's first term bias + w[W-1] x per channel (into shared
-  // memory; the same thread adds the history below, in causal_conv1d's order). Both come before
-  // any use: a store of a loaded value into shared memory waits for the load, so a load issued
-  // after such a store (the gates after the first term, a thread's second channel after its
-  // first) cost a round trip of its own, and the barrier behind the conv waits for the slowest
-  // thread (SASS of the B = 1 plan: threads 0 and 1 read the gates one round trip late).
+  // the conv's first term bias + w[W-1] x per channel (into shared memory; the same thread adds
+  // the history below, in causal_conv1d's order) and the gates.
   const long long slot = static_cast<long long>(
       static_cast<const IndexT*>(p.indices)[static_cast<i64>(n) * p.index_stride]);
-  const auto gate_inputs = [&](int t, float(&in)[4]) {
-    const u32 hv = h * group + static_cast<u32>(t);
-    in[0] = gdn::to_f32(static_cast<const GateT*>(p.a)[static_cast<i64>(n) * p.a_row_stride + hv]);
-    in[1] = gdn::to_f32(static_cast<const GateT*>(p.b)[static_cast<i64>(n) * p.b_row_stride + hv]);
-    in[2] = in[3] = 0.0f;
-    if constexpr (!kGated) {
-      in[2] = gdn::to_f32(static_cast<const ALogT*>(p.a_log)[hv]);
-      in[3] = gdn::to_f32(static_cast<const DtBiasT*>(p.dt_bias)[hv]);
-    }
-  };
-  float own_gate[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // value head t = tid, where tid < G
-  if (tid < static_cast<int>(group)) gate_inputs(tid, own_gate);
-  // Channels i and i + threads together (kPair per pass), loads of both before either store.
-  constexpr int kPair = 2;
-  for (int i0 = tid; i0 < channels; i0 += kPair * threads) {
-    float first[kPair];
-#pragma unroll
-    for (int u = 0; u < kPair; ++u) {
-      const int i = i0 + u * threads;
-      first[u] = 0.0f;
-      if (i < channels) {
-        const i64 c = channel(slot_of(i));
-        const float w_last =
-            gdn::to_f32(weight[c * p.weight_channel_stride + (kWidth - 1) * p.weight_tap_stride]);
-        first[u] = (bias != nullptr ? gdn::to_f32(bias[c * p.bias_stride]) : 0.0f) +
-                   w_last * gdn::to_f32(x_row[c]);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kPair; ++u) {
-      const int i = i0 + u * threads;
-      if (i < channels) smem[slot_of(i)] = first[u];
-    }
+  for (int i = tid; i < channels; i += threads) {
+    const int t = slot_of(i);
+    const i64 c = channel(t);
+    const float w_last =
+        gdn::to_f32(weight[c * p.weight_channel_stride + (kWidth - 1) * p.weight_tap_stride]);
+    smem[t] = (bias != nullptr ? gdn::to_f32(bias[c * p.bias_stride]) : 0.0f) +
+              w_last * gdn::to_f32(x_row[c]);
   }
   for (int t = tid; t < static_cast<int>(group); t += threads) {
-    float in[4];
-    if (t == tid) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) in[j] = own_gate[j];
-    } else {
-      gate_inputs(t, in);
-    }
+    const u32 hv = h * group + static_cast<u32>(t);
     float g, beta;
+    const float a =
+        gdn::to_f32(static_cast<const GateT*>(p.a)[static_cast<i64>(n) * p.a_row_stride + hv]);
+    const float b =
+        gdn::to_f32(static_cast<const GateT*>(p.b)[static_cast<i64>(n) * p.b_row_stride + hv]);
     if constexpr (kGated) {
-      g = in[0];
-      beta = in[1];
+      g = a;
+      beta = b;
     } else {
-      g = gdn::log_decay(in[0], in[2], in[3], p.softplus_threshold);
-      beta = gdn::sigmoid(in[1]);
+      g = gdn::log_decay(a, gdn::to_f32(static_cast<const ALogT*>(p.a_log)[hv]),
+                         gdn::to_f32(static_cast<const DtBiasT*>(p.dt_bias)[hv]),
+                         p.softplus_threshold);
+      beta = gdn::sigmoid(b);
     }
     alpha_s[t] = expf(g);
     beta_s[t] = beta;
@@ -305,55 +275,36 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
 
   // Phase 1, the history: the conv output of the group's channels and their new pool columns.
   ConvT* pool = static_cast<ConvT*>(p.conv_state) + slot * p.conv_slot_stride;
-  // Two channels per pass as above: both channels' history, taps and input are loaded before the
-  // first channel's new pool columns are stored (the compiler may not move a load past a store
-  // to the pool, which could alias it).
-  for (int i0 = tid; i0 < channels; i0 += kPair * threads) {
-    float hist[kPair][kWidth - 1], taps[kPair][kWidth - 1], x_new[kPair];
+  for (int i = tid; i < channels; i += threads) {
+    const int t = slot_of(i);
+    const i64 c = channel(t);
+    ConvT* column = pool + c * p.conv_channel_stride;
+    float hist[kWidth - 1];
 #pragma unroll
-    for (int u = 0; u < kPair; ++u) {
-      const int i = i0 + u * threads;
-      x_new[u] = 0.0f;
+    for (int j = 0; j < kWidth - 1; ++j) hist[j] = gdn::to_f32(column[j * p.conv_column_stride]);
+    float acc = smem[t];
 #pragma unroll
-      for (int j = 0; j < kWidth - 1; ++j) hist[u][j] = taps[u][j] = 0.0f;
-      if (i < channels) {
-        const i64 c = channel(slot_of(i));
-        const ConvT* column = pool + c * p.conv_channel_stride;
-#pragma unroll
-        for (int j = 0; j < kWidth - 1; ++j) {
-          hist[u][j] = gdn::to_f32(column[j * p.conv_column_stride]);
-          taps[u][j] = gdn::to_f32(weight[c * p.weight_channel_stride + j * p.weight_tap_stride]);
-        }
-        x_new[u] = gdn::to_f32(x_row[c]);
-      }
+    for (int j = 0; j < kWidth - 1; ++j) {
+      acc += gdn::to_f32(weight[c * p.weight_channel_stride + j * p.weight_tap_stride]) * hist[j];
     }
+    if constexpr (kSilu) acc = __fdividef(acc, 1.0f + __expf(-acc));
+    const float x_new = gdn::to_f32(x_row[c]);
+    if (kCluster == 1 || t >= 2 * kK) {
+      // This thread is the channel's only reader, so it may overwrite the columns it read.
 #pragma unroll
-    for (int u = 0; u < kPair; ++u) {
-      const int i = i0 + u * threads;
-      if (i >= channels) continue;
-      const int t = slot_of(i);
-      ConvT* column = pool + channel(t) * p.conv_channel_stride;
-      float acc = smem[t];
-#pragma unroll
-      for (int j = 0; j < kWidth - 1; ++j) acc += taps[u][j] * hist[u][j];
-      if constexpr (kSilu) acc = __fdividef(acc, 1.0f + __expf(-acc));
-      if (kCluster == 1 || t >= 2 * kK) {
-        // This thread is the channel's only reader, so it may overwrite the columns it read.
-#pragma unroll
-        for (int j = 0; j + 1 < kWidth - 1; ++j) {
-          column[j * p.conv_column_stride] = gdn::from_f32<ConvT>(hist[u][j + 1]);
-        }
-        column[(kWidth - 2) * p.conv_column_stride] = gdn::from_f32<ConvT>(x_new[u]);
-      } else if (t - qk_begin >= 0 && t - qk_begin < qk_share) {
-        // A q/k channel of this block's share: the other blocks of the cluster read its columns
-        // too, so the new ones wait in shared memory for the cluster barrier (end of the kernel).
-        float* staged = qk_columns_s + (t - qk_begin) * (kWidth - 1);
-#pragma unroll
-        for (int j = 0; j + 1 < kWidth - 1; ++j) staged[j] = hist[u][j + 1];
-        staged[kWidth - 2] = x_new[u];
+      for (int j = 0; j + 1 < kWidth - 1; ++j) {
+        column[j * p.conv_column_stride] = gdn::from_f32<ConvT>(hist[j + 1]);
       }
-      smem[t] = gdn::to_f32(gdn::from_f32<QkvT>(acc));
+      column[(kWidth - 2) * p.conv_column_stride] = gdn::from_f32<ConvT>(x_new);
+    } else if (t - qk_begin >= 0 && t - qk_begin < qk_share) {
+      // A q/k channel of this block's share: the other blocks of the cluster read its columns
+      // too, so the new ones wait in shared memory for the cluster barrier (end of the kernel).
+      float* staged = qk_columns_s + (t - qk_begin) * (kWidth - 1);
+#pragma unroll
+      for (int j = 0; j + 1 < kWidth - 1; ++j) staged[j] = hist[j + 1];
+      staged[kWidth - 2] = x_new;
     }
+    smem[t] = gdn::to_f32(gdn::from_f32<QkvT>(acc));
   }
   // This block has read its q/k history (release: those reads come before any block's writes of
   // the new columns, which follow its wait).

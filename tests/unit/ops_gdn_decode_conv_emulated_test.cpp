@@ -265,8 +265,8 @@ TEST_CASE("gdn_decode fused conv emulated: f32 state in 16-byte vectors over thr
 }
 
 TEST_CASE("gdn_decode fused conv emulated: more channels than two per thread (K = 256)") {
-  // 2K + V = 528 channels over 8 warps: two passes of channel pairs, the second with 16 channels
-  // (each thread's first and second channel, then a tail).
+  // 2K + V = 528 channels over 8 warps: three passes of the channel loops, the last with 16
+  // channels (a thread's first, second and third channel).
   Case c;
   c.k = 256;
   c.v = 16;
