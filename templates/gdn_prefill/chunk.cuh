@@ -134,7 +134,7 @@ struct H16A {
 };
 
 /// The inverse's block products on tf32 operands (any input) or on f16 operands (half the mma
-/// instructions; only where every operand lies within [-16, 16], see F16Operands).
+/// instructions; only where every operand is bounded far inside f16's range, see F16Operands).
 struct TfOperands {
   using A = TfA;
   static __device__ __forceinline__ A load_transposed(const float* y, int g, int t4) {
@@ -151,8 +151,8 @@ struct TfOperands {
 /// k is unit length (normalized in the kernel) and beta = sigmoid(b) <= 1: then |T_ij| <= beta_i
 /// <= 1 (column j of T is x_r = -beta_r k_r . w_(r-1) with w_r = (I - beta_r k_r k_r^T) w_(r-1),
 /// w_j = k_j, a contraction; the decay scales entry (i, j) by e^(g_i - g_j) <= 1), |A_ij| <= 1,
-/// and the partial products of 16 terms stay within 16 (docs/performance.md, "What FlashInfer's
-/// aux warpgroup does per chunk").
+/// and the partial products fed back as operands are sums of at most 32 such terms (X_m0 of step
+/// 5c) (docs/performance.md, "What FlashInfer's aux warpgroup does per chunk").
 struct F16Operands {
   using A = H16A;
   /// Y^T of the f32 16x16 block Y (pitch kLdA): element (r, k) = Y[k][r].
