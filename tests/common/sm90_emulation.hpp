@@ -1103,83 +1103,61 @@ static inline u32 transpose8x8(u32 x) {
   return at(c0, r) | (at(c0 + 1, r) << 16);
 }
 
-/// Element (r, k) of the 16 x 16 bf16 A and (k, n) of the 16 x 8 B of an m16n8k16 over the
-/// gathered (a[4], b0, b1) of the 32 lanes.
-static inline void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+/// One warp's m16n8kK mma (K = 16: two 16-bit elements per register; K = 8: one tf32 per
+/// register), f32 accumulate, over the gathered (a[4], b0, b1) of the 32 lanes. A (r, k) and
+/// B (k, n) sit where the PTX fragment layouts put them; element(word, k) decodes element k's
+/// value from its 32-bit register.
+template <int kK, typename Element>
+static inline void emulated_mma(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1, const char* what,
+                                Element&& element) {
+  static_assert(kK == 16 || kK == 8, "m16n8k16 (16-bit operands) or m16n8k8 (tf32)");
   namespace emu = kjit_sm90_emulation;
   const emu::Bookkeeping bookkeeping;
   const u32 mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
-  const auto* all = emu::gather_warp(mine, sizeof(mine), "mma.sync");
-  u32 frag[32][4];
-  for (unsigned l = 0; l < 32; ++l) std::memcpy(frag[l], all[l].data(), 16);
-  const unsigned lane = emu::tid() % 32, g = lane / 4, t4 = lane % 4;
-  for (int e = 0; e < 4; ++e) {
-    const int r = int(g) + (e >= 2 ? 8 : 0), n = int(2 * t4) + (e & 1);
-    float sum = 0.f;
-    for (int k = 0; k < 16; ++k) {
-      u32 bw[2];
-      std::memcpy(bw, all[4 * n + (k % 8) / 2].data() + 16, 8);
-      const u32 w = bw[k >= 8 ? 1 : 0];
-      const float b =
-          emu::bf16_bits_to_float(static_cast<unsigned short>((k % 2) ? w >> 16 : w & 0xffffu));
-      sum += emu::a_fragment(frag, r, k) * b;
-    }
-    d[e] += sum;
-  }
-}
-
-/// m16n8k16 with f16 operands (the layout of mma_bf16), f32 accumulate.
-static inline void mma_f16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-  namespace emu = kjit_sm90_emulation;
-  const emu::Bookkeeping bookkeeping;
-  const u32 mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
-  const auto* all = emu::gather_warp(mine, sizeof(mine), "mma.sync f16");
-  const unsigned lane = emu::tid() % 32, g = lane / 4, t4 = lane % 4;
-  const auto half_at = [&](unsigned l, int reg, bool high) {
-    u32 w[6];
-    std::memcpy(w, all[l].data(), sizeof(w));
-    return kjit::support::f16_to_float(
-        static_cast<unsigned short>(high ? w[reg] >> 16 : w[reg] & 0xffffu));
-  };
-  for (int e = 0; e < 4; ++e) {
-    const int r = int(g) + (e >= 2 ? 8 : 0), n = int(2 * t4) + (e & 1);
-    float sum = 0.f;
-    for (int k = 0; k < 16; ++k) {
-      // A: lane 4 (r % 8) + (k % 8) / 2, register (r >= 8) + 2 (k >= 8); B: lane 4 n + (k % 8) /
-      // 2, register 4 + (k >= 8); the odd k in the high half.
-      const float av = half_at(4 * unsigned(r % 8) + unsigned(k % 8) / 2,
-                               (r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0), k % 2 != 0);
-      const float bv =
-          half_at(4 * unsigned(n) + unsigned(k % 8) / 2, 4 + (k >= 8 ? 1 : 0), k % 2 != 0);
-      sum += av * bv;
-    }
-    d[e] += sum;
-  }
-}
-
-/// m16n8k8 with tf32 operands (the low 13 bits of each operand ignored), f32 accumulate.
-static inline void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-  namespace emu = kjit_sm90_emulation;
-  const emu::Bookkeeping bookkeeping;
-  const u32 mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
-  const auto* all = emu::gather_warp(mine, sizeof(mine), "mma.sync tf32");
-  const unsigned lane = emu::tid() % 32, g = lane / 4, t4 = lane % 4;
+  const auto* all = emu::gather_warp(mine, sizeof(mine), what);
   const auto word = [&](unsigned l, int reg) {
     u32 w[6];
     std::memcpy(w, all[l].data(), sizeof(w));
-    return __uint_as_float(w[reg] & 0xffffe000u);
+    return w[reg];
   };
+  // Per register: kK / 8 k values in a lane, 4 lanes a row of 8 (K = 16) or 4 (K = 8) k values.
+  constexpr int kPerLane = kK / 8, kPerRegister = 4 * kPerLane;
+  const unsigned lane = emu::tid() % 32, g = lane / 4, t4 = lane % 4;
   for (int e = 0; e < 4; ++e) {
     const int r = int(g) + (e >= 2 ? 8 : 0), n = int(2 * t4) + (e & 1);
     float sum = 0.f;
-    for (int k = 0; k < 8; ++k) {
+    for (int k = 0; k < kK; ++k) {
+      const unsigned quad_lane = unsigned(k % kPerRegister) / kPerLane;
+      const int high = k >= kPerRegister ? 1 : 0;
       const float av =
-          word(4 * unsigned(r % 8) + unsigned(k % 4), (r >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0));
-      const float bv = word(4 * unsigned(n) + unsigned(k % 4), 4 + (k >= 4 ? 1 : 0));
+          element(word(4 * unsigned(r % 8) + quad_lane, (r >= 8 ? 1 : 0) + 2 * high), k);
+      const float bv = element(word(4 * unsigned(n) + quad_lane, 4 + high), k);
       sum += av * bv;
     }
     d[e] += sum;
   }
+}
+
+/// m16n8k16, bf16 operands: element k in the low (even k) or high (odd k) half of its register.
+static inline void mma_bf16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  emulated_mma<16>(d, a, b0, b1, "mma.sync", [](u32 w, int k) {
+    return kjit_sm90_emulation::bf16_bits_to_float(
+        static_cast<unsigned short>((k % 2) ? w >> 16 : w & 0xffffu));
+  });
+}
+
+/// m16n8k16, f16 operands (the layout of mma_bf16).
+static inline void mma_f16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  emulated_mma<16>(d, a, b0, b1, "mma.sync f16", [](u32 w, int k) {
+    return kjit::support::f16_to_float(
+        static_cast<unsigned short>((k % 2) ? w >> 16 : w & 0xffffu));
+  });
+}
+
+/// m16n8k8, tf32 operands (the low 13 bits of each operand ignored).
+static inline void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  emulated_mma<8>(d, a, b0, b1, "mma.sync tf32",
+                  [](u32 w, int) { return __uint_as_float(w & 0xffffe000u); });
 }
 
 /// ldmatrix .x4 (trans: each 8 x 8 matrix transposed): lanes 8 i .. 8 i + 7 give the row
