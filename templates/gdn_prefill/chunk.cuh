@@ -85,49 +85,6 @@ struct TfA {
   u32 s[2][4];
 };
 
-/// A operand Y^T of the f32 16x16 block Y stored row-major (pitch kLdA): element (r, c) = Y[c][r].
-__device__ __forceinline__ TfA load_a_transposed(const float* y, int g, int t4) {
-  TfA a;
-#pragma unroll
-  for (int ks = 0; ks < 2; ++ks) {
-    const float* c0 = y + (8 * ks + 2 * t4) * kLdA;
-    a.s[ks][0] = mma::to_tf32(c0[g]);
-    a.s[ks][1] = mma::to_tf32(c0[g + 8]);
-    a.s[ks][2] = mma::to_tf32(c0[kLdA + g]);
-    a.s[ks][3] = mma::to_tf32(c0[kLdA + g + 8]);
-  }
-  return a;
-}
-
-/// A operand from a 16x16 accumulator (two n-tiles of 8 columns).
-__device__ __forceinline__ TfA a_from_acc(const float (&z)[2][4]) {
-  TfA a;
-#pragma unroll
-  for (int ks = 0; ks < 2; ++ks) {
-    a.s[ks][0] = mma::to_tf32(z[ks][0]);
-    a.s[ks][1] = mma::to_tf32(z[ks][2]);
-    a.s[ks][2] = mma::to_tf32(z[ks][1]);
-    a.s[ks][3] = mma::to_tf32(z[ks][3]);
-  }
-  return a;
-}
-
-/// c += a X^T for the f32 16x16 block X stored row-major: B element (k, n) = X[n][k]. tf32
-/// operands (11 significant bits, f32 range) with f32 sums are enough: the blocks of T leave this
-/// kernel as bf16 (8 bits), so the products' rounding stays well inside the store's.
-__device__ __forceinline__ void mma_bt(float (&c)[2][4], const TfA& a, const float* x, int g,
-                                       int t4) {
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    const float* row = x + (8 * nt + g) * kLdA + 2 * t4;
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      const float2 xb = *reinterpret_cast<const float2*>(row + 8 * ks);
-      mma::mma_tf32(c[nt], a.s[ks], mma::to_tf32(xb.x), mma::to_tf32(xb.y));
-    }
-  }
-}
-
 /// A 16x16 mma A operand in f16 (m16n8k16's layout: k in order, no reordering needed).
 struct H16A {
   u32 r[4];
@@ -135,15 +92,48 @@ struct H16A {
 
 /// The inverse's block products on tf32 operands (any input) or on f16 operands (half the mma
 /// instructions; only where every operand is bounded far inside f16's range, see F16Operands).
+/// tf32 operands (11 significant bits, f32 range) with f32 sums are enough: the blocks of T leave
+/// the kernels as bf16 (8 bits), so the products' rounding stays well inside the store's.
 struct TfOperands {
   using A = TfA;
+  /// A operand Y^T of the f32 16x16 block Y stored row-major (pitch kLdA): element (r, c) =
+  /// Y[c][r].
   static __device__ __forceinline__ A load_transposed(const float* y, int g, int t4) {
-    return load_a_transposed(y, g, t4);
+    A a;
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      const float* c0 = y + (8 * ks + 2 * t4) * kLdA;
+      a.s[ks][0] = mma::to_tf32(c0[g]);
+      a.s[ks][1] = mma::to_tf32(c0[g + 8]);
+      a.s[ks][2] = mma::to_tf32(c0[kLdA + g]);
+      a.s[ks][3] = mma::to_tf32(c0[kLdA + g + 8]);
+    }
+    return a;
   }
-  static __device__ __forceinline__ A from_acc(const float (&z)[2][4]) { return a_from_acc(z); }
+  /// A operand from a 16x16 accumulator (two n-tiles of 8 columns).
+  static __device__ __forceinline__ A from_acc(const float (&z)[2][4]) {
+    A a;
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      a.s[ks][0] = mma::to_tf32(z[ks][0]);
+      a.s[ks][1] = mma::to_tf32(z[ks][2]);
+      a.s[ks][2] = mma::to_tf32(z[ks][1]);
+      a.s[ks][3] = mma::to_tf32(z[ks][3]);
+    }
+    return a;
+  }
+  /// c += a X^T for the f32 16x16 block X stored row-major: B element (k, n) = X[n][k].
   static __device__ __forceinline__ void mma_bt(float (&c)[2][4], const A& a, const float* x, int g,
                                                 int t4) {
-    gdn_prefill_chunk_detail::mma_bt(c, a, x, g, t4);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float* row = x + (8 * nt + g) * kLdA + 2 * t4;
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        const float2 xb = *reinterpret_cast<const float2*>(row + 8 * ks);
+        mma::mma_tf32(c[nt], a.s[ks], mma::to_tf32(xb.x), mma::to_tf32(xb.y));
+      }
+    }
   }
 };
 
