@@ -91,20 +91,31 @@ Inputs make_inputs(std::int64_t tokens, std::int64_t seqs, std::int64_t heads,
   return in;
 }
 
-void call(Inputs& in, const kjit::GdnPrefillOptions& options, kjit::Stream stream) {
+// A contiguous view of a device buffer.
+TensorView view(const DeviceBuffer& buffer, DType dtype,
+                std::initializer_list<std::int64_t> shape) {
+  return TensorView::contiguous(buffer.get(), dtype, shape);
+}
+
+// The bench's raw gates (a, b, A_log, dt_bias) of `in`.
+kjit::GdnGates raw_gates(const Inputs& in) {
+  const std::int64_t t = in.tokens, hv = in.value_heads;
+  return kjit::GdnGates::raw(view(in.a, DType::bf16, {t, hv}), view(in.b, DType::bf16, {t, hv}),
+                             view(in.a_log, DType::f32, {hv}), view(in.dt_bias, DType::f32, {hv}));
+}
+
+// gdn_prefill on `in` with q, k and the gates given (the anchor's prepared inputs), or `in`'s own.
+void call(Inputs& in, const DeviceBuffer& q, const DeviceBuffer& k, const kjit::GdnGates& gates,
+          const kjit::GdnPrefillOptions& options, kjit::Stream stream) {
   const std::int64_t t = in.tokens, h = in.heads, hv = in.value_heads, n = in.seqs;
-  kjit::gdn_prefill(TensorView::contiguous(in.q.get(), DType::bf16, {t, h, kDim}),
-                    TensorView::contiguous(in.k.get(), DType::bf16, {t, h, kDim}),
-                    TensorView::contiguous(in.v.get(), DType::bf16, {t, hv, kDim}),
-                    kjit::GdnGates::raw(TensorView::contiguous(in.a.get(), DType::bf16, {t, hv}),
-                                        TensorView::contiguous(in.b.get(), DType::bf16, {t, hv}),
-                                        TensorView::contiguous(in.a_log.get(), DType::f32, {hv}),
-                                        TensorView::contiguous(in.dt_bias.get(), DType::f32, {hv})),
-                    TensorView::contiguous(in.cu_dev.get(), DType::i32, {n + 1}),
-                    TensorView::contiguous(in.pool.get(), DType::f32, {n, hv, kDim, kDim}),
-                    TensorView::contiguous(in.indices.get(), DType::i32, {n}), TensorView{},
-                    TensorView::contiguous(in.out.get(), DType::bf16, {t, hv, kDim}), options,
-                    stream);
+  kjit::gdn_prefill(
+      view(q, DType::bf16, {t, h, kDim}), view(k, DType::bf16, {t, h, kDim}),
+      view(in.v, DType::bf16, {t, hv, kDim}), gates, view(in.cu_dev, DType::i32, {n + 1}),
+      view(in.pool, DType::f32, {n, hv, kDim, kDim}), view(in.indices, DType::i32, {n}),
+      TensorView{}, view(in.out, DType::bf16, {t, hv, kDim}), options, stream);
+}
+void call(Inputs& in, const kjit::GdnPrefillOptions& options, kjit::Stream stream) {
+  call(in, in.q, in.k, raw_gates(in), options, stream);
 }
 
 // Downloads a device buffer of `dtype` to host bytes.
@@ -163,18 +174,11 @@ bool verify(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& options) {
 // The plan gdn_prefill runs for `in` under `options` (its mode names the path).
 kjit::Plan plan_of(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOptions& options) {
   const std::int64_t t = in.tokens, h = in.heads, hv = in.value_heads, n = in.seqs;
-  const auto view = [](void* p, DType d, std::initializer_list<std::int64_t> shape) {
-    return TensorView::contiguous(p, d, shape);
-  };
   return kjit::plan_gdn_prefill(
-      view(in.q.get(), DType::bf16, {t, h, kDim}), view(in.k.get(), DType::bf16, {t, h, kDim}),
-      view(in.v.get(), DType::bf16, {t, hv, kDim}),
-      kjit::GdnGates::raw(
-          view(in.a.get(), DType::bf16, {t, hv}), view(in.b.get(), DType::bf16, {t, hv}),
-          view(in.a_log.get(), DType::f32, {hv}), view(in.dt_bias.get(), DType::f32, {hv})),
-      view(in.cu_dev.get(), DType::i32, {n + 1}),
-      view(in.pool.get(), DType::f32, {n, hv, kDim, kDim}), view(in.indices.get(), DType::i32, {n}),
-      TensorView{}, view(in.out.get(), DType::bf16, {t, hv, kDim}), options,
+      view(in.q, DType::bf16, {t, h, kDim}), view(in.k, DType::bf16, {t, h, kDim}),
+      view(in.v, DType::bf16, {t, hv, kDim}), raw_gates(in), view(in.cu_dev, DType::i32, {n + 1}),
+      view(in.pool, DType::f32, {n, hv, kDim, kDim}), view(in.indices, DType::i32, {n}),
+      TensorView{}, view(in.out, DType::bf16, {t, hv, kDim}), options,
       gpu.runtime().device_limits(gpu.device));
 }
 
@@ -529,20 +533,9 @@ AnchorRun run_anchor(kjit::bench::Gpu& gpu, const PrefillAnchor& anchor, Inputs&
   // kjit on the same inputs (qn and kn hold the normalized rows since the first call above).
   kjit::GdnPrefillOptions same = options;
   same.l2norm_qk = false;
-  const auto view = [](const DeviceBuffer& buffer, DType dtype,
-                       std::initializer_list<std::int64_t> shape) {
-    return TensorView::contiguous(buffer.get(), dtype, shape);
-  };
-  const auto same_call = [&](kjit::Stream stream) {
-    kjit::gdn_prefill(view(qn, DType::bf16, {t, h, kDim}), view(kn, DType::bf16, {t, h, kDim}),
-                      view(in.v, DType::bf16, {t, hv, kDim}),
-                      kjit::GdnGates::precomputed(view(log_decay, DType::f32, {t, hv}),
-                                                  view(beta, DType::f32, {t, hv})),
-                      view(in.cu_dev, DType::i32, {n + 1}),
-                      view(in.pool, DType::f32, {n, hv, kDim, kDim}),
-                      view(in.indices, DType::i32, {n}), TensorView{},
-                      view(in.out, DType::bf16, {t, hv, kDim}), same, stream);
-  };
+  const kjit::GdnGates given = kjit::GdnGates::precomputed(view(log_decay, DType::f32, {t, hv}),
+                                                           view(beta, DType::f32, {t, hv}));
+  const auto same_call = [&](kjit::Stream stream) { call(in, qn, kn, given, same, stream); };
   kjit::bench::flush_l2(gpu);
   run.same_inputs_us = kjit::bench::median_gpu_us(gpu, same_call, 20, 3);
   return run;
