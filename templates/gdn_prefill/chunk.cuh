@@ -614,12 +614,13 @@ struct InverseOperands<true> {
 
 /// Steps 5a-c: T = (I + A)^-1 of the chunk whose A (and parked blocks) are in s_a, T' stored
 /// through `element`; `sync()` is the barrier of the four warps between the steps (each reads
-/// blocks another warp parked). kF16: the block products on f16 operands (F16Operands: only
-/// where k is normalized in the kernel and beta is a sigmoid), else tf32.
-template <bool kF16 = false, typename Element, typename Sync>
+/// blocks another warp parked). kL2Norm, kGated: the kernel's (k normalized in the kernel; gates
+/// given precomputed). The block products take f16 operands where that guarantees |T| <= 1 (k
+/// normalized here and beta a sigmoid: F16Operands), tf32 otherwise.
+template <bool kL2Norm, bool kGated, typename Element, typename Sync>
 __device__ __forceinline__ void invert_chunk(float* s_a, const float* s_beta0, int warp, int lane,
                                              Element&& element, Sync&& sync) {
-  using Ops = typename InverseOperands<kF16>::type;
+  using Ops = typename InverseOperands<kL2Norm && !kGated>::type;
   const int g = lane >> 2, t4 = lane & 3;
   invert_diagonal_block(s_a, s_beta0, warp, lane, element);
   sync();
@@ -965,8 +966,7 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
 
       // 5a-c. T = (I + A)^-1: the diagonal blocks by forward substitution, then the block
       // products (see the top of the file), T' into the staging tile.
-      // (f16 block products where |T| <= 1 is guaranteed: k normalized here, beta a sigmoid.)
-      invert_chunk<kL2Norm && !kGated>(
+      invert_chunk<kL2Norm, kGated>(
           s_a, s_beta0, warp, lane, [&](int r, int c) { return s_t + r * kLd + c; },
           [] { __syncthreads(); });
       __syncthreads();

@@ -104,8 +104,7 @@ struct WsChunkRole {
     float* const s_a = reinterpret_cast<float*>(smem + kWsSmem.a);
     const float* const s_beta0 =
         reinterpret_cast<const float*>(smem + kWsSmem.beta_t) + 64 * parity;
-    // (f16 block products where |T| <= 1 is guaranteed: k normalized here, beta a sigmoid.)
-    invert_chunk<kL2NormQK && !kGated>(
+    invert_chunk<kL2NormQK, kGated>(
         s_a, s_beta0, warp, lane, [&](int r, int c) { return sw128_element(t_tile, r, c); }, sync);
   }
 
