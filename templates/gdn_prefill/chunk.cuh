@@ -191,16 +191,21 @@ __device__ __forceinline__ void park_neg_transposed(float* dst, const float (&c)
 
 /// Stores block (bi, bj) of T' = T diag(beta) as bf16 from c = -(T_ij)^T; `element(r, c)` is the
 /// address of T' element (r, c) (a padded tile in the chunk kernel, a swizzled one in ws.cuh).
+/// Each 8 x 8 quarter is transposed in registers (movmatrix) so that a lane stores two adjacent
+/// columns of one T' row at once: four 4-byte stores instead of eight 2-byte ones.
 template <typename Element>
 __device__ __forceinline__ void store_t_block(Element&& element, const float* s_beta, int bi,
                                               int bj, const float (&c)[2][4], int g, int t4) {
-  const float b0 = s_beta[16 * bj + g], b1 = s_beta[16 * bj + g + 8];
+  const float b[2] = {s_beta[16 * bj + g], s_beta[16 * bj + g + 8]};
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int m = g + 8 * (e >> 1), n = 8 * nt + 2 * t4 + (e & 1);
-      *element(16 * bi + n, 16 * bj + m) = __float2bfloat16_rn(-c[nt][e] * (e < 2 ? b0 : b1));
+    for (int mh = 0; mh < 2; ++mh) {
+      // Quarter (rows m = 8 mh.., columns n = 8 nt..) of c: lane holds row g, columns 2 t4, + 1;
+      // transposed, row g of n and columns 2 t4, + 1 of m: T' row 16 bi + 8 nt + g.
+      const u32 pair =
+          mma::transpose8x8(mma::pack_bf16(-c[nt][2 * mh] * b[mh], -c[nt][2 * mh + 1] * b[mh]));
+      *reinterpret_cast<u32*>(element(16 * bi + 8 * nt + g, 16 * bj + 8 * mh + 2 * t4)) = pair;
     }
   }
 }
