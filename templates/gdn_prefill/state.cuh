@@ -1283,31 +1283,34 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       // to keep any wgmma in flight (C7512: every wgmma of the kernel waited for itself). The
       // tile is the warpgroup's from its turn until its products have read it.
       unsigned char* const s_tile = smem + kWsSmem.s_tile;
-      // q's norms, which only O needs (its columns are scaled by them after its last product):
-      // two threads a row, each one 128-byte slice of the swizzled q tile, read from a rotated
-      // chunk so that a quarter warp's eight rows hit eight different 16-byte bank groups. Done
-      // here instead of by the chunk warpgroup (an mma.sync Q Q^T diagonal beside its wgmma),
-      // which paced the kernel, and by the warpgroup going first alone (the other inverts; the
-      // profile: 14% of the inverting warpgroup's loop went to its own copy of the norms). Its
+      // q's norms, which only O needs (its columns are scaled by them after its last product).
+      // Done here instead of by the chunk warpgroup (an mma.sync Q Q^T diagonal beside its
+      // wgmma), which paced the kernel, and by the warpgroup going first alone (the other inverts;
+      // the profile: 14% of the inverting warpgroup's loop went to its own copy of the norms). Its
       // turn_pass publishes them to the other (its turn_wait of this chunk); the warpgroup
       // barrier below to its own other warps.
       if (ChunkRole::kL2Norm && goes_first) {
-        const int wt = tid & 127, r = wt >> 1, hf = wt & 1;
-        const unsigned char* const row = base + kSmem.q + hf * sw128::kSlice + r * 128;
-        float sum = 0.f;
+        // Each warp the diagonal blocks of Q Q^T of its 16 rows on mma.sync (ldmatrix from the
+        // swizzled tile): 8 loads and 16 products a warp, where the sums of squares were ~100
+        // instructions a thread. Each n-tile's 8 x 8 diagonal holds rows g (n-tile 0) and g + 8
+        // (n-tile 1); the lane with column g holds it.
+        const int qb = warp & 3;
+        const u32 q_tile = mma::smem_addr(base + kSmem.q);
+        float qq[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          const uint4 x = *reinterpret_cast<const uint4*>(row + (((c + r + 4 * hf) & 7) << 4));
-          const u32 w[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float lo = __uint_as_float(w[e] << 16), hi = __uint_as_float(w[e] & 0xffff0000u);
-            sum = fmaf(lo, lo, sum);
-            sum = fmaf(hi, hi, sum);
-          }
+        for (int ks = 0; ks < kKSteps; ++ks) {
+          u32 aq[4];
+          mma::load_a_sw128(aq, q_tile, 16 * qb, 16 * ks);
+          mma::mma_bf16(qq[0], aq, aq[0], aq[2]);
+          mma::mma_bf16(qq[1], aq, aq[1], aq[3]);
         }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        if (hf == 0) s_rqw[r] = p.scale * gdn::l2_inv_norm(sum);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          float d = 2 * t4 == g ? qq[hf][2 * hf] : (2 * t4 + 1 == g ? qq[hf][2 * hf + 1] : 0.f);
+          d += __shfl_xor_sync(0xffffffffu, d, 1);
+          d += __shfl_xor_sync(0xffffffffu, d, 2);
+          if (t4 == 0) s_rqw[16 * qb + g + 8 * hf] = p.scale * gdn::l2_inv_norm(d);
+        }
       }
       mark(kWsProfStateNorms);
       // T' of this chunk: the second warpgroup inverts (I + A) from the chunk warpgroup's A tile
