@@ -39,7 +39,9 @@
 // T32 = -T33 A32 T22, and the lower-left quadrant is -T2 A_BL T1 (T1, T2 the inverses of the
 // 32x32 halves). The block products run on tf32 mma (11 significant bits, f32 sums), transposed
 // (C^T = B^T A^T) so that a product's accumulator is the next product's A operand. The f32
-// blocks T_ii, T10 and T32 are parked in the unused upper blocks of A's tile.
+// blocks T_ii, T10 and T32 are parked in the unused upper blocks of A's tile. Where the products
+// take f16 operands (F16Operands), A's off-diagonal blocks and the parked blocks are stored as f16
+// (each in the first 32 bytes of its f32 place's rows) and read by ldmatrix.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -70,6 +72,14 @@ using gdn_prefill_detail::ex2;
 using gdn_prefill_detail::kLog2e;
 
 constexpr int kLdA = 68;  // f32 row pitch of A (and of the parked T blocks)
+/// The same rows' pitch in 16-bit elements: an f16 16x16 block (F16Operands) sits in the first 32
+/// bytes of each row of its f32 block's place, rows 272 bytes apart (17 16-byte units: the eight
+/// rows of an 8 x 8 matrix in eight different bank groups, as ldmatrix wants them).
+constexpr int kLdH = 2 * kLdA;
+
+/// Whether the inverse's block products take f16 operands (F16Operands, see there): where the
+/// kernel normalizes k itself and beta is a sigmoid (raw gates).
+constexpr bool inverse_f16(bool l2norm, bool gated) { return l2norm && !gated; }
 
 /// An int as a type (a warp index, a flag), for code compiled once per value.
 template <int kValue>
@@ -135,6 +145,28 @@ struct TfOperands {
       }
     }
   }
+  /// The same for a parked block of T (f32, row-major like A's).
+  static __device__ __forceinline__ void mma_bt_parked(float (&c)[2][4], const A& a, const float* t,
+                                                       int g, int t4) {
+    mma_bt(c, a, t, g, t4);
+  }
+  /// With c = -(T_ij)^T (the products compute -T_ij^T), parks T_ij (f32, row-major) at `dst`:
+  /// dst[n][m] = -c[m][n].
+  static __device__ __forceinline__ void park(float* dst, const float (&c)[2][4], int g, int t4) {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int m = g + 8 * (e >> 1), n = 8 * nt + 2 * t4 + (e & 1);
+        dst[n * kLdA + m] = -c[nt][e];
+      }
+    }
+  }
+  /// Parks column `col` (x[r] = T_r,col) of a diagonal block of T at `dst` (f32, row-major).
+  static __device__ __forceinline__ void park_column(float* dst, const float (&x)[16], int col) {
+#pragma unroll
+    for (int r = 0; r < 16; ++r) dst[r * kLdA + col] = x[r];
+  }
 };
 
 /// f16 operands, f32 sums: the same 10-bit mantissa as tf32, a range of 6.5e4. Taken only where
@@ -143,50 +175,84 @@ struct TfOperands {
 /// w_j = k_j, a contraction; the decay scales entry (i, j) by e^(g_i - g_j) <= 1), |A_ij| <= 1,
 /// and the partial products fed back as operands are sums of at most 32 such terms (X_m0 of step
 /// 5c) (docs/performance.md, "What FlashInfer's aux warpgroup does per chunk").
+/// The operands are stored as f16 where they are made, in the first 32 bytes of each row of their
+/// f32 block's place (pitch kLdH): A's off-diagonal blocks row-major (the decay pass's
+/// store_a_pair), T's parked blocks as T^T (the accumulators' orientation, and the forward
+/// substitution's columns as rows), so every operand is one ldmatrix. The same roundings as
+/// rounding the f32 blocks at each load: the results are bit for bit those of f32 storage.
 struct F16Operands {
   using A = H16A;
-  /// Y^T of the f32 16x16 block Y (pitch kLdA): element (r, k) = Y[k][r].
-  static __device__ __forceinline__ A load_transposed(const float* y, int g, int t4) {
-    const float* c0 = y + (2 * t4) * kLdA;
-    const float* c8 = c0 + 8 * kLdA;
-    return A{{mma::pack_f16(c0[g], c0[kLdA + g]), mma::pack_f16(c0[g + 8], c0[kLdA + g + 8]),
-              mma::pack_f16(c8[g], c8[kLdA + g]), mma::pack_f16(c8[g + 8], c8[kLdA + g + 8])}};
+  static __device__ __forceinline__ const __nv_bfloat16* b16(const float* block) {
+    return reinterpret_cast<const __nv_bfloat16*>(block);  // (ldmatrix moves 16-bit words)
+  }
+  /// A operand T^T of a parked block of T (stored as T^T).
+  static __device__ __forceinline__ A load_transposed(const float* t, int, int) {
+    A a;
+    mma::load_a(a.r, b16(t), kLdH);
+    return a;
   }
   /// A operand from a 16x16 accumulator (two n-tiles of 8 columns: n-tile s is k-half s).
   static __device__ __forceinline__ A from_acc(const float (&z)[2][4]) {
     return A{{mma::pack_f16(z[0][0], z[0][1]), mma::pack_f16(z[0][2], z[0][3]),
               mma::pack_f16(z[1][0], z[1][1]), mma::pack_f16(z[1][2], z[1][3])}};
   }
-  /// c += a X^T for the f32 16x16 block X (pitch kLdA): B element (k, n) = X[n][k].
-  static __device__ __forceinline__ void mma_bt(float (&c)[2][4], const A& a, const float* x, int g,
-                                                int t4) {
+  /// c += a X^T for an off-diagonal block X of A (row-major): B element (k, n) = X[n][k].
+  static __device__ __forceinline__ void mma_bt(float (&c)[2][4], const A& a, const float* x, int,
+                                                int) {
+    u32 b[4];
+    mma::load_b2(b, b16(x), kLdH);
+    mma::mma_f16(c[0], a.r, b[0], b[1]);
+    mma::mma_f16(c[1], a.r, b[2], b[3]);
+  }
+  /// c += a T^T for a parked block of T (stored as T^T = S): B element (k, n) = S[k][n].
+  static __device__ __forceinline__ void mma_bt_parked(float (&c)[2][4], const A& a, const float* t,
+                                                       int, int) {
+    u32 b[4];
+    mma::load_b2_trans(b, b16(t), kLdH);
+    mma::mma_f16(c[0], a.r, b[0], b[1]);
+    mma::mma_f16(c[1], a.r, b[2], b[3]);
+  }
+  /// With c = -(T_ij)^T, parks T_ij at `dst` as T_ij^T = -c: lane (g, t4) holds row g + 8 hf,
+  /// columns 8 nt + 2 t4 and + 1 of it, one 4-byte store each.
+  static __device__ __forceinline__ void park(float* dst, const float (&c)[2][4], int g, int t4) {
+    __half* const d = reinterpret_cast<__half*>(dst);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      const float* row = x + (8 * nt + g) * kLdA + 2 * t4;
-      const float2 lo = *reinterpret_cast<const float2*>(row);
-      const float2 hi = *reinterpret_cast<const float2*>(row + 8);
-      mma::mma_f16(c[nt], a.r, mma::pack_f16(lo.x, lo.y), mma::pack_f16(hi.x, hi.y));
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        *reinterpret_cast<u32*>(d + (g + 8 * hf) * kLdH + 8 * nt + 2 * t4) =
+            mma::pack_f16(-c[nt][2 * hf], -c[nt][2 * hf + 1]);
+      }
     }
   }
+  /// Parks column `col` (x[r] = T_r,col) of a diagonal block of T at `dst`: row `col` of T^T,
+  /// two 16-byte stores.
+  static __device__ __forceinline__ void park_column(float* dst, const float (&x)[16], int col) {
+    uint4* const row = reinterpret_cast<uint4*>(reinterpret_cast<__half*>(dst) + col * kLdH);
+    row[0] = make_uint4(mma::pack_f16(x[0], x[1]), mma::pack_f16(x[2], x[3]),
+                        mma::pack_f16(x[4], x[5]), mma::pack_f16(x[6], x[7]));
+    row[1] = make_uint4(mma::pack_f16(x[8], x[9]), mma::pack_f16(x[10], x[11]),
+                        mma::pack_f16(x[12], x[13]), mma::pack_f16(x[14], x[15]));
+  }
 };
+
+/// Stores A's pair (i, j), (i, j + 1) into its tile: f32, or where the inverse takes f16
+/// operands (kF16) and the pair lies left of the diagonal block, f16 in the block's f16 place
+/// (F16Operands). The diagonal blocks stay f32: the forward substitution reads them.
+template <bool kF16>
+__device__ __forceinline__ void store_a_pair(float* s_a, int i, int j, float x0, float x1,
+                                             bool off_diagonal) {
+  if (kF16 && off_diagonal) {
+    __half* const a = reinterpret_cast<__half*>(s_a);
+    *reinterpret_cast<u32*>(a + i * kLdH + 32 * (j >> 4) + (j & 15)) = mma::pack_f16(x0, x1);
+  } else {
+    *reinterpret_cast<float2*>(s_a + i * kLdA + j) = make_float2(x0, x1);
+  }
+}
 
 __device__ __forceinline__ void zero_acc(float (&c)[2][4]) {
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
-}
-
-/// With c = W = (T_ij)^T negated (the products below compute -T_ij^T), parks T_ij (f32,
-/// row-major) at `dst`: dst[n][m] = -c[m][n].
-__device__ __forceinline__ void park_neg_transposed(float* dst, const float (&c)[2][4], int g,
-                                                    int t4) {
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int m = g + 8 * (e >> 1), n = 8 * nt + 2 * t4 + (e & 1);
-      dst[n * kLdA + m] = -c[nt][e];
-    }
-  }
 }
 
 /// Stores block (bi, bj) of T' = T diag(beta) as bf16 from c = -(T_ij)^T; `element(r, c)` is the
@@ -210,7 +276,8 @@ __device__ __forceinline__ void store_t_block(Element&& element, const float* s_
   }
 }
 
-/// The f32 blocks of T parked in the unused upper blocks of A's tile (pitch kLdA): block (r, c).
+/// The blocks of T parked in the unused upper blocks of A's tile (the operands' park and
+/// park_column say how they are stored), and A's blocks: the place of block (r, c).
 __device__ __forceinline__ float* parked_block(float* s_a, int r, int c) {
   return s_a + (16 * r) * kLdA + 16 * c;
 }
@@ -359,7 +426,8 @@ struct ChunkGates {
 /// f_i e^(gamma_i - gamma_j) X_ij with f_i = row_factor(i); below the diagonal block the decay is
 /// a row factor times the column factor s_cf, the diagonal block takes one exponential per
 /// element (masked by selects: the upper part's exponentials may overflow and are discarded).
-/// store_pair(i, j, x_j, x_j+1) writes two columns. kWithDiagonal = 0 (A): strictly lower, the
+/// store_pair(i, j, x_j, x_j+1, off_diagonal) writes two columns (off_diagonal: left of the
+/// diagonal block, for store_a_pair). kWithDiagonal = 0 (A): strictly lower, the
 /// upper blocks left alone (the parked T blocks live there); 1 (P): the diagonal included and the
 /// upper blocks zero-filled. kRow is a constant, so which blocks are off-diagonal, diagonal or
 /// zero is known at compile time (13% of this pass's instructions were branches when it was not).
@@ -376,7 +444,7 @@ __device__ __forceinline__ void decay_row_block(float (&x)[8][4], const float* s
       x[nt][2 * hf] = x0;
       x[nt][2 * hf + 1] = x1;
     } else {
-      store_pair(i, j, x0, x1);
+      store_pair(i, j, x0, x1, nt < 2 * kRow);
     }
   };
 #pragma unroll
@@ -413,7 +481,7 @@ __device__ __forceinline__ void decay_row_block(float (&x)[8][4], const float* s
 }
 
 /// Stores what decay_row_block<kRow, 0, true> left in x: the blocks left of and on the diagonal
-/// block of row block kRow, through store_pair(i, j, x_j, x_j+1).
+/// block of row block kRow, through store_pair(i, j, x_j, x_j+1, off_diagonal).
 template <int kRow, typename StorePair>
 __device__ __forceinline__ void store_row_block(const float (&x)[8][4], int g, int t4,
                                                 StorePair&& store_pair) {
@@ -421,7 +489,8 @@ __device__ __forceinline__ void store_row_block(const float (&x)[8][4], int g, i
   for (int hf = 0; hf < 2; ++hf) {
 #pragma unroll
     for (int nt = 0; nt < 2 * kRow + 2; ++nt) {
-      store_pair(kRow * 16 + g + 8 * hf, nt * 8 + 2 * t4, x[nt][2 * hf], x[nt][2 * hf + 1]);
+      store_pair(kRow * 16 + g + 8 * hf, nt * 8 + 2 * t4, x[nt][2 * hf], x[nt][2 * hf + 1],
+                 nt < 2 * kRow);
     }
   }
 }
@@ -490,13 +559,14 @@ __device__ __forceinline__ void per_warp_index(int warp, Pass&& pass) {
 /// Step 5a, half-warp h of warp w < 2 (block b = 2 w + h): T_bb = (I + A_bb)^-1 by forward
 /// substitution, lane c (mod 16) owning column c:
 /// x_r = -sum_{m<r} A_rm x_m (r > c), x_c = 1, x_r = 0 above (exact zeros in the sums); parked in
-/// f32 and stored as T' (times beta_c) through `element`. Right-looking: once x_m is known it goes
-/// into every later row's sum, so x_{m+1} is one FMA behind x_m. Each sum still adds its terms in
-/// the order m = 0, 1, ... (the same roundings as summing row by row), but the row-by-row form
-/// waited for row r's loads and then its whole FMA chain before row r + 1 could finish: the ws
-/// kernel's profile measured this step at ~2000 cycles of the inverting state warpgroup's chunk
-/// (docs/performance.md). A's columns are read four at a time (float4 of each row below).
-template <typename Element>
+/// A's tile (Ops::park_column) and stored as T' (times beta_c) through `element`. Right-looking:
+/// once x_m is known it goes into every later row's sum, so x_{m+1} is one FMA behind x_m. Each sum
+/// still adds its terms in the order m = 0, 1, ... (the same roundings as summing row by row), but
+/// the row-by-row form waited for row r's loads and then its whole FMA chain before row r + 1 could
+/// finish: the ws kernel's profile measured this step at ~2000 cycles of the inverting state
+/// warpgroup's chunk (docs/performance.md). A's columns are read four at a time (float4 of each row
+/// below).
+template <typename Ops, typename Element>
 __device__ __forceinline__ void invert_diagonal_block(float* s_a, const float* s_beta0, int warp,
                                                       int lane, Element&& element) {
   // Each half-warp of warps 0 and 1 takes one block (block 2 warp + lane / 16); warps 2 and 3 go
@@ -525,13 +595,11 @@ __device__ __forceinline__ void invert_diagonal_block(float* s_a, const float* s
       }
     }
   }
-  float* td = t_diag_block(s_a, blk);
+  Ops::park_column(t_diag_block(s_a, blk), x, c);
   const float bc = s_beta0[16 * blk + c];
 #pragma unroll
-  for (int r = 0; r < 16; ++r) {
-    td[r * kLdA + c] = x[r];
+  for (int r = 0; r < 16; ++r)
     *element(16 * blk + r, 16 * blk + c) = __float2bfloat16_rn(x[r] * bc);
-  }
 }
 
 /// Step 5b, products in transposed form (c = -T_ij^T, Z = X^T); T' blocks through `element`:
@@ -551,19 +619,19 @@ __device__ __forceinline__ void invert_first_products(float* s_a, const float* s
   zero_acc(c);
   if (warp == 0) {
     Ops::mma_bt(z1, Ops::load_transposed(t_diag_block(s_a, 0), g, t4), a_blk(1, 0), g, t4);
-    Ops::mma_bt(c, Ops::from_acc(z1), t_diag_block(s_a, 1), g, t4);
-    park_neg_transposed(parked_block(s_a, 1, 3), c, g, t4);
+    Ops::mma_bt_parked(c, Ops::from_acc(z1), t_diag_block(s_a, 1), g, t4);
+    Ops::park(parked_block(s_a, 1, 3), c, g, t4);
     store_t_block(element, s_beta0, 1, 0, c, g, t4);
   } else if (warp == 1) {
     Ops::mma_bt(z1, Ops::load_transposed(t_diag_block(s_a, 2), g, t4), a_blk(3, 2), g, t4);
-    Ops::mma_bt(c, Ops::from_acc(z1), t_diag_block(s_a, 3), g, t4);
-    park_neg_transposed(parked_block(s_a, 2, 3), c, g, t4);
+    Ops::mma_bt_parked(c, Ops::from_acc(z1), t_diag_block(s_a, 3), g, t4);
+    Ops::park(parked_block(s_a, 2, 3), c, g, t4);
     store_t_block(element, s_beta0, 3, 2, c, g, t4);
   } else if (warp == 2) {
     const typename Ops::A t11 = Ops::load_transposed(t_diag_block(s_a, 1), g, t4);
     Ops::mma_bt(z1, t11, a_blk(2, 1), g, t4);
     Ops::mma_bt(z2, t11, a_blk(3, 1), g, t4);
-    Ops::mma_bt(c, Ops::from_acc(z1), t_diag_block(s_a, 2), g, t4);
+    Ops::mma_bt_parked(c, Ops::from_acc(z1), t_diag_block(s_a, 2), g, t4);
     store_t_block(element, s_beta0, 2, 1, c, g, t4);
   } else {
     const typename Ops::A t00 = Ops::load_transposed(t_diag_block(s_a, 0), g, t4);
@@ -591,18 +659,18 @@ __device__ __forceinline__ void invert_second_products(float* s_a, const float* 
     zero_acc(z1);
     Ops::mma_bt(z1, Ops::load_transposed(t_diag_block(s_a, 0), g, t4), a_blk(2, 0), g, t4);
     Ops::mma_bt(z1, Ops::load_transposed(t10, g, t4), a_blk(2, 1), g, t4);
-    Ops::mma_bt(c, Ops::from_acc(z1), t_diag_block(s_a, 2), g, t4);
+    Ops::mma_bt_parked(c, Ops::from_acc(z1), t_diag_block(s_a, 2), g, t4);
     store_t_block(element, s_beta0, 2, 0, c, g, t4);
   } else if (warp == 2) {
-    Ops::mma_bt(c, Ops::from_acc(z1), t32, g, t4);
-    Ops::mma_bt(c, Ops::from_acc(z2), t_diag_block(s_a, 3), g, t4);
+    Ops::mma_bt_parked(c, Ops::from_acc(z1), t32, g, t4);
+    Ops::mma_bt_parked(c, Ops::from_acc(z2), t_diag_block(s_a, 3), g, t4);
     store_t_block(element, s_beta0, 3, 1, c, g, t4);
   } else if (warp == 3) {
     const typename Ops::A t10a = Ops::load_transposed(t10, g, t4);
     Ops::mma_bt(z1, t10a, a_blk(2, 1), g, t4);
     Ops::mma_bt(z2, t10a, a_blk(3, 1), g, t4);
-    Ops::mma_bt(c, Ops::from_acc(z1), t32, g, t4);
-    Ops::mma_bt(c, Ops::from_acc(z2), t_diag_block(s_a, 3), g, t4);
+    Ops::mma_bt_parked(c, Ops::from_acc(z1), t32, g, t4);
+    Ops::mma_bt_parked(c, Ops::from_acc(z2), t_diag_block(s_a, 3), g, t4);
     store_t_block(element, s_beta0, 3, 0, c, g, t4);
   }
 }
@@ -625,9 +693,9 @@ struct InverseOperands<true> {
 template <bool kL2Norm, bool kGated, typename Element, typename Sync>
 __device__ __forceinline__ void invert_chunk(float* s_a, const float* s_beta0, int warp, int lane,
                                              Element&& element, Sync&& sync) {
-  using Ops = typename InverseOperands<kL2Norm && !kGated>::type;
+  using Ops = typename InverseOperands<inverse_f16(kL2Norm, kGated)>::type;
   const int g = lane >> 2, t4 = lane & 3;
-  invert_diagonal_block(s_a, s_beta0, warp, lane, element);
+  invert_diagonal_block<Ops>(s_a, s_beta0, warp, lane, element);
   sync();
   float z1[2][4], z2[2][4];
   invert_first_products<Ops>(s_a, s_beta0, warp, g, t4, z1, z2, element);
@@ -945,13 +1013,13 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
         constexpr int kW = decltype(warp_index)::value;
         decay_row_block<kW, 0>(
             acc_g, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int i) { return s_beta[i] * s_rk[i]; },
-            [&](int i, int j, float x0, float x1) {
-              *reinterpret_cast<float2*>(s_a + i * kLdA + j) = make_float2(x0, x1);
+            [&](int i, int j, float x0, float x1, bool off_diagonal) {
+              store_a_pair<inverse_f16(kL2Norm, kGated)>(s_a, i, j, x0, x1, off_diagonal);
             });
         if constexpr (!kStateP) {
           decay_row_block<3 - kW, 1>(
               acc_p, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int i) { return s_rq[i]; },
-              [&](int i, int j, float x0, float x1) {
+              [&](int i, int j, float x0, float x1, bool) {
                 *reinterpret_cast<u32*>(s_p + i * kLd + j) = mma::pack_bf16(x0, x1);
               });
         }

@@ -5,10 +5,11 @@
 //
 //   warpgroup 2 (the chunk role, below): copies each chunk's raw q, k and v rows into a ring of
 //     three stages (cp.async, q and k 128-byte swizzled) and computes, one chunk ahead of the state
-//     warpgroups, most of what the chunk kernel (chunk.cuh) writes to the workspace: A (f32, into
-//     one tile) and P transposed (decay_col_block, from K Q^T, so that each warp's rows of P^T
-//     and of A balance) into a ring of two swizzled T' / P^T slots, and the decay scales into the
-//     stage; from K K^T and K Q^T on wgmma, k's norms from the diagonal of K K^T and the gates.
+//     warpgroups, most of what the chunk kernel (chunk.cuh) writes to the workspace: A (into one
+//     tile; f32, its off-diagonal blocks f16 where the inverse takes f16 operands) and P transposed
+//     (decay_col_block, from K Q^T, so that each warp's rows of P^T and of A balance) into a ring
+//     of two swizzled T' / P^T slots, and the decay scales into the stage; from K K^T and K Q^T on
+//     wgmma, k's norms from the diagonal of K K^T and the gates.
 //   warpgroups 0 and 1 (state.cuh, state_wide with a chunk role): the state recurrence on wgmma,
 //     64 rows of V each, taking turns through one shared bf16 S tile for their first products.
 //     By chunk parity one goes first and takes q's norms from the stage's q tile (both apply them
@@ -282,7 +283,7 @@ struct WsChunkRole {
       gates.store_beta_and_factors(scanned, lane, s_rk, s_beta, s_cf);
       tp = prof.add(kWsProfChunkProducts, tp);
       // 4. The decay pass: P^T's block row `warp` (decay_col_block) into the slot's swizzled tile,
-      // and A (f32, strictly lower) of block row `warp` (decay_row_block) computed into acc_g,
+      // and A (strictly lower) of block row `warp` (decay_row_block) computed into acc_g,
       // once per warp index. Everything but A's stores runs before the wait for A's tile: the
       // decay pass of chunk c + 1 and the inverse of chunk c were one cycle through that tile, as
       // long as the loop (docs/performance.md, "Where the warpgroups wait").
@@ -303,7 +304,7 @@ struct WsChunkRole {
               });
           decay_row_block<kW, 0, true>(
               acc_g, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int i) { return s_beta[i] * s_rk[i]; },
-              [](int, int, float, float) {});
+              [](int, int, float, float, bool) {});
         });
       }
       // The chunk's scales into the stage: every row (rows past the end have zero q, k and gates,
@@ -325,8 +326,8 @@ struct WsChunkRole {
       if constexpr (!kGdnWsNoDecay) {
         per_warp_index(warp, [&](auto warp_index) {
           store_row_block<decltype(warp_index)::value>(
-              acc_g, g, t4, [&](int i, int j, float x0, float x1) {
-                *reinterpret_cast<float2*>(s_a + i * kLdA + j) = make_float2(x0, x1);
+              acc_g, g, t4, [&](int i, int j, float x0, float x1, bool off_diagonal) {
+                store_a_pair<inverse_f16(kL2NormQK, kGated)>(s_a, i, j, x0, x1, off_diagonal);
               });
         });
       }

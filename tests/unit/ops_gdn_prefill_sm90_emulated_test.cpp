@@ -76,6 +76,11 @@ struct Case {
   /// The pool and checkpoints as fla keeps states: each [HV, K, V] block contiguous, passed as
   /// its transpose (the state_layout=kv kernels).
   bool k_major = false;
+  /// Keys close to one direction per head (k = u + noise / 4): k_i . k_j near 1 after the norms,
+  /// so the off-diagonal blocks of T = (I + A)^-1 are as large as the diagonal ones. With
+  /// independent random keys they are ~0.05, and an error in the inverse's block products (a
+  /// transposed operand) moved the outputs by less than the tolerance.
+  bool correlated_keys = false;
   /// Interleavings to run (each a seed of the scheduler), every one checked: 4, or under ASan 1
   /// (it checks the memory accesses, which every interleaving makes alike) and under TSan 2 (it
   /// checks the happens-before order of every pair of accesses in the interleaving it sees, not
@@ -111,7 +116,15 @@ void run(const Case& c, const std::vector<Kernel>& kernels) {
     init_host[static_cast<std::size_t>(i)] = i == 1 ? 0 : 1;
   }
   const Bytes q = random_bytes(rng, DType::bf16, t * h * kd, 1.0);
-  const Bytes k = random_bytes(rng, DType::bf16, t * h * kd, 1.0);
+  Bytes k = random_bytes(rng, DType::bf16, t * h * kd, 1.0);
+  if (c.correlated_keys) {
+    const Bytes u = random_bytes(rng, DType::f32, h * kd, 1.0);
+    for (std::int64_t i = 0; i < t * h * kd; ++i) {
+      const double x = support::load_as_double(u.data(), DType::f32, i % (h * kd)) +
+                       0.25 * support::load_as_double(k.data(), DType::bf16, i);
+      support::store_from_double(k.data(), DType::bf16, i, x);
+    }
+  }
   const Bytes v = random_bytes(rng, DType::bf16, t * hv * vd, 1.0);
   Bytes ga, gb, a_log = random_bytes(rng, DType::f32, hv, 0.5, -1.0),
                 dt_bias = random_bytes(rng, DType::f32, hv, 0.5);
@@ -246,6 +259,17 @@ TEST_CASE("gdn_prefill ws emulated: lengths around the chunk and the stage ring,
                     gdn_prefill_detail::smem, sizeof(gdn_prefill_detail::smem)>}});
 }
 
+TEST_CASE("gdn_prefill ws emulated: keys close to one direction, raw gates (the f16 inverse)") {
+  Case c;
+  c.lengths = {200, 3, 1, 70};
+  c.correlated_keys = true;
+  run(c, {{"gdn_prefill_ws:qkv=bf16,gate=bf16,param=f32,state=f32,out=bf16,cu=i32,index=i32,"
+           "k=128,v=128,gated=0,l2norm=1,ckpt=0@sm_90a",
+           &emulate<&gdn_prefill_ws_kernel<__nv_bfloat16, __nv_bfloat16, float, float,
+                                           __nv_bfloat16, int, int, 128, 128, false, true, false>,
+                    gdn_prefill_detail::smem, sizeof(gdn_prefill_detail::smem)>}});
+}
+
 TEST_CASE("gdn_prefill ws emulated: checkpoints every 64 tokens, precomputed gates, bf16 pool") {
   Case c;
   c.lengths = {64, 1, 129, 190};
@@ -275,6 +299,120 @@ TEST_CASE("gdn_prefill ws emulated: fla's K-major pool, three value heads per ke
                                            __nv_bfloat16, int, int, 128, 128, false, true, false,
                                            kGdnStateKMajor>,
                     gdn_prefill_detail::smem, sizeof(gdn_prefill_detail::smem)>}});
+}
+
+/// invert_chunk alone: A (a chunk's strictly lower 64 x 64, row-major) stored as the decay pass
+/// stores it (store_a_pair), inverted by four warps, T' read back as f32. kL2Norm / kGated choose
+/// the operands as in the kernels (f16 for <true, false>, tf32 otherwise).
+struct InvertParams {
+  const float* a;
+  const float* beta;
+  float* t;
+};
+
+template <bool kL2Norm, bool kGated>
+void invert_chunk_kernel(InvertParams p) {
+  using namespace gdn_prefill_chunk_detail;
+  constexpr int kLdT = 72;
+  float* const s_a = reinterpret_cast<float*>(smem);
+  float* const s_beta = s_a + 64 * kLdA;
+  __nv_bfloat16* const s_t = reinterpret_cast<__nv_bfloat16*>(s_beta + 64);
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int e = tid; e < 64 * 32; e += 128) {
+    const int i = e / 32, j = 2 * (e % 32);
+    if ((j >> 4) <= (i >> 4)) {
+      store_a_pair<inverse_f16(kL2Norm, kGated)>(s_a, i, j, p.a[i * 64 + j], p.a[i * 64 + j + 1],
+                                                 (j >> 4) < (i >> 4));
+    }
+  }
+  for (int e = tid; e < 64; e += 128) s_beta[e] = p.beta[e];
+  // Blocks of T' the inverse does not write (above the diagonal) keep a NaN poison.
+  for (int e = tid; e < 64 * kLdT; e += 128) s_t[e] = __float2bfloat16_rn(NAN);
+  __syncthreads();
+  invert_chunk<kL2Norm, kGated>(
+      s_a, s_beta, tid >> 5, tid & 31, [&](int r, int c) { return s_t + r * kLdT + c; },
+      [] { __syncthreads(); });
+  __syncthreads();
+  for (int e = tid; e < 64 * 64; e += 128) p.t[e] = __bfloat162float(s_t[(e / 64) * kLdT + e % 64]);
+}
+
+/// Every 16 x 16 block of T' = (I + A)^-1 diag(beta) on or below the diagonal against float64,
+/// relative to the block's own size: A from unit keys cycling over four directions (with noise)
+/// and small betas, so that even the blocks farthest from the diagonal hold entries ~1e-2 and a
+/// block computed from a wrong (e.g. transposed) operand misses by about its own size.
+template <bool kL2Norm, bool kGated>
+void check_invert_chunk(test::Rng& rng) {
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::vector<double> dirs(4 * 128), keys(64 * 128), gamma(64), beta(64);
+  for (double& x : dirs) x = normal(rng);
+  double g = 0;
+  for (int i = 0; i < 64; ++i) {
+    double norm = 0;
+    for (int d = 0; d < 128; ++d) {
+      keys[i * 128 + d] = dirs[(i % 4) * 128 + d] + 0.3 * normal(rng);
+      norm += keys[i * 128 + d] * keys[i * 128 + d];
+    }
+    for (int d = 0; d < 128; ++d) keys[i * 128 + d] /= std::sqrt(norm);
+    g -= 0.01 * unit(rng);
+    gamma[i] = g;
+    beta[i] = 0.05 + 0.25 * unit(rng);
+  }
+  std::vector<float> a(64 * 64, 0.f), beta_f(64), t(64 * 64);
+  std::vector<double> m(64 * 64, 0.0);  // I + A, then its inverse times diag(beta)
+  for (int i = 0; i < 64; ++i) {
+    beta_f[i] = static_cast<float>(beta[i]);
+    m[i * 64 + i] = 1;
+    for (int j = 0; j < i; ++j) {
+      double dot = 0;
+      for (int d = 0; d < 128; ++d) dot += keys[i * 128 + d] * keys[j * 128 + d];
+      a[i * 64 + j] = static_cast<float>(beta[i] * std::exp(gamma[i] - gamma[j]) * dot);
+      m[i * 64 + j] = a[i * 64 + j];
+    }
+  }
+  // Forward substitution, column by column: (I + A) x = e_j.
+  std::vector<double> ref(64 * 64, 0.0);
+  for (int j = 0; j < 64; ++j) {
+    for (int r = j; r < 64; ++r) {
+      double x = r == j ? 1.0 : 0.0;
+      for (int c = j; c < r; ++c) x -= m[r * 64 + c] * ref[c * 64 + j];
+      ref[r * 64 + j] = x;
+    }
+  }
+  for (int r = 0; r < 64; ++r) {
+    for (int j = 0; j <= r; ++j) ref[r * 64 + j] *= beta[j];
+  }
+  const InvertParams params{a.data(), beta_f.data(), t.data()};
+  const auto report =
+      kjit_sm90_emulation::launch(&invert_chunk_kernel<kL2Norm, kGated>, EmulatedDim3{1, 1, 1}, 128,
+                                  smem, sizeof(smem), params, rng());
+  REQUIRE_MESSAGE(report.ok, report.failure);
+  for (int bi = 0; bi < 4; ++bi) {
+    for (int bj = 0; bj <= bi; ++bj) {
+      double err = 0, size = 0;
+      for (int r = 16 * bi; r < 16 * bi + 16; ++r) {
+        for (int c = 16 * bj; c < 16 * bj + 16; ++c) {
+          const double want = r >= c ? ref[r * 64 + c] : 0.0;
+          err += (t[r * 64 + c] - want) * (t[r * 64 + c] - want);
+          size += want * want;
+        }
+      }
+      CAPTURE(bi);
+      CAPTURE(bj);
+      CAPTURE(std::sqrt(size));
+      CHECK(std::sqrt(size) > 1e-3);  // the data makes every block count
+      CHECK(std::sqrt(err) <= 1e-2 * std::sqrt(size));
+    }
+  }
+}
+
+TEST_CASE("gdn_prefill: the chunk inverse, every block of T' against float64 (f16 and tf32)") {
+  test::Rng rng(test::fresh_seed());
+  SUBCASE("f16 operands (k normalized in the kernel, raw gates)") {
+    check_invert_chunk<true, false>(rng);
+  }
+  SUBCASE("tf32 operands (precomputed gates)") { check_invert_chunk<true, true>(rng); }
+  SUBCASE("tf32 operands (k as given)") { check_invert_chunk<false, false>(rng); }
 }
 
 // The two kernels H200 runs by default for these shapes (the chunk kernel's wgmma products, then
