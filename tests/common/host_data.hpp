@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -60,8 +61,8 @@ inline Diff compare(const Bytes& got, const Bytes& ref, DType dtype) {
 inline Diff check_close(const char* name, const Bytes& got, const Bytes& ref, DType dtype,
                         double tolerance) {
   const Diff e = compare(got, ref, dtype);
-  MESSAGE(name << ": rel " << e.rel << ", max abs " << e.max_abs << ", non-finite "
-               << e.non_finite);
+  MESSAGE(std::string(name) << ": rel " << e.rel << ", max abs " << e.max_abs << ", non-finite "
+                            << e.non_finite);
   CHECK(e.non_finite == 0);
   CHECK(e.rel <= tolerance);
   return e;
