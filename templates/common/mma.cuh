@@ -131,6 +131,29 @@ __device__ __forceinline__ void load_a_sw128(u32 (&a)[4], u32 tile, int row0, in
   ldmatrix_x4(a, tile + u32(sw128::offset(row0 + i + 8 * (m & 1), (col0 >> 3) + (m >> 1))));
 }
 
+/// The 16 x 16 diagonal block of X X^T for rows row0 .. row0 + 15 of a 128-byte-swizzled bf16
+/// tile at shared address `tile`, kKSteps k-steps of 16 columns, added into `acc`: X's A fragment
+/// is also its B fragment (n-tile 0: columns row0 .. row0 + 7, n-tile 1: row0 + 8 .. row0 + 15).
+template <int kKSteps>
+__device__ __forceinline__ void gram_diagonal_block_sw128(float (&acc)[2][4], u32 tile, int row0) {
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+    u32 a[4];
+    load_a_sw128(a, tile, row0, 16 * ks);
+    mma_bf16(acc[0], a, a[0], a[2]);
+    mma_bf16(acc[1], a, a[1], a[3]);
+  }
+}
+
+/// x . x of row row0 + g + 8 hf (g = lane / 4, t4 = lane % 4) from gram_diagonal_block_sw128's
+/// accumulator, in every lane of the quad: the lane whose column 2 t4 or 2 t4 + 1 is g holds it.
+__device__ __forceinline__ float gram_diagonal(const float (&acc)[2][4], int hf, int g, int t4) {
+  float d = 2 * t4 == g ? acc[hf][2 * hf] : (2 * t4 + 1 == g ? acc[hf][2 * hf + 1] : 0.f);
+  d += __shfl_xor_sync(0xffffffffu, d, 1);
+  d += __shfl_xor_sync(0xffffffffu, d, 2);
+  return d;
+}
+
 /// A fragment from an f32 row-major tile (element (r, c) at base[r * ld + c]), rounded to
 /// bf16. base and ld * 4 bytes must be 8-byte aligned.
 __device__ __forceinline__ void load_a_f32(u32 (&a)[4], const float* base, int ld) {

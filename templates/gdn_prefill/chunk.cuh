@@ -306,14 +306,9 @@ __device__ __forceinline__ void store_inverse_norms(const float (&acc_g)[8][4],
         dk[hf] = 2 * t4 == g ? c[2 * hf] : (2 * t4 + 1 == g ? c[2 * hf + 1] : 0.f);
       }
     }
-    if constexpr (kWithQ) {
-      dq[hf] = 2 * t4 == g ? acc_qq[hf][2 * hf] : (2 * t4 + 1 == g ? acc_qq[hf][2 * hf + 1] : 0.f);
-    }
+    if constexpr (kWithQ) dq[hf] = mma::gram_diagonal(acc_qq, hf, g, t4);
 #pragma unroll
-    for (int off = 1; off < 4; off *= 2) {
-      dk[hf] += __shfl_xor_sync(0xffffffffu, dk[hf], off);
-      if constexpr (kWithQ) dq[hf] += __shfl_xor_sync(0xffffffffu, dq[hf], off);
-    }
+    for (int off = 1; off < 4; off *= 2) dk[hf] += __shfl_xor_sync(0xffffffffu, dk[hf], off);
   }
   if (t4 == 0) {
 #pragma unroll
@@ -732,15 +727,7 @@ __device__ __forceinline__ void chunk_products_wgmma(
     }
   }
   wgmma::commit();
-  if constexpr (kL2Norm) {
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      u32 aq[4];
-      mma::load_a_sw128(aq, q_addr, 16 * qq_row, 16 * ks);
-      mma::mma_bf16(acc_qq[0], aq, aq[0], aq[2]);
-      mma::mma_bf16(acc_qq[1], aq, aq[1], aq[3]);
-    }
-  }
+  if constexpr (kL2Norm) mma::gram_diagonal_block_sw128<kKSteps>(acc_qq, q_addr, 16 * qq_row);
   while_running();
   wgmma::wait<0>();
   wgmma::hold_registers(acc_g);

@@ -1295,20 +1295,11 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         // instructions a thread. Each n-tile's 8 x 8 diagonal holds rows g (n-tile 0) and g + 8
         // (n-tile 1); the lane with column g holds it.
         const int qb = warp & 3;
-        const u32 q_tile = mma::smem_addr(base + kSmem.q);
         float qq[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-        for (int ks = 0; ks < kKSteps; ++ks) {
-          u32 aq[4];
-          mma::load_a_sw128(aq, q_tile, 16 * qb, 16 * ks);
-          mma::mma_bf16(qq[0], aq, aq[0], aq[2]);
-          mma::mma_bf16(qq[1], aq, aq[1], aq[3]);
-        }
+        mma::gram_diagonal_block_sw128<kKSteps>(qq, mma::smem_addr(base + kSmem.q), 16 * qb);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          float d = 2 * t4 == g ? qq[hf][2 * hf] : (2 * t4 + 1 == g ? qq[hf][2 * hf + 1] : 0.f);
-          d += __shfl_xor_sync(0xffffffffu, d, 1);
-          d += __shfl_xor_sync(0xffffffffu, d, 2);
+          const float d = mma::gram_diagonal(qq, hf, g, t4);
           if (t4 == 0) s_rqw[16 * qb + g + 8 * hf] = p.scale * gdn::l2_inv_norm(d);
         }
       }
