@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/host_data.hpp"
+#include "common/triangular.hpp"
 #include "kjit/device.hpp"
 #include "kjit/ops/gdn_prefill.hpp"
 #include "kjit/types.hpp"
@@ -359,26 +360,18 @@ void check_invert_chunk(test::Rng& rng) {
     beta[i] = 0.05 + 0.25 * unit(rng);
   }
   std::vector<float> a(64 * 64, 0.f), beta_f(64), t(64 * 64);
-  std::vector<double> m(64 * 64, 0.0);  // I + A, then its inverse times diag(beta)
+  std::vector<double> a64(64 * 64, 0.0);  // A as the kernel receives it (rounded to f32)
   for (int i = 0; i < 64; ++i) {
     beta_f[i] = static_cast<float>(beta[i]);
-    m[i * 64 + i] = 1;
     for (int j = 0; j < i; ++j) {
       double dot = 0;
       for (int d = 0; d < 128; ++d) dot += keys[i * 128 + d] * keys[j * 128 + d];
       a[i * 64 + j] = static_cast<float>(beta[i] * std::exp(gamma[i] - gamma[j]) * dot);
-      m[i * 64 + j] = a[i * 64 + j];
+      a64[i * 64 + j] = a[i * 64 + j];
     }
   }
-  // Forward substitution, column by column: (I + A) x = e_j.
-  std::vector<double> ref(64 * 64, 0.0);
-  for (int j = 0; j < 64; ++j) {
-    for (int r = j; r < 64; ++r) {
-      double x = r == j ? 1.0 : 0.0;
-      for (int c = j; c < r; ++c) x -= m[r * 64 + c] * ref[c * 64 + j];
-      ref[r * 64 + j] = x;
-    }
-  }
+  // T' = (I + A)^-1 diag(beta).
+  std::vector<double> ref = test::unit_lower_inverse(a64, 64);
   for (int r = 0; r < 64; ++r) {
     for (int j = 0; j <= r; ++j) ref[r * 64 + j] *= beta[j];
   }

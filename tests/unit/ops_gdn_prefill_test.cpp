@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "codegen/families.hpp"
+#include "common/triangular.hpp"
 #include "kjit/error.hpp"
 #include "kjit/ops/gdn_prefill.hpp"
 #include "ops/gdn_prefill/family.hpp"
@@ -144,22 +145,15 @@ void chunked_wy(const Problem& pr, int chunk, double scale, Vec& out, Vec& final
           for (std::int64_t d = 0; d < K; ++d) r += x[idx(d)] * y[idx(d)];
           return r;
         };
-        // A (strictly lower) and T = (I + A)^-1 row by row.
-        std::vector<Vec> a(idx(c), Vec(idx(c), 0.0)), tm(idx(c), Vec(idx(c), 0.0));
+        // A (strictly lower, row-major) and T = (I + A)^-1.
+        Vec a(idx(c * c), 0.0);
         for (std::int64_t i = 0; i < c; ++i) {
           for (std::int64_t j = 0; j < i; ++j) {
-            a[idx(i)][idx(j)] =
+            a[idx(i * c + j)] =
                 beta[idx(i)] * dot(k[idx(i)], k[idx(j)]) * std::exp(gamma[idx(i)] - gamma[idx(j)]);
           }
         }
-        for (std::int64_t i = 0; i < c; ++i) {
-          tm[idx(i)][idx(i)] = 1.0;
-          for (std::int64_t j = 0; j < i; ++j) {
-            double x = 0;
-            for (std::int64_t m = j; m < i; ++m) x += a[idx(i)][idx(m)] * tm[idx(m)][idx(j)];
-            tm[idx(i)][idx(j)] = -x;
-          }
-        }
+        const Vec tm = test::unit_lower_inverse(a, idx(c));
         // R, Vn, O.
         std::vector<Vec> r(idx(c), Vec(idx(V))), vn(idx(c), Vec(idx(V), 0.0));
         for (std::int64_t i = 0; i < c; ++i) {
@@ -173,7 +167,7 @@ void chunked_wy(const Problem& pr, int chunk, double scale, Vec& out, Vec& final
         for (std::int64_t i = 0; i < c; ++i) {
           for (std::int64_t j = 0; j <= i; ++j) {
             for (std::int64_t e = 0; e < V; ++e)
-              vn[idx(i)][idx(e)] += tm[idx(i)][idx(j)] * r[idx(j)][idx(e)];
+              vn[idx(i)][idx(e)] += tm[idx(i * c + j)] * r[idx(j)][idx(e)];
           }
         }
         for (std::int64_t i = 0; i < c; ++i) {
@@ -260,20 +254,18 @@ TEST_CASE("gdn_prefill: |T| <= max beta for unit k, the bound the f16 inverse re
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   const auto largest_entry = [&](const std::vector<double>& k, std::size_t dims,
                                  const std::vector<double>& beta, const std::vector<double>& g) {
-    double largest = 0;
-    for (std::size_t j = 0; j < n; ++j) {
-      std::vector<double> x(n, 0.0);
-      x[j] = 1.0;
-      for (std::size_t r = j + 1; r < n; ++r) {
-        double sum = 0;
-        for (std::size_t m = j; m < r; ++m) {
-          double dot = 0;
-          for (std::size_t d = 0; d < dims; ++d) dot += k[r * dims + d] * k[m * dims + d];
-          sum += beta[r] * dot * std::exp(g[r] - g[m]) * x[m];
-        }
-        x[r] = -sum;
-        largest = std::max(largest, std::abs(x[r]));
+    std::vector<double> a(n * n, 0.0);
+    for (std::size_t r = 0; r < n; ++r) {
+      for (std::size_t m = 0; m < r; ++m) {
+        double dot = 0;
+        for (std::size_t d = 0; d < dims; ++d) dot += k[r * dims + d] * k[m * dims + d];
+        a[r * n + m] = beta[r] * dot * std::exp(g[r] - g[m]);
       }
+    }
+    const std::vector<double> t = test::unit_lower_inverse(a, n);
+    double largest = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      for (std::size_t j = 0; j < r; ++j) largest = std::max(largest, std::abs(t[r * n + j]));
     }
     return largest;
   };
