@@ -330,19 +330,36 @@ struct ChunkGates {
   Tgate a[2] = {Tgate{}, Tgate{}}, b[2] = {Tgate{}, Tgate{}};
   Tparam a_log{}, dt_bias{};
 
+  /// The rows' a and b and the head's A_log and dt_bias.
   __device__ __forceinline__ void load(const GdnPrefillParams& p, i64 t0, int rows, u32 hv,
                                        int lane) {
-#pragma unroll
-    for (int x = 0; x < 2; ++x) {
-      const int r = 2 * lane + x;
-      if (r < rows) {
-        a[x] = static_cast<const Tgate*>(p.a)[(t0 + r) * p.a_stride_t + hv];
-        b[x] = static_cast<const Tgate*>(p.b)[(t0 + r) * p.b_stride_t + hv];
-      }
-    }
+    load_rows(p, t0, rows, hv, lane);
+    load_head(p, hv);
+  }
+
+  /// A_log and dt_bias of value head hv (nothing when g is given): the warp-specialized kernel's
+  /// block keeps one head, so it loads them once, not with every chunk's rows. Loaded every
+  /// chunk, they were converted to uniform registers right at the load, a full load latency
+  /// a chunk in the chunk warpgroup's products stretch (docs/performance.md).
+  __device__ __forceinline__ void load_head(const GdnPrefillParams& p, u32 hv) {
     if constexpr (!kGated) {
       a_log = static_cast<const Tparam*>(p.a_log)[hv];
       dt_bias = static_cast<const Tparam*>(p.dt_bias)[hv];
+    }
+  }
+
+  /// a and b of rows 2 lane and 2 lane + 1 of the chunk at t0 (`rows` >= 1 rows long). Rows past
+  /// the end load the chunk's last row (scan_gates masks them) instead of being skipped: a load
+  /// under a branch leaves its scoreboard unwaited on the other path, so ptxas waited for it
+  /// before the register's next write, when the next loads shared that scoreboard: a full load
+  /// latency a chunk (docs/performance.md).
+  __device__ __forceinline__ void load_rows(const GdnPrefillParams& p, i64 t0, int rows, u32 hv,
+                                            int lane) {
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      const int r = 2 * lane + x < rows ? 2 * lane + x : rows - 1;
+      a[x] = static_cast<const Tgate*>(p.a)[(t0 + r) * p.a_stride_t + hv];
+      b[x] = static_cast<const Tgate*>(p.b)[(t0 + r) * p.b_stride_t + hv];
     }
   }
 
@@ -376,18 +393,17 @@ struct ChunkGates {
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
       const int r = 2 * lane + x;
-      gl[x] = 0.f;
-      bl[x] = 0.f;
-      if (r < rows) {
-        if constexpr (kGated) {
-          gl[x] = gdn::to_f32(a[x]);
-          bl[x] = gdn::to_f32(b[x]);
-        } else {
-          gl[x] = gdn::fast_log_decay(gdn::to_f32(a[x]), gdn::to_f32(a_log), gdn::to_f32(dt_bias),
-                                      p.softplus_threshold);
-          bl[x] = gdn::fast_sigmoid(gdn::to_f32(b[x]));
-        }
+      // Converted on every lane, then masked (a branch would leave the loads unwaited, as above).
+      if constexpr (kGated) {
+        gl[x] = gdn::to_f32(a[x]);
+        bl[x] = gdn::to_f32(b[x]);
+      } else {
+        gl[x] = gdn::fast_log_decay(gdn::to_f32(a[x]), gdn::to_f32(a_log), gdn::to_f32(dt_bias),
+                                    p.softplus_threshold);
+        bl[x] = gdn::fast_sigmoid(gdn::to_f32(b[x]));
       }
+      gl[x] = r < rows ? gl[x] : 0.f;
+      bl[x] = r < rows ? bl[x] : 0.f;
     }
     load_next();
     const float local = gl[0] + gl[1];

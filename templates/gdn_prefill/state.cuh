@@ -1232,10 +1232,10 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     const __nv_bfloat16* s_q = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.q);
     const __nv_bfloat16* s_v = reinterpret_cast<const __nv_bfloat16*>(base + kSmem.v);
     unsigned char* const tp_base = kWs ? smem + tp_off : base;
-    // kWs: this chunk's 1 / |q_i| (times the output scale), one copy per stage: the warpgroup
-    // going first writes it before its turn passes, the other reads it after its own (the turn's
-    // barrier orders them), and the stage's next chunk rewrites it only after every state thread
-    // released the stage.
+    // kWs: this chunk's 1 / |q_i| (times the output scale), one copy per stage: the chunk
+    // warpgroup writes it before its chunk_ready arrival, both state warpgroups read it after
+    // their wait for chunk_ready, and the stage's next chunk rewrites it only after every state
+    // thread released the stage.
     [[maybe_unused]] float* const s_rqw = reinterpret_cast<float*>(smem + kWsSmem.rq) + cur * 64;
     const __nv_bfloat16* s_t = reinterpret_cast<const __nv_bfloat16*>(tp_base + kSmem.t0);
     __nv_bfloat16* const s_p = reinterpret_cast<__nv_bfloat16*>(tp_base + kSmem.p);
@@ -1283,26 +1283,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       // to keep any wgmma in flight (C7512: every wgmma of the kernel waited for itself). The
       // tile is the warpgroup's from its turn until its products have read it.
       unsigned char* const s_tile = smem + kWsSmem.s_tile;
-      // q's norms, which only O needs (its columns are scaled by them after its last product).
-      // Done here instead of by the chunk warpgroup (an mma.sync Q Q^T diagonal beside its
-      // wgmma), which paced the kernel, and by the warpgroup going first alone (the other inverts;
-      // the profile: 14% of the inverting warpgroup's loop went to its own copy of the norms). Its
-      // turn_pass publishes them to the other (its turn_wait of this chunk); the warpgroup
-      // barrier below to its own other warps.
-      if (ChunkRole::kL2Norm && goes_first) {
-        // Each warp the diagonal blocks of Q Q^T of its 16 rows on mma.sync (ldmatrix from the
-        // swizzled tile): 8 loads and 16 products a warp, where the sums of squares were ~100
-        // instructions a thread. Each n-tile's 8 x 8 diagonal holds rows g (n-tile 0) and g + 8
-        // (n-tile 1); the lane with column g holds it.
-        const int qb = warp & 3;
-        float qq[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        mma::gram_diagonal_block_sw128<kKSteps>(qq, mma::smem_addr(base + kSmem.q), 16 * qb);
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const float d = mma::gram_diagonal(qq, hf, g, t4);
-          if (t4 == 0) s_rqw[16 * qb + g + 8 * hf] = p.scale * gdn::l2_inv_norm(d);
-        }
-      }
+      // (q's norms, which only O needs, are the chunk warpgroup's: WsChunkRole::run.)
       mark(kWsProfStateNorms);
       // T' of this chunk: the second warpgroup inverts (I + A) from the chunk warpgroup's A tile
       // while it waits for its turn (the first issues its products); its arrivals also hand A's

@@ -9,16 +9,18 @@
 //     tile; f32, its off-diagonal blocks f16 where the inverse takes f16 operands) and P transposed
 //     (decay_col_block, from K Q^T, so that each warp's rows of P^T and of A balance) into a ring
 //     of two swizzled T' / P^T slots, and the decay scales into the stage; from K K^T and K Q^T on
-//     wgmma, k's norms from the diagonal of K K^T and the gates.
+//     wgmma, k's norms from the diagonal of K K^T, q's norms (Q Q^T's diagonal blocks on
+//     mma.sync, into the stage: both state warpgroups scale O's columns by them) and the gates.
 //   warpgroups 0 and 1 (state.cuh, state_wide with a chunk role): the state recurrence on wgmma,
 //     64 rows of V each, taking turns through one shared bf16 S tile for their first products.
-//     By chunk parity one goes first and takes q's norms from the stage's q tile (both apply them
-//     to O's columns: neither P^T nor the scales hold them) while the other turns A into T' =
-//     (I + A)^-1 diag(beta) (invert: the forward substitution and the tf32 block products), then
-//     takes its turn and goes first on the next chunk. Both moved off the chunk warpgroup, which
-//     paced the kernel (docs/performance.md, "The inverse and q's norms on the state
-//     warpgroups"); the alternation since warpgroup 1 alone, inverting every chunk, was busy ~90%
-//     of its loop while warpgroup 0 waited (docs/performance.md, "Where the warpgroups wait").
+//     By chunk parity one goes first while the other turns A into T' = (I + A)^-1 diag(beta)
+//     (invert: the forward substitution and the tf32 block products), then takes its turn and
+//     goes first on the next chunk. The inverse moved off the chunk warpgroup, which paced the
+//     kernel (docs/performance.md, "The inverse and q's norms on the state warpgroups"); q's
+//     norms went with it and came back once the chunk warpgroup's gate loads no longer waited
+//     ("Gate loads without a wait, q's norms back", docs/performance.md); the alternation since
+//     warpgroup 1 alone, inverting every chunk, was busy ~90% of its loop while warpgroup 0
+//     waited (docs/performance.md, "Where the warpgroups wait").
 //
 // Three mbarriers per stage hand the stages around: full (the chunk warpgroup's copies landed),
 // chunk_ready (its A, P^T and scales are in), empty (every state thread is done with the stage
@@ -202,7 +204,8 @@ struct WsChunkRole {
       mbarrier::cp_async_arrive_noinc(full + st);
     };
 
-    // The raw gates of the next chunk in registers, loaded one chunk ahead (as the chunk kernel).
+    // The raw gates of the next chunk in registers, loaded one chunk ahead (as the chunk kernel);
+    // the head's A_log and dt_bias once.
     ChunkGates<Tgate, Tparam, kGated> gates;
     const u32 hv = w.hv;
 
@@ -249,12 +252,26 @@ struct WsChunkRole {
       const u32 slot_off = u32(chunk & 1) * kWsSmem.tp_stride;
       float* const s_rk = s_rk_base + (chunk & 1) * 64;
       if constexpr (kGdnWsStateAlone) {  // measurement only: the state side's pace alone
-        if (tn < eos) gates.load(p, tn, rows_at(tn), hv, lane);
+        if (tn < eos) gates.load_rows(p, tn, rows_at(tn), hv, lane);
         mbarrier::arrive(chunk_ready + st);
         st = sn;
         continue;
       }
 
+      if constexpr (kL2Norm) {
+        // q's norms of the warp's 16 rows for the state warpgroups' O (the stage's copy, published
+        // by chunk_ready): the diagonal blocks of Q Q^T on mma.sync. Here, not on the state
+        // warpgroup going first, since the gate loads stopped waiting (ChunkGates::load_rows):
+        // this warpgroup then waited on `empty` while the state warpgroups paced the call.
+        float qq[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        mma::gram_diagonal_block_sw128<kKSteps>(qq, mma::smem_addr(base + kS.q), 16 * warp);
+        float* const s_rq = reinterpret_cast<float*>(smem + kWsSmem.rq) + st * 64;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const float d = mma::gram_diagonal(qq, hf, g, t4);
+          if (t4 == 0) s_rq[16 * warp + g + 8 * hf] = p.scale * gdn::l2_inv_norm(d);
+        }
+      }
       // 1. G = K K^T and P's raw transpose K Q^T on wgmma (warp w holds block row w of both).
       // (K Q^T issued after the A pass instead, so that the two accumulators are never live at
       // once, spilled as much at 120 registers: 264 / 288 bytes against 244 / 288.)
@@ -266,7 +283,7 @@ struct WsChunkRole {
         for (int e = 0; e < 4; ++e) acc_g[i][e] = acc_p[i][e] = 0.f;
       }
       const auto load_next_gates = [&] {
-        if (tn < eos) gates.load(p, tn, rows_at(tn), hv, lane);
+        if (tn < eos) gates.load_rows(p, tn, rows_at(tn), hv, lane);
       };
       // 3a. The gates' scan (each warp its own copy of gamma; the next chunk's gates loaded once
       // these are converted) while the tensor cores run the products: ~4% of the call.
