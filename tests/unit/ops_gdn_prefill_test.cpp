@@ -389,13 +389,15 @@ std::string error_of(const std::function<void()>& f) {
 }  // namespace
 
 // The planner's rule for the warp-specialized kernel (ws_pays in plan.cpp), restated: bf16
-// rows and K = V = 128 on compute capability 9.0 (as plan_for builds them), under 30 GB/s of
-// DRAM bandwidth per SM, pairs filling 7/8 of the SMs, 48 chunks x value heads per SM, at most
-// 128 sequences (ranked by the blocks).
+// rows and K = V = 128 on compute capability 9.0 (as plan_for builds them), under 40 GB/s of
+// DRAM bandwidth per SM with a value head per q/k head and under 30 with shared q/k heads, pairs
+// filling 7/8 of the SMs, 48 chunks x value heads per SM, at most 128 sequences (ranked by the
+// blocks).
 bool ws_rule(const Shapes& s, const DeviceLimits& device) {
   const std::int64_t sms = device.sm_count;
+  const std::int64_t max_per_sm = s.hv > s.h ? 30'000'000'000 : 40'000'000'000;
   return device.arch.major == 9 && device.arch.minor == 0 && s.k == 128 && s.v == 128 &&
-         device.dram_bytes_per_second / sms < 30'000'000'000 && 8 * s.n * s.hv >= 7 * sms &&
+         device.dram_bytes_per_second / sms < max_per_sm && 8 * s.n * s.hv >= 7 * sms &&
          (s.t + 63) / 64 * s.hv >= 48 * sms && s.n <= 128;
 }
 
@@ -585,7 +587,9 @@ TEST_CASE("gdn_prefill: the plan memo's key holds the context-parallel segment i
 
 // The planner's choice between the two kernels and the warp-specialized one follows the DRAM
 // bandwidth per SM (docs/performance.md, "The planner's choice between the two kernels and the
-// warp-specialized one"): the H100's 25 GB/s takes ws at many long chains, the H200's 36 never.
+// warp-specialized one"): the H100's 25 GB/s takes ws at many long chains, the H200's 36 only
+// where each value head has its own q/k head (the two kernels share a chunk's products over a
+// group's value heads).
 TEST_CASE("gdn_prefill planner: the warp-specialized kernel where DRAM is slow per SM") {
   const DeviceLimits h100 = DeviceLimits::for_name("h100");
   const DeviceLimits h200 = DeviceLimits::for_name("h200");
@@ -609,11 +613,25 @@ TEST_CASE("gdn_prefill planner: the warp-specialized kernel where DRAM is slow p
     REQUIRE(on_h100.launches.size() == 1);
     CHECK(on_h100.launches[0].spec.family == "gdn_prefill_ws");
     CHECK(on_h100.launches[0].spec.arch == Arch{9, 0, 'a'});
-    CHECK(said(on_h100, "25.4 GB/s of DRAM bandwidth per SM (< 30)"));
+    CHECK(said(on_h100, "25.4 GB/s of DRAM bandwidth per SM"));
+    const std::string group =
+        std::to_string(s.hv) + " value heads share each of " + std::to_string(s.h) + " q/k heads";
+    CHECK(said(on_h100, s.hv > s.h ? "(< 30 with " + group + ")"
+                                   : std::string("(< 40 with one value head per q/k head)")));
     const Plan on_h200 = plan_for(s, h200);
-    CHECK(on_h200.mode == "chunked_bv128_wgmma");
-    CHECK(on_h200.launches.size() == 2);
-    CHECK(said(on_h200, "two kernels, not the warp-specialized one: 36.4 GB/s"));
+    if (s.hv > s.h) {
+      CHECK(on_h200.mode == "chunked_bv128_wgmma");
+      CHECK(on_h200.launches.size() == 2);
+      CHECK(said(on_h200,
+                 "two kernels, not the warp-specialized one: 36.4 GB/s of DRAM bandwidth "
+                 "per SM (>= 30 with " +
+                     group));
+    } else {
+      CHECK(on_h200.mode == "chunked_ws");
+      CHECK(said(on_h200,
+                 "36.4 GB/s of DRAM bandwidth per SM (< 40 with one value head per q/k "
+                 "head)"));
+    }
   }
   CHECK(said(plan_for({8192, 4, 16, 32, 128, 128}, h100),
              "4096 chunks x value heads, fewer than 48 per SM"));
@@ -633,13 +651,19 @@ TEST_CASE("gdn_prefill planner: the warp-specialized kernel where DRAM is slow p
   const Plan too_many = plan_for({1 << 20, 129, 1, 1, 128, 128}, h100);
   CHECK(too_many.mode == "chunked_bv128_wgmma");
   CHECK(said(too_many, "129 sequences, more than the 128 its blocks rank longest first"));
-  // The bandwidth threshold itself: 30 GB/s per SM is fast enough, a byte less per second is not.
+  // The bandwidth thresholds themselves: 40 GB/s per SM (HV = H) and 30 (HV > H) are fast
+  // enough, a byte less per second is not.
   DeviceLimits edge = h100;
-  edge.dram_bytes_per_second = 30'000'000'000LL * edge.sm_count;
-  const Shapes big{131072, 16, 16, 16, 128, 128};
+  const Shapes big{131072, 16, 16, 16, 128, 128}, grouped{131072, 16, 8, 16, 128, 128};
+  edge.dram_bytes_per_second = 40'000'000'000LL * edge.sm_count;
   CHECK(mode(big, edge) == "chunked_bv128_wgmma");
   edge.dram_bytes_per_second -= edge.sm_count;
   CHECK(mode(big, edge) == "chunked_ws");
+  CHECK(mode(grouped, edge) == "chunked_bv128_wgmma");
+  edge.dram_bytes_per_second = 30'000'000'000LL * edge.sm_count;
+  CHECK(mode(grouped, edge) == "chunked_bv128_wgmma");
+  edge.dram_bytes_per_second -= edge.sm_count;
+  CHECK(mode(grouped, edge) == "chunked_ws");
   // Only where the kernel exists: K = V = 128 on sm_90a, bf16 rows (not sm_100, however slow its
   // DRAM, nor K = 64).
   DeviceLimits slow_b200 = DeviceLimits::for_name("b200");
@@ -1529,13 +1553,14 @@ TEST_CASE(
   CHECK(ws_plans > 10);
   CHECK(sequential_plans > 100);
 
-  // The H200's shapes of the issue: few long sequences take it, 16 x 8k at HV = 16 does not.
+  // The H200's shapes of the issue: few long sequences take it, 16 x 8k and 16 x 128k-in-all at
+  // HV = 16 do not.
   const DeviceLimits h200 = DeviceLimits::for_name("h200");
   CHECK(plan_for({32768, 1, 16, 16, 128, 128}, h200).launches.size() == 4);
   CHECK(plan_for({32768, 2, 16, 16, 128, 128}, h200).launches.size() == 4);
   CHECK(plan_for({131072, 1, 16, 16, 128, 128}, h200).launches.size() == 4);
   CHECK(plan_for({32768, 1, 16, 32, 128, 128}, h200).launches.size() == 4);
-  CHECK(plan_for({131072, 16, 16, 16, 128, 128}, h200).launches.size() == 2);
+  CHECK(plan_for({131072, 16, 16, 16, 128, 128}, h200).mode == "chunked_ws");  // one kernel
   CHECK(plan_for({8192, 16, 16, 16, 128, 128}, h200).launches.size() == 2);
 }
 

@@ -203,11 +203,11 @@ TEST_CASE("the issue's manifest ranges plan on sm_90 and sm_100a") {
 }
 
 // kjit precompile plans each line on every product of an arch: gdn_prefill at many long
-// sequences takes the warp-specialized kernel on an H100 and the two kernels on an H200, and a
-// bundle for sm_90 must serve both.
+// sequences with two value heads per q/k head takes the warp-specialized kernel on an H100 and
+// the two kernels on an H200, and a bundle for sm_90 must serve both.
 TEST_CASE("an sm_90 bundle holds the kernels the H100 and the H200 plan") {
   const Manifest manifest = parse_manifest(
-      "gdn_prefill tokens=131072 seqs=16 heads=16 v_heads=16 k=128 v=128 dtype=bf16\n", "ws.txt");
+      "gdn_prefill tokens=131072 seqs=16 heads=16 v_heads=32 k=128 v=128 dtype=bf16\n", "ws.txt");
   const auto families = [&](const std::vector<DeviceLimits>& devices) {
     std::set<std::string> out;
     for (const KernelSpec& spec : enumerate_specs(manifest, devices).specs) out.insert(spec.family);

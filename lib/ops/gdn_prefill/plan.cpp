@@ -357,16 +357,21 @@ void prefer_wgmma(const Problem& pr, const DeviceLimits& device, Decision& choic
 // The warp-specialized kernel in place of the two chunked kernels, unforced. It keeps T', P and
 // the scales on chip (the two kernels move ~1.07 GB of them through DRAM at 128k tokens, H = HV
 // = 16) but walks a chunk on one SM in about the time the two kernels spend on it in all; so it
-// pays where DRAM is slow next to the SMs. Measured on one build (docs/performance.md, "The
-// planner's choice between the two kernels and the warp-specialized one"): on the H100 (3.35
-// TB/s, 25 GB/s per SM) it was 1.16-1.22x faster at 16/16 32k and 128k in 16 sequences, 16 x 8192
-// and 8 x 4096, level at HV = 32 (512 pairs), slower at 8k in 4 sequences (HV = 16 and 32: short
-// chains in one wave) and with 64 or fewer pairs; on the H200 (4.8 TB/s, 36 GB/s per SM) the two
-// kernels were faster at every shape. The thresholds sit between those points: below 30 GB/s
-// per SM, (sequence, value head) pairs filling at least 7/8 of the SMs, 48 or more chunks per SM
-// in all, and at most kGdnPrefillRankInStateMaxSeqs sequences (the blocks rank them longest
-// first; the measured calls all did).
-constexpr std::int64_t kWsMaxBytesPerSmSecond = 30'000'000'000;
+// pays where DRAM is slow next to the SMs. Where value heads share a q/k head (HV > H) it pays
+// less: the chunk kernel computes a chunk's K K^T and K Q^T once per q/k head for the group's
+// value heads, the warp-specialized kernel once per value head. Measured (docs/performance.md,
+// "The planner's choice between the two kernels and the warp-specialized one", and its
+// December update): on the H100 (3.35 TB/s, 25 GB/s per SM) it was 1.16-1.22x faster at 16/16
+// 32k and 128k in 16 sequences, 16 x 8192 and 8 x 4096, level at HV = 32 before the kernel's
+// later 8% cuts, slower at 8k in 4 sequences (HV = 16 and 32: short chains in one wave) and with
+// 64 or fewer pairs. On the H200 (4.8 TB/s, 36 GB/s per SM), after those cuts, in one call: at
+// HV = H 1.4% (32k/16) and 2.6% (128k/16) faster than the two kernels, at HV = 2H 7% and 9%
+// slower. The thresholds sit between those points: below 40 GB/s per SM where HV = H, below 30
+// where HV > H; (sequence, value head) pairs filling at least 7/8 of the SMs, 48 or more chunks
+// per SM in all, and at most kGdnPrefillRankInStateMaxSeqs sequences (the blocks rank them
+// longest first; the measured calls all did).
+constexpr std::int64_t kWsMaxBytesPerSmSecond = 40'000'000'000;
+constexpr std::int64_t kWsMaxBytesPerSmSecondShared = 30'000'000'000;
 constexpr std::int64_t kWsMinChunksPerSm = 48;
 
 struct WsVerdict {
@@ -387,27 +392,35 @@ WsVerdict ws_pays(const Problem& pr, const DeviceLimits& device, bool explain) {
   const std::int64_t pairs = pr.seqs * pr.value_heads;
   const std::int64_t chunks =
       (pr.tokens + kGdnPrefillChunk - 1) / kGdnPrefillChunk * pr.value_heads;
-  const bool fast_dram = per_sm >= kWsMaxBytesPerSmSecond;
+  const bool shared_qk = pr.value_heads > pr.heads;
+  const std::int64_t max_per_sm = shared_qk ? kWsMaxBytesPerSmSecondShared : kWsMaxBytesPerSmSecond;
+  const bool fast_dram = per_sm >= max_per_sm;
   const bool few_pairs = 8 * pairs < 7 * sms;
   const bool few_chunks = chunks < kWsMinChunksPerSm * sms;
   const bool unranked = pr.seqs > static_cast<std::int64_t>(kGdnPrefillRankInStateMaxSeqs);
   v.pays = !fast_dram && !few_pairs && !few_chunks && !unranked;
   if (!explain) return v;
   const double gbps = static_cast<double>(per_sm) * 1e-9;
+  const std::string group =
+      shared_qk ? fmt::format("{} value heads share each of {} q/k heads", pr.value_heads, pr.heads)
+                : std::string("one value head per q/k head");
   if (v.pays) {
     v.why = fmt::format(
         "warp-specialized kernel in place of the two kernels: {:.1f} GB/s of DRAM bandwidth per "
-        "SM (< {}) makes their workspace traffic cost more than its on-chip chunk work; {} "
-        "(sequence, value head) pairs for {} SMs, {} chunks x value heads (>= {} per SM); "
-        "measured 1.16-1.22x faster on the H100 at such shapes",
-        gbps, kWsMaxBytesPerSmSecond / 1'000'000'000, pairs, sms, chunks, kWsMinChunksPerSm);
+        "SM (< {} with {}) makes their workspace traffic cost more than its on-chip chunk work; "
+        "{} (sequence, value head) pairs for {} SMs, {} chunks x value heads (>= {} per SM); "
+        "measured 1.16-1.22x faster on the H100 and 1.01-1.03x on the H200 (HV = H) at such shapes",
+        gbps, max_per_sm / 1'000'000'000, group, pairs, sms, chunks, kWsMinChunksPerSm);
   } else {
     v.why = fmt::format(
         "two kernels, not the warp-specialized one: {}",
-        fast_dram   ? fmt::format("{:.1f} GB/s of DRAM bandwidth per SM (>= {}: the workspace "
-                                    "traffic is cheap enough; on the H200, 36, the two kernels won "
-                                    "at every measured shape)",
-                                  gbps, kWsMaxBytesPerSmSecond / 1'000'000'000)
+        fast_dram   ? fmt::format("{:.1f} GB/s of DRAM bandwidth per SM (>= {} with {}: the "
+                                    "workspace traffic is cheap enough{})",
+                                  gbps, max_per_sm / 1'000'000'000, group,
+                                shared_qk ? "; the two kernels compute each chunk's products "
+                                              "once per q/k head, and at HV = 2H on the H200, "
+                                              "36, they were 7-9% faster"
+                                            : "")
         : few_pairs ? fmt::format("{} (sequence, value head) pairs leave more than 1/8 of {} SMs "
                                   "idle (one block walks each)",
                                   pairs, sms)
