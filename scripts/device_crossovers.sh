@@ -2,13 +2,14 @@
 # For the GPU machine: the measurements behind the planner's device-dependent choices, in one
 # device call on one build, with a compact summary last (docs/performance.md, "The planner's
 # choice between the two kernels and the warp-specialized one" and "The prefill's span on the
-# H100"). Both choices follow DeviceLimits::dram_bytes_per_second per SM, so run it on every GPU
-# the rules should hold for and compare:
+# H100"). Both choices follow DeviceLimits::dram_bytes_per_second per SM (gdn_prefill's also the
+# value heads per q/k head), so run it on every GPU the rules should hold for and compare:
 #   - the live limits the planner sees (the GPU test printing them, and the DRAM figure);
 #   - causal_conv1d's prefill: the planner's span beside spans 64 and 32 forced;
 #   - gdn_prefill: bench_gdn_prefill with the planner's modes (and FlashInfer's SM90 kernel when
-#     KJIT_PREFILL_ANCHOR_LIB names its library), then with the warp-specialized kernel forced;
-#     the few-sequence table's "chunked" column is the two kernels forced.
+#     KJIT_PREFILL_ANCHOR_LIB names its library), then with the warp-specialized kernel forced,
+#     then the main table with the two kernels forced (bv128_wgmma); the few-sequence table's
+#     "chunked" column is the two kernels forced too.
 # Needs .deps carried (scripts/fetch_deps.sh). Knobs: KJIT_BUILD (default /tmp/kjit-build),
 # KJIT_PREFILL_ANCHOR_LIB, KJIT_CROSSOVER_MAIN_ONLY=1 (main prefill tables only, ~40 s less),
 # KJIT_CROSSOVER_PROFILE=1 (also a copy of the tree built with KJIT_GDN_WS_PROFILE 1: where each
@@ -48,6 +49,11 @@ elapsed gdn_prefill planner
 env "${main_only[@]}" KJIT_PREFILL_BENCH_FORCE=chunked_ws KJIT_PREFILL_ANCHOR_LIB= \
   timeout 150 ./bench/bench_gdn_prefill >"$out/prefill_ws.txt" 2>&1
 elapsed gdn_prefill ws
+# The two kernels forced (main table): where the planner takes ws, its other side. The rule also
+# depends on the value heads per q/k head (HV = H and 2H in the table).
+KJIT_PREFILL_BENCH_MAIN_ONLY=1 KJIT_PREFILL_BENCH_FORCE=chunked_bv128_wgmma KJIT_PREFILL_ANCHOR_LIB= \
+  timeout 100 ./bench/bench_gdn_prefill >"$out/prefill_two.txt" 2>&1
+elapsed gdn_prefill two kernels
 
 if [ "${KJIT_CROSSOVER_PROFILE:-0}" = 1 ]; then
   # The measurement build (scripts/lib.sh); only the benchmark is built.
@@ -77,7 +83,7 @@ for line in open(sys.argv[1]):
         span = d["spec"].split("span=")[1].split(",")[0]
         print(f"  {d['tokens']:>7} planner span={span:>2} {d['us']:9.2f} copy {d['ratio_to_copy']:.3f}")
 PY
-for f in prefill_planner prefill_ws; do
+for f in prefill_planner prefill_ws prefill_two; do
   echo "=== gdn_prefill, $f (GPU us; H, HV, T, seqs | ... )"
   grep -E '^ +16 +(16|32) +|FAILED|mismatch' "$out/$f.txt" | cut -c1-175
 done
