@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <queue>
 #include <random>
 #include <string>
 #include <utility>
@@ -283,6 +284,30 @@ double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOption
       gpu,
       [&](kjit::Stream stream) { gpu.runtime().launch(resolved, launch, stream, &p, sizeof p); },
       10, 2);
+}
+
+/// The span, in chunk steps, of one block per (sequence, value head) walking its sequence's
+/// chunks on `sms` SMs, one block per SM at a time, each block taken by the SM that frees first:
+/// sequences longest first (kjit's ws blocks and state kernel) or in index order (FlashInfer's
+/// kernel). The call's GPU time over this span is its time per chunk step, apart from how the
+/// order packs the blocks (docs/performance.md, "The step, not the schedule, is the gap").
+std::int64_t greedy_span(const std::vector<std::int32_t>& cu, std::int64_t value_heads, int sms,
+                         bool longest_first) {
+  std::vector<std::int64_t> chunks;
+  for (std::size_t i = 0; i + 1 < cu.size(); ++i) chunks.push_back((cu[i + 1] - cu[i] + 63) / 64);
+  if (longest_first) std::stable_sort(chunks.begin(), chunks.end(), std::greater<>());
+  std::priority_queue<std::int64_t, std::vector<std::int64_t>, std::greater<>> free_at;
+  for (int i = 0; i < std::max(sms, 1); ++i) free_at.push(0);
+  std::int64_t span = 0;
+  for (const std::int64_t c : chunks) {
+    for (std::int64_t h = 0; h < value_heads; ++h) {
+      const std::int64_t end = free_at.top() + c;
+      free_at.pop();
+      free_at.push(end);
+      span = std::max(span, end);
+    }
+  }
+  return span;
 }
 
 /// The profile build's block timeline (warp 0's cells of each block: start and end in ns, SM,
@@ -731,6 +756,14 @@ int run(int argc, char** argv) {
               "chunk us", "state us", "anchor", "+norm", "anch/kj", "diff",
               anchor ? fmt::format(" | {:>9} {:>7}", "same in", "anch/si").c_str() : "",
               "planner's mode");
+  // Per shape, for the chunk-step lines below the table.
+  struct StepRow {
+    const Anchor* shape;
+    double us, anchor_us;
+    std::string mode;
+    std::vector<std::int32_t> cu;
+  };
+  std::vector<StepRow> steps;
   for (const Anchor& s : anchors) {
     Inputs in = make_inputs(s.tokens, s.seqs, s.heads, s.value_heads);
     kjit::bench::flush_l2(*gpu);
@@ -760,15 +793,19 @@ int run(int argc, char** argv) {
                 static_cast<long long>(s.heads), static_cast<long long>(s.value_heads),
                 static_cast<long long>(s.tokens), static_cast<long long>(s.seqs), us, mtok, tflops,
                 host_us, s.fla_us, s.fla_us / us, alone(chunk_us).c_str(), alone(state_us).c_str());
+    double anchor_us = 0;
     if (anchor) {
       const AnchorRun a = run_anchor(*gpu, *anchor, in, options);
+      anchor_us = a.kernel_us;
       std::printf(" %9.1f %9.1f %6.2fx %.0e/%.0e | %9.1f %6.2fx", a.kernel_us, a.with_norm_us,
                   a.kernel_us / us, a.out_diff, a.state_diff, a.same_inputs_us,
                   a.kernel_us / a.same_inputs_us);
     }
     // The planner's mode: it depends on the device (the warp-specialized kernel where DRAM is
     // slow per SM).
-    std::printf("  %s\n", plan_of(*gpu, in, options).mode.c_str());
+    const std::string mode = plan_of(*gpu, in, options).mode;
+    std::printf("  %s\n", mode.c_str());
+    steps.push_back({&s, us, anchor_us, mode, in.cu});
     std::fflush(stdout);
     if (json != nullptr) {
       std::fprintf(json,
@@ -779,6 +816,32 @@ int run(int argc, char** argv) {
                    static_cast<long long>(s.tokens), static_cast<long long>(s.seqs), us, mtok,
                    tflops, host_us, s.fla_us, s.fla_us / us);
     }
+  }
+  // The chunk step: one block per (sequence, value head) and SM walks a sequence, so a call's
+  // time is its step times the span of its blocks' packing (greedy_span). kjit's ws blocks take
+  // the sequences longest first, FlashInfer's kernel in index order.
+  std::printf(
+      "\nchunk step, GPU us / span of the blocks in chunk steps on %d SMs (one block per "
+      "SM; kjit's ws blocks longest first, the anchor's in index order)\n",
+      gpu->limits.sm_count);
+  std::printf("%4s %4s %8s %5s | %12s %12s | %10s %10s  %s\n", "H", "HV", "T", "seqs",
+              "span longest", "span index", "kjit step", "anch step", "planner's mode");
+  for (const StepRow& r : steps) {
+    const int sms = gpu->limits.sm_count;
+    const std::int64_t lpt = greedy_span(r.cu, r.shape->value_heads, sms, true);
+    const std::int64_t index = greedy_span(r.cu, r.shape->value_heads, sms, false);
+    // (The two kernels spread a chunk over both kernels' blocks: no step of this kind.)
+    const auto step = [](bool applies, double us, std::int64_t span) {
+      return applies ? fmt::format("{:10.2f}", us / static_cast<double>(span))
+                     : fmt::format("{:>10}", "-");
+    };
+    std::printf("%4lld %4lld %8lld %5lld | %12lld %12lld | %s %s  %s\n",
+                static_cast<long long>(r.shape->heads),
+                static_cast<long long>(r.shape->value_heads),
+                static_cast<long long>(r.shape->tokens), static_cast<long long>(r.shape->seqs),
+                static_cast<long long>(lpt), static_cast<long long>(index),
+                step(r.mode == "chunked_ws", r.us, lpt).c_str(),
+                step(r.anchor_us > 0, r.anchor_us, index).c_str(), r.mode.c_str());
   }
   if (std::getenv("KJIT_PREFILL_BENCH_MAIN_ONLY") == nullptr) {
     few_sequences_table(*gpu, options, anchor, json);
