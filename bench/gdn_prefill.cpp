@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <optional>
 #include <queue>
 #include <random>
@@ -286,28 +287,35 @@ double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOption
       10, 2);
 }
 
-/// The span, in chunk steps, of one block per (sequence, value head) walking its sequence's
-/// chunks on `sms` SMs, one block per SM at a time, each block taken by the SM that frees first:
-/// sequences longest first (kjit's ws blocks and state kernel) or in index order (FlashInfer's
-/// kernel). The call's GPU time over this span is its time per chunk step, apart from how the
-/// order packs the blocks (docs/performance.md, "The step, not the schedule, is the gap").
-std::int64_t greedy_span(const std::vector<std::int32_t>& cu, std::int64_t value_heads, int sms,
-                         bool longest_first) {
-  std::vector<std::int64_t> chunks;
-  for (std::size_t i = 0; i + 1 < cu.size(); ++i) chunks.push_back((cu[i + 1] - cu[i] + 63) / 64);
-  if (longest_first) std::stable_sort(chunks.begin(), chunks.end(), std::greater<>());
+/// The span, in chunk steps, of blocks of `chunks` chunks each on `sms` SMs, one block per SM at a
+/// time, each block in the given order taken by the SM that frees first.
+std::int64_t packed_span(const std::vector<std::int64_t>& chunks, int sms) {
   std::priority_queue<std::int64_t, std::vector<std::int64_t>, std::greater<>> free_at;
   for (int i = 0; i < std::max(sms, 1); ++i) free_at.push(0);
   std::int64_t span = 0;
   for (const std::int64_t c : chunks) {
-    for (std::int64_t h = 0; h < value_heads; ++h) {
-      const std::int64_t end = free_at.top() + c;
-      free_at.pop();
-      free_at.push(end);
-      span = std::max(span, end);
-    }
+    const std::int64_t end = free_at.top() + c;
+    free_at.pop();
+    free_at.push(end);
+    span = std::max(span, end);
   }
   return span;
+}
+
+/// packed_span of one block per (sequence, value head) walking its sequence's chunks: sequences
+/// longest first (kjit's ws blocks and state kernel) or in index order (FlashInfer's kernel).
+/// The call's GPU time over this span is its time per chunk step, apart from how the order packs
+/// the blocks (docs/performance.md, "The step, not the schedule, is the gap").
+std::int64_t greedy_span(const std::vector<std::int32_t>& cu, std::int64_t value_heads, int sms,
+                         bool longest_first) {
+  std::vector<std::int64_t> seq_chunks;
+  for (std::size_t i = 0; i + 1 < cu.size(); ++i) {
+    seq_chunks.push_back((cu[i + 1] - cu[i] + 63) / 64);
+  }
+  if (longest_first) std::stable_sort(seq_chunks.begin(), seq_chunks.end(), std::greater<>());
+  std::vector<std::int64_t> blocks;
+  for (const std::int64_t c : seq_chunks) blocks.insert(blocks.end(), value_heads, c);
+  return packed_span(blocks, sms);
 }
 
 /// The profile build's block timeline (warp 0's cells of each block: start and end in ns, SM,
@@ -319,7 +327,7 @@ void ws_timeline(const std::vector<std::uint64_t>& host, std::uint64_t blocks, i
                  int sm_count) {
   using S = kjit::GdnWsProfileSite;
   std::uint64_t first = UINT64_MAX, last = 0, held = 0, latest_start = 0;
-  std::vector<std::uint64_t> chunks;
+  std::vector<std::int64_t> chunks;
   // Each block's ns per chunk, and whether it started in the first wave (before any block
   // ended): if the blocks' speed varies, the slowest long block, not the packing, sets the end.
   std::vector<double> ns_per_chunk, first_wave_ns, later_ns;
@@ -336,7 +344,8 @@ void ws_timeline(const std::vector<std::uint64_t>& host, std::uint64_t blocks, i
     latest_start = std::max(latest_start, cell[S::kWsProfBlockStart]);
     const std::uint64_t took = cell[S::kWsProfBlockEnd] - cell[S::kWsProfBlockStart];
     held += took;
-    chunks.push_back(cell[S::kWsProfChunks]);  // warp 0 counts each of its chunks once
+    // (Warp 0 counts each of its chunks once.)
+    chunks.push_back(static_cast<std::int64_t>(cell[S::kWsProfChunks]));
     // (Blocks of a few chunks are mostly their prologue and epilogue: left out of the spread.)
     if (cell[S::kWsProfChunks] >= 16) {
       const double ns = static_cast<double>(took) / static_cast<double>(cell[S::kWsProfChunks]);
@@ -346,16 +355,11 @@ void ws_timeline(const std::vector<std::uint64_t>& host, std::uint64_t blocks, i
   }
   if (blocks == 0 || last <= first || sm_count <= 0) return;
   std::sort(chunks.begin(), chunks.end(), std::greater<>());
-  std::vector<std::uint64_t> load(static_cast<std::size_t>(sm_count), 0);
-  std::uint64_t total = 0;
-  for (const std::uint64_t c : chunks) {
-    *std::min_element(load.begin(), load.end()) += c;
-    total += c;
-  }
+  const std::int64_t total = std::accumulate(chunks.begin(), chunks.end(), std::int64_t{0});
   const double span = static_cast<double>(last - first);
-  const double packed = static_cast<double>(total) /
-                        (static_cast<double>(*std::max_element(load.begin(), load.end())) *
-                         static_cast<double>(sm_count));
+  const double packed =
+      static_cast<double>(total) /
+      (static_cast<double>(packed_span(chunks, sm_count)) * static_cast<double>(sm_count));
   std::printf(
       "  timeline: %llu blocks on %d SMs, %.1f us from the first start to the last end; SMs held "
       "a block %.1f%% of it (longest-first packing of the same chunks: %.1f%%); last start at "
