@@ -327,13 +327,12 @@ enum GdnWsProfileSite : int {
   // The chunk warpgroup's sites, then the state warpgroups' (the bench reads them as two ranges).
   kWsProfChunkFull,      // waiting for its copies of the chunk (full)
   kWsProfChunkEmpty,     // waiting for the next stage and the T' / P^T slot (empty), the fill
-  kWsProfChunkProducts,  // K K^T, K Q^T and the gates' scan, k's norms, beta and the factors
+  kWsProfChunkProducts,  // q's norms, K K^T, K Q^T and the gates' scan, k's norms, beta, factors
   kWsProfChunkDecay,     // the decay pass (P^T stored, A computed), beta's copy, the scales
   kWsProfChunkTReady,    // waiting for A's tile (the state side's inverse of the chunk before)
   kWsProfChunkAStore,    // A's stores, chunk_ready
   // The state warpgroups.
   kWsProfStateFull,        // waiting for the chunk's copies (full)
-  kWsProfStateNorms,       // q's norms
   kWsProfStateChunkReady,  // waiting for the chunk warpgroup's A, P^T and scales
   kWsProfStateInvDiag,     // the inverse's diagonal blocks and the barrier behind them
   kWsProfStateInvFirst,    // its first block products and the barrier behind them
@@ -371,8 +370,6 @@ KJIT_GDN_PREFILL_HD constexpr const char* gdn_ws_profile_site_name(int site) {
       return "A stores";
     case kWsProfStateFull:
       return "full";
-    case kWsProfStateNorms:
-      return "q norms";
     case kWsProfStateChunkReady:
       return "chunk_ready";
     case kWsProfStateInvDiag:

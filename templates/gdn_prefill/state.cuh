@@ -1284,7 +1284,6 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       // tile is the warpgroup's from its turn until its products have read it.
       unsigned char* const s_tile = smem + kWsSmem.s_tile;
       // (q's norms, which only O needs, are the chunk warpgroup's: WsChunkRole::run.)
-      mark(kWsProfStateNorms);
       // T' of this chunk: the second warpgroup inverts (I + A) from the chunk warpgroup's A tile
       // while it waits for its turn (the first issues its products); its arrivals also hand A's
       // tile back.
