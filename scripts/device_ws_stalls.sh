@@ -9,7 +9,7 @@
 # read; in the builds measured so far the state role's reads come first in loop order (full,
 # chunk_ready, inverse x 3, turn, S products, chunk_ready, R, t_ready, Vn, O + update, store; a
 # q norms read before chunk_ready until the norms moved to the chunk warpgroup) and the chunk
-# warpgroup's after them (full, empty + fill, products, t_ready, decay):
+# warpgroup's after them (full, empty + fill, q norms, products, k norms, decay, t_ready, A stores):
 # check that against the instruction counts before reading a region by its name.
 # Needs .deps carried (scripts/fetch_deps.sh). Knobs: KJIT_STALLS_SRC (default
 # /tmp/kjit-stalls-src), KJIT_STALLS_SKIP (launches of the kernel skipped before the profiled

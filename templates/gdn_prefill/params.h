@@ -327,7 +327,9 @@ enum GdnWsProfileSite : int {
   // The chunk warpgroup's sites, then the state warpgroups' (the bench reads them as two ranges).
   kWsProfChunkFull,      // waiting for its copies of the chunk (full)
   kWsProfChunkEmpty,     // waiting for the next stage and the T' / P^T slot (empty), the fill
-  kWsProfChunkProducts,  // q's norms, K K^T, K Q^T and the gates' scan, k's norms, beta, factors
+  kWsProfChunkQNorms,    // q's norms (Q Q^T's diagonal blocks on mma.sync), into the stage
+  kWsProfChunkProducts,  // K K^T and K Q^T on wgmma issued, the gates' scan, the wait
+  kWsProfChunkKNorms,    // k's norms from K K^T's diagonal, the group barrier, beta, factors
   kWsProfChunkDecay,     // the decay pass (P^T stored, A computed), beta's copy, the scales
   kWsProfChunkTReady,    // waiting for A's tile (the state side's inverse of the chunk before)
   kWsProfChunkAStore,    // A's stores, chunk_ready
@@ -360,8 +362,12 @@ KJIT_GDN_PREFILL_HD constexpr const char* gdn_ws_profile_site_name(int site) {
       return "full";
     case kWsProfChunkEmpty:
       return "empty+fill";
+    case kWsProfChunkQNorms:
+      return "q norms";
     case kWsProfChunkProducts:
       return "products";
+    case kWsProfChunkKNorms:
+      return "k norms";
     case kWsProfChunkDecay:
       return "decay";
     case kWsProfChunkTReady:

@@ -272,6 +272,7 @@ struct WsChunkRole {
           if (t4 == 0) s_rq[16 * warp + g + 8 * hf] = p.scale * gdn::l2_inv_norm(d);
         }
       }
+      tp = prof.add(kWsProfChunkQNorms, tp);
       // 1. G = K K^T and P's raw transpose K Q^T on wgmma (warp w holds block row w of both).
       // (K Q^T issued after the A pass instead, so that the two accumulators are never live at
       // once, spilled as much at 120 registers: 264 / 288 bytes against 244 / 288.)
@@ -291,6 +292,7 @@ struct WsChunkRole {
       chunk_products_wgmma<kKSteps, false, kChunkPKQ>(
           acc_g, acc_p, acc_qq, mma::smem_addr(base + kS.k0), mma::smem_addr(base + kS.q), warp,
           [&] { scanned = gates.scan_gates(p, rows, lane, s_gamma, s_ref, load_next_gates); });
+      tp = prof.add(kWsProfChunkProducts, tp);
       // 2. k's inverse norms from G's diagonal.
       store_inverse_norms<kL2Norm, false>(acc_g, acc_qq, warp, warp, s_rk, nullptr, 0.f, g, t4);
       // The norms are visible.
@@ -298,7 +300,7 @@ struct WsChunkRole {
 
       // 3b. Beta and the column factors, which need the norms.
       gates.store_beta_and_factors(scanned, lane, s_rk, s_beta, s_cf);
-      tp = prof.add(kWsProfChunkProducts, tp);
+      tp = prof.add(kWsProfChunkKNorms, tp);
       // 4. The decay pass: P^T's block row `warp` (decay_col_block) into the slot's swizzled tile,
       // and A (strictly lower) of block row `warp` (decay_row_block) computed into acc_g,
       // once per warp index. Everything but A's stores runs before the wait for A's tile: the
