@@ -251,8 +251,12 @@ void run(const Case& c, const std::vector<Kernel>& kernels) {
 TEST_CASE("gdn_prefill ws emulated: lengths around the chunk and the stage ring, raw gates") {
   Case c;
   // 0 and 1 token; 65 and 130 end one row into a chunk; 200 runs four chunks through the three
-  // stages and the two T' / P^T slots. Sequence 2 (1 token) is padding.
+  // stages and the two T' / P^T slots. Sequence 2 (1 token) is padding. Two q/k heads of two
+  // value heads each (every other case has one q/k head: a block reading another head's q or k
+  // rows, or another value head's gates, passed them all).
   c.lengths = {65, 0, 1, 200, 130};
+  c.heads = 2;
+  c.value_heads = 4;
   run(c, {{"gdn_prefill_ws:qkv=bf16,gate=bf16,param=f32,state=f32,out=bf16,cu=i32,index=i32,"
            "k=128,v=128,gated=0,l2norm=1,ckpt=0@sm_90a",
            &emulate<&gdn_prefill_ws_kernel<__nv_bfloat16, __nv_bfloat16, float, float,
