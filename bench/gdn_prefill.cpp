@@ -310,7 +310,7 @@ std::int64_t greedy_span(const std::vector<std::int32_t>& cu, std::int64_t value
                          bool longest_first) {
   std::vector<std::int64_t> seq_chunks;
   for (std::size_t i = 0; i + 1 < cu.size(); ++i) {
-    seq_chunks.push_back((cu[i + 1] - cu[i] + 63) / 64);
+    seq_chunks.push_back((cu[i + 1] - cu[i] + kjit::kGdnPrefillChunk - 1) / kjit::kGdnPrefillChunk);
   }
   if (longest_first) std::stable_sort(seq_chunks.begin(), seq_chunks.end(), std::greater<>());
   std::vector<std::int64_t> blocks;
