@@ -8,7 +8,8 @@
 //
 //   bench_gdn_prefill [results.jsonl] [profile]   (KJIT_PREFILL_BENCH_SWEEP=1: also every tile;
 //   KJIT_PREFILL_BENCH_NO_VERIFY=1: a failed check does not end the run;
-//   KJIT_PREFILL_BENCH_FEW_ONLY=1 / KJIT_PREFILL_BENCH_MAIN_ONLY=1: one of the two tables)
+//   KJIT_PREFILL_BENCH_FEW_ONLY=1 / KJIT_PREFILL_BENCH_MAIN_ONLY=1: one of the two tables;
+//   KJIT_PREFILL_BENCH_FEW_SHAPES="16/16/8x4096,...": the few-sequences table on these shapes)
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -621,6 +622,28 @@ void few_sequences_table(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& o
   if (std::getenv("KJIT_PREFILL_BENCH_TILES") != nullptr) {
     table.insert(table.end(), crossover_shapes.begin(), crossover_shapes.end());
   }
+  // KJIT_PREFILL_BENCH_FEW_SHAPES="16/16/8x512,16/16/8x4096,...": these shapes (H/HV/seqs x
+  // length) instead, e.g. one block count at several lengths to split a call into a cost per
+  // chunk step and a cost per call.
+  if (const char* list = std::getenv("KJIT_PREFILL_BENCH_FEW_SHAPES"); list != nullptr) {
+    table.clear();
+    for (std::string rest = list; !rest.empty();) {
+      const std::size_t comma = rest.find(',');
+      const std::string entry = rest.substr(0, comma);
+      rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+      long long heads = 0, value_heads = 0, seqs = 0, length = 0;
+      if (std::sscanf(entry.c_str(), "%lld/%lld/%lldx%lld", &heads, &value_heads, &seqs, &length) !=
+              4 ||
+          heads < 1 || value_heads < heads || value_heads % heads != 0 || seqs < 1 || length < 1) {
+        std::fprintf(stderr,
+                     "KJIT_PREFILL_BENCH_FEW_SHAPES: '%s' is not H/HV/SEQSxLEN (HV a multiple "
+                     "of H, all >= 1)\n",
+                     entry.c_str());
+        std::exit(2);
+      }
+      table.push_back({heads, value_heads, seqs, length, 0, 0});
+    }
+  }
   // Without an anchor library: the FlashInfer figures (quoted, marked *).
   std::printf(
       "\nfew long sequences (equal lengths), GPU us\n%4s %4s %11s | %-22s %9s | %9s %7s | "
@@ -675,6 +698,11 @@ void few_sequences_table(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& o
                       gpu, [&](kjit::Stream stream) { call(in, forced, stream); }, 10, 2));
     }
     std::printf("\n");
+    // With a profile build (KJIT_PREFILL_BENCH_PROFILE=1, see ws_profile): the ws kernel's
+    // stretches and its blocks' timeline on this shape too.
+    if (env_is_one("KJIT_PREFILL_BENCH_PROFILE") && plan.mode == "chunked_ws") {
+      ws_profile(gpu, in, options);
+    }
     std::fflush(stdout);
     if (json != nullptr) {
       std::fprintf(json,
