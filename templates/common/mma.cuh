@@ -90,6 +90,26 @@ __device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
                : "r"(addr));
 }
 
+/// ldmatrix_x4's inverse (sm_90 and later): lanes 8 i .. 8 i + 7 give the row addresses of 8 x 8
+/// matrix i, and lane l's r[i] is matrix i's row l / 4, columns 2 (l % 4) and + 1 (an mma
+/// fragment's layout). One instruction for what four 4-byte stores of a warp write.
+__device__ __forceinline__ void stmatrix_x4(u32 addr, const u32 (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+               :
+               : "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+/// stmatrix_x4 with each 8 x 8 matrix transposed: matrix i's row k (at lane 8 i + k's address)
+/// receives column k of the fragment, i.e. lane l's r[i] lands in rows 2 (l % 4) and + 1,
+/// column l / 4.
+__device__ __forceinline__ void stmatrix_x4_trans(u32 addr, const u32 (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
+               :
+               : "r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 #endif
 /// A fragment of the 16x16 tile whose element (r, c) is base[r * ld + c] (row-major, the
 /// reduction dim contiguous). base and ld * 2 bytes must be 16-byte aligned.

@@ -256,13 +256,15 @@ __device__ __forceinline__ void zero_acc(float (&c)[2][4]) {
 }
 
 /// Stores block (bi, bj) of T' = T diag(beta) as bf16 from c = -(T_ij)^T; `element(r, c)` is the
-/// address of T' element (r, c) (a padded tile in the chunk kernel, a swizzled one in ws.cuh).
-/// Each 8 x 8 quarter is transposed in registers (movmatrix) so that a lane stores two adjacent
-/// columns of one T' row at once: four 4-byte stores instead of eight 2-byte ones.
+/// address of T' element (r, c) (a padded tile in the chunk kernel, a swizzled one in ws.cuh;
+/// 16-byte aligned where c is a multiple of 8). Each 8 x 8 quarter is stored transposed: on
+/// sm_90 and later by one stmatrix .trans for the four quarters, before by a movmatrix each and
+/// a 4-byte store of two adjacent columns of one T' row (instead of eight 2-byte stores).
 template <typename Element>
 __device__ __forceinline__ void store_t_block(Element&& element, const float* s_beta, int bi,
                                               int bj, const float (&c)[2][4], int g, int t4) {
   const float b[2] = {s_beta[16 * bj + g], s_beta[16 * bj + g + 8]};
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
@@ -274,6 +276,21 @@ __device__ __forceinline__ void store_t_block(Element&& element, const float* s_
       *reinterpret_cast<u32*>(element(16 * bi + 8 * nt + g, 16 * bj + 8 * mh + 2 * t4)) = pair;
     }
   }
+#else
+  // Quarter i = 2 nt + mh (rows m = 8 mh.., columns n = 8 nt.. of c) goes to T' rows
+  // 16 bi + 8 nt + k, columns 16 bj + 8 mh..: lane 8 i + k gives that row's address.
+  u32 quarter[4];
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+    for (int mh = 0; mh < 2; ++mh) {
+      quarter[2 * nt + mh] = mma::pack_bf16(-c[nt][2 * mh] * b[mh], -c[nt][2 * mh + 1] * b[mh]);
+    }
+  }
+  const int lane = 4 * g + t4, i = lane >> 3;
+  mma::stmatrix_x4_trans(
+      mma::smem_addr(element(16 * bi + 8 * (i >> 1) + (lane & 7), 16 * bj + 8 * (i & 1))), quarter);
+#endif
 }
 
 /// The blocks of T parked in the unused upper blocks of A's tile (the operands' park and

@@ -1312,15 +1312,16 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         warpgroup_sync(wg);
       }
       mark(kWsProfStateTurn);
-      const int wr = (warp & 3) * 16 + g;  // the warp's rows of the tile
+      // The warp's 16 rows of the tile, one stmatrix per k-step (its four 8 x 8 matrices are the
+      // A fragment's four registers; lane l gives the address of matrix l / 8's row l % 8): a
+      // quarter of the store instructions of four 4-byte stores.
+      const int st_row = (warp & 3) * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
+      const int st_col = 8 * (lane >> 4);
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
         u32 f[4];
         state_fragment(s_acc[0], ks, f);
-        *reinterpret_cast<u32*>(sw128_element(s_tile, wr, 16 * ks + 2 * t4)) = f[0];
-        *reinterpret_cast<u32*>(sw128_element(s_tile, wr + 8, 16 * ks + 2 * t4)) = f[1];
-        *reinterpret_cast<u32*>(sw128_element(s_tile, wr, 16 * ks + 8 + 2 * t4)) = f[2];
-        *reinterpret_cast<u32*>(sw128_element(s_tile, wr + 8, 16 * ks + 8 + 2 * t4)) = f[3];
+        mma::stmatrix_x4(mma::smem_addr(sw128_element(s_tile, st_row, 16 * ks + st_col)), f);
       }
       wgmma::fence_shared_writes();
       warpgroup_sync(wg);  // every warp's rows are in before the warpgroup's products read them

@@ -1182,6 +1182,32 @@ static inline void ldmatrix_x4_impl(u32 (&r)[4], u32 addr, bool trans) {
 }
 static inline void ldmatrix_x4(u32 (&r)[4], u32 addr) { ldmatrix_x4_impl(r, addr, false); }
 static inline void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) { ldmatrix_x4_impl(r, addr, true); }
+
+/// stmatrix .x4 (trans: each 8 x 8 matrix transposed): lanes 8 i .. 8 i + 7 give the row
+/// addresses of matrix i; lane l's r[i] holds the fragment's row l / 4, columns 2 (l % 4) and
+/// + 1, which land in matrix i's row l / 4 at those columns, or (trans) in rows 2 (l % 4) and
+/// + 1 at column l / 4. Each lane writes its own elements.
+static inline void stmatrix_x4_impl(u32 addr, const u32 (&r)[4], bool trans) {
+  namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
+  const auto* all = emu::gather_warp(&addr, 4, "stmatrix");
+  const unsigned lane = emu::tid() % 32, row = lane / 4, c0 = 2 * (lane % 4);
+  const emu::KernelAccess access;
+  for (unsigned i = 0; i < 4; ++i) {
+    if (!trans) {
+      std::memcpy(emu::shared_at(emu::lane_value<u32>(all, 8 * i + row) + 2 * c0, 4), &r[i], 4);
+      continue;
+    }
+    for (unsigned h = 0; h < 2; ++h) {
+      const unsigned short bits = static_cast<unsigned short>(h ? r[i] >> 16 : r[i] & 0xffffu);
+      std::memcpy(emu::shared_at(emu::lane_value<u32>(all, 8 * i + c0 + h) + 2 * row, 2), &bits, 2);
+    }
+  }
+}
+static inline void stmatrix_x4(u32 addr, const u32 (&r)[4]) { stmatrix_x4_impl(addr, r, false); }
+static inline void stmatrix_x4_trans(u32 addr, const u32 (&r)[4]) {
+  stmatrix_x4_impl(addr, r, true);
+}
 }  // namespace mma
 
 namespace wgmma {
