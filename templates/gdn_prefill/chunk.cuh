@@ -255,42 +255,51 @@ __device__ __forceinline__ void zero_acc(float (&c)[2][4]) {
   for (int nt = 0; nt < 2; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
 }
 
+/// Whether T' blocks go to shared memory by stmatrix (sm_90 and later; store_t_block).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+inline constexpr bool kStmatrixStores = false;
+#else
+inline constexpr bool kStmatrixStores = true;
+#endif
+
 /// Stores block (bi, bj) of T' = T diag(beta) as bf16 from c = -(T_ij)^T; `element(r, c)` is the
 /// address of T' element (r, c) (a padded tile in the chunk kernel, a swizzled one in ws.cuh;
-/// 16-byte aligned where c is a multiple of 8). Each 8 x 8 quarter is stored transposed: on
-/// sm_90 and later by one stmatrix .trans for the four quarters, before by a movmatrix each and
-/// a 4-byte store of two adjacent columns of one T' row (instead of eight 2-byte stores).
-template <typename Element>
+/// 16-byte aligned where c is a multiple of 8). Each 8 x 8 quarter is stored transposed:
+/// kStmatrix (sm_90 and later) by one stmatrix .trans for the four quarters, otherwise by a
+/// movmatrix each and a 4-byte store of two adjacent columns of one T' row (instead of eight
+/// 2-byte stores). (A parameter, not only the target's: the emulated tests run both.)
+template <bool kStmatrix, typename Element>
 __device__ __forceinline__ void store_t_block(Element&& element, const float* s_beta, int bi,
                                               int bj, const float (&c)[2][4], int g, int t4) {
   const float b[2] = {s_beta[16 * bj + g], s_beta[16 * bj + g + 8]};
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  if constexpr (kStmatrix) {
+    // Quarter i = 2 nt + mh (rows m = 8 mh.., columns n = 8 nt.. of c) goes to T' rows
+    // 16 bi + 8 nt + k, columns 16 bj + 8 mh..: lane 8 i + k gives that row's address.
+    u32 quarter[4];
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-    for (int mh = 0; mh < 2; ++mh) {
-      // Quarter (rows m = 8 mh.., columns n = 8 nt..) of c: lane holds row g, columns 2 t4, + 1;
-      // transposed, row g of n and columns 2 t4, + 1 of m: T' row 16 bi + 8 nt + g.
-      const u32 pair =
-          mma::transpose8x8(mma::pack_bf16(-c[nt][2 * mh] * b[mh], -c[nt][2 * mh + 1] * b[mh]));
-      *reinterpret_cast<u32*>(element(16 * bi + 8 * nt + g, 16 * bj + 8 * mh + 2 * t4)) = pair;
+      for (int mh = 0; mh < 2; ++mh) {
+        quarter[2 * nt + mh] = mma::pack_bf16(-c[nt][2 * mh] * b[mh], -c[nt][2 * mh + 1] * b[mh]);
+      }
+    }
+    const int lane = 4 * g + t4, i = lane >> 3;
+    mma::stmatrix_x4_trans(
+        mma::smem_addr(element(16 * bi + 8 * (i >> 1) + (lane & 7), 16 * bj + 8 * (i & 1))),
+        quarter);
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int mh = 0; mh < 2; ++mh) {
+        // Quarter (rows m = 8 mh.., columns n = 8 nt..) of c: lane holds row g, columns 2 t4,
+        // + 1; transposed, row g of n and columns 2 t4, + 1 of m: T' row 16 bi + 8 nt + g.
+        const u32 pair =
+            mma::transpose8x8(mma::pack_bf16(-c[nt][2 * mh] * b[mh], -c[nt][2 * mh + 1] * b[mh]));
+        *reinterpret_cast<u32*>(element(16 * bi + 8 * nt + g, 16 * bj + 8 * mh + 2 * t4)) = pair;
+      }
     }
   }
-#else
-  // Quarter i = 2 nt + mh (rows m = 8 mh.., columns n = 8 nt.. of c) goes to T' rows
-  // 16 bi + 8 nt + k, columns 16 bj + 8 mh..: lane 8 i + k gives that row's address.
-  u32 quarter[4];
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-    for (int mh = 0; mh < 2; ++mh) {
-      quarter[2 * nt + mh] = mma::pack_bf16(-c[nt][2 * mh] * b[mh], -c[nt][2 * mh + 1] * b[mh]);
-    }
-  }
-  const int lane = 4 * g + t4, i = lane >> 3;
-  mma::stmatrix_x4_trans(
-      mma::smem_addr(element(16 * bi + 8 * (i >> 1) + (lane & 7), 16 * bj + 8 * (i & 1))), quarter);
-#endif
 }
 
 /// The blocks of T parked in the unused upper blocks of A's tile (the operands' park and
@@ -634,7 +643,7 @@ __device__ __forceinline__ void invert_diagonal_block(float* s_a, const float* s
 ///   warp 0: T10 = -T11 (A10 T00)            warp 1: T32 = -T33 (A32 T22)
 ///   warp 2: T21 = -T22 (A21 T11); Z21 = (A21 T11)^T and Z31 = (A31 T11)^T kept
 ///   warp 3: Z20 = (A20 T00)^T, Z30 = (A30 T00)^T kept
-template <typename Ops, typename Element>
+template <typename Ops, bool kStmatrix, typename Element>
 __device__ __forceinline__ void invert_first_products(float* s_a, const float* s_beta0, int warp,
                                                       int g, int t4, float (&z1)[2][4],
                                                       float (&z2)[2][4], Element&& element) {
@@ -649,18 +658,18 @@ __device__ __forceinline__ void invert_first_products(float* s_a, const float* s
     Ops::mma_bt(z1, Ops::load_transposed(t_diag_block(s_a, 0), g, t4), a_blk(1, 0), g, t4);
     Ops::mma_bt_parked(c, Ops::from_acc(z1), t_diag_block(s_a, 1), g, t4);
     Ops::park(parked_block(s_a, 1, 3), c, g, t4);
-    store_t_block(element, s_beta0, 1, 0, c, g, t4);
+    store_t_block<kStmatrix>(element, s_beta0, 1, 0, c, g, t4);
   } else if (warp == 1) {
     Ops::mma_bt(z1, Ops::load_transposed(t_diag_block(s_a, 2), g, t4), a_blk(3, 2), g, t4);
     Ops::mma_bt_parked(c, Ops::from_acc(z1), t_diag_block(s_a, 3), g, t4);
     Ops::park(parked_block(s_a, 2, 3), c, g, t4);
-    store_t_block(element, s_beta0, 3, 2, c, g, t4);
+    store_t_block<kStmatrix>(element, s_beta0, 3, 2, c, g, t4);
   } else if (warp == 2) {
     const typename Ops::A t11 = Ops::load_transposed(t_diag_block(s_a, 1), g, t4);
     Ops::mma_bt(z1, t11, a_blk(2, 1), g, t4);
     Ops::mma_bt(z2, t11, a_blk(3, 1), g, t4);
     Ops::mma_bt_parked(c, Ops::from_acc(z1), t_diag_block(s_a, 2), g, t4);
-    store_t_block(element, s_beta0, 2, 1, c, g, t4);
+    store_t_block<kStmatrix>(element, s_beta0, 2, 1, c, g, t4);
   } else {
     const typename Ops::A t00 = Ops::load_transposed(t_diag_block(s_a, 0), g, t4);
     Ops::mma_bt(z1, t00, a_blk(2, 0), g, t4);
@@ -672,7 +681,7 @@ __device__ __forceinline__ void invert_first_products(float* s_a, const float* s
 ///   warp 0: T20 = -T22 (A20 T00 + A21 T10)
 ///   warp 2: T31 = -(T32 X21 + T33 X31), X_m1 = A_m1 T11 (Z21, Z31 of 5b)
 ///   warp 3: T30 = -(T32 X20 + T33 X30), X_m0 = A_m0 T00 + A_m1 T10
-template <typename Ops, typename Element>
+template <typename Ops, bool kStmatrix, typename Element>
 __device__ __forceinline__ void invert_second_products(float* s_a, const float* s_beta0, int warp,
                                                        int g, int t4, float (&z1)[2][4],
                                                        float (&z2)[2][4], Element&& element) {
@@ -688,18 +697,18 @@ __device__ __forceinline__ void invert_second_products(float* s_a, const float* 
     Ops::mma_bt(z1, Ops::load_transposed(t_diag_block(s_a, 0), g, t4), a_blk(2, 0), g, t4);
     Ops::mma_bt(z1, Ops::load_transposed(t10, g, t4), a_blk(2, 1), g, t4);
     Ops::mma_bt_parked(c, Ops::from_acc(z1), t_diag_block(s_a, 2), g, t4);
-    store_t_block(element, s_beta0, 2, 0, c, g, t4);
+    store_t_block<kStmatrix>(element, s_beta0, 2, 0, c, g, t4);
   } else if (warp == 2) {
     Ops::mma_bt_parked(c, Ops::from_acc(z1), t32, g, t4);
     Ops::mma_bt_parked(c, Ops::from_acc(z2), t_diag_block(s_a, 3), g, t4);
-    store_t_block(element, s_beta0, 3, 1, c, g, t4);
+    store_t_block<kStmatrix>(element, s_beta0, 3, 1, c, g, t4);
   } else if (warp == 3) {
     const typename Ops::A t10a = Ops::load_transposed(t10, g, t4);
     Ops::mma_bt(z1, t10a, a_blk(2, 1), g, t4);
     Ops::mma_bt(z2, t10a, a_blk(3, 1), g, t4);
     Ops::mma_bt_parked(c, Ops::from_acc(z1), t32, g, t4);
     Ops::mma_bt_parked(c, Ops::from_acc(z2), t_diag_block(s_a, 3), g, t4);
-    store_t_block(element, s_beta0, 3, 0, c, g, t4);
+    store_t_block<kStmatrix>(element, s_beta0, 3, 0, c, g, t4);
   }
 }
 
@@ -718,7 +727,8 @@ struct InverseOperands<true> {
 /// blocks another warp parked). kL2Norm, kGated: the kernel's (k normalized in the kernel; gates
 /// given precomputed). The block products take f16 operands where that guarantees |T| <= 1 (k
 /// normalized here and beta a sigmoid: F16Operands), tf32 otherwise.
-template <bool kL2Norm, bool kGated, typename Element, typename Sync>
+template <bool kL2Norm, bool kGated, bool kStmatrix = kStmatrixStores, typename Element,
+          typename Sync>
 __device__ __forceinline__ void invert_chunk(float* s_a, const float* s_beta0, int warp, int lane,
                                              Element&& element, Sync&& sync) {
   using Ops = typename InverseOperands<inverse_f16(kL2Norm, kGated)>::type;
@@ -726,9 +736,9 @@ __device__ __forceinline__ void invert_chunk(float* s_a, const float* s_beta0, i
   invert_diagonal_block<Ops>(s_a, s_beta0, warp, lane, element);
   sync();
   float z1[2][4], z2[2][4];
-  invert_first_products<Ops>(s_a, s_beta0, warp, g, t4, z1, z2, element);
+  invert_first_products<Ops, kStmatrix>(s_a, s_beta0, warp, g, t4, z1, z2, element);
   sync();
-  invert_second_products<Ops>(s_a, s_beta0, warp, g, t4, z1, z2, element);
+  invert_second_products<Ops, kStmatrix>(s_a, s_beta0, warp, g, t4, z1, z2, element);
 }
 
 #if KJIT_GDN_CHUNK_WGMMA

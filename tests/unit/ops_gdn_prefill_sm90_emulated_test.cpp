@@ -315,7 +315,7 @@ struct InvertParams {
   float* t;
 };
 
-template <bool kL2Norm, bool kGated>
+template <bool kL2Norm, bool kGated, bool kStmatrix>
 void invert_chunk_kernel(InvertParams p) {
   using namespace gdn_prefill_chunk_detail;
   constexpr int kLdT = 72;
@@ -334,7 +334,7 @@ void invert_chunk_kernel(InvertParams p) {
   // Blocks of T' the inverse does not write (above the diagonal) keep a NaN poison.
   for (int e = tid; e < 64 * kLdT; e += 128) s_t[e] = __float2bfloat16_rn(NAN);
   __syncthreads();
-  invert_chunk<kL2Norm, kGated>(
+  invert_chunk<kL2Norm, kGated, kStmatrix>(
       s_a, s_beta, tid >> 5, tid & 31, [&](int r, int c) { return s_t + r * kLdT + c; },
       [] { __syncthreads(); });
   __syncthreads();
@@ -345,7 +345,8 @@ void invert_chunk_kernel(InvertParams p) {
 /// relative to the block's own size: A from unit keys cycling over four directions (with noise)
 /// and small betas, so that even the blocks farthest from the diagonal hold entries ~1e-2 and a
 /// block computed from a wrong (e.g. transposed) operand misses by about its own size.
-template <bool kL2Norm, bool kGated>
+/// kStmatrix: T' stored by stmatrix (sm_90 and later) or by movmatrix and 4-byte stores.
+template <bool kL2Norm, bool kGated, bool kStmatrix = true>
 void check_invert_chunk(test::Rng& rng) {
   std::normal_distribution<double> normal(0.0, 1.0);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
@@ -381,8 +382,8 @@ void check_invert_chunk(test::Rng& rng) {
   }
   const InvertParams params{a.data(), beta_f.data(), t.data()};
   const auto report =
-      kjit_sm90_emulation::launch(&invert_chunk_kernel<kL2Norm, kGated>, EmulatedDim3{1, 1, 1}, 128,
-                                  smem, sizeof(smem), params, rng());
+      kjit_sm90_emulation::launch(&invert_chunk_kernel<kL2Norm, kGated, kStmatrix>,
+                                  EmulatedDim3{1, 1, 1}, 128, smem, sizeof(smem), params, rng());
   REQUIRE_MESSAGE(report.ok, report.failure);
   for (int bi = 0; bi < 4; ++bi) {
     for (int bj = 0; bj <= bi; ++bj) {
@@ -410,6 +411,13 @@ TEST_CASE("gdn_prefill: the chunk inverse, every block of T' against float64 (f1
   }
   SUBCASE("tf32 operands (precomputed gates)") { check_invert_chunk<true, true>(rng); }
   SUBCASE("tf32 operands (k as given)") { check_invert_chunk<false, false>(rng); }
+  // The stores of T' before sm_90 (movmatrix and 4-byte stores; the emulation compiles as sm_90).
+  SUBCASE("f16 operands, T' stored as before sm_90") {
+    check_invert_chunk<true, false, false>(rng);
+  }
+  SUBCASE("tf32 operands, T' stored as before sm_90") {
+    check_invert_chunk<true, true, false>(rng);
+  }
 }
 
 // The two kernels H200 runs by default for these shapes (the chunk kernel's wgmma products, then
