@@ -463,6 +463,17 @@ static void maybe_yield() {
 
 static unsigned tid() { return block->current->tid; }
 
+/// ldmatrix / stmatrix: every lane's row address 16-byte aligned, or the GPU faults
+/// (misaligned address); the emulation fails the launch instead.
+static void require_row_alignment(const u32 (&rows)[32], const char* what) {
+  for (unsigned l = 0; l < 32; ++l) {
+    if (rows[l] % 16 != 0) {
+      fail(std::string(what) + ": lane " + std::to_string(l) + "'s row address " +
+           std::to_string(rows[l]) + " is not 16-byte aligned");
+    }
+  }
+}
+
 /// A pointer into the block's shared memory from a shared-state-space address.
 static unsigned char* shared_at(u32 address, u32 bytes) {
   if (std::size_t(address) + bytes > block->smem_bytes) {
@@ -1168,6 +1179,7 @@ static inline void ldmatrix_x4_impl(u32 (&r)[4], u32 addr, bool trans) {
   const auto* all = emu::gather_warp(&addr, 4, "ldmatrix");
   u32 rows[32];
   for (unsigned l = 0; l < 32; ++l) rows[l] = emu::lane_value<u32>(all, l);
+  emu::require_row_alignment(rows, "ldmatrix");
   const unsigned lane = emu::tid() % 32, row = lane / 4, c0 = 2 * (lane % 4);
   const emu::KernelAccess access;
   for (unsigned i = 0; i < 4; ++i) {
@@ -1191,16 +1203,19 @@ static inline void stmatrix_x4_impl(u32 addr, const u32 (&r)[4], bool trans) {
   namespace emu = kjit_sm90_emulation;
   const emu::Bookkeeping bookkeeping;
   const auto* all = emu::gather_warp(&addr, 4, "stmatrix");
+  u32 rows[32];
+  for (unsigned l = 0; l < 32; ++l) rows[l] = emu::lane_value<u32>(all, l);
+  emu::require_row_alignment(rows, "stmatrix");
   const unsigned lane = emu::tid() % 32, row = lane / 4, c0 = 2 * (lane % 4);
   const emu::KernelAccess access;
   for (unsigned i = 0; i < 4; ++i) {
     if (!trans) {
-      std::memcpy(emu::shared_at(emu::lane_value<u32>(all, 8 * i + row) + 2 * c0, 4), &r[i], 4);
+      std::memcpy(emu::shared_at(rows[8 * i + row] + 2 * c0, 4), &r[i], 4);
       continue;
     }
     for (unsigned h = 0; h < 2; ++h) {
       const unsigned short bits = static_cast<unsigned short>(h ? r[i] >> 16 : r[i] & 0xffffu);
-      std::memcpy(emu::shared_at(emu::lane_value<u32>(all, 8 * i + c0 + h) + 2 * row, 2), &bits, 2);
+      std::memcpy(emu::shared_at(rows[8 * i + c0 + h] + 2 * row, 2), &bits, 2);
     }
   }
 }
