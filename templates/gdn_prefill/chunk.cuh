@@ -272,31 +272,30 @@ template <bool kStmatrix, typename Element>
 __device__ __forceinline__ void store_t_block(Element&& element, const float* s_beta, int bi,
                                               int bj, const float (&c)[2][4], int g, int t4) {
   const float b[2] = {s_beta[16 * bj + g], s_beta[16 * bj + g + 8]};
-  if constexpr (kStmatrix) {
-    // Quarter i = 2 nt + mh (rows m = 8 mh.., columns n = 8 nt.. of c) goes to T' rows
-    // 16 bi + 8 nt + k, columns 16 bj + 8 mh..: lane 8 i + k gives that row's address.
-    u32 quarter[4];
+  // Quarter 2 nt + mh: rows m = 8 mh.., columns n = 8 nt.. of c (lane: row g, columns 2 t4, + 1),
+  // which go to T' rows 16 bi + 8 nt.., columns 16 bj + 8 mh.. transposed.
+  u32 quarter[4];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+  for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
-      for (int mh = 0; mh < 2; ++mh) {
-        quarter[2 * nt + mh] = mma::pack_bf16(-c[nt][2 * mh] * b[mh], -c[nt][2 * mh + 1] * b[mh]);
-      }
+    for (int mh = 0; mh < 2; ++mh) {
+      quarter[2 * nt + mh] = mma::pack_bf16(-c[nt][2 * mh] * b[mh], -c[nt][2 * mh + 1] * b[mh]);
     }
+  }
+  if constexpr (kStmatrix) {
+    // Lane 8 i + k gives the address of quarter i's T' row k.
     const int lane = 4 * g + t4, i = lane >> 3;
     mma::stmatrix_x4_trans(
         mma::smem_addr(element(16 * bi + 8 * (i >> 1) + (lane & 7), 16 * bj + 8 * (i & 1))),
         quarter);
   } else {
+    // Transposed in registers: the lane then holds row g of n and columns 2 t4, + 1 of m.
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int mh = 0; mh < 2; ++mh) {
-        // Quarter (rows m = 8 mh.., columns n = 8 nt..) of c: lane holds row g, columns 2 t4,
-        // + 1; transposed, row g of n and columns 2 t4, + 1 of m: T' row 16 bi + 8 nt + g.
-        const u32 pair =
-            mma::transpose8x8(mma::pack_bf16(-c[nt][2 * mh] * b[mh], -c[nt][2 * mh + 1] * b[mh]));
-        *reinterpret_cast<u32*>(element(16 * bi + 8 * nt + g, 16 * bj + 8 * mh + 2 * t4)) = pair;
+        *reinterpret_cast<u32*>(element(16 * bi + 8 * nt + g, 16 * bj + 8 * mh + 2 * t4)) =
+            mma::transpose8x8(quarter[2 * nt + mh]);
       }
     }
   }

@@ -463,17 +463,6 @@ static void maybe_yield() {
 
 static unsigned tid() { return block->current->tid; }
 
-/// ldmatrix / stmatrix: every lane's row address 16-byte aligned, or the GPU faults
-/// (misaligned address); the emulation fails the launch instead.
-static void require_row_alignment(const u32 (&rows)[32], const char* what) {
-  for (unsigned l = 0; l < 32; ++l) {
-    if (rows[l] % 16 != 0) {
-      fail(std::string(what) + ": lane " + std::to_string(l) + "'s row address " +
-           std::to_string(rows[l]) + " is not 16-byte aligned");
-    }
-  }
-}
-
 /// A pointer into the block's shared memory from a shared-state-space address.
 static unsigned char* shared_at(u32 address, u32 bytes) {
   if (std::size_t(address) + bytes > block->smem_bytes) {
@@ -507,6 +496,19 @@ static T lane_value(const std::array<unsigned char, 32>* all, unsigned lane) {
   T v;
   std::memcpy(&v, all[lane].data(), sizeof(T));
   return v;
+}
+
+/// ldmatrix / stmatrix: the row addresses the warp's 32 lanes give (`addr`, this lane's), each
+/// 16-byte aligned, or the GPU faults (misaligned address); the emulation fails the launch.
+static void warp_row_addresses(u32 addr, const char* what, u32 (&rows)[32]) {
+  const auto* all = gather_warp(&addr, 4, what);
+  for (unsigned l = 0; l < 32; ++l) {
+    rows[l] = lane_value<u32>(all, l);
+    if (rows[l] % 16 != 0) {
+      fail(std::string(what) + ": lane " + std::to_string(l) + "'s row address " +
+           std::to_string(rows[l]) + " is not 16-byte aligned");
+    }
+  }
 }
 
 static void land(const std::vector<Copy>& copies) {
@@ -1176,10 +1178,8 @@ static inline void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
 static inline void ldmatrix_x4_impl(u32 (&r)[4], u32 addr, bool trans) {
   namespace emu = kjit_sm90_emulation;
   const emu::Bookkeeping bookkeeping;
-  const auto* all = emu::gather_warp(&addr, 4, "ldmatrix");
   u32 rows[32];
-  for (unsigned l = 0; l < 32; ++l) rows[l] = emu::lane_value<u32>(all, l);
-  emu::require_row_alignment(rows, "ldmatrix");
+  emu::warp_row_addresses(addr, "ldmatrix", rows);
   const unsigned lane = emu::tid() % 32, row = lane / 4, c0 = 2 * (lane % 4);
   const emu::KernelAccess access;
   for (unsigned i = 0; i < 4; ++i) {
@@ -1202,20 +1202,16 @@ static inline void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) { ldmatrix_x4_impl(r
 static inline void stmatrix_x4_impl(u32 addr, const u32 (&r)[4], bool trans) {
   namespace emu = kjit_sm90_emulation;
   const emu::Bookkeeping bookkeeping;
-  const auto* all = emu::gather_warp(&addr, 4, "stmatrix");
   u32 rows[32];
-  for (unsigned l = 0; l < 32; ++l) rows[l] = emu::lane_value<u32>(all, l);
-  emu::require_row_alignment(rows, "stmatrix");
+  emu::warp_row_addresses(addr, "stmatrix", rows);
   const unsigned lane = emu::tid() % 32, row = lane / 4, c0 = 2 * (lane % 4);
   const emu::KernelAccess access;
   for (unsigned i = 0; i < 4; ++i) {
-    if (!trans) {
-      std::memcpy(emu::shared_at(rows[8 * i + row] + 2 * c0, 4), &r[i], 4);
-      continue;
-    }
     for (unsigned h = 0; h < 2; ++h) {
-      const unsigned short bits = static_cast<unsigned short>(h ? r[i] >> 16 : r[i] & 0xffffu);
-      std::memcpy(emu::shared_at(rows[8 * i + c0 + h] + 2 * row, 2), &bits, 2);
+      // Element (row, c0 + h) of the fragment, at (c0 + h, row) of the matrix when transposed.
+      const unsigned rr = trans ? c0 + h : row, cc = trans ? row : c0 + h;
+      const auto bits = static_cast<unsigned short>(h ? r[i] >> 16 : r[i] & 0xffffu);
+      std::memcpy(emu::shared_at(rows[8 * i + rr] + 2 * cc, 2), &bits, 2);
     }
   }
 }
