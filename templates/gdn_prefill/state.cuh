@@ -766,8 +766,8 @@ template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename T
           bool kStateP = false, typename ChunkRole = NoChunkRole>
 __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   static_assert(kK == 64 || kK == 128, "wide tiles carry 16 rows of a K <= 128 state per warp");
-  static_assert(kPhase == 0 || (!KJIT_GDN_STATE_WGMMA && kK % kBV == 0),
-                "the context-parallel passes run on mma.sync, with tiles that divide K");
+  static_assert(kPhase == 0 || (kK % kBV == 0 && (!KJIT_GDN_STATE_WGMMA || kBV == 128)),
+                "the context-parallel passes run tiles that divide K, on wgmma the whole-V tile");
   static_assert(kV % kBV == 0 && kV <= 256, "the value tile must divide V");
   constexpr int kWarps = kBV / 16;
   static_assert(kWarps == gdn_prefill_state_warps(kBV), "one warp per 16 rows of the tile");
@@ -938,11 +938,14 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     const int rows = rows_at(t);
     unsigned char* const base = smem + st * kStage;
 #if KJIT_GDN_STATE_WGMMA
+    // (As below: q and P zero-filled where no output is stored, v where it is zero.)
     issue_core(base + kSmem.k0, k_g, p.k_stride_t, IntC<kK / 8>{}, t, rows);
-    issue_core(base + kSmem.q, q_g, p.q_stride_t, IntC<kK / 8>{}, t, rows);
-    issue_rows(base + kSmem.v, kLdV, v_g, p.v_stride_t, IntC<kBV / 8>{}, t, rows);
+    issue_core(base + kSmem.q, q_g, p.q_stride_t, IntC<kK / 8>{}, t, want_out ? rows : 0);
+    issue_rows(base + kSmem.v, kLdV, v_g, p.v_stride_t, IntC<kBV / 8>{}, t, zero_v ? 0 : rows);
     issue_core(base + kSmem.t0, t_g, i64(hv_count) * 64, IntC<8>{}, t, rows);
-    if constexpr (!kStateP) issue_core(base + kSmem.p, p_g, i64(hv_count) * 64, IntC<8>{}, t, rows);
+    if constexpr (!kStateP) {
+      issue_core(base + kSmem.p, p_g, i64(hv_count) * 64, IntC<8>{}, t, want_out ? rows : 0);
+    }
 #else
     issue_rows(base + kSmem.k0, kLdK, k_g, p.k_stride_t, IntC<kK / 8>{}, t, rows);
     // q and P feed only the outputs: blocks that store none zero-fill them instead of loading.
@@ -1358,9 +1361,13 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       // With the handoff, R is formed while S_w Q^T runs on (needed only for O, in step 5); the
       // 2-stage form waits for both (the split spilled 24 bytes there at K = 128).
       if constexpr (kHandoff) wgmma::commit();
+      // (Context-parallel blocks without outputs skip the products that feed only O; the
+      // commit groups stay the same, empty.)
+      if (want_out) {
 #pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        wgmma::mma_m64n64k16<0>(acc_o, s_frag[ks], wgmma::advance(q_desc, sw128::k_step(0, ks)));
+        for (int ks = 0; ks < kKSteps; ++ks) {
+          wgmma::mma_m64n64k16<0>(acc_o, s_frag[ks], wgmma::advance(q_desc, sw128::k_step(0, ks)));
+        }
       }
       wgmma::commit();
       turn_pass();
@@ -1432,7 +1439,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       }
       wgmma::fence();
 #pragma unroll
-      for (int jb = 0; jb < 4; ++jb) {
+      for (int jb = 0; jb < 4 && want_out; ++jb) {
         if constexpr (kWs) {
           // P^T from the chunk warpgroup: N-major, 16 token rows (two atoms) per k-step.
           wgmma::mma_m64n64k16<1>(acc_o, vb[jb], wgmma::advance(pt_desc, jb * 2 * kSwAtom));
@@ -1475,7 +1482,9 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     // The chunk's outputs: element (v = vw + g + 8 hf, i = 8 nt + 2 t4 + e) of O^T. bf16 rows
     // go out as pairs of v: each 8 x 8 tile packed and transposed in registers (movmatrix), so
     // that a lane holds (i = 8 nt + g, v = 2 t4 + 8 hf and + 1) and stores 4 bytes, not 2 x 2.
-    if constexpr (OutIsBf16<Tout>::value) {
+    if (!want_out) {
+      // (A context-parallel segment from zero or from the identity: no outputs.)
+    } else if constexpr (OutIsBf16<Tout>::value) {
       Tout* const o_rows = o_base + (t0 + g) * p.out_stride_t + 2 * t4;
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {

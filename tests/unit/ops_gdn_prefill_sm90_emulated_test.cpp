@@ -65,6 +65,48 @@ kjit_sm90_emulation::LaunchReport emulate(const PlannedLaunch& launch,
       launch.shape.block.x, kSmem, launch.shape.dynamic_smem, params, seed);
 }
 
+/// The context-parallel scan between the two passes, on the host: the scan kernel keeps rows in
+/// block-wide __shared__ arrays, which the emulation does not have (cp.cuh). Per sequence and
+/// value head, X_1 = B_0 and X_(s+1) = X_s M_s + B_s, stored for s = 1 .. S - 1 at id z0 + s, in
+/// the scan kernel's layouts (cu_seqlens int32, K = V = 128).
+kjit_sm90_emulation::LaunchReport host_scan(const PlannedLaunch&, const GdnPrefillParams& p,
+                                            std::uint64_t) {
+  constexpr std::int64_t kd = 128, vd = 128;
+  const std::int64_t hv_count = p.num_value_heads;
+  const std::int64_t span = p.cp_segment_chunks * kGdnPrefillChunk;
+  const auto* cu = static_cast<const std::int32_t*>(p.cu_seqlens);
+  const auto rows = [&](float* base, std::int64_t z, std::int64_t hv) {
+    return base + (z * hv_count + hv) * vd * kd;
+  };
+  for (std::int64_t n = 0; n < std::int64_t{p.num_seqs}; ++n) {
+    const std::int64_t bos = cu[n], eos = cu[n + 1];
+    const std::int64_t segments = eos > bos ? (eos - bos + span - 1) / span : 1;
+    if (segments < 2) continue;
+    const std::int64_t z0 = bos / span + n;
+    for (std::int64_t hv = 0; hv < hv_count; ++hv) {
+      std::vector<float> x(rows(p.cp_b, z0, hv), rows(p.cp_b, z0, hv) + vd * kd);
+      for (std::int64_t s = 1; s < segments; ++s) {
+        std::copy(x.begin(), x.end(), rows(p.cp_x, z0 + s, hv));
+        if (s == segments - 1) break;
+        const float* b = rows(p.cp_b, z0 + s, hv);
+        const float* m = p.cp_m + ((z0 + s) * hv_count + hv) * kd * kd;
+        std::vector<float> next(x.size());
+        for (std::int64_t v = 0; v < vd; ++v) {
+          for (std::int64_t c = 0; c < kd; ++c) {
+            double acc = b[v * kd + c];
+            for (std::int64_t r = 0; r < kd; ++r) {
+              acc += double(x[static_cast<std::size_t>(v * kd + r)]) * m[r * kd + c];
+            }
+            next[static_cast<std::size_t>(v * kd + c)] = static_cast<float>(acc);
+          }
+        }
+        x = std::move(next);
+      }
+    }
+  }
+  return {};
+}
+
 struct Case {
   /// options.force_mode.
   std::string mode = "chunked_ws";
@@ -434,6 +476,31 @@ TEST_CASE("gdn_prefill chunked emulated: the sm_90a chunk kernel, then the wgmma
            "ckpt=0,stages=3@sm_90a",
            &emulate<&gdn_prefill_state_kernel<__nv_bfloat16, float, __nv_bfloat16, int, int, 128,
                                               128, 128, false, kGdnStateVMajor, 3, false>,
+                    gdn_prefill_detail::smem, sizeof(gdn_prefill_detail::smem)>}});
+}
+
+// The segment and resume passes on warpgroup wgmma (the planner's on compute capability 9.0 at K
+// = V = 128): segments of one chunk, so that sequences of 1, 2, 3 and 4 segments (padding among
+// them, sequence 1 from zeros) run the segment pass's state and identity tiles, the resume pass
+// from the scan's states, and the last segment's final state.
+TEST_CASE("gdn_prefill context-parallel emulated: the segment and resume passes on wgmma") {
+  Case c;
+  c.mode = "chunked_cp1_wgmma";
+  c.lengths = {200, 1, 65, 130, 0, 64};
+  run(c, {{"gdn_prefill_chunk:qkv=bf16,gate=bf16,param=f32,cu=i32,k=128,gated=0,l2norm=1@sm_90a",
+           &emulate<&gdn_prefill_chunk_kernel<__nv_bfloat16, __nv_bfloat16, float, int, 128, false,
+                                              true, false>,
+                    smem, sizeof(smem)>},
+          {"gdn_prefill_state_cp:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=128,v=128,bv=128,"
+           "ckpt=0,phase=1,stages=3@sm_90a",
+           &emulate<&gdn_prefill_state_cp_kernel<__nv_bfloat16, float, __nv_bfloat16, int, int, 128,
+                                                 128, 128, false, 1, 3>,
+                    gdn_prefill_detail::smem, sizeof(gdn_prefill_detail::smem)>},
+          {"gdn_prefill_cp_scan:cu=i32,k=128,v=128@sm_90", &host_scan},
+          {"gdn_prefill_state_cp:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=128,v=128,bv=128,"
+           "ckpt=0,phase=2,stages=3@sm_90a",
+           &emulate<&gdn_prefill_state_cp_kernel<__nv_bfloat16, float, __nv_bfloat16, int, int, 128,
+                                                 128, 128, false, 2, 3>,
                     gdn_prefill_detail::smem, sizeof(gdn_prefill_detail::smem)>}});
 }
 
