@@ -925,6 +925,36 @@ TEST_CASE("gdn_prefill context-parallel: CUDA graph capture and replay") {
   run_case(c);
 }
 
+// The segment and resume passes on warpgroup wgmma (the planner's choice on compute capability
+// 9.0 at K = V = 128; the cases above force the mma.sync passes): every kind of segment, padding
+// and has_initial_state = 0, checkpoints, a bf16 pool, f16 out, GVA, the K-major pool.
+TEST_CASE("gdn_prefill context-parallel: the passes on warpgroup wgmma (force_mode _wgmma)") {
+  if (!on_compute_capability_9_0("the context-parallel passes on wgmma")) return;
+  for (const std::string mode :
+       {"chunked_cp1_wgmma", "chunked_cp2_wgmma", "chunked_cp3_s3_wgmma"}) {
+    CAPTURE(mode);
+    Case c;
+    c.lengths = {0, 1, 63, 64, 65, 1000, 4097, 130, 700};
+    c.force_mode = mode;
+    c.expect_mode = "chunked_cp";
+    run_case(c);
+  }
+  run_case(checkpoint_case("chunked_cp2_wgmma"));
+  Case c;
+  c.lengths = {700, 1, 1500, 300};
+  c.heads = 2;
+  c.value_heads = 4;
+  c.state = DType::bf16;
+  c.out = DType::f16;
+  c.force_mode = "chunked_cp2_wgmma";
+  c.expect_mode = "chunked_cp2";
+  run_case(c);
+  c.k_major = true;
+  c.state = DType::f32;
+  c.out = DType::bf16;
+  run_case(c);
+}
+
 // The planner's own choice: 1 and 2 sequences of up to 200k tokens (H = HV = 1), with and without
 // an initial state (sequence 1 of a batch has has_initial_state = 0).
 TEST_CASE("gdn_prefill context-parallel: chosen for 1 and 2 long sequences, up to 200k tokens") {

@@ -706,17 +706,17 @@ TEST_CASE("gdn_prefill: force_mode '_wgmma' compiles both kernels for sm_90a, on
       said |= r.find("warpgroup wgmma") != std::string::npos;
     CHECK(said);
   }
-  // The default takes wgmma for the whole-V tile at K = V = 128 (prefer_wgmma), both kernels;
-  // the 64-row tile and the context-parallel passes keep their state kernels on mma.sync for the
-  // device's own target, with the chunk kernel on wgmma at K = 128 (sm_90a); other sizes keep
-  // both on the device's target.
+  // The default takes wgmma for the whole-V tile at K = V = 128 (prefer_wgmma), both kernels, and
+  // for the context-parallel passes there (check_cp_plan); the 64-row tile keeps its state kernel
+  // on mma.sync for the device's own target, with the chunk kernel on wgmma at K = 128 (sm_90a);
+  // other sizes keep both on the device's target.
   const Plan plain = plan_for({100000, 4096, 16, 32, 128, 128}, h200);
   REQUIRE(plain.launches.size() == 2);
   CHECK(plain.mode == "chunked_bv128_wgmma");
   CHECK(plain.launches[1].spec.arch == Arch{9, 0, 'a'});
   CHECK(plain.launches[0].spec.arch == Arch{9, 0, 'a'});
   for (const Shapes& s : {Shapes{8192, 4, 16, 16, 128, 128}, Shapes{100000, 4096, 16, 32, 64, 64},
-                          Shapes{32768, 1, 16, 16, 128, 128}}) {
+                          Shapes{32768, 1, 16, 16, 128, 64}}) {
     CAPTURE(s.n);
     CAPTURE(s.k);
     const Plan other = plan_for(s, h200);
@@ -1265,12 +1265,23 @@ TEST_CASE("gdn_prefill context-parallel algebra: segment maps reproduce the recu
 
 namespace {
 
-// A plan of the context-parallel path checked against its invariants; returns L.
-std::int64_t check_cp_plan(const Plan& plan, const Shapes& s, const DeviceLimits& device) {
+// A plan of the context-parallel path checked against its invariants; returns L. `forced`: a
+// force_mode without "_wgmma" (the passes stay on mma.sync).
+std::int64_t check_cp_plan(const Plan& plan, const Shapes& s, const DeviceLimits& device,
+                           bool forced = false) {
   REQUIRE(plan.launches.size() == 4);
   const std::int64_t l = std::stoll(plan.mode.substr(10, plan.mode.find("_bv") - 10));
   const int bv = std::stoi(plan.mode.substr(plan.mode.find("_bv") + 3));
-  CHECK(plan.mode == fmt::format("chunked_cp{}_bv{}", l, bv));
+  // The passes on warpgroup wgmma (sm_90a) exactly where the planner takes them: the whole-V
+  // tile at K = V = 128 with 3 stages on compute capability 9.0.
+  const bool wgmma = !forced && bv == 128 && s.k == 128 && s.v == 128 && device.arch.major == 9 &&
+                     device.arch.minor == 0 && plan.launches[1].spec.get("stages") == "3";
+  CHECK(plan.mode == fmt::format("chunked_cp{}_bv{}{}", l, bv, wgmma ? "_wgmma" : ""));
+  for (const int pass : {1, 3}) {
+    CHECK(plan.launches[static_cast<std::size_t>(pass)].spec.arch ==
+          (wgmma ? Arch{9, 0, 'a'} : device.arch));
+  }
+  CHECK(plan.launches[2].spec.arch == device.arch);
   CHECK(l >= 1);
   CHECK(s.k % bv == 0);
   CHECK(s.v % bv == 0);
@@ -1568,11 +1579,36 @@ TEST_CASE("gdn_prefill planner: forced context-parallel modes and their refusals
   const DeviceLimits h200 = DeviceLimits::for_name("h200");
   const Shapes many{131072, 16, 16, 16, 128, 128};
   // Forced where the rule would not take it, with the planner's L or a given one.
-  check_cp_plan(plan_for(many, h200, DType::f32, "chunked_cp"), many, h200);
+  check_cp_plan(plan_for(many, h200, DType::f32, "chunked_cp"), many, h200, true);
   const Plan seven = plan_for(many, h200, DType::bf16, "chunked_cp7");
-  CHECK(check_cp_plan(seven, many, h200) == 7);
+  CHECK(check_cp_plan(seven, many, h200, true) == 7);
   const Shapes one{1000, 1, 1, 1, 64, 64};
-  CHECK(check_cp_plan(plan_for(one, h200, DType::f32, "chunked_cp1"), one, h200) == 1);
+  CHECK(check_cp_plan(plan_for(one, h200, DType::f32, "chunked_cp1"), one, h200, true) == 1);
+  // "_wgmma" forces the passes onto warpgroup wgmma (the planner's choice here anyway), after
+  // the stages too; refused where the whole-V tile at K = V = 128 or sm_90a is missing.
+  for (const char* mode : {"chunked_cp_wgmma", "chunked_cp7_s3_wgmma"}) {
+    CAPTURE(mode);
+    const Plan forced = plan_for(many, h200, DType::f32, mode);
+    check_cp_plan(forced, many, h200);
+    CHECK(forced.mode.ends_with("_wgmma"));
+    bool said = false;
+    for (const std::string& r : forced.reasons)
+      said |= r.find("forced by options.force_mode") != std::string::npos;
+    CHECK(said);
+  }
+  for (const auto& [shape, device] :
+       {std::pair{one, h200}, std::pair{many, DeviceLimits::for_name("b200")},
+        std::pair{many, DeviceLimits::for_arch(Arch{8, 0})}}) {
+    CAPTURE(device.name);
+    try {
+      plan_for(shape, device, DType::f32, "chunked_cp_wgmma");
+      FAIL("planned");
+    } catch (const PlanError& e) {
+      CHECK(std::string(e.what()).find("chunked_cp_wgmma") != std::string::npos);
+      CHECK(std::string(e.what()).find("K = V = 128") != std::string::npos);
+    }
+  }
+  CHECK_THROWS_AS(plan_for(many, h200, DType::f32, "chunked_cp_s2_wgmma"), PlanError);
   // "chunked" stays sequential where auto would take the context-parallel path.
   const Shapes few{131072, 1, 16, 16, 128, 128};
   CHECK(plan_for(few, h200).launches.size() == 4);

@@ -385,8 +385,8 @@ std::vector<OpParam> gdn_prefill_params() {
       option("l2norm", "1", "1: L2-normalize q and k"),
       option("mode", "",
              "force a path and value tile (bv64, bv32, bv16: fused; chunked, chunked_bv128 .. "
-             "_bv16; a chunked mode + _wgmma: sm_90a warpgroup MMA; chunked_cp or chunked_cp<L>: "
-             "context-parallel, segments of L chunks, optionally + _s2/_s3 input stages; any "
+             "_bv16; chunked_cp or chunked_cp<L>: context-parallel, segments of L chunks, "
+             "optionally + _s2/_s3 input stages; either + _wgmma: sm_90a warpgroup MMA; any "
              "chunked mode + _p0/_p1: P formed by the chunk or the state kernel; chunked_ws: one "
              "warp-specialized kernel, sm_90a, K = V = 128)"),
       option("checkpoint", "0",

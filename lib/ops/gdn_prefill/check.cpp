@@ -280,9 +280,10 @@ namespace {
 
 constexpr const char* kModes =
     "auto, chunked, chunked_bv128, chunked_bv64, chunked_bv32, chunked_bv16, bv64, bv32, bv16, "
-    "a chunked mode with the suffix _wgmma, chunked_cp (context-parallel, planner's segments) or "
-    "chunked_cp<L> (segments of L >= 1 chunks), either optionally followed by _s2 or _s3 (input "
-    "stages of its state passes); chunked_ws (one warp-specialized kernel, sm_90a, K = V = 128); "
+    "chunked_cp (context-parallel, planner's segments) or chunked_cp<L> (segments of L >= 1 "
+    "chunks), either optionally followed by _s2 or _s3 (input stages of its state passes); any of "
+    "these chunked modes with the suffix _wgmma (sm_90a warpgroup MMA); chunked_ws (one "
+    "warp-specialized kernel, sm_90a, K = V = 128); "
     "any other chunked mode may end in _p0 or _p1 (P formed by the chunk "
     "kernel or by the state kernel's wide tiles: mma.sync, or the whole-V tile on wgmma)";
 constexpr std::string_view kCpPrefix = "chunked_cp";
@@ -292,10 +293,11 @@ constexpr std::string_view kWgmmaSuffix = "_wgmma";
   fail(fmt::format("options.force_mode '{}' is not a mode; accepted: {}", force, kModes));
 }
 
-// "chunked_cp" (the planner's L) or "chunked_cp<L>", optionally + "_s2" / "_s3".
-void parse_cp_mode(Problem& pr, const std::string& force) {
+// "chunked_cp" (the planner's L) or "chunked_cp<L>", optionally + "_s2" / "_s3" (`mode`: without
+// a "_wgmma" suffix; `force`: as the caller spelled it, for messages).
+void parse_cp_mode(Problem& pr, const std::string& mode, const std::string& force) {
   pr.forced_kind = ModeKind::context_parallel;
-  std::string digits = force.substr(kCpPrefix.size());
+  std::string digits = mode.substr(kCpPrefix.size());
   for (int st : {2, 3}) {
     const std::string suffix = fmt::format("_s{}", st);
     if (digits.ends_with(suffix)) {
@@ -369,12 +371,16 @@ void parse_mode(Problem& pr, const std::string& force) {
   } else if (force == "chunked_ws") {
     pr.forced_kind = ModeKind::warp_specialized;
     pr.forced_bv = 128;
-  } else if (mode.rfind(kCpPrefix, 0) == 0) {
-    parse_cp_mode(pr, mode);
   } else if (mode.rfind("chunked", 0) == 0) {
-    const bool wgmma = mode.ends_with(kWgmmaSuffix);
-    parse_chunked_mode(pr, wgmma ? mode.substr(0, mode.size() - kWgmmaSuffix.size()) : mode, force);
-    pr.forced_wgmma = wgmma;
+    // A "_wgmma" suffix before any "_p0" / "_p1": the state kernel (or the context-parallel
+    // passes) on warpgroup wgmma.
+    pr.forced_wgmma = mode.ends_with(kWgmmaSuffix);
+    if (pr.forced_wgmma) mode.resize(mode.size() - kWgmmaSuffix.size());
+    if (mode.rfind(kCpPrefix, 0) == 0) {
+      parse_cp_mode(pr, mode, force);
+    } else {
+      parse_chunked_mode(pr, mode, force);
+    }
   } else {
     parse_fused_mode(pr, mode);
   }

@@ -335,15 +335,39 @@ bool has_sm90a(const DeviceLimits& device) {
   return device.arch.major == 9 && device.arch.minor == 0;
 }
 
+// The context-parallel passes (segment and resume) on warpgroup wgmma: the sequential whole-V
+// kernel's tiles and handoff (K = V = 128, 3 stages, sm_90a), where their blocks without outputs
+// (the middle segments' end states from zero and from the identity) skip q, P and the products
+// that feed only O, as on mma.sync. Measured on the H100 (docs/performance.md, "The
+// context-parallel passes on wgmma"): 11-16% less per call at 1 and 2 sequences of 16k-128k
+// tokens, HV = 16 and 32 (segment pass 15-17% and resume pass 12-26% faster).
+bool cp_wgmma_fits(const Problem& pr, const DeviceLimits& device, const Decision& choice) {
+  return choice.cp_chunks > 0 && choice.bv == 128 && choice.cp_stages >= 3 && pr.k == 128 &&
+         pr.v == 128 && has_sm90a(device);
+}
+
+void take_cp_wgmma(Decision& choice, std::string_view why) {
+  choice.wgmma = true;
+  choice.reasons.push_back(fmt::format(
+      "context-parallel passes on warpgroup wgmma, compiled for sm_90a ({}; whole-V tile, K = V "
+      "= 128, 3 stages)",
+      why));
+}
+
 // The sequential whole-V state kernel on warpgroup wgmma (sm_90a, compute capability 9.0 only):
 // with its operand tiles 128-byte swizzled it took the call at 128k tokens from 1710 to 1553 us
 // (H = HV = 16) and from 3222 to 2694 (HV = 32) on the H200, 6-17% less at every whole-V shape
 // of bench_gdn_prefill, beside the mma.sync tile that forms P itself (docs/performance.md,
 // "The wgmma state kernel's tiles, swizzled"); the chunk kernel's products on wgmma from swizzled
 // tiles then took 128k/16 from 1553 to 1380 us ("The chunk kernel's products on wgmma,
-// swizzled"). Chosen where measured: K = V = 128 with the 3 stages handed over by mbarriers; the
-// 64-row tile, the context-parallel passes (mma.sync only) and other sizes keep mma.sync.
+// swizzled"). Chosen where measured: K = V = 128 with the 3 stages handed over by mbarriers, for
+// the context-parallel passes too since December (cp_wgmma_fits); the 64-row tile and other sizes
+// keep mma.sync.
 void prefer_wgmma(const Problem& pr, const DeviceLimits& device, Decision& choice) {
+  if (choice.chunked && cp_wgmma_fits(pr, device, choice)) {
+    take_cp_wgmma(choice, "the planner's choice");
+    return;
+  }
   if (!choice.chunked || choice.cp_chunks > 0 || choice.bv != 128 || pr.k != 128 || pr.v != 128 ||
       choice.state_stages < 3 || !has_sm90a(device)) {
     return;
@@ -507,6 +531,16 @@ Decision choose(const Problem& pr, const DeviceLimits& device) {
       choice.cp_stages = cp.stages;
       choice.bv = cp.bv;
       choice.reasons.back() = cp.reason;  // in place of the sequential state kernel's tile
+      if (pr.forced_wgmma) {
+        if (!cp_wgmma_fits(pr, device, choice)) {
+          throw PlanError(fmt::format(
+              "{}: options.force_mode '{}': the context-parallel passes on warpgroup wgmma need "
+              "compute capability 9.0 (sm_90a), K = V = 128 (the whole-V tile) and 3 input "
+              "stages; here {}, K = {}, V = {}, value tile {}, {} stages",
+              kOp, force, device.arch.str(), pr.k, pr.v, choice.bv, choice.cp_stages));
+        }
+        take_cp_wgmma(choice, fmt::format("forced by options.force_mode '{}'", force));
+      }
       return choice;
     }
     case ModeKind::warp_specialized: {
@@ -603,13 +637,15 @@ Plan make_cp_plan(const Problem& pr, Plan plan, KernelSpec chunk_spec, LaunchSha
                   SpecValues values, const Decision& choice, const DeviceLimits& device) {
   const std::int64_t segments = cp_segments(pr, choice.cp_chunks);
   const std::int64_t v_tiles = pr.v / choice.bv, k_tiles = pr.k / choice.bv;
-  KernelSpec segment_spec = family_spec("gdn_prefill_state_cp", values, device.arch);
+  // (choice.wgmma: the passes on warpgroup wgmma, sm_90a; the scan stays on the device's target.)
+  const Arch pass_arch = choice.wgmma ? kSm90a : device.arch;
+  KernelSpec segment_spec = family_spec("gdn_prefill_state_cp", values, pass_arch);
   // (A std::string built first and moved in: assigning the literal made GCC 12 at -O3 report a
   // false -Wrestrict overlap, which failed Release builds with KJIT_WERROR.)
   for (auto& value : values) {
     if (value.first == "phase") value.second = std::string(1, '2');
   }
-  KernelSpec resume_spec = family_spec("gdn_prefill_state_cp", values, device.arch);
+  KernelSpec resume_spec = family_spec("gdn_prefill_state_cp", values, pass_arch);
   KernelSpec scan_spec = family_spec("gdn_prefill_cp_scan", values, device.arch);
   const auto state_shape = [&](std::int64_t blocks) {
     if (blocks > device.max_grid_dim[0]) {
@@ -664,7 +700,8 @@ Plan make_chunked_plan(const Problem& pr, Decision choice, const DeviceLimits& d
   Plan plan;
   plan.op = kOp;
   plan.mode = choice.cp_chunks > 0
-                  ? fmt::format("chunked_cp{}_bv{}", choice.cp_chunks, choice.bv)
+                  ? fmt::format("chunked_cp{}_bv{}{}", choice.cp_chunks, choice.bv,
+                                choice.wgmma ? "_wgmma" : "")
                   : fmt::format("chunked_bv{}{}", choice.bv, choice.wgmma ? "_wgmma" : "");
   plan.reasons = std::move(choice.reasons);
   plan.device = device;
