@@ -65,6 +65,14 @@ kjit_sm90_emulation::LaunchReport emulate(const PlannedLaunch& launch,
       launch.shape.block.x, kSmem, launch.shape.dynamic_smem, params, seed);
 }
 
+/// The first launch of the two-kernel and context-parallel plans here: the sm_90a chunk kernel
+/// (raw bf16 gates, q and k normalized).
+const Kernel kChunkSm90a{
+    "gdn_prefill_chunk:qkv=bf16,gate=bf16,param=f32,cu=i32,k=128,gated=0,l2norm=1@sm_90a",
+    &emulate<&gdn_prefill_chunk_kernel<__nv_bfloat16, __nv_bfloat16, float, int, 128, false, true,
+                                       false>,
+             smem, sizeof(smem)>};
+
 /// The context-parallel scan between the two passes, on the host: the scan kernel keeps rows in
 /// block-wide __shared__ arrays, which the emulation does not have (cp.cuh). Per sequence and
 /// value head, X_1 = B_0 and X_(s+1) = X_s M_s + B_s, stored for s = 1 .. S - 1 at id z0 + s, in
@@ -468,10 +476,7 @@ TEST_CASE("gdn_prefill chunked emulated: the sm_90a chunk kernel, then the wgmma
   Case c;
   c.mode = "chunked_bv128_wgmma";
   c.lengths = {65, 0, 1, 200, 130};
-  run(c, {{"gdn_prefill_chunk:qkv=bf16,gate=bf16,param=f32,cu=i32,k=128,gated=0,l2norm=1@sm_90a",
-           &emulate<&gdn_prefill_chunk_kernel<__nv_bfloat16, __nv_bfloat16, float, int, 128, false,
-                                              true, false>,
-                    smem, sizeof(smem)>},
+  run(c, {kChunkSm90a,
           {"gdn_prefill_state:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=128,v=128,bv=128,"
            "ckpt=0,stages=3@sm_90a",
            &emulate<&gdn_prefill_state_kernel<__nv_bfloat16, float, __nv_bfloat16, int, int, 128,
@@ -487,10 +492,7 @@ TEST_CASE("gdn_prefill context-parallel emulated: the segment and resume passes 
   Case c;
   c.mode = "chunked_cp1_wgmma";
   c.lengths = {200, 1, 65, 130, 0, 64};
-  run(c, {{"gdn_prefill_chunk:qkv=bf16,gate=bf16,param=f32,cu=i32,k=128,gated=0,l2norm=1@sm_90a",
-           &emulate<&gdn_prefill_chunk_kernel<__nv_bfloat16, __nv_bfloat16, float, int, 128, false,
-                                              true, false>,
-                    smem, sizeof(smem)>},
+  run(c, {kChunkSm90a,
           {"gdn_prefill_state_cp:qkv=bf16,state=f32,out=bf16,cu=i32,index=i32,k=128,v=128,bv=128,"
            "ckpt=0,phase=1,stages=3@sm_90a",
            &emulate<&gdn_prefill_state_cp_kernel<__nv_bfloat16, float, __nv_bfloat16, int, int, 128,
