@@ -506,5 +506,36 @@ TEST_CASE("gdn_prefill context-parallel emulated: the segment and resume passes 
                     gdn_prefill_detail::smem, sizeof(gdn_prefill_detail::smem)>}});
 }
 
+// The same with checkpoints every 64 tokens (only blocks with the exact state write them),
+// precomputed gates, a bf16 pool and f32 outputs.
+TEST_CASE("gdn_prefill context-parallel emulated: wgmma passes, checkpoints, bf16 pool") {
+  Case c;
+  c.mode = "chunked_cp1_wgmma";
+  c.lengths = {130, 1, 64, 200};
+  c.heads = 1;
+  c.value_heads = 1;
+  c.state = DType::bf16;
+  c.out = DType::f32;
+  c.precomputed = true;
+  c.ckpt_every = 64;
+  const auto pass = [](int phase) {
+    return fmt::format(
+        "gdn_prefill_state_cp:qkv=bf16,state=bf16,out=f32,cu=i32,index=i32,k=128,v=128,bv=128,"
+        "ckpt=1,phase={},stages=3@sm_90a",
+        phase);
+  };
+  run(c, {{"gdn_prefill_chunk:qkv=bf16,gate=f32,param=f32,cu=i32,k=128,gated=1,l2norm=1@sm_90a",
+           &emulate<
+               &gdn_prefill_chunk_kernel<__nv_bfloat16, float, float, int, 128, true, true, false>,
+               smem, sizeof(smem)>},
+          {pass(1), &emulate<&gdn_prefill_state_cp_kernel<__nv_bfloat16, __nv_bfloat16, float, int,
+                                                          int, 128, 128, 128, true, 1, 3>,
+                             gdn_prefill_detail::smem, sizeof(gdn_prefill_detail::smem)>},
+          {"gdn_prefill_cp_scan:cu=i32,k=128,v=128@sm_90", &host_scan},
+          {pass(2), &emulate<&gdn_prefill_state_cp_kernel<__nv_bfloat16, __nv_bfloat16, float, int,
+                                                          int, 128, 128, 128, true, 2, 3>,
+                             gdn_prefill_detail::smem, sizeof(gdn_prefill_detail::smem)>}});
+}
+
 }  // namespace
 }  // namespace kjit
