@@ -96,8 +96,11 @@ struct GdnPrefillOptions {
   /// it itself for the whole-V tile at K = V = 128 there (mode "chunked_bv128_wgmma"); a plain
   /// "chunked_bv128" keeps mma.sync, for A/B runs. "chunked_cp" forces the context-parallel path
   /// (segments of the planner's length), "chunked_cp<L>" with segments of L >= 1 chunks of 64
-  /// tokens; either may end in "_s2" or "_s3" (input stages of its state passes). The planner takes
-  /// that path by itself for few long sequences: see plan.explain(). Any chunked mode may end in
+  /// tokens; either may end in "_s2" or "_s3" (input stages of its state passes), and then in
+  /// "_wgmma": the segment and resume passes on warpgroup wgmma (sm_90a, K = V = 128, 3 stages; a
+  /// PlanError elsewhere), as the planner runs them there (mode "chunked_cp<L>_bv128_wgmma"); a
+  /// plain "chunked_cp" keeps mma.sync. The planner takes that path by itself for few long
+  /// sequences: see plan.explain(). Any chunked mode may end in
   /// "_p0" or "_p1": P = tril(Q K^T ...) formed by the chunk kernel, or by the state kernel's 64-
   /// and 128-row mma.sync tiles (the planner's choice for the 128-row tile without GVA at K = V =
   /// 128 on sm_90 and later) or its 128-row wgmma tile ("chunked_bv128_wgmma_p1"; "_p1" with
