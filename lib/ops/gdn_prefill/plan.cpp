@@ -349,8 +349,8 @@ bool cp_wgmma_fits(const Problem& pr, const DeviceLimits& device, const Decision
 void take_cp_wgmma(Decision& choice, std::string_view why) {
   choice.wgmma = true;
   choice.reasons.push_back(fmt::format(
-      "context-parallel passes on warpgroup wgmma, compiled for sm_90a ({}; whole-V tile, K = V "
-      "= 128, 3 stages)",
+      "context-parallel passes and the chunk kernel's products on warpgroup wgmma, compiled for "
+      "sm_90a ({}; whole-V tile, K = V = 128, 3 stages)",
       why));
 }
 
