@@ -1754,7 +1754,7 @@ __global__ void __launch_bounds__(32 * gdn_prefill_state_warps(kBV))
 
 /// The context-parallel path's two passes over segments of the sequences (see CpWork): kPhase 1
 /// the segment pass, kPhase 2 the resume pass. The wide tiles only (kBV = 64 or 128 dividing K
-/// and V), on mma.sync.
+/// and V), on mma.sync, or compiled for sm_90a with the whole-V tile on warpgroup wgmma.
 template <typename Tin, typename Tstate, typename Tout, typename Tcu, typename Tidx, int kK, int kV,
           int kBV, bool kCkpt, int kPhase, int kStages, int kStateLayout = kGdnStateVMajor,
           bool kStateP = false>
