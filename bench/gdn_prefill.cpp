@@ -247,7 +247,8 @@ double kernel_us(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOption
   const kjit::Runtime::ResolvedPlan resolved = gpu.runtime().resolve(plan, gpu.device);
   const kjit::GdnPrefillWorkspace layout =
       kjit::gdn_prefill_workspace(static_cast<std::uint64_t>(t), static_cast<std::uint64_t>(hv));
-  // The context-parallel plan ("chunked_cp<L>_bv128"): its segment regions after the rest.
+  // The context-parallel plan ("chunked_cp<L>_bv128", "_wgmma" on sm_90a): its segment regions
+  // after the rest.
   const bool cp = plan.launches.size() == 4;
   const std::int64_t cp_chunks =
       cp ? std::stoll(plan.mode.substr(10, plan.mode.find("_bv") - 10)) : 0;
