@@ -498,18 +498,31 @@ static T lane_value(const std::array<unsigned char, 32>* all, unsigned lane) {
   return v;
 }
 
-/// ldmatrix / stmatrix: the row addresses the warp's 32 lanes give (`addr`, this lane's), each
-/// 16-byte aligned, or the GPU faults (misaligned address); the emulation fails the launch.
-static void warp_row_addresses(u32 addr, const char* what, u32 (&rows)[32]) {
-  const auto* all = gather_warp(&addr, 4, what);
-  for (unsigned l = 0; l < 32; ++l) {
-    rows[l] = lane_value<u32>(all, l);
-    if (rows[l] % 16 != 0) {
-      fail(std::string(what) + ": lane " + std::to_string(l) + "'s row address " +
-           std::to_string(rows[l]) + " is not 16-byte aligned");
+/// ldmatrix / stmatrix .x4: the row addresses the warp's 32 lanes give (`addr`, this lane's;
+/// lanes 8 i .. 8 i + 7 those of 8 x 8 matrix i), each 16-byte aligned, or the GPU faults
+/// (misaligned address) and the emulation fails the launch; and this lane's place in a fragment
+/// (row lane / 4, columns c0 and c0 + 1).
+struct WarpMatrices {
+  u32 rows[32];
+  unsigned row = 0, c0 = 0;
+  WarpMatrices(u32 addr, const char* what) {
+    const auto* all = gather_warp(&addr, 4, what);
+    for (unsigned l = 0; l < 32; ++l) {
+      rows[l] = lane_value<u32>(all, l);
+      if (rows[l] % 16 != 0) {
+        fail(std::string(what) + ": lane " + std::to_string(l) + "'s row address " +
+             std::to_string(rows[l]) + " is not 16-byte aligned");
+      }
     }
+    const unsigned lane = tid() % 32;
+    row = lane / 4;
+    c0 = 2 * (lane % 4);
   }
-}
+  /// The 16-bit element (r, c) of matrix i in shared memory.
+  unsigned char* at(unsigned i, unsigned r, unsigned c) const {
+    return shared_at(rows[8 * i + r] + 2 * c, 2);
+  }
+};
 
 static void land(const std::vector<Copy>& copies) {
   const KernelAccess access;
@@ -1178,14 +1191,13 @@ static inline void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
 static inline void ldmatrix_x4_impl(u32 (&r)[4], u32 addr, bool trans) {
   namespace emu = kjit_sm90_emulation;
   const emu::Bookkeeping bookkeeping;
-  u32 rows[32];
-  emu::warp_row_addresses(addr, "ldmatrix", rows);
-  const unsigned lane = emu::tid() % 32, row = lane / 4, c0 = 2 * (lane % 4);
+  const emu::WarpMatrices m(addr, "ldmatrix");
+  const unsigned row = m.row, c0 = m.c0;
   const emu::KernelAccess access;
   for (unsigned i = 0; i < 4; ++i) {
     const auto at = [&](unsigned rr, unsigned cc) -> u32 {
       unsigned short bits;
-      std::memcpy(&bits, emu::shared_at(rows[8 * i + rr] + 2 * cc, 2), 2);
+      std::memcpy(&bits, m.at(i, rr, cc), 2);
       return bits;
     };
     r[i] =
@@ -1202,16 +1214,15 @@ static inline void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) { ldmatrix_x4_impl(r
 static inline void stmatrix_x4_impl(u32 addr, const u32 (&r)[4], bool trans) {
   namespace emu = kjit_sm90_emulation;
   const emu::Bookkeeping bookkeeping;
-  u32 rows[32];
-  emu::warp_row_addresses(addr, "stmatrix", rows);
-  const unsigned lane = emu::tid() % 32, row = lane / 4, c0 = 2 * (lane % 4);
+  const emu::WarpMatrices m(addr, "stmatrix");
+  const unsigned row = m.row, c0 = m.c0;
   const emu::KernelAccess access;
   for (unsigned i = 0; i < 4; ++i) {
     for (unsigned h = 0; h < 2; ++h) {
       // Element (row, c0 + h) of the fragment, at (c0 + h, row) of the matrix when transposed.
       const unsigned rr = trans ? c0 + h : row, cc = trans ? row : c0 + h;
       const auto bits = static_cast<unsigned short>(h ? r[i] >> 16 : r[i] & 0xffffu);
-      std::memcpy(emu::shared_at(rows[8 * i + rr] + 2 * cc, 2), &bits, 2);
+      std::memcpy(m.at(i, rr, cc), &bits, 2);
     }
   }
 }

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/host_data.hpp"
@@ -325,20 +326,27 @@ TEST_CASE("gdn_prefill ws emulated: keys close to one direction, raw gates (the 
                     gdn_prefill_detail::smem, sizeof(gdn_prefill_detail::smem)>}});
 }
 
-TEST_CASE("gdn_prefill ws emulated: checkpoints every 64 tokens, precomputed gates, bf16 pool") {
+/// One head, checkpoints every 64 tokens, precomputed gates, a bf16 pool and f32 outputs.
+Case checkpoint_case(std::string mode, std::vector<std::int64_t> lengths) {
   Case c;
-  c.lengths = {64, 1, 129, 190};
+  c.mode = std::move(mode);
+  c.lengths = std::move(lengths);
   c.heads = 1;
   c.value_heads = 1;
   c.state = DType::bf16;
   c.out = DType::f32;
   c.precomputed = true;
   c.ckpt_every = 64;
-  run(c, {{"gdn_prefill_ws:qkv=bf16,gate=f32,param=f32,state=bf16,out=f32,cu=i32,index=i32,"
-           "k=128,v=128,gated=1,l2norm=1,ckpt=1@sm_90a",
-           &emulate<&gdn_prefill_ws_kernel<__nv_bfloat16, float, float, __nv_bfloat16, float, int,
-                                           int, 128, 128, true, true, true>,
-                    gdn_prefill_detail::smem, sizeof(gdn_prefill_detail::smem)>}});
+  return c;
+}
+
+TEST_CASE("gdn_prefill ws emulated: checkpoints every 64 tokens, precomputed gates, bf16 pool") {
+  run(checkpoint_case("chunked_ws", {64, 1, 129, 190}),
+      {{"gdn_prefill_ws:qkv=bf16,gate=f32,param=f32,state=bf16,out=f32,cu=i32,index=i32,"
+        "k=128,v=128,gated=1,l2norm=1,ckpt=1@sm_90a",
+        &emulate<&gdn_prefill_ws_kernel<__nv_bfloat16, float, float, __nv_bfloat16, float, int, int,
+                                        128, 128, true, true, true>,
+                 gdn_prefill_detail::smem, sizeof(gdn_prefill_detail::smem)>}});
 }
 
 TEST_CASE("gdn_prefill ws emulated: fla's K-major pool, three value heads per key head") {
@@ -509,15 +517,7 @@ TEST_CASE("gdn_prefill context-parallel emulated: the segment and resume passes 
 // The same with checkpoints every 64 tokens (only blocks with the exact state write them),
 // precomputed gates, a bf16 pool and f32 outputs.
 TEST_CASE("gdn_prefill context-parallel emulated: wgmma passes, checkpoints, bf16 pool") {
-  Case c;
-  c.mode = "chunked_cp1_wgmma";
-  c.lengths = {130, 1, 64, 200};
-  c.heads = 1;
-  c.value_heads = 1;
-  c.state = DType::bf16;
-  c.out = DType::f32;
-  c.precomputed = true;
-  c.ckpt_every = 64;
+  const Case c = checkpoint_case("chunked_cp1_wgmma", {130, 1, 64, 200});
   const auto pass = [](int phase) {
     return fmt::format(
         "gdn_prefill_state_cp:qkv=bf16,state=bf16,out=f32,cu=i32,index=i32,k=128,v=128,bv=128,"
