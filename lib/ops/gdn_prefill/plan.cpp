@@ -730,9 +730,11 @@ Plan make_chunked_plan(const Problem& pr, Decision choice, const DeviceLimits& d
   if (pr.forced_state_p == 1 && !wide_mma_sync && !wgmma_can_form_p) {
     throw PlanError(fmt::format(
         "{}: options.force_mode '{}': P is formed by the state kernel's wide mma.sync tiles "
-        "(value tile 64 or 128) or its whole-V wgmma tile with 3 stages (this plan's tile is "
-        "{}{}, {} stages)",
-        kOp, pr.mode_text, choice.bv, choice.wgmma ? " on wgmma" : "", choice.state_stages));
+        "(value tile 64 or 128) or its sequential whole-V wgmma tile with 3 stages (this plan's "
+        "tile is {}{}, {} stages{})",
+        kOp, pr.mode_text, choice.bv, choice.wgmma ? " on wgmma" : "",
+        choice.cp_chunks > 0 ? choice.cp_stages : choice.state_stages,
+        choice.cp_chunks > 0 ? ", in the context-parallel passes" : ""));
   }
   // (K = V = 128 with the 3 stages handed over by mbarriers only: the configurations measured.
   // With V = 256 two tiles per value head would each form P; K = 64 and the 2-stage form, which
