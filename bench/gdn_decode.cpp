@@ -670,6 +670,30 @@ bool fused_conv_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& base,
           "%.2f us\n",
           timed.call, alone.call, timed.empty);
     }
+    // B = 1 by kernel duration: what an empty kernel of a fused plan's grid costs with and
+    // without its clusters (where the fused step's time over gdn_decode alone goes).
+    const auto empty_in_shape = [&](const kjit::GdnDecodeOptions& options) {
+      if (batch != 1 || durations == nullptr) return;
+      const kjit::LaunchShape shape =
+          kjit::plan_gdn_decode(v_x, v_a, v_b, v_alog, v_dtb, v_pool_b, indices_for(0), v_out_fused,
+                                options, gpu.limits)
+              .launches.front()
+              .shape;
+      kjit::LaunchShape plain = shape;
+      plain.cluster = kjit::Dim3{1, 1, 1};
+      const auto shaped_empty_us = [&](const kjit::LaunchShape& s) {
+        return durations
+            ->median_us(
+                gpu, [&](kjit::Stream) { gpu.launch_empty(s); }, 50, "bench_kernel")
+            .value_or(-1);
+      };
+      std::printf(
+          "         empty kernel of grid %u x %u threads (CUPTI): %.2f us unclustered, "
+          "%.2f us in clusters of %u\n",
+          shape.grid.x, shape.block.x, shaped_empty_us(plain), shaped_empty_us(shape),
+          shape.cluster.x);
+    };
+    empty_in_shape(fused);
     // The fused step with each forced cluster size (KJIT_GDN_BENCH_FUSED_CLUSTERS) and state
     // ring (KJIT_GDN_BENCH_FUSED_STAGES), each checked like the planner's first: where the
     // planner's rules should switch.
@@ -692,6 +716,20 @@ bool fused_conv_table(kjit::bench::Gpu& gpu, const kjit::GdnDecodeOptions& base,
           gpu, [&](kjit::Stream stream) { fused_step_with(forced, call++ % rotations, stream); });
       std::printf("%6s   %s=%d: fused %.2f us (x%.3f of the planner's), %s\n", "", variant.option,
                   variant.value, forced_us, fused_us / forced_us, forced_ok ? "ok" : "FAILED");
+      if (batch == 1 && durations != nullptr) {
+        const double forced_duration =
+            durations
+                ->median_us(
+                    gpu,
+                    [&](kjit::Stream stream) {
+                      fused_step_with(forced, call++ % rotations, stream);
+                    },
+                    50, "gdn_decode_conv_kernel")
+                .value_or(-1);
+        std::printf("%6s   %s=%d: kernel duration (CUPTI) %.2f us\n", "", variant.option,
+                    variant.value, forced_duration);
+        empty_in_shape(forced);
+      }
       if (json != nullptr) {
         std::fprintf(json,
                      "{\"op\":\"gdn_decode_fused_conv\",\"B\":%lld,\"%s\":%d,"

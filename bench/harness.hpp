@@ -82,10 +82,12 @@ class Gpu {
     BenchParams params{static_cast<std::uint64_t>(ms * clock_khz_)};
     runtime_->launch(*spin_, LaunchShape{{1, 1, 1}, {1, 1, 1}, 0}, stream, &params, sizeof params);
   }
-  void launch_empty() {
+  void launch_empty() { launch_empty(LaunchShape{{1, 1, 1}, {32, 1, 1}, 0}); }
+  /// The empty kernel in a given shape (e.g. a call's grid, with or without clusters): what a
+  /// launch of that shape costs before any work.
+  void launch_empty(const LaunchShape& shape) {
     BenchParams params{0};
-    runtime_->launch(*empty_, LaunchShape{{1, 1, 1}, {32, 1, 1}, 0}, stream, &params,
-                     sizeof params);
+    runtime_->launch(*empty_, shape, stream, &params, sizeof params);
   }
 
   void synchronize() { check(cu().cuStreamSynchronize(cu_stream()), "cuStreamSynchronize"); }
