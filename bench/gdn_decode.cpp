@@ -14,7 +14,9 @@
 // adds the serving protocol's table and its slot read-modify-write floor (serving_table), "only"
 // runs them alone, once per variant.
 // KJIT_BENCH_CUPTI=1:
-// B = 1 also by kernel duration beside an empty kernel and a copy (bench/activity_timer.hpp).
+// B = 1 also by kernel duration beside an empty kernel and a copy (bench/activity_timer.hpp);
+// in the fused table also each forced cluster size, and an empty kernel of each plan's grid with
+// and without its clusters.
 // KJIT_GDN_BENCH_STATE_LAYOUT=kv passes every pool K-major (fla's layout: each slot [HV, K, V],
 // V contiguous, as its transposed view; the state_layout=kv kernels), "vk" or unset the V-major
 // pool; the slot bytes, the calls and the copies they are compared with are the same.
