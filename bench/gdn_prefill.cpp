@@ -579,7 +579,10 @@ struct Anchor {
 
 // A few long sequences of equal length, with the figures the issue measured on the same H200 in
 // one device call (FlashInfer's SM90 kernel without its context-parallel path, FlashQLA's
-// kernel without its q/k norm pass; 0: not measured there).
+// kernel without its q/k norm pass; 0: not measured there). Quoted, not measured by this bench:
+// FlashInfer runs beside it with KJIT_PREFILL_ANCHOR_LIB, FlashQLA in the same process as kjit's
+// Python package (bench/python/bench_gdn_prefill_anchors.py; docs/performance.md, "FlashQLA
+// beside kjit in one process").
 struct FewShape {
   std::int64_t heads, value_heads, seqs, length;
   double flashinfer_us, flashqla_us;
