@@ -26,6 +26,11 @@
 //                              more for the update) or forces a value out of range prints a
 //                              line with "skipped" and the reason, and the others still run.
 //   KJIT_CONV_BENCH_UPDATE_ONLY=1  the update's shapes (and their floor) alone, no prefill.
+//   KJIT_BENCH_CUPTI=1         the update at B = 1 also by kernel duration
+//   (bench/activity_timer.hpp),
+//                              beside its padding rows, an empty kernel and a copy of the same
+//                              bytes: the event pairs' floor (~3.5 us) hides what the 1 us
+//                              target is about.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -45,6 +50,7 @@
 // enumerators as shadowing kjit::i32 / kjit::i64 of templates/common/types.h.
 #include "kjit/types.hpp"
 // (keep this order)
+#include "activity_timer.hpp"
 #include "harness.hpp"
 #include "kjit/error.hpp"
 #include "kjit/ops/causal_conv1d.hpp"
@@ -341,7 +347,7 @@ static_assert(floor_tiles_divide_slot(), "every floor shape's tile must divide a
 bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double empty_us,
             const std::vector<Candidate>& cands,
             const std::vector<kjit::bench::SlotRmw>& floor_kernels, std::string* floor_table,
-            std::FILE* json) {
+            kjit::bench::ActivityTimer* durations, std::FILE* json) {
   const std::int64_t slot_elems = kDim * kCols;
   const std::size_t row_bytes = static_cast<std::size_t>(kDim * 2);
   const std::size_t step_bytes = static_cast<std::size_t>(batch) *
@@ -525,6 +531,33 @@ bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double em
     kjit::causal_conv1d_update(view_x(i % windows), common.weight_view(), common.bias_view(),
                                pool_view, padding_view, TensorView{}, view_out(i % windows), o, s);
   });
+  if (batch == 1 && durations != nullptr) {
+    const auto timed = durations->beside_empty_and_copy(
+        gpu,
+        [&](kjit::Stream s) {
+          const std::size_t i = n++;
+          kjit::causal_conv1d_update(view_x(i % windows), common.weight_view(), common.bias_view(),
+                                     pool_view, idx_view(static_cast<int>(i % kSets)), TensorView{},
+                                     view_out(i % windows), o, s);
+        },
+        "causal_conv1d_kernel", step_bytes);
+    const double padding_duration =
+        durations
+            ->median_us(
+                gpu,
+                [&](kjit::Stream s) {
+                  const std::size_t i = n++;
+                  kjit::causal_conv1d_update(view_x(i % windows), common.weight_view(),
+                                             common.bias_view(), pool_view, padding_view,
+                                             TensorView{}, view_out(i % windows), o, s);
+                },
+                50, "causal_conv1d_kernel")
+            .value_or(-1);
+    std::printf(
+        "B=1 kernel durations (CUPTI): update %.2f us (%+.2f over the empty kernel), padding rows "
+        "%.2f us, empty kernel %.2f us, copy of the same bytes %.2f us\n",
+        timed.call, timed.call - timed.empty, padding_duration, timed.empty, timed.copy);
+  }
   const double copy = kjit::bench::copy_gbs(gpu, step_bytes);
   const double gbs = static_cast<double>(step_bytes) / (us * 1e3);
   // floor_ratio = floor us / kjit us (1.000 or more: kjit at the floor); floor_ratio_to_copy: the
@@ -618,8 +651,18 @@ int main(int argc, char** argv) {
         "causal_conv1d_update S=1, random slots of a >= 512 MB pool; empty kernel %.2f us\n",
         empty_us);
     std::string floor_table;
+    kjit::bench::ActivityTimer* durations = nullptr;
+    if (const char* env = std::getenv("KJIT_BENCH_CUPTI");
+        env != nullptr && std::string(env) == "1") {
+      std::string cupti_why;
+      durations = kjit::bench::ActivityTimer::get(&cupti_why);
+      if (durations == nullptr) {
+        std::printf("kernel durations unavailable: %s\n", cupti_why.c_str());
+      }
+    }
     for (const std::int64_t batch : {1, 32, 256, 2048})
-      ok &= decode(*gpu, common, batch, empty_us, cands, floor_kernels, &floor_table, json);
+      ok &= decode(*gpu, common, batch, empty_us, cands, floor_kernels, &floor_table, durations,
+                   json);
     std::printf(
         "\nslot read-modify-write floor of the update: the same bytes moved with nothing else "
         "(bench_slot_rmw on the timed calls' slot sets and x / out windows, L2 flushed, same "
