@@ -3,11 +3,10 @@
 # which has no network: the wheels of flash-qla 0.1.3 and its requirements, unzipped and
 # re-zipped without compression so that xz sees their contents (82 MB of wheels -> ~52 MB),
 # as .anchors/fq/fqla.tar.xz beside the .deb files scripts/device.sh needs (git-ignored; carry
-# `.anchors/fq` alone: .deps would push a call past its 64 MiB). On the GPU machine:
-#   tar xJf .anchors/fq/fqla.tar.xz -C /tmp/fq
-#   python3 -m pip install -q --no-index --no-deps --target /tmp/fqsite /tmp/fq/stored/*.whl
-#   PYTHONPATH=<kjit's site>:/tmp/fqsite python3 bench/python/bench_gdn_prefill_anchors.py
-# FlashQLA JIT-compiles its kernels there on first use: 20-50 s per new shape.
+# `.anchors/fq` alone: .deps would push a call past its 64 MiB). On the GPU machine,
+# scripts/device_flashqla.sh builds kjit's Python package, installs these wheels and runs
+# bench/python/bench_gdn_prefill_anchors.py beside FlashQLA. FlashQLA JIT-compiles its kernels
+# there on first use: 16-50 s per new shape.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
