@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -38,6 +39,17 @@ class ActivityTimer {
     static ActivityTimer timer;
     if (!timer.ready_) *why = timer.why_;
     return timer.ready_ ? &timer : nullptr;
+  }
+
+  /// The timer where KJIT_BENCH_CUPTI=1 asks for kernel durations, else nullptr; asked for and
+  /// unavailable, the reason is printed once here.
+  static ActivityTimer* requested() {
+    const char* env = std::getenv("KJIT_BENCH_CUPTI");
+    if (env == nullptr || std::string(env) != "1") return nullptr;
+    std::string why;
+    ActivityTimer* timer = get(&why);
+    if (timer == nullptr) std::printf("kernel durations unavailable: %s\n", why.c_str());
+    return timer;
   }
 
   /// Median duration in us of the kernels whose (mangled) name contains `name_part`, or of the

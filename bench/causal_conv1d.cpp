@@ -26,11 +26,10 @@
 //                              more for the update) or forces a value out of range prints a
 //                              line with "skipped" and the reason, and the others still run.
 //   KJIT_CONV_BENCH_UPDATE_ONLY=1  the update's shapes (and their floor) alone, no prefill.
-//   KJIT_BENCH_CUPTI=1         the update at B = 1 also by kernel duration
-//   (bench/activity_timer.hpp),
-//                              beside its padding rows, an empty kernel and a copy of the same
-//                              bytes: the event pairs' floor (~3.5 us) hides what the 1 us
-//                              target is about.
+//   KJIT_BENCH_CUPTI=1         the update at B = 1 also by kernel duration, beside its padding
+//                              rows, an empty kernel and a copy of the same bytes
+//                              (bench/activity_timer.hpp): the event pairs' floor (~3.5 us)
+//                              hides what the 1 us target is about.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -525,33 +524,25 @@ bool decode(kjit::bench::Gpu& gpu, Common& common, std::int64_t batch, double em
   DeviceBuffer padding_dev(padding.size() * 4);
   upload(padding_dev, padding.data(), padding.size() * 4);
   const TensorView padding_view = TensorView::contiguous(padding_dev.get(), DType::i32, {batch});
-  kjit::bench::flush_l2(gpu);
-  const double padding_us = kjit::bench::median_gpu_us(gpu, [&](kjit::Stream s) {
+  // One call of the default update on the next x / out window, with the given slot indices (the
+  // call's rotating set, or every row padding).
+  const auto update_call = [&](bool padding_rows, kjit::Stream s) {
     const std::size_t i = n++;
     kjit::causal_conv1d_update(view_x(i % windows), common.weight_view(), common.bias_view(),
-                               pool_view, padding_view, TensorView{}, view_out(i % windows), o, s);
-  });
+                               pool_view,
+                               padding_rows ? padding_view : idx_view(static_cast<int>(i % kSets)),
+                               TensorView{}, view_out(i % windows), o, s);
+  };
+  kjit::bench::flush_l2(gpu);
+  const double padding_us =
+      kjit::bench::median_gpu_us(gpu, [&](kjit::Stream s) { update_call(true, s); });
   if (batch == 1 && durations != nullptr) {
     const auto timed = durations->beside_empty_and_copy(
-        gpu,
-        [&](kjit::Stream s) {
-          const std::size_t i = n++;
-          kjit::causal_conv1d_update(view_x(i % windows), common.weight_view(), common.bias_view(),
-                                     pool_view, idx_view(static_cast<int>(i % kSets)), TensorView{},
-                                     view_out(i % windows), o, s);
-        },
-        "causal_conv1d_kernel", step_bytes);
+        gpu, [&](kjit::Stream s) { update_call(false, s); }, "causal_conv1d_kernel", step_bytes);
     const double padding_duration =
         durations
             ->median_us(
-                gpu,
-                [&](kjit::Stream s) {
-                  const std::size_t i = n++;
-                  kjit::causal_conv1d_update(view_x(i % windows), common.weight_view(),
-                                             common.bias_view(), pool_view, padding_view,
-                                             TensorView{}, view_out(i % windows), o, s);
-                },
-                50, "causal_conv1d_kernel")
+                gpu, [&](kjit::Stream s) { update_call(true, s); }, 50, "causal_conv1d_kernel")
             .value_or(-1);
     std::printf(
         "B=1 kernel durations (CUPTI): update %.2f us (%+.2f over the empty kernel), padding rows "
@@ -651,15 +642,7 @@ int main(int argc, char** argv) {
         "causal_conv1d_update S=1, random slots of a >= 512 MB pool; empty kernel %.2f us\n",
         empty_us);
     std::string floor_table;
-    kjit::bench::ActivityTimer* durations = nullptr;
-    if (const char* env = std::getenv("KJIT_BENCH_CUPTI");
-        env != nullptr && std::string(env) == "1") {
-      std::string cupti_why;
-      durations = kjit::bench::ActivityTimer::get(&cupti_why);
-      if (durations == nullptr) {
-        std::printf("kernel durations unavailable: %s\n", cupti_why.c_str());
-      }
-    }
+    kjit::bench::ActivityTimer* const durations = kjit::bench::ActivityTimer::requested();
     for (const std::int64_t batch : {1, 32, 256, 2048})
       ok &= decode(*gpu, common, batch, empty_us, cands, floor_kernels, &floor_table, durations,
                    json);

@@ -771,13 +771,7 @@ int main(int argc, char** argv) {
   const char* slot_order = std::getenv("KJIT_GDN_BENCH_SLOTS");
   const bool sorted_slots = slot_order != nullptr && std::string(slot_order) == "sorted";
   // KJIT_BENCH_CUPTI=1: B = 1 also by kernel duration (bench/activity_timer.hpp).
-  kjit::bench::ActivityTimer* durations = nullptr;
-  if (const char* env = std::getenv("KJIT_BENCH_CUPTI");
-      env != nullptr && std::string(env) == "1") {
-    std::string cupti_why;
-    durations = kjit::bench::ActivityTimer::get(&cupti_why);
-    if (durations == nullptr) std::printf("kernel durations unavailable: %s\n", cupti_why.c_str());
-  }
+  kjit::bench::ActivityTimer* const durations = kjit::bench::ActivityTimer::requested();
   const char* fused_conv = std::getenv("KJIT_GDN_BENCH_FUSED_CONV");
   if (fused_conv != nullptr && std::string(fused_conv) == "only") {
     const bool ok = fused_conv_table(*gpu, base, durations, json);

@@ -442,13 +442,7 @@ int main(int argc, char** argv) {
   const char* dirty_env = std::getenv("KJIT_MERGE_BENCH_DIRTY");
   const bool dirty_protocol = dirty_env != nullptr && std::string(dirty_env) == "1";
   // KJIT_BENCH_CUPTI=1: T = 1 shapes also by kernel duration (bench/activity_timer.hpp).
-  kjit::bench::ActivityTimer* durations = nullptr;
-  if (const char* env = std::getenv("KJIT_BENCH_CUPTI");
-      env != nullptr && std::string(env) == "1") {
-    std::string cupti_why;
-    durations = kjit::bench::ActivityTimer::get(&cupti_why);
-    if (durations == nullptr) std::printf("kernel durations unavailable: %s\n", cupti_why.c_str());
-  }
+  kjit::bench::ActivityTimer* const durations = kjit::bench::ActivityTimer::requested();
   const double empty_us = kjit::bench::empty_kernel_us(gpu);
   std::printf("device %s, %d SMs; empty kernel %.2f us (event pair)\n", gpu.limits.name.c_str(),
               gpu.limits.sm_count, empty_us);
