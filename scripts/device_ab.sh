@@ -7,8 +7,8 @@
 #   here:   bash scripts/device_ab.sh prepare a1f8b59 HEAD~1      (-> .ab/<rev>/, git-ignored)
 #   there:  bash scripts/device_ab.sh run                          (carry .deps and .ab)
 #
-# run takes every tree under .ab (in the order prepare was given) and then the working tree
-# ("work"). Knobs (all optional):
+# run takes every tree prepare exported into .ab (NN-<rev>, in the order given) and then the
+# working tree ("work"). Knobs (all optional):
 #   AB_TARGETS  the working tree's build targets (default: kjit_gpu_tests bench_gdn_prefill);
 #               the other trees build only the benchmark binary
 #   AB_TESTS    doctest -tc filters for the working tree, ';'-separated, each in its own process
@@ -21,6 +21,8 @@
 #   AB_GREP     extended regex of the benchmark lines to summarize (default: prefill rows)
 #   AB_SANITIZE doctest filter to run once under compute-sanitizer racecheck and once under
 #               memcheck, beside the tests (default: none)
+#   AB_SANITIZE_TOOLS  the compute-sanitizer tools for AB_SANITIZE (default: racecheck memcheck;
+#               add synccheck for kernels with cluster or named barriers)
 #
 # The test and sanitizer summaries also go to $OUT/summary.txt, and the last 60 lines of each
 # test log to $OUT/<log>.tail: the device tool returns only the end of a call's output, where the
@@ -35,7 +37,8 @@ ab=$root/.ab
 
 if [ "${1:-}" = prepare ]; then
   shift
-  rm -rf "$ab" && mkdir -p "$ab"
+  # Only the exported trees go: scripts kept beside them in .ab (a call's own steps) stay.
+  mkdir -p "$ab" && rm -rf "$ab"/[0-9][0-9]-*/
   i=0
   for rev in "$@"; do
     name=$(printf '%02d-%s' "$i" "$(git -C "$root" rev-parse --short "$rev")") || exit 1
@@ -64,7 +67,7 @@ elapsed() { echo "[$(($(date +%s) - t0)) s] $*"; }
 
 trees=()
 names=()
-for d in "$ab"/*/; do
+for d in "$ab"/[0-9][0-9]-*/; do
   [ -d "$d" ] || continue
   trees+=("${d%/}")
   names+=("$(basename "$d")")
@@ -102,7 +105,7 @@ if [ "${AB_TESTS:-}" != none ]; then
   done
 fi
 if [ -n "${AB_SANITIZE:-}" ]; then
-  for tool in racecheck memcheck; do
+  for tool in ${AB_SANITIZE_TOOLS:-racecheck memcheck}; do
     (cd "$work" && KJIT_CACHE_DIR=/tmp/ab-cache-$tool timeout 400 \
       /usr/local/cuda/bin/compute-sanitizer --tool $tool ./tests/kjit_gpu_tests \
       -tc="$AB_SANITIZE" >"$logs/$tool.log" 2>&1
@@ -112,7 +115,7 @@ if [ -n "${AB_SANITIZE:-}" ]; then
 fi
 for p in "${pids[@]}"; do wait "$p"; done
 elapsed "tests"
-for f in "$logs"/tests-*.log "$logs"/racecheck.log "$logs"/memcheck.log; do
+for f in "$logs"/tests-*.log "$logs"/racecheck.log "$logs"/memcheck.log "$logs"/synccheck.log; do
   [ -f "$f" ] || continue
   tail -60 "$f" >"$out/$(basename "$f" .log).tail"
   {
