@@ -22,6 +22,19 @@ __device__ __forceinline__ void arrive() {
 #endif
 }
 
+/// arrive() without the release: no order for this thread's earlier memory accesses. The release
+/// is a fence that waits for the thread's accesses still in flight: the fused decode step's state
+/// rows, loaded ahead of the arrival so that their latency overlaps the conv, and its stores just
+/// before, held its warps there (docs/performance.md, "The fused step at B = 1 taken apart"). A
+/// caller whose reads must precede the other blocks' writes after wait() consumes their values
+/// before arriving: an instruction issues only once the loads it reads have returned, and the
+/// arrival issues after it.
+__device__ __forceinline__ void arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#endif
+}
+
 /// Waits until every thread of the cluster has arrived (acquire).
 __device__ __forceinline__ void wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

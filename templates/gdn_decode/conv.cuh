@@ -306,9 +306,12 @@ __device__ __forceinline__ void gdn_decode_conv_block(const GdnDecodeConvParams&
     }
     smem[t] = gdn::to_f32(gdn::from_f32<QkvT>(acc));
   }
-  // This block has read its q/k history (release: those reads come before any block's writes of
-  // the new columns, which follow its wait).
-  if constexpr (kCluster > 1) cluster::arrive();
+  // This block has read its q/k history: every value was consumed above (the conv outputs stored
+  // to shared memory), so those loads have returned before the arrival issues, ahead of any
+  // block's writes of the new columns, which follow its wait. Relaxed: a release arrival waited
+  // for the state rows still in flight (~8% of the warps' stall samples at B = 1, the block's
+  // barrier behind it another 14%: docs/performance.md).
+  if constexpr (kCluster > 1) cluster::arrive_relaxed();
   __syncthreads();
 
   // Phase 2: norms and k.q, per warp (K / 32 elements per lane).

@@ -65,6 +65,10 @@ inline void arrive() {
   if (emulated_cluster == nullptr || emulated_cluster_arrival) std::abort();
   emulated_cluster_arrival.emplace(emulated_cluster->barrier.arrive());
 }
+/// The emulated arrival orders everything before it (std::barrier): the relaxed one is the same
+/// here (the hardware's reason it suffices, an issued instruction's loads have returned, has no
+/// counterpart in host threads).
+inline void arrive_relaxed() { arrive(); }
 inline void wait() {
   if (emulated_cluster == nullptr || !emulated_cluster_arrival) std::abort();
   emulated_cluster->barrier.wait(std::move(*emulated_cluster_arrival));
