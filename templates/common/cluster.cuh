@@ -13,22 +13,13 @@ namespace kjit {
 namespace cluster {
 
 #if !defined(KJIT_EMULATED_CLUSTER)
-/// Every thread of every block of the cluster arrives; its earlier memory accesses (shared and
-/// global) are ordered before those that the cluster's threads make after their wait() for this
-/// arrival (release).
-__device__ __forceinline__ void arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-#endif
-}
-
-/// arrive() without the release: no order for this thread's earlier memory accesses. The release
-/// is a fence that waits for the thread's accesses still in flight: the fused decode step's state
-/// rows, loaded ahead of the arrival so that their latency overlaps the conv, and its stores just
-/// before, held its warps there (docs/performance.md, "The fused step at B = 1 taken apart"). A
-/// caller whose reads must precede the other blocks' writes after wait() consumes their values
-/// before arriving: an instruction issues only once the loads it reads have returned, and the
-/// arrival issues after it.
+/// Every thread of every block of the cluster arrives, relaxed: no order for this thread's
+/// earlier memory accesses. (The release form is a fence that waits for the thread's accesses
+/// still in flight: the fused decode step's state rows, loaded ahead of the arrival so that their
+/// latency overlaps the conv, and its stores just before, held its warps there: 5.82 -> 5.40 us at
+/// B = 1 without it, docs/performance.md.) A caller whose reads must precede the other blocks'
+/// writes after wait() consumes their values before arriving: an instruction issues only once the
+/// loads it reads have returned, and the arrival issues after it.
 __device__ __forceinline__ void arrive_relaxed() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");

@@ -61,14 +61,13 @@ inline float* emulated_block_smem() { return emulated_block->smem.data(); }
 // reaches them was planned with a cluster and must be run as one.
 #define KJIT_EMULATED_CLUSTER 1
 namespace kjit::cluster {
-inline void arrive() {
+/// The emulated arrival orders everything before it (std::barrier), more than the relaxed one
+/// does: the hardware's reason that suffices (an issued instruction's loads have returned) has no
+/// counterpart in host threads.
+inline void arrive_relaxed() {
   if (emulated_cluster == nullptr || emulated_cluster_arrival) std::abort();
   emulated_cluster_arrival.emplace(emulated_cluster->barrier.arrive());
 }
-/// The emulated arrival orders everything before it (std::barrier): the relaxed one is the same
-/// here (the hardware's reason it suffices, an issued instruction's loads have returned, has no
-/// counterpart in host threads).
-inline void arrive_relaxed() { arrive(); }
 inline void wait() {
   if (emulated_cluster == nullptr || !emulated_cluster_arrival) std::abort();
   emulated_cluster->barrier.wait(std::move(*emulated_cluster_arrival));
