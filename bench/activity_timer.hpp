@@ -44,8 +44,7 @@ class ActivityTimer {
   /// The timer where KJIT_BENCH_CUPTI=1 asks for kernel durations, else nullptr; asked for and
   /// unavailable, the reason is printed once here.
   static ActivityTimer* requested() {
-    const char* env = std::getenv("KJIT_BENCH_CUPTI");
-    if (env == nullptr || std::string(env) != "1") return nullptr;
+    if (!env_is_one("KJIT_BENCH_CUPTI")) return nullptr;
     std::string why;
     ActivityTimer* timer = get(&why);
     if (timer == nullptr) std::printf("kernel durations unavailable: %s\n", why.c_str());

@@ -938,10 +938,10 @@ int main(int argc, char** argv) {
     for (const std::string& cell : row.cells) std::printf(" | %s", cell.c_str());
     std::printf("\n");
   }
-  if (serving != nullptr && std::string(serving) == "1") {
+  if (kjit::bench::env_is_one("KJIT_GDN_BENCH_SERVING")) {
     all_ok = serving_table(*gpu, base, json, durations) && all_ok;
   }
-  if (fused_conv != nullptr && std::string(fused_conv) == "1") {
+  if (kjit::bench::env_is_one("KJIT_GDN_BENCH_FUSED_CONV")) {
     all_ok = fused_conv_table(*gpu, base, durations, json) && all_ok;
   }
   if (json != nullptr) std::fclose(json);

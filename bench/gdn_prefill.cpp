@@ -190,12 +190,6 @@ kjit::Plan plan_of(kjit::bench::Gpu& gpu, Inputs& in, const kjit::GdnPrefillOpti
 constexpr std::uint32_t kTwoBlocksPerSmSmem = 100 * 1024;
 constexpr std::uint32_t kOneBlockPerSmSmem = 160 * 1024;
 
-// Whether the environment variable `name` is "1" (the bench's optional tables).
-bool env_is_one(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr && std::string(value) == "1";
-}
-
 // The parameters of a launch over `in` that every path shares (kernel_us and ws_profile add
 // their workspace, value tiles or profile).
 kjit::GdnPrefillParams launch_params(Inputs& in) {
@@ -704,7 +698,7 @@ void few_sequences_table(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& o
     std::printf("\n");
     // With a profile build (KJIT_PREFILL_BENCH_PROFILE=1, see ws_profile): the ws kernel's
     // stretches and its blocks' timeline on this shape too.
-    if (env_is_one("KJIT_PREFILL_BENCH_PROFILE") && plan.mode == "chunked_ws") {
+    if (kjit::bench::env_is_one("KJIT_PREFILL_BENCH_PROFILE") && plan.mode == "chunked_ws") {
       ws_profile(gpu, in, options);
     }
     std::fflush(stdout);
@@ -887,7 +881,7 @@ int run(int argc, char** argv) {
   if (std::getenv("KJIT_PREFILL_BENCH_MAIN_ONLY") == nullptr) {
     few_sequences_table(*gpu, options, anchor, json);
   }
-  if (env_is_one("KJIT_PREFILL_BENCH_PROFILE")) {
+  if (kjit::bench::env_is_one("KJIT_PREFILL_BENCH_PROFILE")) {
     std::printf("\nwarp-specialized kernel, cycles per chunk and warp at each site of its loop\n");
     for (const Anchor& s : anchors) {
       Inputs in = make_inputs(s.tokens, s.seqs, s.heads, s.value_heads);
@@ -902,7 +896,7 @@ int run(int argc, char** argv) {
   // capped by padding its dynamic shared memory (3 = the chunk kernel's own occupancy; the
   // state kernel's 128-row tile has one block per SM already). What a fused kernel would get
   // from one chunk warpgroup per SM.
-  if (env_is_one("KJIT_PREFILL_BENCH_OCCUPANCY")) {
+  if (kjit::bench::env_is_one("KJIT_PREFILL_BENCH_OCCUPANCY")) {
     std::printf(
         "\nchunk kernel alone, blocks per SM capped (GPU us)\n%4s %4s %8s %5s | %9s %9s "
         "%9s | %9s\n",
@@ -921,7 +915,7 @@ int run(int argc, char** argv) {
   }
   // The chunked path's value tiles, each forced (the table above is the planner's choice):
   // KJIT_PREFILL_BENCH_SWEEP=1 (a minute more; the fused bv64 column is slow at 128k).
-  if (!env_is_one("KJIT_PREFILL_BENCH_SWEEP")) {
+  if (!kjit::bench::env_is_one("KJIT_PREFILL_BENCH_SWEEP")) {
     if (json != nullptr) std::fclose(json);
     return 0;
   }

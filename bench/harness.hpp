@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <optional>
@@ -29,6 +30,12 @@
 #include "templates/bench/params.h"
 
 namespace kjit::bench {
+
+/// Whether the environment variable `name` is "1" (the benches' optional tables and protocols).
+inline bool env_is_one(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && std::string(value) == "1";
+}
 
 using DeviceBuffer = test::DeviceMemory;
 

@@ -439,8 +439,7 @@ int main(int argc, char** argv) {
   }
   kjit::bench::Gpu& gpu = *opened;
   std::FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
-  const char* dirty_env = std::getenv("KJIT_MERGE_BENCH_DIRTY");
-  const bool dirty_protocol = dirty_env != nullptr && std::string(dirty_env) == "1";
+  const bool dirty_protocol = kjit::bench::env_is_one("KJIT_MERGE_BENCH_DIRTY");
   // KJIT_BENCH_CUPTI=1: T = 1 shapes also by kernel duration (bench/activity_timer.hpp).
   kjit::bench::ActivityTimer* const durations = kjit::bench::ActivityTimer::requested();
   const double empty_us = kjit::bench::empty_kernel_us(gpu);
