@@ -9,6 +9,8 @@
 # Usage: bash scripts/device_flashqla.sh [--quick] [--reps N]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=lib.sh
+source "$root/scripts/lib.sh"
 out=${OUT:-$root/out}
 mkdir -p "$out" /tmp/deps /tmp/fq
 t0=$(date +%s)
@@ -20,13 +22,9 @@ nvidia-smi --query-gpu=name --format=csv,noheader
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fqsite \
     /tmp/fq/stored/*.whl >"$out/fq_pip.log" 2>&1
  echo "FlashQLA install rc=$?") &
-# No venv: the machine's python3 holds torch (scripts/device_python.sh says why).
 site=/tmp/kjit-py-site
-mkdir -p "$site"
-CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-12} python3 -m pip install -q \
-  --no-index --no-build-isolation --no-deps --target "$site" \
-  -C cmake.args="-DCMAKE_PREFIX_PATH=/tmp/deps/usr" -C build-dir=/tmp/kjit-py-build \
-  "$root/python" >"$out/py_build.log" 2>&1 ||
+CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-12} kjit_python_package_into "$site" \
+  "$out/py_build.log" ||
   { echo "kjit python package build FAILED"; grep -iE ' error' "$out/py_build.log" | head; exit 1; }
 wait
 echo "builds: $(($(date +%s) - t0)) s"

@@ -6,6 +6,8 @@
 # Usage: bash scripts/device_python.sh [--quick]   (--quick: fewer benchmark shapes)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=lib.sh
+source "$root/scripts/lib.sh"
 out=${OUT:-$root/out}
 mkdir -p "$out" /tmp/deps
 t0=$(date +%s)
@@ -36,9 +38,7 @@ pip_install --no-deps fla-core einops >>"$out/pip_deps.log" 2>&1 ||
 "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 
 t1=$(date +%s)
-pip_install --no-build-isolation --no-deps -v \
-  -C cmake.args="-DCMAKE_PREFIX_PATH=/tmp/deps/usr" -C build-dir=/tmp/kjit-py-build \
-  "$root/python" >"$out/python_build.log" 2>&1 ||
+kjit_python_package_into "$site" "$out/python_build.log" ||
   { echo "python package build FAILED"; grep -E 'error|Error' "$out/python_build.log" | head -20; exit 1; }
 echo "python package build: $(( $(date +%s) - t1 )) s"
 # Whether kjit._kjit_torch (the C++ torch tensor reader) was built, and whether it loads.

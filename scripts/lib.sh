@@ -61,3 +61,15 @@ kjit_ws_profile_build() {
     cmake --build "$build" --target bench_gdn_prefill -- -j"$(nproc)" >"$log.build.log" 2>&1 ||
     { grep -E 'error|FAILED' "$log.build.log" | head -20 >&2; return 1; }
 }
+
+# Builds kjit's Python package into the target folder $1, the build log to $2 (verbose: the
+# callers grep it), against the dependencies unpacked under /tmp/deps (the GPU machine's recipe;
+# scripts/device_python.sh and device_flashqla.sh). No venv: the machine's python3 holds torch,
+# and a venv beside it would not see its packages; the folder goes on PYTHONPATH instead.
+kjit_python_package_into() {
+  local site=$1 log=$2
+  mkdir -p "$site"
+  python3 -m pip install -q -v --no-index --no-build-isolation --no-deps --target "$site" \
+    -C cmake.args="-DCMAKE_PREFIX_PATH=/tmp/deps/usr" -C build-dir=/tmp/kjit-py-build \
+    "$KJIT_ROOT/python" >"$log" 2>&1
+}
