@@ -650,6 +650,14 @@ void few_sequences_table(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& o
       "anchor", "+norm", "anch/kj", "diff", "FlashQLA*");
   for (const auto& [label, mode] : sweep) std::printf(" %9s", label.c_str());
   std::printf("\n");
+  // A quoted figure, or "-" where the issue has none (0): a "0*" read as a measurement.
+  const auto print_quoted = [](double us) {
+    if (us > 0) {
+      std::printf("%8.0f*", us);
+    } else {
+      std::printf("%9s", "-");
+    }
+  };
   for (const FewShape& s : table) {
     const std::int64_t tokens = s.seqs * s.length;
     Inputs in = make_inputs(tokens, s.seqs, s.heads, s.value_heads, true);
@@ -677,11 +685,13 @@ void few_sequences_table(kjit::bench::Gpu& gpu, const kjit::GdnPrefillOptions& o
                 us, seq_us, seq_us / us, floor_us, 100.0 * floor_us / us);
     if (anchor) {
       const AnchorRun a = run_anchor(gpu, *anchor, in, options);
-      std::printf("%9.1f %9.1f %6.2fx %.0e/%.0e | %8.0f*", a.kernel_us, a.with_norm_us,
-                  a.kernel_us / us, a.out_diff, a.state_diff, s.flashqla_us);
+      std::printf("%9.1f %9.1f %6.2fx %.0e/%.0e | ", a.kernel_us, a.with_norm_us, a.kernel_us / us,
+                  a.out_diff, a.state_diff);
     } else {
-      std::printf("%8.0f* %9s %7s %9s | %8.0f*", s.flashinfer_us, "", "", "", s.flashqla_us);
+      print_quoted(s.flashinfer_us);
+      std::printf(" %9s %7s %9s | ", "", "", "");
     }
+    print_quoted(s.flashqla_us);
     if (plan.launches.size() == 4) {
       std::printf(" | chunk %.1f + segments %.1f + scan %.1f + resume %.1f",
                   kernel_us(gpu, in, options, 0), kernel_us(gpu, in, options, 1),
