@@ -7,6 +7,8 @@
 #                           tests and bench/python/compat_bench.py)
 #   .anchors/vllm/          the few `vllm.*` names those files import (platform queries, PAD_SLOT_ID,
 #                           NULL_BLOCK_ID), stubbed, so that vLLM itself need not be installed
+#                           (it shadows a real vLLM in a process that puts .anchors first on its
+#                           path: the anchors are for processes without one)
 #   bench/python/third_party/vllm_causal_conv1d.py   for bench/python/bench_causal_conv1d_vllm.py
 # Carry `.anchors/vllm_anchor`, `.anchors/vllm` and `bench/python/third_party` to the GPU machine.
 # Usage: bash scripts/fetch_vllm_anchors.sh [WHEEL]   (default: pip download of vllm==$VLLM_VERSION)
