@@ -9,8 +9,8 @@
 #                           NULL_BLOCK_ID), stubbed, so that vLLM itself need not be installed
 #                           (it shadows a real vLLM in a process that puts .anchors first on its
 #                           path: the anchors are for processes without one)
-#   bench/python/third_party/vllm_causal_conv1d.py   for bench/python/bench_causal_conv1d_vllm.py
-# Carry `.anchors/vllm_anchor`, `.anchors/vllm` and `bench/python/third_party` to the GPU machine.
+# bench/python/bench_causal_conv1d_vllm.py and compat_bench.py import them from there too. Carry
+# `.anchors/vllm_anchor` and `.anchors/vllm` to the GPU machine.
 # Usage: bash scripts/fetch_vllm_anchors.sh [WHEEL]   (default: pip download of vllm==$VLLM_VERSION)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +35,7 @@ take() {  # take <path in the wheel> <destination>
 }
 fla=vllm/third_party/flash_linear_attention/ops
 rm -rf .anchors/vllm_anchor .anchors/vllm
-mkdir -p .anchors/vllm_anchor bench/python/third_party
+mkdir -p .anchors/vllm_anchor
 echo "# vLLM $version's Triton kernels (scripts/fetch_vllm_anchors.sh); not kjit's code." \
   >.anchors/vllm_anchor/__init__.py
 take vllm/model_executor/layers/mamba/ops/causal_conv1d.py .anchors/vllm_anchor/causal_conv1d.py
@@ -43,10 +43,8 @@ take "$fla/fused_recurrent.py" .anchors/vllm_anchor/fused_recurrent.py
 take "$fla/op.py" .anchors/vllm_anchor/op.py
 take "$fla/utils.py" .anchors/vllm_anchor/utils.py
 take vllm/v1/attention/ops/triton_merge_attn_states.py .anchors/vllm_anchor/merge_attn_states.py
-cp .anchors/vllm_anchor/causal_conv1d.py bench/python/third_party/vllm_causal_conv1d.py
 
-# The stubbed vllm package: only what the files above import. A CUDA device, no programmatic
-# dependent launch (one kernel timed alone gains nothing from it).
+# The stubbed vllm package: only what the files above import.
 mkdir -p .anchors/vllm/v1/attention/backends .anchors/vllm/utils
 for d in .anchors/vllm .anchors/vllm/v1 .anchors/vllm/v1/attention .anchors/vllm/utils; do
   echo "# Stub for kjit's anchors (scripts/fetch_vllm_anchors.sh), not vLLM." >"$d/__init__.py"
@@ -58,23 +56,10 @@ import torch
 
 
 class _CudaPlatform:
-    def is_cuda(self):
-        return True
-
-    def is_cuda_alike(self):
-        return True
-
-    def is_rocm(self):
-        return False
-
-    def is_xpu(self):
-        return False
-
-    def is_cpu(self):
-        return False
-
-    def is_arch_support_pdl(self):
-        return False
+    # The yes / no questions: a CUDA device, no programmatic dependent launch (one kernel timed
+    # alone gains nothing from it).
+    _ANSWERS = {"is_cuda": True, "is_cuda_alike": True, "is_rocm": False, "is_xpu": False,
+                "is_cpu": False, "is_arch_support_pdl": False}
 
     def get_device_name(self, device_id=0):
         return torch.cuda.get_device_name(device_id)
@@ -99,6 +84,8 @@ class _CudaPlatform:
         return torch.float8_e4m3fn
 
     def __getattr__(self, name):
+        if name in _CudaPlatform._ANSWERS:
+            return lambda *args, **kwargs: _CudaPlatform._ANSWERS[name]
         raise AttributeError(f"the anchors' vllm stub has no current_platform.{name} "
                              "(scripts/fetch_vllm_anchors.sh)")
 
