@@ -115,7 +115,8 @@ if [ -n "${AB_SANITIZE:-}" ]; then
 fi
 for p in "${pids[@]}"; do wait "$p"; done
 elapsed "tests"
-for f in "$logs"/tests-*.log "$logs"/racecheck.log "$logs"/memcheck.log "$logs"/synccheck.log; do
+# (Every compute-sanitizer tool's name ends in "check": whichever AB_SANITIZE_TOOLS ran.)
+for f in "$logs"/tests-*.log "$logs"/*check.log; do
   [ -f "$f" ] || continue
   tail -60 "$f" >"$out/$(basename "$f" .log).tail"
   {
