@@ -628,8 +628,7 @@ int main(int argc, char** argv) {
         "causal_conv1d D=%lld W=%lld bf16, SiLU, 16 uneven sequences; median GPU us of "
         "cold calls\n",
         static_cast<long long>(kDim), static_cast<long long>(kWidth));
-    const char* update_only = std::getenv("KJIT_CONV_BENCH_UPDATE_ONLY");
-    if (update_only == nullptr || std::string(update_only) != "1") {
+    if (!kjit::bench::env_is_one("KJIT_CONV_BENCH_UPDATE_ONLY")) {
       for (const std::int64_t tokens : {8192, 32768, 131072})
         ok &= prefill(*gpu, common, tokens, cands, json);
     }
