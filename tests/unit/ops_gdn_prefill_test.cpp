@@ -1413,6 +1413,8 @@ TEST_CASE("gdn_prefill: the warp-specialized mode plans one legal sm_90a launch 
                        doctest::Contains("needs compute capability 9.0"), Error);
   CHECK_THROWS_WITH_AS(plan_for(Shapes{8192, 4, 16, 16, 64, 128}, h200, DType::f32, "chunked_ws"),
                        doctest::Contains("K = V = 128"), Error);
+  CHECK_THROWS_WITH_AS(plan_for(Shapes{8192, 4, 16, 16, 64, 64}, h200, DType::f32, "chunked_ws"),
+                       doctest::Contains("K = 64, V = 64"), Error);
   // No suffix applies to it.
   CHECK_THROWS_WITH_AS(plan_for(s, h200, DType::f32, "chunked_ws_p1"),
                        doctest::Contains("is not a mode"), Error);

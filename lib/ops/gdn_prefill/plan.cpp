@@ -544,14 +544,16 @@ Decision choose(const Problem& pr, const DeviceLimits& device) {
       return choice;
     }
     case ModeKind::warp_specialized: {
-      // What the chunked path needs (bf16 rows, v aligned for 16-byte copies) holds for it too.
-      Decision choice = choose_path(pr, true, 128, device, force);
+      // Its own limits first: the chunked path's whole-V tile below does not exist at V = 64,
+      // and its refusal then named a tile instead of K and V.
       if (!has_sm90a(device) || pr.k != 128 || pr.v != 128) {
         throw PlanError(fmt::format(
             "{}: options.force_mode '{}': the warp-specialized kernel needs compute capability "
             "9.0 (sm_90a: wgmma, setmaxnreg) and K = V = 128; here {}, K = {}, V = {}",
             kOp, force, device.arch.str(), pr.k, pr.v));
       }
+      // What the chunked path needs (bf16 rows, v aligned for 16-byte copies) holds for it too.
+      Decision choice = choose_path(pr, true, 128, device, force);
       take_ws(choice);
       choice.reasons.push_back(
           fmt::format("warp-specialized kernel (forced by options.force_mode '{}'): {}", force,
