@@ -1,0 +1,164 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kjit's fused decode step (gdn_decode with the conv update inside, one kernel) beside vLLM's two
+Triton kernels for the same step (causal_conv1d_update, then fused_recurrent_gated_delta_rule_
+packed_decode), and beside kjit's own two kernels (causal_conv1d_update + gdn_decode): same
+process, same inputs, same pools (issue 22's "against vLLM's two Triton kernels").
+
+Qwen3-Next per rank: H = 16, HV = 32, K = V = 128, conv width 4 over mixed_qkv's 8192 channels,
+bf16 mixed_qkv and conv pool (vLLM's [slots, W-1, D] seen as [slots, D, W-1]), f32 state pool
+[slots, HV, V, K], random distinct slots >= 1 of a pool twice the batch (vLLM 0.34 treats slot 0
+as a null block). Each path runs on its own copy of both pools; the outputs and both pools are
+compared (bf16 tolerance), then each path is timed: median GPU us over CUDA-event-timed calls,
+L2 flushed before each, so the small batches include each call's host time (the kernels' own
+durations: bench_gdn_decode with KJIT_BENCH_CUPTI=1).
+
+vLLM's kernels come from KJIT_ANCHORS_DIR (scripts/fetch_vllm_anchors.sh lays them out); without
+them only kjit's two forms are timed.
+
+Usage: KJIT_ANCHORS_DIR=.anchors python bench/python/bench_fused_decode_vllm.py [--json PATH]
+"""
+
+import argparse
+import importlib
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+import kjit
+
+H, HV, K, V, W = 16, 32, 128, 128, 4
+D = 2 * H * K + HV * V
+
+
+def load_vllm():
+    """vLLM's conv update and packed decode from KJIT_ANCHORS_DIR, or the reason they are not."""
+    root = os.environ.get("KJIT_ANCHORS_DIR")
+    if not root:
+        return None, "KJIT_ANCHORS_DIR not set (scripts/fetch_vllm_anchors.sh)"
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    try:
+        conv = importlib.import_module("vllm_anchor.causal_conv1d")
+        decode = importlib.import_module("vllm_anchor.fused_recurrent")
+    except Exception as error:  # noqa: BLE001 - any failure means: no anchor
+        return None, f"vllm_anchor not importable from {root}: {error!r}"
+    return (conv.causal_conv1d_update, decode.fused_recurrent_gated_delta_rule_packed_decode), ""
+
+
+def median_us(fn, flush, reps=50):
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1000)
+    return statistics.median(times)
+
+
+def close(name, got, want, tol):
+    """The largest |got - want| over tol (1 + |want|); fails the run past 1."""
+    worst = ((got.double() - want.double()).abs() / (tol * (1 + want.double().abs()))).max().item()
+    if not worst <= 1.0:
+        raise SystemExit(f"{name}: differs from kjit's two kernels by {worst:.3g} tolerances")
+    return worst
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    vllm, why = load_vllm()
+    if vllm is None:
+        print(f"vLLM's kernels skipped: {why}")
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(*shape, dtype=torch.bfloat16, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=gen) * scale).to(dtype)
+
+    weight, bias = randn(D, W, scale=0.5), randn(D)
+    a_log, dt_bias = randn(HV, dtype=torch.float32, scale=0.5), randn(HV)
+    print(f"fused decode step: H={H} HV={HV} K=V={K} W={W} D={D}, bf16 mixed_qkv and conv pool, "
+          "f32 state; median GPU us (CUDA events, L2 flushed)")
+    print(f"{'B':>5} | {'kjit fused':>10} | {'kjit conv + decode':>18} | {'vLLM conv + decode':>18}"
+          f" | {'vLLM / fused':>12}")
+    rows = []
+    for batch in (1, 32, 256):
+        slots = 2 * batch + 1
+        idx = (torch.randperm(slots - 1, device="cuda", generator=gen)[:batch] + 1).int()
+        x = randn(batch, D)
+        a, b = randn(batch, HV), randn(batch, HV)
+        conv_base = randn(slots, W - 1, D)
+        state_base = randn(slots, HV, V, K, dtype=torch.float32, scale=0.1)
+        scale = K ** -0.5
+
+        def pools():
+            return conv_base.clone().transpose(1, 2), state_base.clone()
+
+        # kjit, fused: mixed_qkv before the convolution, both pools updated in one kernel.
+        conv_f, state_f = pools()
+        out_f = torch.empty(batch, HV, V, device="cuda", dtype=torch.bfloat16)
+
+        def fused():
+            kjit.gdn_decode(x, a, b, a_log, dt_bias, state_f, idx, out=out_f, scale=scale,
+                            conv_weight=weight, conv_bias=bias, conv_state=conv_f)
+
+        # kjit, two kernels.
+        conv_t, state_t = pools()
+        out_t = torch.empty(batch, HV, V, device="cuda", dtype=torch.bfloat16)
+
+        def two():
+            qkv = kjit.causal_conv1d_update(x, weight, conv_t, idx, bias=bias, activation="silu")
+            kjit.gdn_decode(qkv, a, b, a_log, dt_bias, state_t, idx, out=out_t, scale=scale)
+
+        fused()
+        two()
+        torch.cuda.synchronize()
+        row = {"batch": batch,
+               "fused_vs_two": close("kjit fused", out_f, out_t, 1 / 64),
+               "pools_equal": bool(torch.equal(conv_f, conv_t))}
+        close("kjit fused state", state_f, state_t, 1e-3)
+        if vllm is not None:
+            conv_update, packed_decode = vllm
+            conv_v, state_v = pools()
+            out_v = torch.empty(batch, 1, HV, V, device="cuda", dtype=torch.bfloat16)
+            qkv_v = torch.empty_like(x)
+
+            def theirs():
+                conv_update(x, conv_v, weight, bias, activation="silu", conv_state_indices=idx,
+                            out=qkv_v)
+                packed_decode(mixed_qkv=qkv_v, a=a, b=b, A_log=a_log, dt_bias=dt_bias, scale=scale,
+                              initial_state=state_v, out=out_v, ssm_state_indices=idx,
+                              use_qk_l2norm_in_kernel=True)
+
+            theirs()
+            torch.cuda.synchronize()
+            row["vllm_vs_kjit"] = close("vLLM", out_v.view(batch, HV, V), out_t, 1 / 64)
+            close("vLLM state", state_v, state_t, 1e-3)
+            row["vllm_conv_pool_equal"] = bool(torch.equal(conv_v, conv_t))
+        row["fused_us"] = median_us(fused, flush)
+        row["two_us"] = median_us(two, flush)
+        if vllm is not None:
+            row["vllm_us"] = median_us(theirs, flush)
+        vllm_text = f"{row['vllm_us']:18.2f}" if "vllm_us" in row else f"{'-':>18}"
+        ratio = f"{row['vllm_us'] / row['fused_us']:11.2f}x" if "vllm_us" in row else f"{'-':>12}"
+        print(f"{batch:5d} | {row['fused_us']:10.2f} | {row['two_us']:18.2f} | {vllm_text} | "
+              f"{ratio}")
+        rows.append(row)
+    for row in rows:
+        print(json.dumps(row))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
