@@ -19,33 +19,16 @@ Usage: KJIT_ANCHORS_DIR=.anchors python bench/python/bench_fused_decode_vllm.py 
 """
 
 import argparse
-import importlib
 import json
-import os
 import statistics
-import sys
 
 import torch
 
 import kjit
+from compat_bench import anchor  # (this folder: KJIT_ANCHORS_DIR's originals, or why not)
 
 H, HV, K, V, W = 16, 32, 128, 128, 4
 D = 2 * H * K + HV * V
-
-
-def load_vllm():
-    """vLLM's conv update and packed decode from KJIT_ANCHORS_DIR, or the reason they are not."""
-    root = os.environ.get("KJIT_ANCHORS_DIR")
-    if not root:
-        return None, "KJIT_ANCHORS_DIR not set (scripts/fetch_vllm_anchors.sh)"
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    try:
-        conv = importlib.import_module("vllm_anchor.causal_conv1d")
-        decode = importlib.import_module("vllm_anchor.fused_recurrent")
-    except Exception as error:  # noqa: BLE001 - any failure means: no anchor
-        return None, f"vllm_anchor not importable from {root}: {error!r}"
-    return (conv.causal_conv1d_update, decode.fused_recurrent_gated_delta_rule_packed_decode), ""
 
 
 def median_us(fn, flush, reps=50):
@@ -75,9 +58,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
     args = parser.parse_args()
-    vllm, why = load_vllm()
-    if vllm is None:
-        print(f"vLLM's kernels skipped: {why}")
+    vllm = (anchor("vllm_anchor.causal_conv1d:causal_conv1d_update"),
+            anchor("vllm_anchor.fused_recurrent:fused_recurrent_gated_delta_rule_packed_decode"))
+    why = [x for x in vllm if isinstance(x, str)]
+    if why:
+        print(f"vLLM's kernels skipped: {why[0]} (scripts/fetch_vllm_anchors.sh)")
+        vllm = None
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     gen = torch.Generator(device="cuda").manual_seed(0)
 
