@@ -128,7 +128,9 @@ def main():
             theirs()
             torch.cuda.synchronize()
             row["vllm_vs_kjit"] = close("vLLM", out_v.view(batch, HV, V), out_t, 1 / 64)
-            close("vLLM state", state_v, state_t, 1e-3)
+            # (vLLM's conv rounds its outputs to bf16 at other elements than kjit's, one bf16 step
+            # apart: the step's state then differs by up to that step's effect, not 1e-3.)
+            row["vllm_state_vs_kjit"] = close("vLLM state", state_v, state_t, 1 / 64)
             row["vllm_conv_pool_equal"] = bool(torch.equal(conv_v, conv_t))
         row["fused_us"] = median_us(fused, flush)
         row["two_us"] = median_us(two, flush)
