@@ -20,30 +20,15 @@ Usage: KJIT_ANCHORS_DIR=.anchors python bench/python/bench_fused_decode_vllm.py 
 
 import argparse
 import json
-import statistics
 
 import torch
 
 import kjit
 from compat_bench import anchor  # (this folder: KJIT_ANCHORS_DIR's originals, or why not)
+from bench_causal_conv1d_vllm import median_us  # (the conv bench's timing, same protocol)
 
 H, HV, K, V, W = 16, 32, 128, 128, 4
 D = 2 * H * K + HV * V
-
-
-def median_us(fn, flush, reps=50):
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return statistics.median(times)
 
 
 def close(name, got, want, tol):
