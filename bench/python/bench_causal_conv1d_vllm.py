@@ -9,36 +9,22 @@ torch and triton must be installed, vLLM need not be.
 
 For each B in 1, 32, 256, 2048 (S = 1, random distinct slots of a pool twice the batch, vLLM's
 pool layout [slots, W-1, D] seen as [slots, D, W-1]): both outputs and both pools compared,
-then the median GPU us of each over CUDA-event-timed calls with L2 flushed before each call.
+then the median GPU us of each over CUDA-event-timed calls with L2 flushed before each call
+(gpu_timer.py: the events bracket GPU work only).
 
 Usage: KJIT_ANCHORS_DIR=.anchors python bench/python/bench_causal_conv1d_vllm.py [--json PATH]
 """
 
 import argparse
 import json
-import statistics
 
 import torch
 
 import kjit
 from compat_bench import anchor  # (this folder: KJIT_ANCHORS_DIR's originals, or why not)
+from gpu_timer import GpuTimer  # (this folder: L2 evicted, the GPU asleep while the call is enqueued)
 
 D, W = 8192, 4
-
-
-def median_us(fn, flush, reps=50):
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return statistics.median(times)
 
 
 def main():
@@ -49,7 +35,7 @@ def main():
     if isinstance(update, str):
         print(f"vLLM anchor skipped: {update} (scripts/fetch_vllm_anchors.sh)")
         update = None
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    timer = GpuTimer()
     gen = torch.Generator(device="cuda").manual_seed(0)
     weight = torch.randn(D, W, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.5
     bias = torch.randn(D, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -68,12 +54,11 @@ def main():
             torch.cuda.synchronize()
             row["max_abs_out_diff"] = (out_k.float() - out_v.float()).abs().max().item()
             row["pools_equal"] = bool(torch.equal(pool_k, pool_v))
-            row["vllm_us"] = median_us(
-                lambda: update(x, pool_v, weight, bias, activation="silu", conv_state_indices=idx),
-                flush)
-        row["kjit_us"] = median_us(
+            row["vllm_us"] = timer(
+                lambda: update(x, pool_v, weight, bias, activation="silu", conv_state_indices=idx))
+        row["kjit_us"] = timer(
             lambda: kjit.causal_conv1d_update(x, weight, pool_k, idx, bias=bias,
-                                              activation="silu", out=out_k), flush)
+                                              activation="silu", out=out_k))
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.json:

@@ -9,8 +9,9 @@ bf16 mixed_qkv and conv pool (vLLM's [slots, W-1, D] seen as [slots, D, W-1]), f
 [slots, HV, V, K], random distinct slots >= 1 of a pool twice the batch (vLLM 0.34 treats slot 0
 as a null block). Each path runs on its own copy of both pools; the outputs and both pools are
 compared (bf16 tolerance), then each path is timed: median GPU us over CUDA-event-timed calls,
-L2 flushed before each, so the small batches include each call's host time (the kernels' own
-durations: bench_gdn_decode with KJIT_BENCH_CUPTI=1).
+L2 flushed before each and the GPU kept asleep while the call is enqueued (gpu_timer.py), so
+the events bracket GPU work only, not the host time of vLLM's two Python launches (the kernels'
+own durations: bench_gdn_decode with KJIT_BENCH_CUPTI=1).
 
 vLLM's kernels come from KJIT_ANCHORS_DIR (scripts/fetch_vllm_anchors.sh lays them out); without
 them only kjit's two forms are timed.
@@ -25,7 +26,7 @@ import torch
 
 import kjit
 from compat_bench import anchor  # (this folder: KJIT_ANCHORS_DIR's originals, or why not)
-from bench_causal_conv1d_vllm import median_us  # (the conv bench's timing, same protocol)
+from gpu_timer import GpuTimer  # (this folder: L2 evicted, the GPU asleep while the call is enqueued)
 
 H, HV, K, V, W = 16, 32, 128, 128, 4
 D = 2 * H * K + HV * V
@@ -49,7 +50,7 @@ def main():
     if why:
         print(f"vLLM's kernels skipped: {why[0]} (scripts/fetch_vllm_anchors.sh)")
         vllm = None
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    timer = GpuTimer()
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     def randn(*shape, dtype=torch.bfloat16, scale=1.0):
@@ -117,10 +118,10 @@ def main():
             # apart: the step's state then differs by up to that step's effect, not 1e-3.)
             row["vllm_state_vs_kjit"] = close("vLLM state", state_v, state_t, 1 / 64)
             row["vllm_conv_pool_equal"] = bool(torch.equal(conv_v, conv_t))
-        row["fused_us"] = median_us(fused, flush)
-        row["two_us"] = median_us(two, flush)
+        row["fused_us"] = timer(fused)
+        row["two_us"] = timer(two)
         if vllm is not None:
-            row["vllm_us"] = median_us(theirs, flush)
+            row["vllm_us"] = timer(theirs)
         vllm_text = f"{row['vllm_us']:18.2f}" if "vllm_us" in row else f"{'-':>18}"
         ratio = f"{row['vllm_us'] / row['fused_us']:11.2f}x" if "vllm_us" in row else f"{'-':>12}"
         print(f"{batch:5d} | {row['fused_us']:10.2f} | {row['two_us']:18.2f} | {vllm_text} | "

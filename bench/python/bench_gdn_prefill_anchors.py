@@ -27,13 +27,13 @@ Usage: python bench/python/bench_gdn_prefill_anchors.py [--quick] [--reps N] [--
 import argparse
 import json
 import random
-import statistics
 import sys
 import time
 
 import torch
 
 import kjit
+from gpu_timer import GpuTimer  # (this folder: L2 evicted, the GPU asleep while the call is enqueued)
 
 DEV = "cuda"
 KD = 128
@@ -57,42 +57,6 @@ def uneven_offsets(tokens, seqs, seed=7):
 
 def equal_offsets(tokens, seqs):
     return [tokens * i // seqs for i in range(seqs + 1)]
-
-
-class Timer:
-    """Per-call GPU time with L2 evicted before each call.
-
-    The GPU is kept busy (torch.cuda._sleep) while the host enqueues the call, so the events
-    bracket GPU work only: an anchor whose Python wrapper launches several kernels would
-    otherwise be charged its host time between them (the first run of this script timed
-    FlashQLA that way, up to 1.7x above its kernels' time). A call whose enqueueing outlasts
-    the sleep is reported."""
-
-    SLEEP_CYCLES = 20_000_000  # ~10 ms at the H200's clocks
-
-    def __init__(self):
-        self.flush = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
-        self.host_outran = 0
-
-    def __call__(self, fn, reps):
-        fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(reps):
-            self.flush.fill_(1)
-            torch.cuda._sleep(self.SLEEP_CYCLES)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            enqueued = time.perf_counter()
-            fn()
-            end.record()
-            host_ms = (time.perf_counter() - enqueued) * 1e3
-            if start.query():  # the sleep was over before the call was enqueued
-                self.host_outran += 1
-                log(f"  (host enqueueing took {host_ms:.1f} ms, longer than the sleep)")
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-        return statistics.median(times)
 
 
 def rel_l2(a, b):
@@ -139,7 +103,7 @@ def run_shape(timer, anchors, h, hv, cu, reps, results):
     plan = kjit.gdn_prefill(q, k, v, cu_t, pool, idx, g=g, beta=beta, out=out, _plan=True)
     mode = getattr(plan, "mode", "?")
     kjit_us = timer(lambda: kjit.gdn_prefill(q, k, v, cu_t, pool, idx, g=g, beta=beta, out=out),
-                    reps)
+                    reps, warmup=1)
     entry = {"H": h, "HV": hv, "tokens": t, "seqs": n, "kjit_us": kjit_us, "kjit_mode": mode,
              "anchors": {}}
     parts = [f"{h:3d} {hv:3d} {t:7d} {n:3d} | kjit {kjit_us:8.1f} ({mode})"]
@@ -161,7 +125,7 @@ def run_shape(timer, anchors, h, hv, cu, reps, results):
                 if name != "FlashQLA":
                     s = s.transpose(-1, -2)  # fla's states are [N, HV, K, V]
                 diff = (rel_l2(o[0], ref_out), rel_l2(s, ref_state))
-                us = timer(call, reps)
+                us = timer(call, reps, warmup=1)
                 ok = diff[0] < 2e-2 and diff[1] < 2e-2
                 entry["anchors"][key] = {"us": us, "out_rel": diff[0], "state_rel": diff[1],
                                          "first_call_s": first}
@@ -195,7 +159,7 @@ def main():
         log(f"anchor {label}: {why if fn is None else 'imported (' + why + ')'}")
         if fn is not None:
             anchors[label] = (fn, why)
-    timer = Timer()
+    timer = GpuTimer(log=log)
     uneven = [(16, 16, 8192, 4), (16, 16, 32768, 16), (16, 32, 32768, 16),
               (16, 16, 131072, 16), (16, 32, 131072, 16)]
     few = [(16, 16, 32768, 1), (16, 16, 16384 * 2, 2), (16, 16, 8192 * 4, 4),
