@@ -22,7 +22,7 @@ import torch
 
 import kjit
 from compat_bench import anchor  # (this folder: KJIT_ANCHORS_DIR's originals, or why not)
-from gpu_timer import GpuTimer  # (this folder: L2 evicted, the GPU asleep while the call is enqueued)
+from gpu_timer import GpuTimer  # (this folder: GPU time only, L2 evicted before each call)
 
 D, W = 8192, 4
 

@@ -26,7 +26,7 @@ import torch
 
 import kjit
 from compat_bench import anchor  # (this folder: KJIT_ANCHORS_DIR's originals, or why not)
-from gpu_timer import GpuTimer  # (this folder: L2 evicted, the GPU asleep while the call is enqueued)
+from gpu_timer import GpuTimer  # (this folder: GPU time only, L2 evicted before each call)
 
 H, HV, K, V, W = 16, 32, 128, 128, 4
 D = 2 * H * K + HV * V

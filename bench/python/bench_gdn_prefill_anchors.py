@@ -33,7 +33,7 @@ import time
 import torch
 
 import kjit
-from gpu_timer import GpuTimer  # (this folder: L2 evicted, the GPU asleep while the call is enqueued)
+from gpu_timer import GpuTimer  # (this folder: GPU time only, L2 evicted before each call)
 
 DEV = "cuda"
 KD = 128
