@@ -335,6 +335,12 @@ bool has_sm90a(const DeviceLimits& device) {
   return device.arch.major == 9 && device.arch.minor == 0;
 }
 
+// The sm_90a kernels' one shape: the wgmma state kernel, the context-parallel passes on wgmma and
+// the warp-specialized kernel all take K = V = 128 on compute capability 9.0 only.
+bool sm90a_k_v_128(const Problem& pr, const DeviceLimits& device) {
+  return pr.k == 128 && pr.v == 128 && has_sm90a(device);
+}
+
 // The context-parallel passes (segment and resume) on warpgroup wgmma: the sequential whole-V
 // kernel's tiles and handoff (K = V = 128, 3 stages, sm_90a), where their blocks without outputs
 // (the middle segments' end states from zero and from the identity) skip q, P and the products
@@ -342,8 +348,8 @@ bool has_sm90a(const DeviceLimits& device) {
 // context-parallel passes on wgmma"): 11-16% less per call at 1 and 2 sequences of 16k-128k
 // tokens, HV = 16 and 32 (segment pass 15-17% and resume pass 12-26% faster).
 bool cp_wgmma_fits(const Problem& pr, const DeviceLimits& device, const Decision& choice) {
-  return choice.cp_chunks > 0 && choice.bv == 128 && choice.cp_stages >= 3 && pr.k == 128 &&
-         pr.v == 128 && has_sm90a(device);
+  return choice.cp_chunks > 0 && choice.bv == 128 && choice.cp_stages >= 3 &&
+         sm90a_k_v_128(pr, device);
 }
 
 void take_cp_wgmma(Decision& choice, std::string_view why) {
@@ -368,8 +374,8 @@ void prefer_wgmma(const Problem& pr, const DeviceLimits& device, Decision& choic
     take_cp_wgmma(choice, "the planner's choice");
     return;
   }
-  if (!choice.chunked || choice.cp_chunks > 0 || choice.bv != 128 || pr.k != 128 || pr.v != 128 ||
-      choice.state_stages < 3 || !has_sm90a(device)) {
+  if (!choice.chunked || choice.cp_chunks > 0 || choice.bv != 128 || choice.state_stages < 3 ||
+      !sm90a_k_v_128(pr, device)) {
     return;
   }
   choice.wgmma = true;
@@ -408,7 +414,7 @@ WsVerdict ws_pays(const Problem& pr, const DeviceLimits& device, bool explain) {
   WsVerdict v;
   // What the kernel takes: the path prefer_wgmma picks (bf16 rows, 16-byte v, K = V = 128 on
   // sm_90a, the whole-V tile), which the planner's other rules decide from the same fields.
-  if (!pr.bf16 || !pr.v16 || pr.k != 128 || pr.v != 128 || !has_sm90a(device) || pr.seqs == 0) {
+  if (!pr.bf16 || !pr.v16 || !sm90a_k_v_128(pr, device) || pr.seqs == 0) {
     return v;
   }
   const std::int64_t sms = std::max(device.sm_count, 1);
@@ -546,7 +552,7 @@ Decision choose(const Problem& pr, const DeviceLimits& device) {
     case ModeKind::warp_specialized: {
       // Its own limits first: the chunked path's whole-V tile below does not exist at V = 64,
       // and its refusal then named a tile instead of K and V.
-      if (!has_sm90a(device) || pr.k != 128 || pr.v != 128) {
+      if (!sm90a_k_v_128(pr, device)) {
         throw PlanError(fmt::format(
             "{}: options.force_mode '{}': the warp-specialized kernel needs compute capability "
             "9.0 (sm_90a: wgmma, setmaxnreg) and K = V = 128; here {}, K = {}, V = {}",
