@@ -6,8 +6,7 @@ device busy while the host enqueues the call, so the two events bracket GPU work
 the sleep, a call whose host side outlasts the flush (a Python wrapper launching several
 kernels: vLLM's two Triton kernels of a decode step take ~70 us of host time, FlashQLA's
 wrapper more) is charged its host time: bench_fused_decode_vllm.py's first run timed vLLM's
-B = 1 step at 114 us that way. A call whose enqueueing outlasts the sleep is counted in
-`host_outran` and reported.
+B = 1 step at 114 us that way. A call whose enqueueing outlasts the sleep is reported.
 """
 
 import statistics
@@ -21,7 +20,6 @@ class GpuTimer:
 
     def __init__(self, flush_bytes=256 << 20, log=print):
         self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
-        self.host_outran = 0
         self.log = log
 
     def __call__(self, fn, reps=50, warmup=5):
@@ -40,7 +38,6 @@ class GpuTimer:
             end.record()
             host_ms = (time.perf_counter() - enqueued) * 1e3
             if start.query():  # the sleep was over before the call was enqueued
-                self.host_outran += 1
                 self.log(f"  (host enqueueing took {host_ms:.1f} ms, longer than the sleep)")
             end.synchronize()
             times.append(start.elapsed_time(end) * 1e3)
