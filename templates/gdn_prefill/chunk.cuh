@@ -394,7 +394,9 @@ struct ChunkGates {
   /// e^(gamma_i - gamma_j) = e^(gamma_i - gamma_ref) e^(gamma_ref - gamma_j) for every row i of
   /// a later block, both factors <= 1 (gamma does not rise): s_cf[j] = rk_j e^(gamma_ref -
   /// gamma_j), s_ref[b] = gamma_ref of block b. `load_next()` runs once these gates are
-  /// converted (it may load the next ones into this object).
+  /// converted (it may load the next ones into this object). s_gamma, s_ref and Scanned hold
+  /// gamma in log2 units (gamma log2(e), scaled with g before the scan), so that each decay is one
+  /// ex2 of a difference, e^(gamma_i - gamma_j) = ex2(s_gamma[i] - s_gamma[j]), with no multiply.
   template <typename LoadNext>
   __device__ __forceinline__ void scan(const GdnPrefillParams& p, int rows, int lane,
                                        const float* s_rk, float* s_gamma, float* s_beta,
@@ -420,11 +422,11 @@ struct ChunkGates {
       const int r = 2 * lane + x;
       // Converted on every lane, then masked (a branch would leave the loads unwaited, as above).
       if constexpr (kGated) {
-        gl[x] = gdn::to_f32(a[x]);
+        gl[x] = kLog2e * gdn::to_f32(a[x]);
         bl[x] = gdn::to_f32(b[x]);
       } else {
-        gl[x] = gdn::fast_log_decay(gdn::to_f32(a[x]), gdn::to_f32(a_log), gdn::to_f32(dt_bias),
-                                    p.softplus_threshold);
+        gl[x] = kLog2e * gdn::fast_log_decay(gdn::to_f32(a[x]), gdn::to_f32(a_log),
+                                             gdn::to_f32(dt_bias), p.softplus_threshold);
         bl[x] = gdn::fast_sigmoid(gdn::to_f32(b[x]));
       }
       gl[x] = r < rows ? gl[x] : 0.f;
@@ -454,7 +456,7 @@ struct ChunkGates {
     s_beta[2 * lane + 1] = sc.beta[1];
     const float2 rk = *reinterpret_cast<const float2*>(s_rk + 2 * lane);
     *reinterpret_cast<float2*>(s_cf + 2 * lane) =
-        make_float2(rk.x * ex2((sc.ref - sc.g0) * kLog2e), rk.y * ex2((sc.ref - sc.incl) * kLog2e));
+        make_float2(rk.x * ex2(sc.ref - sc.g0), rk.y * ex2(sc.ref - sc.incl));
   }
 };
 
@@ -490,7 +492,7 @@ __device__ __forceinline__ void decay_row_block(float (&x)[8][4], const float* s
 #pragma unroll
     for (int jb = 0; jb < 4; ++jb) {
       if (jb < kRow) {
-        const float rf = fi * ex2((gi - s_ref[jb]) * kLog2e);
+        const float rf = fi * ex2(gi - s_ref[jb]);
 #pragma unroll
         for (int h2 = 0; h2 < 2; ++h2) {
           const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
@@ -503,8 +505,8 @@ __device__ __forceinline__ void decay_row_block(float (&x)[8][4], const float* s
           const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
           const float2 gj = *reinterpret_cast<const float2*>(s_gamma + j);
           const float2 kj = *reinterpret_cast<const float2*>(s_rk + j);
-          const float x0 = fi * kj.x * ex2((gi - gj.x) * kLog2e) * x[nt][2 * hf];
-          const float x1 = fi * kj.y * ex2((gi - gj.y) * kLog2e) * x[nt][2 * hf + 1];
+          const float x0 = fi * kj.x * ex2(gi - gj.x) * x[nt][2 * hf];
+          const float x1 = fi * kj.y * ex2(gi - gj.y) * x[nt][2 * hf + 1];
           put(nt, hf, i, j, i + kWithDiagonal > j ? x0 : 0.f, i + kWithDiagonal > j + 1 ? x1 : 0.f);
         }
       } else if (kWithDiagonal) {
@@ -552,7 +554,7 @@ __device__ __forceinline__ void decay_col_block(const float (&x)[8][4], const fl
       const int nt = 2 * ib + h2, i = nt * 8 + 2 * t4;
       const float2 gi = *reinterpret_cast<const float2*>(s_gamma + i);
       if (ib > kRow) {
-        const float c0 = ex2((gi.x - ref) * kLog2e), c1 = ex2((gi.y - ref) * kLog2e);
+        const float c0 = ex2(gi.x - ref), c1 = ex2(gi.y - ref);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int j = kRow * 16 + g + 8 * hf;
@@ -564,8 +566,8 @@ __device__ __forceinline__ void decay_col_block(const float (&x)[8][4], const fl
         for (int hf = 0; hf < 2; ++hf) {
           const int j = kRow * 16 + g + 8 * hf;
           const float gj = s_gamma[j], kj = s_rk[j];
-          const float x0 = kj * ex2((gi.x - gj) * kLog2e) * x[nt][2 * hf];
-          const float x1 = kj * ex2((gi.y - gj) * kLog2e) * x[nt][2 * hf + 1];
+          const float x0 = kj * ex2(gi.x - gj) * x[nt][2 * hf];
+          const float x1 = kj * ex2(gi.y - gj) * x[nt][2 * hf + 1];
           store_pair(j, i, i >= j ? x0 : 0.f, i + 1 >= j ? x1 : 0.f);
         }
       }
@@ -1055,9 +1057,9 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
       });
       if (tid < 64 && tid < rows) {
         const float gi = s_gamma[tid], g_last = s_gamma[63];
-        const float eg = __expf(gi);
-        const float4 sc = make_float4(s_rq[tid] * eg, s_rk[tid] * eg,
-                                      s_rk[tid] * __expf(g_last - gi), __expf(g_last));
+        const float eg = ex2(gi);
+        const float4 sc =
+            make_float4(s_rq[tid] * eg, s_rk[tid] * eg, s_rk[tid] * ex2(g_last - gi), ex2(g_last));
         static_cast<float4*>(p.ws_scales)[ws_row0 + i64(tid) * hv_count + hv] = sc;
         if constexpr (kStateP) {
           static_cast<float4*>(p.ws_p)[ws_row0 + i64(tid) * hv_count + hv] =

@@ -273,8 +273,9 @@ __device__ __forceinline__ float ex2(float x) {
 /// P_ij = s rq_i rk_j (Q K^T)_ij 2^(x_i - x_j) for i >= j, with x = gamma log2(e) (the gamma
 /// scan is non-increasing, so 2^(x_i - x_j) <= 1 and no factor can overflow, whatever the
 /// gates); {x_i, s rq_i (the output scale included), rk_i, 0}.
-__device__ __forceinline__ float4 gdn_prefill_p_factors(float gamma, float scaled_rq, float rk) {
-  return make_float4(gamma * kLog2e, scaled_rq, rk, 0.f);
+__device__ __forceinline__ float4 gdn_prefill_p_factors(float gamma_log2, float scaled_rq,
+                                                        float rk) {
+  return make_float4(gamma_log2, scaled_rq, rk, 0.f);
 }
 
 }  // namespace gdn_prefill_detail

@@ -335,9 +335,9 @@ struct WsChunkRole {
       // so their scales are finite).
       if (ctid < 64) {
         const float gi = s_gamma[ctid], g_last = s_gamma[63];
-        const float eg = __expf(gi);
+        const float eg = ex2(gi);
         reinterpret_cast<float4*>(base + kS.sc0)[ctid] =
-            make_float4(eg, s_rk[ctid] * eg, s_rk[ctid] * __expf(g_last - gi), __expf(g_last));
+            make_float4(eg, s_rk[ctid] * eg, s_rk[ctid] * ex2(g_last - gi), ex2(g_last));
       }
       tp = prof.add(kWsProfChunkDecay, tp);
       // A's tile is free once the state warpgroups' inverse of the previous chunk is done.
