@@ -59,7 +59,7 @@ def main():
     weight, bias = randn(D, W, scale=0.5), randn(D)
     a_log, dt_bias = randn(HV, dtype=torch.float32, scale=0.5), randn(HV)
     print(f"fused decode step: H={H} HV={HV} K=V={K} W={W} D={D}, bf16 mixed_qkv and conv pool, "
-          "f32 state; median GPU us (CUDA events, L2 flushed)")
+          "f32 state; median GPU us (gpu_timer.py: events around GPU work only, L2 flushed)")
     print(f"{'B':>5} | {'kjit fused':>10} | {'kjit conv + decode':>18} | {'vLLM conv + decode':>18}"
           f" | {'vLLM / fused':>12}")
     rows = []
