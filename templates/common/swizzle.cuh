@@ -22,6 +22,14 @@ __device__ __forceinline__ int offset(int row, int chunk) {
   return (chunk >> 3) * int(kSlice) + row * 128 + (((chunk ^ row) & 7) << 4);
 }
 
+/// offset(row, chunk) in the first slice (chunk < 8) where the caller knows row % 8 as `phase`
+/// apart from row (a lane's g) and chunk is a constant once unrolled: the XOR is then one
+/// instruction on a value the caller already holds, where offset() rebuilds it from row (the ws
+/// kernel's decay pass: ~6 instructions a store, 5% of the call, docs/performance.md).
+__device__ __forceinline__ u32 offset_first_slice(int row, int chunk, int phase) {
+  return u32(row) * 128u + ((u32(chunk) << 4) ^ (u32(phase) << 4));
+}
+
 /// The start of K-major k-step ks (columns 16 ks .. 16 ks + 15) of the tile at shared address
 /// `tile`, for its wgmma descriptor: 32 bytes into the row's 128-byte line, in slice ks / 4.
 __device__ __forceinline__ u32 k_step(u32 tile, int ks) {

@@ -319,14 +319,12 @@ struct WsChunkRole {
           constexpr int kW = decltype(warp_index)::value;
           decay_col_block<kW>(
               acc_p, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int j, int i, float x0, float x1) {
-                // Row j = 16 kW + g + 8 hf (row % 8 = g), column i = 8 nt + 2 t4: the swizzled
-                // chunk nt ^ g; nt, hf and kW are constants once unrolled. sw128_element rebuilt
-                // the whole offset per store (~6 instructions; 5% of the call,
-                // docs/performance.md). The lane is read anew here, as at the loop's top, so that g
-                // and t4 are not carried across the chunk's products (the measured form).
+                // Row j = 16 kW + g + 8 hf (row % 8 = g), column i = 8 nt + 2 t4 in chunk nt
+                // (sw128::offset_first_slice). The lane is read anew here, as at the loop's top,
+                // so that g and t4 are not carried across the chunk's products (the measured
+                // form).
                 const int sl = opaque(ctid & 31);
-                const u32 off =
-                    u32(j) * 128u + ((u32(i >> 3) << 4) ^ (u32(sl >> 2) << 4)) + u32(sl & 3) * 4u;
+                const u32 off = sw128::offset_first_slice(j, i >> 3, sl >> 2) + u32(sl & 3) * 4u;
                 *reinterpret_cast<u32*>(pt_tile + off) = mma::pack_bf16(x0, x1);
               });
           decay_row_block<kW, 0, true>(
