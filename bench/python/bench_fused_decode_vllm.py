@@ -86,10 +86,12 @@ def main():
         # kjit, two kernels.
         conv_t, state_t = pools()
         out_t = torch.empty(batch, HV, V, device="cuda", dtype=torch.bfloat16)
+        qkv_t = torch.empty_like(x)  # (preallocated, as vLLM's path below)
 
         def two():
-            qkv = kjit.causal_conv1d_update(x, weight, conv_t, idx, bias=bias, activation="silu")
-            kjit.gdn_decode(qkv, a, b, a_log, dt_bias, state_t, idx, out=out_t, scale=scale)
+            kjit.causal_conv1d_update(x, weight, conv_t, idx, bias=bias, activation="silu",
+                                      out=qkv_t)
+            kjit.gdn_decode(qkv_t, a, b, a_log, dt_bias, state_t, idx, out=out_t, scale=scale)
 
         fused()
         two()
