@@ -57,7 +57,17 @@ __device__ __forceinline__ float fast_log_decay(float a, float a_log, float dt_b
 }
 
 /// 1 / sqrt(sum_sq + 1e-6): the L2-norm factor with eps inside the root (fla, vLLM, SGLang).
-__device__ __forceinline__ float l2_inv_norm(float sum_sq) { return rsqrtf(sum_sq + 1e-6f); }
+/// The hardware approximation without rsqrtf's denormal guard (a compare and two predicated
+/// multiplies): the argument is at least 1e-6, never denormal, so the results are the same.
+__device__ __forceinline__ float l2_inv_norm(float sum_sq) {
+#if defined(__CUDA_ARCH__) && !defined(KJIT_EMULATED_PTX)  // (the CPU emulation: rsqrtf)
+  float y;
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(sum_sq + 1e-6f));
+  return y;
+#else
+  return rsqrtf(sum_sq + 1e-6f);
+#endif
+}
 
 /// Sum over aligned groups of kWidth lanes (a power of two <= 32); every lane of the group gets
 /// the total. All 32 lanes of the warp must call it.

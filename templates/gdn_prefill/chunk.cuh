@@ -538,7 +538,8 @@ __device__ __forceinline__ void store_row_block(const float (&x)[8][4], int g, i
 /// (j, i) = e^(gamma_i - gamma_j) rk_j X_ji for i >= j. The blocks i > j split the decay as
 /// decay_row_block does, e^(gamma_i - gamma_ref) e^(gamma_ref - gamma_j) with gamma_ref of block
 /// kRow, both factors <= 1; the diagonal block takes one exponential per element (masked by
-/// selects); the blocks left of it (i < j) are zero and not written (nothing else writes them).
+/// selects); the blocks left of it (i < j) and the diagonal block's lower-left 8 x 8 quarter are
+/// zero and not written (nothing else writes them).
 /// Warp w thus does 3 - w off-diagonal blocks here and w in A's row block w: balanced. Without
 /// rq_i: the caller scales O's columns by it instead.
 template <int kRow, typename StorePair>
@@ -564,6 +565,9 @@ __device__ __forceinline__ void decay_col_block(const float (&x)[8][4], const fl
       } else {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
+          // Rows 8.. of the diagonal block and its columns ..7 lie wholly below the diagonal: zero,
+          // written once by the caller like the blocks left of it.
+          if (h2 == 0 && hf == 1) continue;
           const int j = kRow * 16 + g + 8 * hf;
           const float gj = s_gamma[j], kj = s_rk[j];
           const float x0 = kj * ex2(gi.x - gj) * x[nt][2 * hf];

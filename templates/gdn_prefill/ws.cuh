@@ -145,15 +145,18 @@ struct WsChunkRole {
     // t_ready[c & 1]: the state warpgroups' inverse of chunk c is done (T' in, A's tile read).
     u64* const t_ready = reinterpret_cast<u64*>(smem + kWsSmem.t_ready);
 
-    // The blocks of T' above its diagonal blocks and those of P^T left of them are zero in both
-    // slots (nothing else writes them; the first chunk_ready arrival publishes them).
+    // The blocks of T' above its diagonal blocks and those of P^T left of them, with the lower-left
+    // quarter of P^T's diagonal blocks, are zero in both slots (nothing else writes them; the
+    // first chunk_ready arrival publishes them).
     for (int slot = 0; slot < 2; ++slot) {
       unsigned char* const t_tile = smem + kS.t0 + slot * kWsSmem.tp_stride;
       unsigned char* const pt_tile = smem + kS.p + slot * kWsSmem.tp_stride;
       for (int e = ctid; e < 64 * 64; e += kGdnPrefillThreads) {
         const int r = e >> 6, c = e & 63;
         if ((c >> 4) > (r >> 4)) *sw128_element(t_tile, r, c) = __float2bfloat16_rn(0.f);
-        if ((c >> 4) < (r >> 4)) *sw128_element(pt_tile, r, c) = __float2bfloat16_rn(0.f);
+        if ((c >> 4) < (r >> 4) || ((c >> 4) == (r >> 4) && (r & 15) >= 8 && (c & 15) < 8)) {
+          *sw128_element(pt_tile, r, c) = __float2bfloat16_rn(0.f);
+        }
       }
     }
     const i64 bos = w.bos, eos = w.eos;
