@@ -542,8 +542,12 @@ __device__ __forceinline__ void store_row_block(const float (&x)[8][4], int g, i
 /// zero and not written (nothing else writes them).
 /// Warp w thus does 3 - w off-diagonal blocks here and w in A's row block w: balanced. Without
 /// rq_i: the caller scales O's columns by it instead.
+/// Every value is computed (into x, which the caller no longer needs) before the first
+/// store_pair: a store into shared memory may alias s_gamma, s_cf and s_rk for the compiler, so
+/// interleaved it reloaded them after each store and chained every pair's loads, exponentials
+/// and store one after another (docs/performance.md, "The decay pass's loads behind its stores").
 template <int kRow, typename StorePair>
-__device__ __forceinline__ void decay_col_block(const float (&x)[8][4], const float* s_gamma,
+__device__ __forceinline__ void decay_col_block(float (&x)[8][4], const float* s_gamma,
                                                 const float* s_ref, const float* s_cf,
                                                 const float* s_rk, int g, int t4,
                                                 StorePair&& store_pair) {
@@ -558,9 +562,9 @@ __device__ __forceinline__ void decay_col_block(const float (&x)[8][4], const fl
         const float c0 = ex2(gi.x - ref), c1 = ex2(gi.y - ref);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          const int j = kRow * 16 + g + 8 * hf;
-          const float cf = s_cf[j];
-          store_pair(j, i, cf * c0 * x[nt][2 * hf], cf * c1 * x[nt][2 * hf + 1]);
+          const float cf = s_cf[kRow * 16 + g + 8 * hf];
+          x[nt][2 * hf] *= cf * c0;
+          x[nt][2 * hf + 1] *= cf * c1;
         }
       } else {
 #pragma unroll
@@ -572,9 +576,18 @@ __device__ __forceinline__ void decay_col_block(const float (&x)[8][4], const fl
           const float gj = s_gamma[j], kj = s_rk[j];
           const float x0 = kj * ex2(gi.x - gj) * x[nt][2 * hf];
           const float x1 = kj * ex2(gi.y - gj) * x[nt][2 * hf + 1];
-          store_pair(j, i, i >= j ? x0 : 0.f, i + 1 >= j ? x1 : 0.f);
+          x[nt][2 * hf] = i >= j ? x0 : 0.f;
+          x[nt][2 * hf + 1] = i + 1 >= j ? x1 : 0.f;
         }
       }
+    }
+  }
+#pragma unroll
+  for (int nt = 2 * kRow; nt < 8; ++nt) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      if (nt == 2 * kRow && hf == 1) continue;  // (the zero quarter, above)
+      store_pair(kRow * 16 + g + 8 * hf, nt * 8 + 2 * t4, x[nt][2 * hf], x[nt][2 * hf + 1]);
     }
   }
 }
