@@ -518,18 +518,28 @@ __device__ __forceinline__ void decay_row_block(float (&x)[8][4], const float* s
   }
 }
 
-/// Stores what decay_row_block<kRow, 0, true> left in x: the blocks left of and on the diagonal
-/// block of row block kRow, through store_pair(i, j, x_j, x_j+1, off_diagonal).
-template <int kRow, typename StorePair>
+/// Stores what decay_row_block<kRow, kWithDiagonal, true> left in x: the blocks left of and on
+/// the diagonal block of row block kRow (kAll: the zero blocks right of it too), through
+/// store_pair(i, j, x_j, x_j+1, off_diagonal).
+template <int kRow, bool kAll = false, typename StorePair>
 __device__ __forceinline__ void store_row_block(const float (&x)[8][4], int g, int t4,
                                                 StorePair&& store_pair) {
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
 #pragma unroll
-    for (int nt = 0; nt < 2 * kRow + 2; ++nt) {
+    for (int nt = 0; nt < (kAll ? 8 : 2 * kRow + 2); ++nt) {
       store_pair(kRow * 16 + g + 8 * hf, nt * 8 + 2 * t4, x[nt][2 * hf], x[nt][2 * hf + 1],
                  nt < 2 * kRow);
     }
+  }
+}
+
+/// y = x, element by element (the compiler keeps only the elements read later).
+__device__ __forceinline__ void copy_acc(float (&y)[8][4], const float (&x)[8][4]) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) y[nt][e] = x[nt][e];
   }
 }
 
@@ -1059,17 +1069,26 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
       // index (rg = warp, rp = 3 - warp as constants).
       per_warp_index(warp, [&](auto warp_index) {
         constexpr int kW = decltype(warp_index)::value;
-        decay_row_block<kW, 0>(
-            acc_g, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int i) { return s_beta[i] * s_rk[i]; },
-            [&](int i, int j, float x0, float x1, bool off_diagonal) {
-              store_a_pair<inverse_f16(kL2Norm, kGated)>(s_a, i, j, x0, x1, off_diagonal);
-            });
+        // Into a copy (the products serve every value head of the group), every value before the
+        // first store: interleaved, the stores (which may alias the gates and factors for the
+        // compiler) chained each pair's loads behind the previous store (docs/performance.md,
+        // "The decay pass's loads behind its stores").
+        float y[8][4];
+        copy_acc(y, acc_g);
+        decay_row_block<kW, 0, true>(
+            y, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int i) { return s_beta[i] * s_rk[i]; },
+            [](int, int, float, float, bool) {});
+        store_row_block<kW>(y, g, t4, [&](int i, int j, float x0, float x1, bool off_diagonal) {
+          store_a_pair<inverse_f16(kL2Norm, kGated)>(s_a, i, j, x0, x1, off_diagonal);
+        });
         if constexpr (!kStateP) {
-          decay_row_block<3 - kW, 1>(
-              acc_p, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int i) { return s_rq[i]; },
-              [&](int i, int j, float x0, float x1, bool) {
-                *reinterpret_cast<u32*>(s_p + i * kLd + j) = mma::pack_bf16(x0, x1);
-              });
+          copy_acc(y, acc_p);
+          decay_row_block<3 - kW, 1, true>(
+              y, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int i) { return s_rq[i]; },
+              [](int, int, float, float, bool) {});
+          store_row_block<3 - kW, true>(y, g, t4, [&](int i, int j, float x0, float x1, bool) {
+            *reinterpret_cast<u32*>(s_p + i * kLd + j) = mma::pack_bf16(x0, x1);
+          });
         }
       });
       if (tid < 64 && tid < rows) {
