@@ -57,9 +57,13 @@ __device__ __forceinline__ float fast_log_decay(float a, float a_log, float dt_b
 }
 
 /// 1 / sqrt(sum_sq + 1e-6): the L2-norm factor with eps inside the root (fla, vLLM, SGLang).
-/// The hardware approximation without rsqrtf's denormal guard (a compare and two predicated
-/// multiplies): the argument is at least 1e-6, never denormal, so the results are the same.
-__device__ __forceinline__ float l2_inv_norm(float sum_sq) {
+__device__ __forceinline__ float l2_inv_norm(float sum_sq) { return rsqrtf(sum_sq + 1e-6f); }
+
+/// l2_inv_norm by the hardware approximation without rsqrtf's denormal guard (a compare and two
+/// predicated multiplies): the argument is at least 1e-6, never denormal, so the results are the
+/// same. The prefill kernels' form (measured there, docs/performance.md "The decay pass's loads
+/// behind its stores"); the decode kernels keep l2_inv_norm.
+__device__ __forceinline__ float l2_inv_norm_unguarded(float sum_sq) {
 #if defined(__CUDA_ARCH__) && !defined(KJIT_EMULATED_PTX)  // (the CPU emulation: rsqrtf)
   float y;
   asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(sum_sq + 1e-6f));

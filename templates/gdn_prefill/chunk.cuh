@@ -338,9 +338,10 @@ __device__ __forceinline__ void store_inverse_norms(const float (&acc_g)[8][4],
   if (t4 == 0) {
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      s_rk[16 * k_block + g + 8 * hf] = kL2Norm ? gdn::l2_inv_norm(dk[hf]) : 1.f;
+      s_rk[16 * k_block + g + 8 * hf] = kL2Norm ? gdn::l2_inv_norm_unguarded(dk[hf]) : 1.f;
       if constexpr (kWithQ) {
-        s_rq[16 * q_block + g + 8 * hf] = scale * (kL2Norm ? gdn::l2_inv_norm(dq[hf]) : 1.f);
+        s_rq[16 * q_block + g + 8 * hf] =
+            scale * (kL2Norm ? gdn::l2_inv_norm_unguarded(dq[hf]) : 1.f);
       }
     }
   }

@@ -437,8 +437,8 @@ __global__ void __launch_bounds__(kGdnPrefillThreads) gdn_prefill_kernel(const G
             sq = fmaf(xq[e], xq[e], sq);
             sk = fmaf(xk[e], xk[e], sk);
           }
-          const float iq = gdn::l2_inv_norm(gdn::group_sum<32>(sq));
-          const float ik = gdn::l2_inv_norm(gdn::group_sum<32>(sk));
+          const float iq = gdn::l2_inv_norm_unguarded(gdn::group_sum<32>(sq));
+          const float ik = gdn::l2_inv_norm_unguarded(gdn::group_sum<32>(sk));
 #pragma unroll
           for (int e = 0; e < kPerLane; ++e) {
             xq[e] *= iq;

@@ -272,7 +272,7 @@ struct WsChunkRole {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const float d = mma::gram_diagonal(qq, hf, g, t4);
-          if (t4 == 0) s_rq[16 * warp + g + 8 * hf] = p.scale * gdn::l2_inv_norm(d);
+          if (t4 == 0) s_rq[16 * warp + g + 8 * hf] = p.scale * gdn::l2_inv_norm_unguarded(d);
         }
       }
       tp = prof.add(kWsProfChunkQNorms, tp);
