@@ -465,26 +465,21 @@ struct ChunkGates {
 /// f_i e^(gamma_i - gamma_j) X_ij with f_i = row_factor(i); below the diagonal block the decay is
 /// a row factor times the column factor s_cf, the diagonal block takes one exponential per
 /// element (masked by selects: the upper part's exponentials may overflow and are discarded).
-/// store_pair(i, j, x_j, x_j+1, off_diagonal) writes two columns (off_diagonal: left of the
-/// diagonal block, for store_a_pair). kWithDiagonal = 0 (A): strictly lower, the
-/// upper blocks left alone (the parked T blocks live there); 1 (P): the diagonal included and the
-/// upper blocks zero-filled. kRow is a constant, so which blocks are off-diagonal, diagonal or
-/// zero is known at compile time (13% of this pass's instructions were branches when it was not).
-/// kInPlace: the values go back into x instead (store_pair unused), to be stored later by
-/// store_row_block (the warp-specialized kernel computes A before A's tile is free).
-template <int kRow, int kWithDiagonal, bool kInPlace = false, typename RowFactor,
-          typename StorePair>
+/// kWithDiagonal = 0 (A): strictly lower, the upper blocks left alone (the parked T blocks live
+/// there); 1 (P): the diagonal included and the upper blocks zero. kRow is a constant, so which
+/// blocks are off-diagonal, diagonal or zero is known at compile time (13% of this pass's
+/// instructions were branches when it was not). The values go back into x, stored afterwards by
+/// store_row_block: stores between the loads chained each pair's loads behind the previous
+/// store (docs/performance.md, "The decay pass's loads behind its stores"), and the
+/// warp-specialized kernel computes A before A's tile is free.
+template <int kRow, int kWithDiagonal, typename RowFactor>
 __device__ __forceinline__ void decay_row_block(float (&x)[8][4], const float* s_gamma,
                                                 const float* s_ref, const float* s_cf,
                                                 const float* s_rk, int g, int t4,
-                                                RowFactor&& row_factor, StorePair&& store_pair) {
-  const auto put = [&](int nt, int hf, int i, int j, float x0, float x1) {
-    if constexpr (kInPlace) {
-      x[nt][2 * hf] = x0;
-      x[nt][2 * hf + 1] = x1;
-    } else {
-      store_pair(i, j, x0, x1, nt < 2 * kRow);
-    }
+                                                RowFactor&& row_factor) {
+  const auto put = [&](int nt, int hf, float x0, float x1) {
+    x[nt][2 * hf] = x0;
+    x[nt][2 * hf + 1] = x1;
   };
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
@@ -498,7 +493,7 @@ __device__ __forceinline__ void decay_row_block(float (&x)[8][4], const float* s
         for (int h2 = 0; h2 < 2; ++h2) {
           const int nt = 2 * jb + h2, j = nt * 8 + 2 * t4;
           const float2 cf = *reinterpret_cast<const float2*>(s_cf + j);
-          put(nt, hf, i, j, rf * cf.x * x[nt][2 * hf], rf * cf.y * x[nt][2 * hf + 1]);
+          put(nt, hf, rf * cf.x * x[nt][2 * hf], rf * cf.y * x[nt][2 * hf + 1]);
         }
       } else if (jb == kRow) {
 #pragma unroll
@@ -508,18 +503,17 @@ __device__ __forceinline__ void decay_row_block(float (&x)[8][4], const float* s
           const float2 kj = *reinterpret_cast<const float2*>(s_rk + j);
           const float x0 = fi * kj.x * ex2(gi - gj.x) * x[nt][2 * hf];
           const float x1 = fi * kj.y * ex2(gi - gj.y) * x[nt][2 * hf + 1];
-          put(nt, hf, i, j, i + kWithDiagonal > j ? x0 : 0.f, i + kWithDiagonal > j + 1 ? x1 : 0.f);
+          put(nt, hf, i + kWithDiagonal > j ? x0 : 0.f, i + kWithDiagonal > j + 1 ? x1 : 0.f);
         }
       } else if (kWithDiagonal) {
 #pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2)
-          put(2 * jb + h2, hf, i, (2 * jb + h2) * 8 + 2 * t4, 0.f, 0.f);
+        for (int h2 = 0; h2 < 2; ++h2) put(2 * jb + h2, hf, 0.f, 0.f);
       }
     }
   }
 }
 
-/// Stores what decay_row_block<kRow, kWithDiagonal, true> left in x: the blocks left of and on
+/// Stores what decay_row_block<kRow, kWithDiagonal> left in x: the blocks left of and on
 /// the diagonal block of row block kRow (kAll: the zero blocks right of it too), through
 /// store_pair(i, j, x_j, x_j+1, off_diagonal).
 template <int kRow, bool kAll = false, typename StorePair>
@@ -1070,23 +1064,18 @@ __global__ void __launch_bounds__(kGdnPrefillThreads, 3)
       // index (rg = warp, rp = 3 - warp as constants).
       per_warp_index(warp, [&](auto warp_index) {
         constexpr int kW = decltype(warp_index)::value;
-        // Into a copy (the products serve every value head of the group), every value before the
-        // first store: interleaved, the stores (which may alias the gates and factors for the
-        // compiler) chained each pair's loads behind the previous store (docs/performance.md,
-        // "The decay pass's loads behind its stores").
+        // Into a copy: the products serve every value head of the group.
         float y[8][4];
         copy_acc(y, acc_g);
-        decay_row_block<kW, 0, true>(
-            y, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int i) { return s_beta[i] * s_rk[i]; },
-            [](int, int, float, float, bool) {});
+        decay_row_block<kW, 0>(y, s_gamma, s_ref, s_cf, s_rk, g, t4,
+                               [&](int i) { return s_beta[i] * s_rk[i]; });
         store_row_block<kW>(y, g, t4, [&](int i, int j, float x0, float x1, bool off_diagonal) {
           store_a_pair<inverse_f16(kL2Norm, kGated)>(s_a, i, j, x0, x1, off_diagonal);
         });
         if constexpr (!kStateP) {
           copy_acc(y, acc_p);
-          decay_row_block<3 - kW, 1, true>(
-              y, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int i) { return s_rq[i]; },
-              [](int, int, float, float, bool) {});
+          decay_row_block<3 - kW, 1>(y, s_gamma, s_ref, s_cf, s_rk, g, t4,
+                                     [&](int i) { return s_rq[i]; });
           store_row_block<3 - kW, true>(y, g, t4, [&](int i, int j, float x0, float x1, bool) {
             *reinterpret_cast<u32*>(s_p + i * kLd + j) = mma::pack_bf16(x0, x1);
           });

@@ -330,9 +330,8 @@ struct WsChunkRole {
                 const u32 off = sw128::offset_first_slice(j, i >> 3, sl >> 2) + u32(sl & 3) * 4u;
                 *reinterpret_cast<u32*>(pt_tile + off) = mma::pack_bf16(x0, x1);
               });
-          decay_row_block<kW, 0, true>(
-              acc_g, s_gamma, s_ref, s_cf, s_rk, g, t4, [&](int i) { return s_beta[i] * s_rk[i]; },
-              [](int, int, float, float, bool) {});
+          decay_row_block<kW, 0>(acc_g, s_gamma, s_ref, s_cf, s_rk, g, t4,
+                                 [&](int i) { return s_beta[i] * s_rk[i]; });
         });
       }
       // The chunk's scales into the stage: every row (rows past the end have zero q, k and gates,
