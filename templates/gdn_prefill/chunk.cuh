@@ -538,6 +538,13 @@ __device__ __forceinline__ void copy_acc(float (&y)[8][4], const float (&x)[8][4
   }
 }
 
+/// Whether element (row, col) of a 16 x 16 diagonal block of P^T lies in its lower-left 8 x 8
+/// quarter, wholly below the diagonal: zero, written once by the warp-specialized kernel with the
+/// blocks left of it and never by decay_col_block.
+__device__ __forceinline__ constexpr bool pt_zero_quarter(int row_in_block, int col_in_block) {
+  return row_in_block >= 8 && col_in_block < 8;
+}
+
 /// Step 4 for P transposed, row block kRow of X = K Q^T (the warp-specialized kernel's chunk
 /// warpgroup, where wgmma gives warp w K's block row w and q's rows stay in order): element
 /// (j, i) = e^(gamma_i - gamma_j) rk_j X_ji for i >= j. The blocks i > j split the decay as
@@ -574,9 +581,7 @@ __device__ __forceinline__ void decay_col_block(float (&x)[8][4], const float* s
       } else {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          // Rows 8.. of the diagonal block and its columns ..7 lie wholly below the diagonal: zero,
-          // written once by the caller like the blocks left of it.
-          if (h2 == 0 && hf == 1) continue;
+          if (pt_zero_quarter(8 * hf, 8 * h2)) continue;
           const int j = kRow * 16 + g + 8 * hf;
           const float gj = s_gamma[j], kj = s_rk[j];
           const float x0 = kj * ex2(gi.x - gj) * x[nt][2 * hf];
@@ -591,7 +596,7 @@ __device__ __forceinline__ void decay_col_block(float (&x)[8][4], const float* s
   for (int nt = 2 * kRow; nt < 8; ++nt) {
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      if (nt == 2 * kRow && hf == 1) continue;  // (the zero quarter, above)
+      if (pt_zero_quarter(8 * hf, 8 * (nt - 2 * kRow))) continue;  // (past the diagonal block: no)
       store_pair(kRow * 16 + g + 8 * hf, nt * 8 + 2 * t4, x[nt][2 * hf], x[nt][2 * hf + 1]);
     }
   }

@@ -154,7 +154,7 @@ struct WsChunkRole {
       for (int e = ctid; e < 64 * 64; e += kGdnPrefillThreads) {
         const int r = e >> 6, c = e & 63;
         if ((c >> 4) > (r >> 4)) *sw128_element(t_tile, r, c) = __float2bfloat16_rn(0.f);
-        if ((c >> 4) < (r >> 4) || ((c >> 4) == (r >> 4) && (r & 15) >= 8 && (c & 15) < 8)) {
+        if ((c >> 4) < (r >> 4) || ((c >> 4) == (r >> 4) && pt_zero_quarter(r & 15, c & 15))) {
           *sw128_element(pt_tile, r, c) = __float2bfloat16_rn(0.f);
         }
       }
