@@ -399,10 +399,9 @@ void prefer_wgmma(const Problem& pr, const DeviceLimits& device, Decision& choic
 // slower. The thresholds sit between those points: below 40 GB/s per SM where HV = H, below 30
 // where HV > H; (sequence, value head) pairs filling at least 7/8 of the SMs, 48 or more chunks
 // per SM in all, and at most kGdnPrefillRankInStateMaxSeqs sequences (the blocks rank them
-// longest first; the measured calls all did). After the decay pass's store addresses and log2
-// gamma (twenty-third session, H200) the ws kernel at HV = 2H is within 1% of the two kernels
-// (128k/32 2166-2174 against 2192 us, 32k/32 580-582 against 584) and 12% slower at 8k in 4
-// sequences: too close to move the threshold, so it stays.
+// longest first; the measured calls all did). With the kernel's later cuts, at HV = 2H on the
+// H200 it measured within 1% of the two kernels (128k/32 2166-2174 against 2192 us, 32k/32
+// 580-582 against 584) and 12% slower at 8k in 4 sequences: too close to move the threshold.
 constexpr std::int64_t kWsMaxBytesPerSmSecond = 40'000'000'000;
 constexpr std::int64_t kWsMaxBytesPerSmSecondShared = 30'000'000'000;
 constexpr std::int64_t kWsMinChunksPerSm = 48;
