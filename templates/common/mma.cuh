@@ -154,14 +154,23 @@ __device__ __forceinline__ void load_a_sw128(u32 (&a)[4], u32 tile, int row0, in
 /// The 16 x 16 diagonal block of X X^T for rows row0 .. row0 + 15 of a 128-byte-swizzled bf16
 /// tile at shared address `tile`, kKSteps k-steps of 16 columns, added into `acc`: X's A fragment
 /// is also its B fragment (n-tile 0: columns row0 .. row0 + 7, n-tile 1: row0 + 8 .. row0 + 15).
+/// Odd k-steps go into a second accumulator, added at the end: two chains of kKSteps / 2
+/// dependent mma each instead of one of kKSteps (the chunk warpgroup waits them out alone).
 template <int kKSteps>
 __device__ __forceinline__ void gram_diagonal_block_sw128(float (&acc)[2][4], u32 tile, int row0) {
+  float odd[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) {
     u32 a[4];
     load_a_sw128(a, tile, row0, 16 * ks);
-    mma_bf16(acc[0], a, a[0], a[2]);
-    mma_bf16(acc[1], a, a[1], a[3]);
+    float(&c)[2][4] = ks % 2 == 0 ? acc : odd;
+    mma_bf16(c[0], a, a[0], a[2]);
+    mma_bf16(c[1], a, a[1], a[3]);
+  }
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[n][e] += odd[n][e];
   }
 }
 
