@@ -237,6 +237,27 @@ struct WsChunkRole {
       full_phase ^= 1u << st;
       wgmma::fence_shared_writes();  // the landed copies, before wgmma reads them
       tp = prof.add(kWsProfChunkFull, tp);
+      if constexpr (kL2Norm && !kGdnWsStateAlone) {
+        // q's norms of the warp's 16 rows for the state warpgroups' O (the stage's copy, published
+        // by chunk_ready): the diagonal blocks of Q Q^T on mma.sync. Here, not on the state
+        // warpgroup going first, since the gate loads stopped waiting (ChunkGates::load_rows):
+        // this warpgroup then waited on `empty` while the state warpgroups paced the call. And
+        // before that wait, not after the fill: the mma.sync wait for the tensor pipe, which the
+        // state warpgroups' wgmma keep busy, then overlaps the wait for the state warpgroups
+        // (3.3% off the call at 128k/16; docs/performance.md, "q's norms before the wait for
+        // empty"). The stage's copy is free: chunk c - 3 read it before the `empty` arrival that
+        // this warpgroup waited for before filling the stage with chunk c.
+        float qq[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        mma::gram_diagonal_block_sw128<kKSteps>(qq, mma::smem_addr(smem + st * kStage + kS.q),
+                                                16 * warp);
+        float* const s_rq = reinterpret_cast<float*>(smem + kWsSmem.rq) + st * 64;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const float d = mma::gram_diagonal(qq, hf, g, t4);
+          if (t4 == 0) s_rq[16 * warp + g + 8 * hf] = p.scale * gdn::l2_inv_norm_unguarded(d);
+        }
+      }
+      tp = prof.add(kWsProfChunkQNorms, tp);
       // The next chunk's rows into the next stage, once every state warp has released it (it
       // held chunk c - 2; the state warpgroups are on chunk c - 1 by now).
       const i64 tn = t0 + kGdnPrefillChunk;
@@ -261,21 +282,6 @@ struct WsChunkRole {
         continue;
       }
 
-      if constexpr (kL2Norm) {
-        // q's norms of the warp's 16 rows for the state warpgroups' O (the stage's copy, published
-        // by chunk_ready): the diagonal blocks of Q Q^T on mma.sync. Here, not on the state
-        // warpgroup going first, since the gate loads stopped waiting (ChunkGates::load_rows):
-        // this warpgroup then waited on `empty` while the state warpgroups paced the call.
-        float qq[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        mma::gram_diagonal_block_sw128<kKSteps>(qq, mma::smem_addr(base + kS.q), 16 * warp);
-        float* const s_rq = reinterpret_cast<float*>(smem + kWsSmem.rq) + st * 64;
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const float d = mma::gram_diagonal(qq, hf, g, t4);
-          if (t4 == 0) s_rq[16 * warp + g + 8 * hf] = p.scale * gdn::l2_inv_norm_unguarded(d);
-        }
-      }
-      tp = prof.add(kWsProfChunkQNorms, tp);
       // 1. G = K K^T and P's raw transpose K Q^T on wgmma (warp w holds block row w of both).
       // (K Q^T issued after the A pass instead, so that the two accumulators are never live at
       // once, spilled as much at 120 registers: 264 / 288 bytes against 244 / 288.)
