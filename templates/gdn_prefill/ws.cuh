@@ -285,7 +285,7 @@ struct WsChunkRole {
       // 1. G = K K^T and P's raw transpose K Q^T on wgmma (warp w holds block row w of both).
       // (K Q^T issued after the A pass instead, so that the two accumulators are never live at
       // once, spilled as much at 120 registers: 264 / 288 bytes against 244 / 288.)
-      // (acc_qq stays unused: q's norms are the state warpgroups'.)
+      // (acc_qq stays unused: q's norms are formed before the wait for empty, above.)
       float acc_g[8][4], acc_p[8][4], acc_qq[2][4];
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
