@@ -7,7 +7,8 @@
 # Needs .deps carried (scripts/fetch_deps.sh) and the anchor library.
 # Knobs: KJIT_NCU_SHAPE (H/HV/SEQSxLEN, equal lengths; default 16/16/16x8192),
 # KJIT_NCU_ANCHOR_KERNEL (a regex of the anchor's kernel name; default device_kernel, CUTLASS's).
-# The raw metrics, details and per-instruction source pages go to $OUT (ncu_<who>_*.csv).
+# The raw metrics, details and per-instruction source pages go to $OUT (ncu_<who>_*.csv); last, kjit's
+# roles by instruction (scripts/ncu_source_top.py, KJIT_NCU_TOP lines a role).
 # Usage: KJIT_PREFILL_ANCHOR_LIB=$PWD/.anchors/fi/libkjit_fi_prefill.so bash scripts/device_prefill_ncu.sh
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -111,3 +112,5 @@ for name, f in lines:
 for who in whos:
     print(f"stalls {who}: {stalls(who)}")
 PY
+# Where kjit's roles stall, by instruction (the SASS index is kjit inspect --sass's).
+python3 "$root/scripts/ncu_source_top.py" "$out/ncu_kjit_source.csv" "${KJIT_NCU_TOP:-8}"
