@@ -1486,34 +1486,22 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       // (A context-parallel segment from zero or from the identity: no outputs.)
     } else if constexpr (OutIsBf16<Tout>::value) {
       Tout* const o_rows = o_base + (t0 + g) * p.out_stride_t + 2 * t4;
-      if constexpr (kCkpt) {
-        // (With checkpoints the state role spilled more with the pointer below carried across
-        // the tiles: 40 / 56 -> 68 / 100 bytes.)
+      // Without checkpoints the row pointer advances by 8 rows a tile: two adds, where o_rows + 8
+      // nt stride took a multiply and a 64-bit shift-add to bytes per tile. With them the state
+      // role spilled more with that pointer carried across the tiles (40 / 56 -> 68 / 100 bytes),
+      // so each tile's row is computed from o_rows.
+      Tout* orow = o_rows;
+      const i64 tile_step = 8 * p.out_stride_t;
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          const u32 lo = mma::transpose8x8(mma::pack_bf16(acc_o[nt][0], acc_o[nt][1]));
-          const u32 hi = mma::transpose8x8(mma::pack_bf16(acc_o[nt][2], acc_o[nt][3]));
-          if (nt * 8 + g < rows) {
-            u32* const orow = reinterpret_cast<u32*>(o_rows + nt * 8 * p.out_stride_t);
-            orow[0] = lo;
-            orow[4] = hi;
-          }
+      for (int nt = 0; nt < 8; ++nt) {
+        const u32 lo = mma::transpose8x8(mma::pack_bf16(acc_o[nt][0], acc_o[nt][1]));
+        const u32 hi = mma::transpose8x8(mma::pack_bf16(acc_o[nt][2], acc_o[nt][3]));
+        if (nt * 8 + g < rows) {
+          u32* const dst = reinterpret_cast<u32*>(kCkpt ? o_rows + nt * 8 * p.out_stride_t : orow);
+          dst[0] = lo;
+          dst[4] = hi;
         }
-      } else {
-        // The row pointer advances by 8 rows a tile: two adds, where o_rows + 8 nt stride took a
-        // multiply and a 64-bit shift-add to bytes per tile.
-        Tout* orow = o_rows;
-        const i64 tile_step = 8 * p.out_stride_t;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          const u32 lo = mma::transpose8x8(mma::pack_bf16(acc_o[nt][0], acc_o[nt][1]));
-          const u32 hi = mma::transpose8x8(mma::pack_bf16(acc_o[nt][2], acc_o[nt][3]));
-          if (nt * 8 + g < rows) {
-            reinterpret_cast<u32*>(orow)[0] = lo;
-            reinterpret_cast<u32*>(orow)[4] = hi;
-          }
-          orow += tile_step;
-        }
+        if constexpr (!kCkpt) orow += tile_step;
       }
     } else {
 #pragma unroll
