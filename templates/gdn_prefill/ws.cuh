@@ -237,6 +237,7 @@ struct WsChunkRole {
       full_phase ^= 1u << st;
       wgmma::fence_shared_writes();  // the landed copies, before wgmma reads them
       tp = prof.add(kWsProfChunkFull, tp);
+      unsigned char* const base = smem + st * kStage;
       if constexpr (kL2Norm && !kGdnWsStateAlone) {
         // q's norms of the warp's 16 rows for the state warpgroups' O (the stage's copy, published
         // by chunk_ready): the diagonal blocks of Q Q^T on mma.sync. Here, not on the state
@@ -248,8 +249,7 @@ struct WsChunkRole {
         // empty"). The stage's copy is free: chunk c - 3 read it before the `empty` arrival that
         // this warpgroup waited for before filling the stage with chunk c.
         float qq[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        mma::gram_diagonal_block_sw128<kKSteps>(qq, mma::smem_addr(smem + st * kStage + kS.q),
-                                                16 * warp);
+        mma::gram_diagonal_block_sw128<kKSteps>(qq, mma::smem_addr(base + kS.q), 16 * warp);
         float* const s_rq = reinterpret_cast<float*>(smem + kWsSmem.rq) + st * 64;
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
@@ -272,7 +272,6 @@ struct WsChunkRole {
       }
       if (tn < eos) fill(sn, tn);
       tp = prof.add(kWsProfChunkEmpty, tp);
-      unsigned char* const base = smem + st * kStage;
       const u32 slot_off = u32(chunk & 1) * kWsSmem.tp_stride;
       float* const s_rk = s_rk_base + (chunk & 1) * 64;
       if constexpr (kGdnWsStateAlone) {  // measurement only: the state side's pace alone
