@@ -44,19 +44,15 @@ if [ -n "${KJIT_PREFILL_ANCHOR_LIB:-}" ]; then
   run_ncu anchor "regex:${KJIT_NCU_ANCHOR_KERNEL:-device_kernel}" 3 && whos="kjit anchor"
 fi
 
-python3 - "$out" "$shape" $whos <<'PY'
-import collections, csv, re, sys
+KJIT_SCRIPTS="$root/scripts" python3 - "$out" "$shape" $whos <<'PY'
+import csv, os, re, sys
+
+sys.path.insert(0, os.environ["KJIT_SCRIPTS"])
+from ncu_source_top import number, read_source, stall_mix  # the pages, read as the script does
 
 out, shape, whos = sys.argv[1], sys.argv[2], sys.argv[3:]
 heads, value_heads, seqs, length = map(int, re.split(r"[/x]", shape))
 chunks = seqs * value_heads * ((length + 63) // 64)  # (block, chunk) pairs
-
-
-def num(x):
-    try:
-        return float(x.replace(",", ""))
-    except ValueError:
-        return 0.0
 
 
 # Units as ncu prints them in the raw page's second row, to seconds, bytes and hertz.
@@ -66,19 +62,12 @@ SCALE = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "byte": 1.0, "Kbyte": 1e3
 
 def raw(who):
     rows = list(csv.reader(open(f"{out}/ncu_{who}_raw.csv", errors="replace")))
-    return {h: num(v) * SCALE.get(u, 1.0) for h, u, v in zip(rows[0], rows[1], rows[2])}
+    return {h: number(v) * SCALE.get(u, 1.0) for h, u, v in zip(rows[0], rows[1], rows[2])}
 
 
 def stalls(who):
-    rows = list(csv.reader(open(f"{out}/ncu_{who}_source.csv", errors="replace")))
-    head = next(i for i, r in enumerate(rows) if "Source" in [c.strip() for c in r])
-    hdr = [c.strip() for c in rows[head]]
-    reasons = [i for i, h in enumerate(hdr) if h.startswith("stall_") and "Not Issued" not in h]
-    mix = collections.Counter()
-    for r in rows[head + 1:]:
-        for i in reasons:
-            if i < len(r):
-                mix[hdr[i][6:]] += num(r[i])
+    code, _, _, reasons = read_source(f"{out}/ncu_{who}_source.csv")
+    mix = stall_mix(code, reasons)
     total = sum(mix.values()) or 1.0
     return ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in mix.most_common(5))
 

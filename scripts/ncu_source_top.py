@@ -28,23 +28,41 @@ def number(text):
         return 0.0
 
 
+def read_source(path):
+    """The source page's instruction rows and columns: (rows, source column, samples column,
+    [(column, stall reason)]), or None where the file has no 'Source' column."""
+    rows = list(csv.reader(open(path, errors="replace")))
+    head = next((i for i, r in enumerate(rows) if "Source" in [c.strip() for c in r]), None)
+    if head is None:
+        return None
+    names = [c.strip() for c in rows[head]]
+    samples = names.index("Warp Stall Sampling (All Samples)")
+    reasons = [(i, h[len("stall_"):]) for i, h in enumerate(names)
+               if h.startswith("stall_") and "Not Issued" not in h]
+    code = [r for r in rows[head + 1:] if len(r) > samples]
+    return code, names.index("Source"), samples, reasons
+
+
+def stall_mix(code, reasons):
+    """Samples by stall reason over the instruction rows `code`."""
+    mix = collections.Counter()
+    for r in code:
+        for i, reason in reasons:
+            mix[reason] += number(r[i])
+    return mix
+
+
 def main(argv):
     if len(argv) < 2:
         print(__doc__.strip().splitlines()[0])
         print(f"usage: {argv[0]} SOURCE_CSV [top_n]")
         return 2
     top_n = int(argv[2]) if len(argv) > 2 else 12
-    rows = list(csv.reader(open(argv[1], errors="replace")))
-    head = next((i for i, r in enumerate(rows) if "Source" in [c.strip() for c in r]), None)
-    if head is None:
+    page = read_source(argv[1])
+    if page is None:
         print(f"{argv[1]}: no 'Source' column: not an ncu source page")
         return 1
-    names = [c.strip() for c in rows[head]]
-    source = names.index("Source")
-    samples = names.index("Warp Stall Sampling (All Samples)")
-    reasons = [(i, h[len("stall_"):]) for i, h in enumerate(names)
-               if h.startswith("stall_") and "Not Issued" not in h]
-    code = [r for r in rows[head + 1:] if len(r) > samples]
+    code, source, samples, reasons = page
     split = next((i for i, r in enumerate(code) if "USETMAXREG.DEALLOC" in r[source]), None)
     roles = [("whole kernel", 0, len(code))] if split is None else [
         ("before setmaxnreg.dec (the roles that claim registers)", 0, split),
@@ -54,10 +72,7 @@ def main(argv):
     for name, begin, end in roles:
         part = code[begin:end]
         role_total = sum(number(r[samples]) for r in part) or 1.0
-        mix = collections.Counter()
-        for r in part:
-            for i, reason in reasons:
-                mix[reason] += number(r[i])
+        mix = stall_mix(part, reasons)
         mix_total = sum(mix.values()) or 1.0
         print(f"\n== {name}: instructions {begin}..{end - 1}, "
               f"{100 * role_total / total:.1f}% of the samples")
