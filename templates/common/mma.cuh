@@ -174,13 +174,13 @@ __device__ __forceinline__ void gram_diagonal_block_sw128(float (&acc)[2][4], u3
   }
 }
 
-/// x . x of row row0 + g + 8 hf (g = lane / 4, t4 = lane % 4) from gram_diagonal_block_sw128's
-/// accumulator, in every lane of the quad: the lane whose column 2 t4 or 2 t4 + 1 is g holds it.
-__device__ __forceinline__ float gram_diagonal(const float (&acc)[2][4], int hf, int g, int t4) {
-  float d = 2 * t4 == g ? acc[hf][2 * hf] : (2 * t4 + 1 == g ? acc[hf][2 * hf + 1] : 0.f);
-  d += __shfl_xor_sync(0xffffffffu, d, 1);
-  d += __shfl_xor_sync(0xffffffffu, d, 2);
-  return d;
+/// The lane of a quad (g = lane / 4, t4 = lane % 4) that holds the diagonal element of row g (or
+/// g + 8) of a 16 x 16 accumulator block: column 2 t4 or 2 t4 + 1 is g.
+__device__ __forceinline__ bool holds_diagonal(int g, int t4) { return t4 == (g >> 1); }
+
+/// That element of n-tile hf (rows g + 8 hf), valid in the lane that holds_diagonal().
+__device__ __forceinline__ float own_diagonal(const float (&tile)[4], int hf, int g) {
+  return (g & 1) != 0 ? tile[2 * hf + 1] : tile[2 * hf];
 }
 
 /// A fragment from an f32 row-major tile (element (r, c) at base[r * ld + c]), rounded to

@@ -321,28 +321,20 @@ __device__ __forceinline__ void store_inverse_norms(const float (&acc_g)[8][4],
                                                     const float (&acc_qq)[2][4], int k_block,
                                                     int q_block, float* s_rk, float* s_rq,
                                                     float scale, int g, int t4) {
-  float dk[2] = {0.f, 0.f}, dq[2] = {0.f, 0.f};
+  // Each diagonal element sits in one lane of its quad, which stores its norm: no shuffles (a
+  // quad sum of two shuffles was two round trips on the busy shared pipe, Nsight Compute).
+  if (!mma::holds_diagonal(g, t4)) return;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
+    float dk = 0.f;
 #pragma unroll
     for (int jb = 0; jb < 4; ++jb) {
-      if (jb == k_block) {
-        const float(&c)[4] = acc_g[2 * jb + hf];
-        dk[hf] = 2 * t4 == g ? c[2 * hf] : (2 * t4 + 1 == g ? c[2 * hf + 1] : 0.f);
-      }
+      if (jb == k_block) dk = mma::own_diagonal(acc_g[2 * jb + hf], hf, g);
     }
-    if constexpr (kWithQ) dq[hf] = mma::gram_diagonal(acc_qq, hf, g, t4);
-#pragma unroll
-    for (int off = 1; off < 4; off *= 2) dk[hf] += __shfl_xor_sync(0xffffffffu, dk[hf], off);
-  }
-  if (t4 == 0) {
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      s_rk[16 * k_block + g + 8 * hf] = kL2Norm ? gdn::l2_inv_norm_unguarded(dk[hf]) : 1.f;
-      if constexpr (kWithQ) {
-        s_rq[16 * q_block + g + 8 * hf] =
-            scale * (kL2Norm ? gdn::l2_inv_norm_unguarded(dq[hf]) : 1.f);
-      }
+    s_rk[16 * k_block + g + 8 * hf] = kL2Norm ? gdn::l2_inv_norm_unguarded(dk) : 1.f;
+    if constexpr (kWithQ) {
+      const float dq = mma::own_diagonal(acc_qq[hf], hf, g);
+      s_rq[16 * q_block + g + 8 * hf] = scale * (kL2Norm ? gdn::l2_inv_norm_unguarded(dq) : 1.f);
     }
   }
 }

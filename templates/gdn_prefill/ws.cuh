@@ -251,10 +251,13 @@ struct WsChunkRole {
         float qq[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
         mma::gram_diagonal_block_sw128<kKSteps>(qq, mma::smem_addr(base + kS.q), 16 * warp);
         float* const s_rq = reinterpret_cast<float*>(smem + kWsSmem.rq) + st * 64;
+        // (The lane holding each diagonal element stores its norm: no quad sum of shuffles.)
+        if (mma::holds_diagonal(g, t4)) {
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const float d = mma::gram_diagonal(qq, hf, g, t4);
-          if (t4 == 0) s_rq[16 * warp + g + 8 * hf] = p.scale * gdn::l2_inv_norm_unguarded(d);
+          for (int hf = 0; hf < 2; ++hf) {
+            const float d = mma::own_diagonal(qq[hf], hf, g);
+            s_rq[16 * warp + g + 8 * hf] = p.scale * gdn::l2_inv_norm_unguarded(d);
+          }
         }
       }
       tp = prof.add(kWsProfChunkQNorms, tp);
