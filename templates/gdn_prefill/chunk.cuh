@@ -425,7 +425,6 @@ struct ChunkGates {
       gl[x] = r < rows ? gl[x] : 0.f;
       bl[x] = r < rows ? bl[x] : 0.f;
     }
-    load_next();
     const float local = gl[0] + gl[1];
     float incl = local;
 #pragma unroll
@@ -438,6 +437,10 @@ struct ChunkGates {
     s_gamma[2 * lane + 1] = incl;
     const float ref = __shfl_sync(0xffffffffu, incl, (lane & ~7) | 7);
     if ((lane & 7) == 0) s_ref[lane >> 3] = ref;
+    // The next gates' loads after the shuffles: issued before them, ptxas reused a load's address
+    // registers for a shuffle's result, which then waited (long scoreboard) until the saturated
+    // load queue had taken the load.
+    load_next();
     return Scanned{{bl[0], bl[1]}, g0, incl, ref};
   }
 
