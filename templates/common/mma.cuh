@@ -156,13 +156,20 @@ __device__ __forceinline__ void load_a_sw128(u32 (&a)[4], u32 tile, int row0, in
 /// is also its B fragment (n-tile 0: columns row0 .. row0 + 7, n-tile 1: row0 + 8 .. row0 + 15).
 /// Odd k-steps go into a second accumulator, added at the end: two chains of kKSteps / 2
 /// dependent mma each instead of one of kKSteps (the chunk warpgroup waits them out alone).
-template <int kKSteps>
+/// kLoadsFirst: every k-step's fragment loaded before the first mma (4 kKSteps registers), so
+/// that the ldmatrix latencies overlap one another where the shared pipe is busy.
+template <int kKSteps, bool kLoadsFirst = false>
 __device__ __forceinline__ void gram_diagonal_block_sw128(float (&acc)[2][4], u32 tile, int row0) {
   float odd[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+  u32 frag[kLoadsFirst ? kKSteps : 1][4];
+  if constexpr (kLoadsFirst) {
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) load_a_sw128(frag[ks], tile, row0, 16 * ks);
+  }
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) {
-    u32 a[4];
-    load_a_sw128(a, tile, row0, 16 * ks);
+    u32(&a)[4] = frag[kLoadsFirst ? ks : 0];
+    if constexpr (!kLoadsFirst) load_a_sw128(a, tile, row0, 16 * ks);
     float(&c)[2][4] = ks % 2 == 0 ? acc : odd;
     mma_bf16(c[0], a, a[0], a[2]);
     mma_bf16(c[1], a, a[1], a[3]);

@@ -249,7 +249,7 @@ struct WsChunkRole {
         // empty"). The stage's copy is free: chunk c - 3 read it before the `empty` arrival that
         // this warpgroup waited for before filling the stage with chunk c.
         float qq[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        mma::gram_diagonal_block_sw128<kKSteps>(qq, mma::smem_addr(base + kS.q), 16 * warp);
+        mma::gram_diagonal_block_sw128<kKSteps, true>(qq, mma::smem_addr(base + kS.q), 16 * warp);
         float* const s_rq = reinterpret_cast<float*>(smem + kWsSmem.rq) + st * 64;
         // (The lane holding each diagonal element stores its norm: no quad sum of shuffles.)
         if (mma::holds_diagonal(g, t4)) {
