@@ -351,6 +351,13 @@ struct WsChunkRole {
             make_float4(eg, s_rk[ctid] * eg, s_rk[ctid] * ex2(g_last - gi), ex2(g_last));
       }
       tp = prof.add(kWsProfChunkDecay, tp);
+      // P^T, the only one of this chunk's writes that the state warpgroups read through the async
+      // proxy (their wgmma), to that proxy: here, before the wait for A's tile, where its stores
+      // have long been done, not in front of the chunk_ready arrival, where the fence waited for
+      // A's stores just issued (Nsight Compute: ~4% of this warpgroup's samples at the fence and
+      // the arrival). A, beta and the scales are read by plain loads: the arrival's release
+      // orders them.
+      wgmma::fence_shared_writes();
       // A's tile is free once the state warpgroups' inverse of the previous chunk is done.
       if (chunk > 0) {
         const int pp = int((chunk - 1) & 1);
@@ -367,9 +374,9 @@ struct WsChunkRole {
         });
       }
       // This thread's A, beta, P^T and scales of the chunk, to the state warpgroups (the second
-      // inverts (I + A) into the slot's T' tile, see invert; both run wgmma on P^T). No barrier:
-      // what the next chunk overwrites before its norms' barrier is per warp or by parity.
-      wgmma::fence_shared_writes();
+      // inverts (I + A) into the slot's T' tile, see invert; both run wgmma on P^T, fenced above).
+      // No barrier: what the next chunk overwrites before its norms' barrier is per warp or by
+      // parity.
       mbarrier::arrive(chunk_ready + st);
       prof.add(kWsProfChunkAStore, tp);
       prof.count_chunk();
