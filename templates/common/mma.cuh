@@ -151,6 +151,16 @@ __device__ __forceinline__ void load_a_sw128(u32 (&a)[4], u32 tile, int row0, in
   ldmatrix_x4(a, tile + u32(sw128::offset(row0 + i + 8 * (m & 1), (col0 >> 3) + (m >> 1))));
 }
 
+/// load_a_trans from a 128-byte-swizzled 64-row tile at shared address `tile` (swizzle.cuh): the
+/// A fragment of the 16 x 16 block whose element (r, c) is the tile's (row0 + c, col0 + r), i.e.
+/// rows row0 .. row0 + 15 (a multiple of 8) and columns col0 .. col0 + 15 (a multiple of 8) read
+/// transposed. Conflict-free like load_a_sw128.
+__device__ __forceinline__ void load_a_trans_sw128(u32 (&a)[4], u32 tile, int row0, int col0) {
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int m = lane >> 3, i = lane & 7;
+  ldmatrix_x4_trans(a, tile + u32(sw128::offset(row0 + i + 8 * (m >> 1), (col0 >> 3) + (m & 1))));
+}
+
 /// The 16 x 16 diagonal block of X X^T for rows row0 .. row0 + 15 of a 128-byte-swizzled bf16
 /// tile at shared address `tile`, kKSteps k-steps of 16 columns, added into `acc`: X's A fragment
 /// is also its B fragment (n-tile 0: columns row0 .. row0 + 7, n-tile 1: row0 + 8 .. row0 + 15).

@@ -433,8 +433,8 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillWsSmem gdn_prefill_ws_smem(int k) {
   at += 64u * u32(k) * 2u;
   st.q = at;
   at += 64u * u32(k) * 2u;
-  st.v = at;
-  at += 64u * (128u + 8u) * 2u;
+  st.v = at;  // 128-byte swizzled like q and k (two 64-column slices), not padded
+  at += 64u * 128u * 2u;
   st.sc0 = at;
   at += 64u * 16u;
   st.k1 = st.k0 + at;

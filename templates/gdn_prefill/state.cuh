@@ -558,13 +558,16 @@ __device__ __forceinline__ void state_fragment(const float (&s)[kSN][4], int ks,
 /// its four 16-column blocks (ra), from S_w K^T (acc_r: rows v, columns j = 8 nt + 2 t4 + e)
 /// and the warp's rows of V^T (s_v + vw, row stride ld); kd takes the state update's column
 /// scales e^(gamma_last - gamma_j) / |k_j| of the same columns.
-__device__ __forceinline__ void form_r(const float (&acc_r)[8][4], const __nv_bfloat16* s_v, int ld,
+/// `load_vt(jb, vt)` gives the A fragment of token block jb of the warp's V^T (the layout's own
+/// addressing: padded rows below, the ws kernel's swizzled tile in state_wide).
+template <typename LoadVt>
+__device__ __forceinline__ void form_r(const float (&acc_r)[8][4], LoadVt&& load_vt,
                                        const float4* s_sc, int t4, u32 (&ra)[4][4],
                                        float (&kd)[4][2][2]) {
 #pragma unroll
   for (int jb = 0; jb < 4; ++jb) {
     u32 vt[4];
-    mma::load_a_trans(vt, s_v + jb * 16 * ld, ld);
+    load_vt(jb, vt);
 #pragma unroll
     for (int hj = 0; hj < 2; ++hj) {
       const int j = jb * 16 + hj * 8 + 2 * t4;
@@ -581,6 +584,15 @@ __device__ __forceinline__ void form_r(const float (&acc_r)[8][4], const __nv_bf
       }
     }
   }
+}
+
+/// form_r on V rows of pitch `ld` elements (s_v: the warp's first column).
+__device__ __forceinline__ void form_r(const float (&acc_r)[8][4], const __nv_bfloat16* s_v, int ld,
+                                       const float4* s_sc, int t4, u32 (&ra)[4][4],
+                                       float (&kd)[4][2][2]) {
+  form_r(
+      acc_r, [&](int jb, u32(&vt)[4]) { mma::load_a_trans(vt, s_v + jb * 16 * ld, ld); }, s_sc, t4,
+      ra, kd);
 }
 
 /// Vn_w^T (acc_v, the layout of acc_r) as bf16 fragments: vb for P Vn_w, and vd decayed and
@@ -1378,7 +1390,15 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     // 2. R_w^T and the update's column scales.
     u32 ra[4][4];
     float kd[4][2][2];
-    form_r(acc_r, s_v + vw, kLdV, s_sc, t4, ra, kd);
+    if constexpr (kWs) {
+      // (The ws stage's v rows are 128-byte swizzled, as q and k.)
+      const u32 v_tile = mma::smem_addr(s_v);
+      form_r(
+          acc_r, [&](int jb, u32(&vt)[4]) { mma::load_a_trans_sw128(vt, v_tile, jb * 16, vw); },
+          s_sc, t4, ra, kd);
+    } else {
+      form_r(acc_r, s_v + vw, kLdV, s_sc, t4, ra, kd);
+    }
     if constexpr (kWs) {
       // S_w Q^T has read the shared S tile by now (it ran during R): the other warpgroup's turn
       // (the warpgroup going second keeps the tile for the next chunk).

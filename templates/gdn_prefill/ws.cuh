@@ -120,7 +120,7 @@ struct WsChunkRole {
     constexpr int kStages = kGdnPrefillWsStages;
     constexpr u32 kStage = kS.k1 - kS.k0;
     constexpr int kKSteps = kK / 16;
-    constexpr int kV = 128, kLdV = kV + 8;
+    constexpr int kV = 128;
     constexpr int kRowCopies = kK / 8;                             // 16-byte copies per row
     constexpr int kRowsPerPass = kGdnPrefillThreads / kRowCopies;  // 8
     static_assert(kV / 8 == kRowCopies && kRowsPerPass == 8, "q, k and v rows copied alike");
@@ -163,7 +163,7 @@ struct WsChunkRole {
     if (bos >= eos) return;
     const auto rows_at = [&](i64 t) { return static_cast<int>(eos - t < 64 ? eos - t : 64); };
 
-    // A chunk's raw q, k (swizzled, rows in order) and v rows (pitch kLdV) into stage st, rows
+    // A chunk's raw q, k and v rows (swizzled, rows in order) into stage st, rows
     // past the sequence zero-filled; the stage's full barrier counts this thread's copies.
     const int copy_part = ctid % kRowCopies, copy_r0 = ctid / kRowCopies;
     const u32 sw_base = u32(sw128::offset(copy_r0, copy_part));
@@ -179,7 +179,10 @@ struct WsChunkRole {
       const __nv_bfloat16* src_v = w.v_g + (t + copy_r0) * p.v_stride_t + copy_part * 8;
       unsigned char* const dst_q = base + kS.q + sw_base;
       unsigned char* const dst_k = base + kS.k0 + sw_base;
-      unsigned char* const dst_v = base + kS.v + (copy_r0 * kLdV + copy_part * 8) * 2;
+      // v swizzled as q and k: its copies then take 4 shared-memory wavefronts each, where the
+      // padded rows (pitch 272 bytes) took 10.5 (Nsight Compute, ~5% of the kernel's shared
+      // wavefronts).
+      unsigned char* const dst_v = base + kS.v + sw_base;
       if (rows == kGdnPrefillChunk) {
         // A whole chunk (all but a sequence's last): no zero fill, no predicates, no pointers
         // carried across the rows: the chunk warpgroup's spills went 180 / 224 -> 96 / 112 bytes
@@ -188,8 +191,7 @@ struct WsChunkRole {
         for (int i = 0; i < 64 / kRowsPerPass; ++i) {
           cp_async::copy16(dst_q + i * kRowsPerPass * 128, src_q + i * kRowsPerPass * p.q_stride_t);
           cp_async::copy16(dst_k + i * kRowsPerPass * 128, src_k + i * kRowsPerPass * p.k_stride_t);
-          cp_async::copy16(dst_v + i * kRowsPerPass * kLdV * 2,
-                           src_v + i * kRowsPerPass * p.v_stride_t);
+          cp_async::copy16(dst_v + i * kRowsPerPass * 128, src_v + i * kRowsPerPass * p.v_stride_t);
         }
       } else {
 #pragma unroll
@@ -198,7 +200,7 @@ struct WsChunkRole {
           // Rows kRowsPerPass (8) apart keep their swizzle.
           cp_async::copy16(dst_q + i * kRowsPerPass * 128, ok ? src_q : w.q_g, ok);
           cp_async::copy16(dst_k + i * kRowsPerPass * 128, ok ? src_k : w.k_g, ok);
-          cp_async::copy16(dst_v + i * kRowsPerPass * kLdV * 2, ok ? src_v : w.v_g, ok);
+          cp_async::copy16(dst_v + i * kRowsPerPass * 128, ok ? src_v : w.v_g, ok);
           src_q += kRowsPerPass * p.q_stride_t;
           src_k += kRowsPerPass * p.k_stride_t;
           src_v += kRowsPerPass * p.v_stride_t;

@@ -1334,10 +1334,10 @@ TEST_CASE(
   std::vector<Region> regions;
   for (std::uint32_t s = 0; s < static_cast<std::uint32_t>(kGdnPrefillWsStages); ++s) {
     const std::uint32_t at = s * stage;
-    for (const std::uint32_t tile : {st.k0, st.q}) CHECK((at + tile) % 1024 == 0);
+    for (const std::uint32_t tile : {st.k0, st.q, st.v}) CHECK((at + tile) % 1024 == 0);
     regions.push_back({"k", at + st.k0, 64 * 128 * 2});
     regions.push_back({"q", at + st.q, 64 * 128 * 2});
-    regions.push_back({"v", at + st.v, 64 * (128 + 8) * 2});
+    regions.push_back({"v", at + st.v, 64 * 128 * 2});  // swizzled like q and k
     regions.push_back({"scales", at + st.sc0, 64 * 16});
   }
   for (std::uint32_t slot = 0; slot < 2; ++slot) {
