@@ -145,10 +145,13 @@ __device__ __forceinline__ void load_a_trans(u32 (&a)[4], const __nv_bfloat16* b
 /// load_a from a 128-byte-swizzled 64-row tile at shared address `tile` (swizzle.cuh): rows
 /// row0 .. row0 + 15 (row0 a multiple of 8), columns col0 .. col0 + 15 (col0 a multiple of 16).
 /// The eight rows of each 8 x 8 matrix sit in eight different chunks: no bank conflicts.
+/// kSliceStride: the tile's (sw128::kPairSlice for a tile of a pair).
+template <u32 kSliceStride = sw128::kSlice>
 __device__ __forceinline__ void load_a_sw128(u32 (&a)[4], u32 tile, int row0, int col0) {
   const int lane = static_cast<int>(threadIdx.x & 31u);
   const int m = lane >> 3, i = lane & 7;
-  ldmatrix_x4(a, tile + u32(sw128::offset(row0 + i + 8 * (m & 1), (col0 >> 3) + (m >> 1))));
+  ldmatrix_x4(
+      a, tile + u32(sw128::offset<kSliceStride>(row0 + i + 8 * (m & 1), (col0 >> 3) + (m >> 1))));
 }
 
 /// load_a_trans from a 128-byte-swizzled 64-row tile at shared address `tile` (swizzle.cuh): the
@@ -168,18 +171,19 @@ __device__ __forceinline__ void load_a_trans_sw128(u32 (&a)[4], u32 tile, int ro
 /// dependent mma each instead of one of kKSteps (the chunk warpgroup waits them out alone).
 /// kLoadsFirst: every k-step's fragment loaded before the first mma (4 kKSteps registers), so
 /// that the ldmatrix latencies overlap one another where the shared pipe is busy.
-template <int kKSteps, bool kLoadsFirst = false>
+/// kSliceStride: the tile's, as load_a_sw128's.
+template <int kKSteps, bool kLoadsFirst = false, u32 kSliceStride = sw128::kSlice>
 __device__ __forceinline__ void gram_diagonal_block_sw128(float (&acc)[2][4], u32 tile, int row0) {
   float odd[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
   u32 frag[kLoadsFirst ? kKSteps : 1][4];
   if constexpr (kLoadsFirst) {
 #pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) load_a_sw128(frag[ks], tile, row0, 16 * ks);
+    for (int ks = 0; ks < kKSteps; ++ks) load_a_sw128<kSliceStride>(frag[ks], tile, row0, 16 * ks);
   }
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) {
     u32(&a)[4] = frag[kLoadsFirst ? ks : 0];
-    if constexpr (!kLoadsFirst) load_a_sw128(a, tile, row0, 16 * ks);
+    if constexpr (!kLoadsFirst) load_a_sw128<kSliceStride>(a, tile, row0, 16 * ks);
     float(&c)[2][4] = ks % 2 == 0 ? acc : odd;
     mma_bf16(c[0], a, a[0], a[2]);
     mma_bf16(c[1], a, a[1], a[3]);

@@ -165,6 +165,37 @@ __device__ __forceinline__ void mma_m64n128k16(float (&d)[16][4], const u32 (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransB));
 }
 
+/// d (64 x 128: columns 0..63 in d_lo, 64..127 in d_hi, each as mma_m64n64k16's d) += a (64 x
+/// 16, K-major in shared memory behind the descriptor `a`) * b (16 x 128, behind `b`; K-major: 128
+/// rows, e.g. a pair tile of sw128::kPairSlice). One instruction for two 64-column products of the
+/// same A: the tensor cores read A once instead of twice. No registers hold operands.
+template <int kTransB>
+__device__ __forceinline__ void mma_m64n128k16_ss(float (&d_lo)[8][4], float (&d_hi)[8][4], u64 a,
+                                                  u64 b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+      "}, %64, %65, p, 1, 1, 0, %66;\n}\n"
+      : "+f"(d_lo[0][0]), "+f"(d_lo[0][1]), "+f"(d_lo[0][2]), "+f"(d_lo[0][3]), "+f"(d_lo[1][0]),
+        "+f"(d_lo[1][1]), "+f"(d_lo[1][2]), "+f"(d_lo[1][3]), "+f"(d_lo[2][0]), "+f"(d_lo[2][1]),
+        "+f"(d_lo[2][2]), "+f"(d_lo[2][3]), "+f"(d_lo[3][0]), "+f"(d_lo[3][1]), "+f"(d_lo[3][2]),
+        "+f"(d_lo[3][3]), "+f"(d_lo[4][0]), "+f"(d_lo[4][1]), "+f"(d_lo[4][2]), "+f"(d_lo[4][3]),
+        "+f"(d_lo[5][0]), "+f"(d_lo[5][1]), "+f"(d_lo[5][2]), "+f"(d_lo[5][3]), "+f"(d_lo[6][0]),
+        "+f"(d_lo[6][1]), "+f"(d_lo[6][2]), "+f"(d_lo[6][3]), "+f"(d_lo[7][0]), "+f"(d_lo[7][1]),
+        "+f"(d_lo[7][2]), "+f"(d_lo[7][3]), "+f"(d_hi[0][0]), "+f"(d_hi[0][1]), "+f"(d_hi[0][2]),
+        "+f"(d_hi[0][3]), "+f"(d_hi[1][0]), "+f"(d_hi[1][1]), "+f"(d_hi[1][2]), "+f"(d_hi[1][3]),
+        "+f"(d_hi[2][0]), "+f"(d_hi[2][1]), "+f"(d_hi[2][2]), "+f"(d_hi[2][3]), "+f"(d_hi[3][0]),
+        "+f"(d_hi[3][1]), "+f"(d_hi[3][2]), "+f"(d_hi[3][3]), "+f"(d_hi[4][0]), "+f"(d_hi[4][1]),
+        "+f"(d_hi[4][2]), "+f"(d_hi[4][3]), "+f"(d_hi[5][0]), "+f"(d_hi[5][1]), "+f"(d_hi[5][2]),
+        "+f"(d_hi[5][3]), "+f"(d_hi[6][0]), "+f"(d_hi[6][1]), "+f"(d_hi[6][2]), "+f"(d_hi[6][3]),
+        "+f"(d_hi[7][0]), "+f"(d_hi[7][1]), "+f"(d_hi[7][2]), "+f"(d_hi[7][3])
+      : "l"(a), "l"(b), "n"(kTransB));
+}
+
 /// setmaxnreg (sm_90a, warpgroup-aligned): this warpgroup gives registers back to the block's
 /// pool down to `kRegisters` per thread (release), or takes them up to `kRegisters` (claim).
 template <int kRegisters>

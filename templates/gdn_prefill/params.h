@@ -203,9 +203,13 @@ struct GdnPrefillStateSmem {
 };
 
 /// `stages`: input stages of the wide tiles (0: gdn_prefill_state_stages(bv); the
-/// context-parallel passes may take 3).
+/// context-parallel passes may take 3). `paired_kq` (the wide tiles on wgmma, sm_90a): k and q
+/// of a stage are one pair tile (sw128::kPairSlice: k's 64-column slice s at k0 + 2 s 8 KiB, q's
+/// right behind it, q = k0 + 8 KiB), so that a wgmma reads [k; q] as one 128-row B operand; the
+/// same bytes as the padded rows (64 (k + 8) 2 each), the sizes unchanged.
 KJIT_GDN_PREFILL_HD constexpr GdnPrefillStateSmem gdn_prefill_state_smem(int k, int bv,
-                                                                         int stages = 0) {
+                                                                         int stages = 0,
+                                                                         bool paired_kq = false) {
   GdnPrefillStateSmem m{};
   const u32 row_k = u32(k + 8) * 2u;
   const u32 tile64 = 64u * 72u * 2u;
@@ -214,7 +218,7 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillStateSmem gdn_prefill_state_smem(int k, 
   if (gdn_prefill_state_wide(bv)) {
     m.k0 = at;
     at += 64u * row_k;
-    m.q = at;
+    m.q = paired_kq ? m.k0 + 64u * 128u : at;
     at += 64u * row_k;
     m.v = at;
     at += 64u * u32(bv + 8) * 2u;
@@ -429,10 +433,10 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillWsSmem gdn_prefill_ws_smem(int k) {
   // every wgmma of the kernel, docs/performance.md).
   GdnPrefillStateSmem& st = m.state;
   u32 at = 0;
+  // k and q: one pair tile (sw128::kPairSlice), q's slices right behind k's (q = k0 + 8 KiB).
   st.k0 = at;
-  at += 64u * u32(k) * 2u;
-  st.q = at;
-  at += 64u * u32(k) * 2u;
+  st.q = at + 64u * 128u;
+  at += 2u * 64u * u32(k) * 2u;
   st.v = at;  // 128-byte swizzled like q and k (two 64-column slices), not padded
   at += 64u * 128u * 2u;
   st.sc0 = at;

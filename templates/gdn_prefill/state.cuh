@@ -669,7 +669,8 @@ inline constexpr u32 kWgmmaPFactors = 64 * 128;
 
 /// Issues (without waiting) the Q K^T half of warpgroup `wg` of two for kStateP on wgmma: its 32
 /// columns j = 32 wg .. of the 64 x 64 product, from the stage's 128-byte-swizzled q and k tiles
-/// (`q_addr`, `k_addr`; one SS wgmma per k-step, both operands read by the tensor cores).
+/// (`q_addr`, `k_addr`, a pair tile: sw128::kPairSlice; one SS wgmma per k-step, both operands
+/// read by the tensor cores).
 template <int kK>
 __device__ __forceinline__ void issue_qk_half(float (&acc)[4][4], u32 q_addr, u32 k_addr, int wg) {
 #pragma unroll
@@ -681,8 +682,8 @@ __device__ __forceinline__ void issue_qk_half(float (&acc)[4][4], u32 q_addr, u3
   wgmma::fence();
 #pragma unroll
   for (int ks = 0; ks < kK / 16; ++ks) {
-    wgmma::mma_m64n32k16_ss<0>(acc, wgmma::advance(q_desc, sw128::k_step(0, ks)),
-                               wgmma::advance(k_desc, sw128::k_step(0, ks)));
+    wgmma::mma_m64n32k16_ss<0>(acc, wgmma::advance(q_desc, sw128::k_step<sw128::kPairSlice>(0, ks)),
+                               wgmma::advance(k_desc, sw128::k_step<sw128::kPairSlice>(0, ks)));
   }
   wgmma::commit();
 }
@@ -815,7 +816,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
                 "the warp-specialized kernel runs the whole-V wgmma tile, 3 stages, P given");
   [[maybe_unused]] constexpr GdnPrefillWsSmem kWsSmem = gdn_prefill_ws_smem(kK);
   constexpr GdnPrefillStateSmem kSmem =
-      kWs ? kWsSmem.state : gdn_prefill_state_smem(kK, kBV, kStages);
+      kWs ? kWsSmem.state : gdn_prefill_state_smem(kK, kBV, kStages, KJIT_GDN_STATE_WGMMA != 0);
   static_assert(kSmem.total >= (kThreads + 1) * sizeof(i64), "ranked_sequence's scratch");
   constexpr u32 kStage = kSmem.k1 - kSmem.k0;
 
@@ -826,6 +827,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   static_assert(kSmem.k0 % kSwAtom == 0 && kSmem.q % kSwAtom == 0 && kSmem.t0 % kSwAtom == 0 &&
                     kSmem.p % kSwAtom == 0 && kStage % kSwAtom == 0,
                 "the wgmma tiles start on 1024-byte boundaries");
+  static_assert(kSmem.q == kSmem.k0 + sw128::kSlice, "k and q: one pair tile (kPairSlice)");
   extern __shared__ __align__(1024) unsigned char smem[];
 #else
   extern __shared__ __align__(16) unsigned char smem[];
@@ -936,7 +938,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     // away; rows kRowsPerPass apart keep their swizzle (a multiple of 8).
     constexpr int kRowsPerPass = kThreads / kParts;
     const int r0 = tid / kParts, part = tid % kParts;
-    unsigned char* const d = dst + sw128::offset(r0, part);
+    // (Slices of a pair tile: k and q are; T' and P have one slice.)
+    unsigned char* const d = dst + sw128::offset<sw128::kPairSlice>(r0, part);
     const __nv_bfloat16* row = src + (t + r0) * stride + part * 8;
 #pragma unroll
     for (int it = 0; it < 64 / kRowsPerPass; ++it) {
@@ -1274,6 +1277,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     // their state rows as A fragments and the tensor cores read k, q, T' and P once per
     // warpgroup from the swizzled tiles. O comes out transposed (rows v, columns i).
     const u32 k_addr = mma::smem_addr(s_k), q_addr = mma::smem_addr(s_q);
+    // k and q: a pair tile (gdn_prefill_state_smem's paired_kq), slices kPairSlice apart.
+    constexpr u32 kPair = sw128::kPairSlice;
     const u32 t_addr = mma::smem_addr(s_t), p_addr = mma::smem_addr(s_p);
     // Each tile's descriptor once; a k-step's is it advanced by a constant (wgmma::advance).
     const u64 k_desc = wgmma::descriptor_sw128(k_addr, 16, kSwAtom),
@@ -1281,7 +1286,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
               t_desc = wgmma::descriptor_sw128(t_addr, 16, kSwAtom),
               p_desc = wgmma::descriptor_sw128(p_addr, 16, kSwAtom),
               pt_desc = wgmma::descriptor_sw128(p_addr, sw128::kSlice, kSwAtom),
-              kn_desc = wgmma::descriptor_sw128(k_addr, sw128::kSlice, kSwAtom);
+              kn_desc = wgmma::descriptor_sw128(k_addr, sw128::kPairSlice, kSwAtom);
 
     // 1. S_w K^T (acc_r: rows v, columns j) and S_w Q^T (acc_o: rows v, columns i), over K.
     float acc_r[8][4], acc_o[8][4];
@@ -1345,13 +1350,13 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
         wgmma::mma_m64n64k16_ss<0>(acc_r, wgmma::advance(s_desc, sw128::k_step(0, ks)),
-                                   wgmma::advance(k_desc, sw128::k_step(0, ks)));
+                                   wgmma::advance(k_desc, sw128::k_step<kPair>(0, ks)));
       }
       wgmma::commit();
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
         wgmma::mma_m64n64k16_ss<0>(acc_o, wgmma::advance(s_desc, sw128::k_step(0, ks)),
-                                   wgmma::advance(q_desc, sw128::k_step(0, ks)));
+                                   wgmma::advance(q_desc, sw128::k_step<kPair>(0, ks)));
       }
       wgmma::commit();
       wgmma::wait<1>();
@@ -1368,7 +1373,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       wgmma::fence();
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
-        wgmma::mma_m64n64k16<0>(acc_r, s_frag[ks], wgmma::advance(k_desc, sw128::k_step(0, ks)));
+        wgmma::mma_m64n64k16<0>(acc_r, s_frag[ks],
+                                wgmma::advance(k_desc, sw128::k_step<kPair>(0, ks)));
       }
       // With the handoff, R is formed while S_w Q^T runs on (needed only for O, in step 5); the
       // 2-stage form waits for both (the split spilled 24 bytes there at K = 128).
@@ -1378,7 +1384,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       if (want_out) {
 #pragma unroll
         for (int ks = 0; ks < kKSteps; ++ks) {
-          wgmma::mma_m64n64k16<0>(acc_o, s_frag[ks], wgmma::advance(q_desc, sw128::k_step(0, ks)));
+          wgmma::mma_m64n64k16<0>(acc_o, s_frag[ks],
+                                  wgmma::advance(q_desc, sw128::k_step<kPair>(0, ks)));
         }
       }
       wgmma::commit();
@@ -1470,7 +1477,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       wgmma::commit();
 #pragma unroll
       for (int jb = 0; jb < 4; ++jb) {
-        // N-major: 16 token rows (two atoms) per k-step, the column slices sw128::kSlice apart.
+        // N-major: 16 token rows (two atoms) per k-step, k's column slices kPairSlice apart.
         const u64 kn = wgmma::advance(kn_desc, jb * 2 * kSwAtom);
         if constexpr (kK == 128) {
           wgmma::mma_m64n128k16<1>(s_acc[0], vd[jb], kn);

@@ -117,6 +117,7 @@ struct WsChunkRole {
     static_assert(kK == 128, "the stages are laid out for K = V = 128");
     constexpr GdnPrefillWsSmem kWsSmem = gdn_prefill_ws_smem(kK);
     constexpr GdnPrefillStateSmem kS = kWsSmem.state;
+    static_assert(kS.q == kS.k0 + sw128::kSlice, "k and q: one pair tile (kPairSlice)");
     constexpr int kStages = kGdnPrefillWsStages;
     constexpr u32 kStage = kS.k1 - kS.k0;
     constexpr int kKSteps = kK / 16;
@@ -167,6 +168,8 @@ struct WsChunkRole {
     // past the sequence zero-filled; the stage's full barrier counts this thread's copies.
     const int copy_part = ctid % kRowCopies, copy_r0 = ctid / kRowCopies;
     const u32 sw_base = u32(sw128::offset(copy_r0, copy_part));
+    // (k and q: one pair tile, slices sw128::kPairSlice apart; v: a tile of its own.)
+    const u32 sw_base_kq = u32(sw128::offset<sw128::kPairSlice>(copy_r0, copy_part));
     const auto fill = [&](int st, i64 t) {
       if constexpr (kGdnWsNoCopies) {  // measurement only: the stages keep stale data
         mbarrier::arrive(full + st);
@@ -177,8 +180,8 @@ struct WsChunkRole {
       const __nv_bfloat16* src_q = w.q_g + (t + copy_r0) * p.q_stride_t + copy_part * 8;
       const __nv_bfloat16* src_k = w.k_g + (t + copy_r0) * p.k_stride_t + copy_part * 8;
       const __nv_bfloat16* src_v = w.v_g + (t + copy_r0) * p.v_stride_t + copy_part * 8;
-      unsigned char* const dst_q = base + kS.q + sw_base;
-      unsigned char* const dst_k = base + kS.k0 + sw_base;
+      unsigned char* const dst_q = base + kS.q + sw_base_kq;
+      unsigned char* const dst_k = base + kS.k0 + sw_base_kq;
       // v swizzled as q and k: its copies then take 4 shared-memory wavefronts each, where the
       // padded rows (pitch 272 bytes) took 10.5 (Nsight Compute, ~5% of the kernel's shared
       // wavefronts).
@@ -251,7 +254,8 @@ struct WsChunkRole {
         // empty"). The stage's copy is free: chunk c - 3 read it before the `empty` arrival that
         // this warpgroup waited for before filling the stage with chunk c.
         float qq[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        mma::gram_diagonal_block_sw128<kKSteps, true>(qq, mma::smem_addr(base + kS.q), 16 * warp);
+        mma::gram_diagonal_block_sw128<kKSteps, true, sw128::kPairSlice>(
+            qq, mma::smem_addr(base + kS.q), 16 * warp);
         float* const s_rq = reinterpret_cast<float*>(smem + kWsSmem.rq) + st * 64;
         // (The lane holding each diagonal element stores its norm: no quad sum of shuffles.)
         if (mma::holds_diagonal(g, t4)) {
@@ -302,7 +306,7 @@ struct WsChunkRole {
       // 3a. The gates' scan (each warp its own copy of gamma; the next chunk's gates loaded once
       // these are converted) while the tensor cores run the products: ~4% of the call.
       typename ChunkGates<Tgate, Tparam, kGated>::Scanned scanned;
-      chunk_products_wgmma<kKSteps, false, kChunkPKQ>(
+      chunk_products_wgmma<kKSteps, false, kChunkPKQ, true>(
           acc_g, acc_p, acc_qq, mma::smem_addr(base + kS.k0), mma::smem_addr(base + kS.q), warp,
           [&] { scanned = gates.scan_gates(p, rows, lane, s_gamma, s_ref, load_next_gates); });
       tp = prof.add(kWsProfChunkProducts, tp);

@@ -200,7 +200,8 @@ struct Copy {
 /// fragments (register A) or A's descriptor (shared A), B's descriptor.
 struct Product {
   float* d;
-  int n;  // N of the product: 32, 64 or 128
+  float* d_hi;  // columns 64.. when not null (mma_m64n128k16_ss's second accumulator)
+  int n;        // N of the product: 32, 64 or 128
   bool a_shared;
   u32 a_regs[32][4];
   u64 a_desc, b_desc;
@@ -878,7 +879,8 @@ static void retire(const Product& p) {
       for (int hf = 0; hf < 2; ++hf) {
         float sum = 0.f;
         for (int k = 0; k < 16; ++k) sum += a[hf][k] * b[k];
-        p.d[nt * 4 + 2 * hf + c] += sum;
+        float* const d = p.d_hi != nullptr && nt >= 8 ? p.d_hi + (nt - 8) * 4 : p.d + nt * 4;
+        d[2 * hf + c] += sum;
       }
     }
   }
@@ -1265,11 +1267,13 @@ static inline void hold_registers(float (&)[N][4]) {}
 
 namespace emulated {
 template <int kN>
-static inline void issue(float (&d)[kN / 8][4], const u32* a_regs, u64 a_desc, u64 b, int trans_b) {
+static inline void issue(float* d, const u32* a_regs, u64 a_desc, u64 b, int trans_b,
+                         float* d_hi = nullptr) {
   namespace emu = kjit_sm90_emulation;
   const emu::Bookkeeping bookkeeping;
   emu::Product p{};
-  p.d = &d[0][0];
+  p.d = d;  // kN / 8 n-tiles of 4 (columns 64.. in d_hi when that is given)
+  p.d_hi = d_hi;
   p.n = kN;
   p.a_shared = a_regs == nullptr;
   p.a_desc = a_desc;
@@ -1286,19 +1290,23 @@ static inline void issue(float (&d)[kN / 8][4], const u32* a_regs, u64 a_desc, u
 
 template <int kTransB>
 static inline void mma_m64n64k16(float (&d)[8][4], const u32 (&a)[4], u64 b) {
-  emulated::issue<64>(d, a, 0, b, kTransB);
+  emulated::issue<64>(&d[0][0], a, 0, b, kTransB);
 }
 template <int kTransB>
 static inline void mma_m64n64k16_ss(float (&d)[8][4], u64 a, u64 b) {
-  emulated::issue<64>(d, nullptr, a, b, kTransB);
+  emulated::issue<64>(&d[0][0], nullptr, a, b, kTransB);
 }
 template <int kTransB>
 static inline void mma_m64n32k16_ss(float (&d)[4][4], u64 a, u64 b) {
-  emulated::issue<32>(d, nullptr, a, b, kTransB);
+  emulated::issue<32>(&d[0][0], nullptr, a, b, kTransB);
 }
 template <int kTransB>
 static inline void mma_m64n128k16(float (&d)[16][4], const u32 (&a)[4], u64 b) {
-  emulated::issue<128>(d, a, 0, b, kTransB);
+  emulated::issue<128>(&d[0][0], a, 0, b, kTransB);
+}
+template <int kTransB>
+static inline void mma_m64n128k16_ss(float (&d_lo)[8][4], float (&d_hi)[8][4], u64 a, u64 b) {
+  emulated::issue<128>(&d_lo[0][0], nullptr, a, b, kTransB, &d_hi[0][0]);
 }
 template <int kRegisters>
 static inline void release_registers() {}
