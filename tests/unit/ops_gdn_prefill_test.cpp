@@ -1319,6 +1319,27 @@ TEST_CASE("gdn_prefill: every profile site of the warp-specialized kernel has a 
 }
 
 TEST_CASE(
+    "gdn_prefill: the wide tiles' k and q as one pair tile on wgmma fit their padded rows' bytes") {
+  for (const int k : {64, 128, 256}) {
+    for (const int stages : {2, 3}) {
+      CAPTURE(k);
+      CAPTURE(stages);
+      const GdnPrefillStateSmem padded = gdn_prefill_state_smem(k, 128, stages);
+      const GdnPrefillStateSmem paired = gdn_prefill_state_smem(k, 128, stages, true);
+      // Same sizes (the planner's figures do not depend on the arch's layout), q behind k's
+      // first slice, and the pair's last slice ends before v.
+      CHECK(paired.total == padded.total);
+      CHECK(paired.k0 == padded.k0);
+      CHECK(paired.v == padded.v);
+      CHECK(paired.q == paired.k0 + 64 * 128);
+      CHECK(paired.k0 % 1024 == 0);
+      const std::uint32_t slices = static_cast<std::uint32_t>(k / 64);
+      CHECK(paired.k0 + slices * 2 * 64 * 128 <= paired.v);
+    }
+  }
+}
+
+TEST_CASE(
     "gdn_prefill: the warp-specialized kernel's shared memory: disjoint regions, aligned "
     "swizzled tiles, one H200 block") {
   const GdnPrefillWsSmem m = gdn_prefill_ws_smem(128);
@@ -1335,9 +1356,13 @@ TEST_CASE(
   for (std::uint32_t s = 0; s < static_cast<std::uint32_t>(kGdnPrefillWsStages); ++s) {
     const std::uint32_t at = s * stage;
     for (const std::uint32_t tile : {st.k0, st.q, st.v}) CHECK((at + tile) % 1024 == 0);
-    regions.push_back({"k", at + st.k0, 64 * 128 * 2});
-    regions.push_back({"q", at + st.q, 64 * 128 * 2});
-    regions.push_back({"v", at + st.v, 64 * 128 * 2});  // swizzled like q and k
+    // k and q: one pair tile, each tile's 64-column slices 16 KiB apart, q's behind k's.
+    CHECK(st.q == st.k0 + 64 * 128);
+    for (std::uint32_t slice = 0; slice < 2; ++slice) {
+      regions.push_back({"k", at + st.k0 + slice * 2 * 64 * 128, 64 * 128});
+      regions.push_back({"q", at + st.q + slice * 2 * 64 * 128, 64 * 128});
+    }
+    regions.push_back({"v", at + st.v, 64 * 128 * 2});  // swizzled, a tile of its own
     regions.push_back({"scales", at + st.sc0, 64 * 16});
   }
   for (std::uint32_t slot = 0; slot < 2; ++slot) {
