@@ -1347,20 +1347,20 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       warpgroup_sync(wg);  // every warp's rows are in before the warpgroup's products read them
       const u64 s_desc = wgmma::descriptor_sw128(mma::smem_addr(s_tile), 16, kSwAtom);
       wgmma::fence();
+      // S_w K^T and S_w Q^T as one n = 128 product of the pair tile [k; q] (k's descriptor spans
+      // both): the tensor cores read the S tile once a k-step instead of twice. Both waited for
+      // here (R's formation no longer overlaps S_w Q^T), and the S tile is then free at once:
+      // the other warpgroup's turn passes before R instead of after it.
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
-        wgmma::mma_m64n64k16_ss<0>(acc_r, wgmma::advance(s_desc, sw128::k_step(0, ks)),
-                                   wgmma::advance(k_desc, sw128::k_step<kPair>(0, ks)));
+        wgmma::mma_m64n128k16_ss<0>(acc_r, acc_o, wgmma::advance(s_desc, sw128::k_step(0, ks)),
+                                    wgmma::advance(k_desc, sw128::k_step<kPair>(0, ks)));
       }
       wgmma::commit();
-#pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        wgmma::mma_m64n64k16_ss<0>(acc_o, wgmma::advance(s_desc, sw128::k_step(0, ks)),
-                                   wgmma::advance(q_desc, sw128::k_step<kPair>(0, ks)));
-      }
-      wgmma::commit();
-      wgmma::wait<1>();
+      wgmma::wait<0>();
       wgmma::hold_registers(acc_r);
+      wgmma::hold_registers(acc_o);
+      if (goes_first) turn_pass();
       mark(kWsProfStateFirst);
       // This chunk's P^T and scales from the chunk warpgroup (the second warpgroup waited above).
       if (goes_first) wait_chunk_ready(cur);
@@ -1407,11 +1407,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       form_r(acc_r, s_v + vw, kLdV, s_sc, t4, ra, kd);
     }
     if constexpr (kWs) {
-      // S_w Q^T has read the shared S tile by now (it ran during R): the other warpgroup's turn
-      // (the warpgroup going second keeps the tile for the next chunk).
-      wgmma::wait<0>();
-      wgmma::hold_registers(acc_o);
-      if (goes_first) turn_pass();
+      // (The other warpgroup's turn passed after step 1; the warpgroup going second keeps the
+      // tile for the next chunk.)
       mark(kWsProfStateR);
       mbarrier::wait(t_ready + par, (t_ready_phase >> par) & 1u);
       t_ready_phase ^= 1u << par;
