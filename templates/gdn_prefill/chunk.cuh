@@ -773,10 +773,10 @@ enum ChunkP : int { kChunkPNone = 0, kChunkPQK = 1, kChunkPKQ = 2 };
 /// are computed and never read), and, kL2Norm, on mma.sync while they run, the diagonal block of Q
 /// Q^T of the tile's block row `qq_row` (its A fragment is also its B fragment); waits for all.
 /// `while_running()` runs after the wgmma are issued, before they are waited for.
-/// kPaired: k and q are a pair tile (sw128::kPairSlice, q at k_addr + sw128::kSlice). kOneProduct
-/// (paired, K Q^T): both products as one n = 128 wgmma per k-step, K times the pair [K; Q] read as
-/// one B operand, so that the tensor cores read K (A) once a k-step instead of twice.
-template <int kKSteps, bool kL2Norm, int kP, bool kPaired = false, bool kOneProduct = false,
+/// kPaired: k and q are a pair tile (sw128::kPairSlice, q at k_addr + sw128::kSlice). (K K^T
+/// and K Q^T as one n = 128 wgmma of the pair, reading K once, made the ws kernel 1-3% slower on
+/// the H100 and spilled its chunk role: docs/performance.md, "k and q as one pair tile".)
+template <int kKSteps, bool kL2Norm, int kP, bool kPaired = false,
           typename WhileRunning = void (*)()>
 __device__ __forceinline__ void chunk_products_wgmma(
     float (&acc_g)[8][4], float (&acc_p)[8][4], float (&acc_qq)[2][4], u32 k_addr, u32 q_addr,
@@ -790,14 +790,10 @@ __device__ __forceinline__ void chunk_products_wgmma(
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks) {
     const u64 kd = wgmma::advance(k_desc, sw128::k_step<kStride>(0, ks));
-    if constexpr (kOneProduct && kPaired && kP == kChunkPKQ) {
-      wgmma::mma_m64n128k16_ss<0>(acc_g, acc_p, kd, kd);  // B: the pair's 128 rows from k's
-    } else {
-      wgmma::mma_m64n64k16_ss<0>(acc_g, kd, kd);
-    }
+    wgmma::mma_m64n64k16_ss<0>(acc_g, kd, kd);
     if constexpr (kP == kChunkPQK) {
       wgmma::mma_m64n64k16_ss<0>(acc_p, wgmma::advance(q_desc, sw128::k_step<kStride>(0, ks)), kd);
-    } else if constexpr (kP == kChunkPKQ && !(kOneProduct && kPaired)) {
+    } else if constexpr (kP == kChunkPKQ) {
       wgmma::mma_m64n64k16_ss<0>(acc_p, kd, wgmma::advance(q_desc, sw128::k_step<kStride>(0, ks)));
     }
   }

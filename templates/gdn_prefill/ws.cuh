@@ -306,8 +306,7 @@ struct WsChunkRole {
       // 3a. The gates' scan (each warp its own copy of gamma; the next chunk's gates loaded once
       // these are converted) while the tensor cores run the products: ~4% of the call.
       typename ChunkGates<Tgate, Tparam, kGated>::Scanned scanned;
-      // (K K^T and K Q^T as one n = 128 wgmma were 3% slower: docs/performance.md.)
-      chunk_products_wgmma<kKSteps, false, kChunkPKQ, true, false>(
+      chunk_products_wgmma<kKSteps, false, kChunkPKQ, true>(
           acc_g, acc_p, acc_qq, mma::smem_addr(base + kS.k0), mma::smem_addr(base + kS.q), warp,
           [&] { scanned = gates.scan_gates(p, rows, lane, s_gamma, s_ref, load_next_gates); });
       tp = prof.add(kWsProfChunkProducts, tp);
