@@ -4,13 +4,14 @@
 // chunk but its outputs leaves the SM.
 //
 //   warpgroup 2 (the chunk role, below): copies each chunk's raw q, k and v rows into a ring of
-//     three stages (cp.async, q and k 128-byte swizzled) and computes, one chunk ahead of the state
-//     warpgroups, most of what the chunk kernel (chunk.cuh) writes to the workspace: A (into one
-//     tile; f32, its off-diagonal blocks f16 where the inverse takes f16 operands) and P transposed
-//     (decay_col_block, from K Q^T, so that each warp's rows of P^T and of A balance) into a ring
-//     of two swizzled T' / P^T slots, and the decay scales into the stage; from K K^T and K Q^T on
-//     wgmma, k's norms from the diagonal of K K^T, q's norms (Q Q^T's diagonal blocks on
-//     mma.sync, into the stage: both state warpgroups scale O's columns by them) and the gates.
+//     three stages (cp.async, 128-byte swizzled; k and q one pair tile, sw128::kPairSlice, so that
+//     the state warpgroups' S_w [K; Q]^T is one n = 128 wgmma) and computes, one chunk ahead of the
+//     state warpgroups, most of what the chunk kernel (chunk.cuh) writes to the workspace: A (into
+//     one tile; f32, its off-diagonal blocks f16 where the inverse takes f16 operands) and P
+//     transposed (decay_col_block, from K Q^T, so that each warp's rows of P^T and of A balance)
+//     into a ring of two swizzled T' / P^T slots, and the decay scales into the stage; from K K^T
+//     and K Q^T on wgmma, k's norms from the diagonal of K K^T, q's norms (Q Q^T's diagonal blocks
+//     on mma.sync, into the stage: both state warpgroups scale O's columns by them) and the gates.
 //   warpgroups 0 and 1 (state.cuh, state_wide with a chunk role): the state recurrence on wgmma,
 //     64 rows of V each, taking turns through one shared bf16 S tile for their first products.
 //     By chunk parity one goes first while the other turns A into T' = (I + A)^-1 diag(beta)
