@@ -344,8 +344,8 @@ enum GdnWsProfileSite : int {
   kWsProfStateInvFirst,    // its first block products and the barrier behind them
   kWsProfStateInverse,     // its second block products, T' stored (on every other chunk)
   kWsProfStateTurn,        // waiting for the warpgroup's turn on the S tile
-  kWsProfStateFirst,       // the S tile, S K^T and S Q^T until S K^T is done
-  kWsProfStateR,           // R, S Q^T done, the turn passed
+  kWsProfStateFirst,       // the S tile and S [K; Q]^T (one n = 128 product), the turn passed
+  kWsProfStateR,           // R
   kWsProfStateTReady,      // waiting for T' (the other warpgroup's inverse)
   kWsProfStateVn,          // Vn = R T'^T
   kWsProfStateUpdate,      // O's and the state's products until O is done, O's scales
