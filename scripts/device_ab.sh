@@ -23,6 +23,11 @@
 #               memcheck, beside the tests (default: none)
 #   AB_SANITIZE_TOOLS  the compute-sanitizer tools for AB_SANITIZE (default: racecheck memcheck;
 #               add synccheck for kernels with cluster or named barriers)
+#   AB_DIR      where prepare exports and run finds the trees (default: .ab). Two sets of trees
+#               for two A/Bs in one device call: `AB_DIR=.ab/b bash scripts/device_ab.sh prepare
+#               REV...` beside the default set, carry both, and run twice, the second time with
+#               AB_DIR=.ab/b (build folders are per tree name, so a revision in both builds once;
+#               the second run rewrites $OUT's summary.txt and bench-work.txt: copy them first).
 #
 # The test and sanitizer summaries also go to $OUT/summary.txt, and the last 60 lines of each
 # test log to $OUT/<log>.tail: the device tool returns only the end of a call's output, where the
@@ -33,7 +38,8 @@
 #   sed -i '1i #define KJIT_GDN_WS_PACE 2' .ab/01-*/templates/gdn_prefill/params.h   (chunk side)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-ab=$root/.ab
+ab=${AB_DIR:-.ab}
+[[ "$ab" = /* ]] || ab=$root/$ab
 
 if [ "${1:-}" = prepare ]; then
   shift
