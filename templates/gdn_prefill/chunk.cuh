@@ -774,8 +774,9 @@ enum ChunkP : int { kChunkPNone = 0, kChunkPQK = 1, kChunkPKQ = 2 };
 /// Q^T of the tile's block row `qq_row` (its A fragment is also its B fragment); waits for all.
 /// `while_running()` runs after the wgmma are issued, before they are waited for.
 /// kPaired: k and q are a pair tile (sw128::kPairSlice, q at k_addr + sw128::kSlice). (K K^T
-/// and K Q^T as one n = 128 wgmma of the pair, reading K once, made the ws kernel 1-4% slower on
-/// the H100 and spilled its chunk role: docs/performance.md, "k and q as one pair tile".)
+/// and K Q^T as one n = 128 wgmma of the pair, reading K once, made the ws kernel 2-3% slower on
+/// the H100 at HV = H and spilled its chunk role: docs/performance.md, "k and q as one pair
+/// tile".)
 template <int kKSteps, bool kL2Norm, int kP, bool kPaired = false,
           typename WhileRunning = void (*)()>
 __device__ __forceinline__ void chunk_products_wgmma(
