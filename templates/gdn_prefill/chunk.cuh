@@ -311,10 +311,20 @@ __device__ __forceinline__ float* t_diag_block(float* s_a, int i) {
   return i < 3 ? parked_block(s_a, 0, i + 1) : parked_block(s_a, 1, 2);
 }
 
+/// scale / |q| of row g + 8 hf of q's block row `q_block` into s_rq, from the diagonal block of
+/// Q Q^T (qq, mma::gram_diagonal_block_sw128's), by the lane that holds that diagonal element
+/// (mma::holds_diagonal); without the norm, the scale alone.
+template <bool kL2Norm>
+__device__ __forceinline__ void store_inverse_q_norm(const float (&qq)[2][4], int hf, int q_block,
+                                                     float* s_rq, float scale, int g) {
+  const float d = mma::own_diagonal(qq[hf], hf, g);
+  s_rq[16 * q_block + g + 8 * hf] = scale * (kL2Norm ? gdn::l2_inv_norm_unguarded(d) : 1.f);
+}
+
 /// Step 2 of a chunk: the inverse norms from the diagonals of K K^T (block row `k_block` of
 /// acc_g, the warp's) and of Q Q^T (acc_qq, the diagonal block of q's block row `q_block`): row g
-/// of a 16x16 accumulator block sits in n-tile 0, row g + 8 in n-tile 1, at lane 4 g' + t4 with
-/// 2 t4 + (e & 1) = g; a quad sum gathers them. The output scale rides on 1 / |q| (see the top
+/// of a 16x16 accumulator block sits in n-tile 0, row g + 8 in n-tile 1, in the one lane of the
+/// quad with 2 t4 + (e & 1) = g, which stores it. The output scale rides on 1 / |q| (see the top
 /// of the file). !kWithQ: the k norms only (acc_qq, s_rq and scale not read).
 template <bool kL2Norm, bool kWithQ = true>
 __device__ __forceinline__ void store_inverse_norms(const float (&acc_g)[8][4],
@@ -332,10 +342,7 @@ __device__ __forceinline__ void store_inverse_norms(const float (&acc_g)[8][4],
       if (jb == k_block) dk = mma::own_diagonal(acc_g[2 * jb + hf], hf, g);
     }
     s_rk[16 * k_block + g + 8 * hf] = kL2Norm ? gdn::l2_inv_norm_unguarded(dk) : 1.f;
-    if constexpr (kWithQ) {
-      const float dq = mma::own_diagonal(acc_qq[hf], hf, g);
-      s_rq[16 * q_block + g + 8 * hf] = scale * (kL2Norm ? gdn::l2_inv_norm_unguarded(dq) : 1.f);
-    }
+    if constexpr (kWithQ) store_inverse_q_norm<kL2Norm>(acc_qq, hf, q_block, s_rq, scale, g);
   }
 }
 

@@ -261,10 +261,7 @@ struct WsChunkRole {
         // (The lane holding each diagonal element stores its norm: no quad sum of shuffles.)
         if (mma::holds_diagonal(g, t4)) {
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const float d = mma::own_diagonal(qq[hf], hf, g);
-            s_rq[16 * warp + g + 8 * hf] = p.scale * gdn::l2_inv_norm_unguarded(d);
-          }
+          for (int hf = 0; hf < 2; ++hf) store_inverse_q_norm<true>(qq, hf, warp, s_rq, p.scale, g);
         }
       }
       tp = prof.add(kWsProfChunkQNorms, tp);
