@@ -202,6 +202,10 @@ struct GdnPrefillStateSmem {
   u32 total;
 };
 
+/// Bytes from k to q in a pair tile of a stage (k's first 64-column slice of 64 bf16 rows:
+/// sw128::kSlice), and the stride of both tiles' slices twice that (sw128::kPairSlice).
+inline constexpr u32 kGdnPrefillPairQOffset = 64u * 128u;
+
 /// `stages`: input stages of the wide tiles (0: gdn_prefill_state_stages(bv); the
 /// context-parallel passes may take 3). `paired_kq` (the wide tiles on wgmma, sm_90a): k and q
 /// of a stage are one pair tile (sw128::kPairSlice: k's 64-column slice s at k0 + 2 s 8 KiB, q's
@@ -218,7 +222,7 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillStateSmem gdn_prefill_state_smem(int k, 
   if (gdn_prefill_state_wide(bv)) {
     m.k0 = at;
     at += 64u * row_k;
-    m.q = paired_kq ? m.k0 + 64u * 128u : at;
+    m.q = paired_kq ? m.k0 + kGdnPrefillPairQOffset : at;
     at += 64u * row_k;
     m.v = at;
     at += 64u * u32(bv + 8) * 2u;
@@ -435,7 +439,7 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillWsSmem gdn_prefill_ws_smem(int k) {
   u32 at = 0;
   // k and q: one pair tile (sw128::kPairSlice), q's slices right behind k's (q = k0 + 8 KiB).
   st.k0 = at;
-  st.q = at + 64u * 128u;
+  st.q = at + kGdnPrefillPairQOffset;
   at += 2u * 64u * u32(k) * 2u;
   st.v = at;  // 128-byte swizzled like q and k (two 64-column slices), not padded
   at += 64u * 128u * 2u;
