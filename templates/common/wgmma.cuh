@@ -144,6 +144,22 @@ __device__ __forceinline__ void mma_m64n32k16_ss(float (&d)[4][4], u64 a, u64 b)
   "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47," \
   "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
 
+/// The 64 accumulator operands of an n = 128 product held as two 64-column halves.
+#define KJIT_WGMMA_OUT_N128(lo, hi)                                                               \
+  "+f"(lo[0][0]), "+f"(lo[0][1]), "+f"(lo[0][2]), "+f"(lo[0][3]), "+f"(lo[1][0]), "+f"(lo[1][1]), \
+      "+f"(lo[1][2]), "+f"(lo[1][3]), "+f"(lo[2][0]), "+f"(lo[2][1]), "+f"(lo[2][2]),             \
+      "+f"(lo[2][3]), "+f"(lo[3][0]), "+f"(lo[3][1]), "+f"(lo[3][2]), "+f"(lo[3][3]),             \
+      "+f"(lo[4][0]), "+f"(lo[4][1]), "+f"(lo[4][2]), "+f"(lo[4][3]), "+f"(lo[5][0]),             \
+      "+f"(lo[5][1]), "+f"(lo[5][2]), "+f"(lo[5][3]), "+f"(lo[6][0]), "+f"(lo[6][1]),             \
+      "+f"(lo[6][2]), "+f"(lo[6][3]), "+f"(lo[7][0]), "+f"(lo[7][1]), "+f"(lo[7][2]),             \
+      "+f"(lo[7][3]), "+f"(hi[0][0]), "+f"(hi[0][1]), "+f"(hi[0][2]), "+f"(hi[0][3]),             \
+      "+f"(hi[1][0]), "+f"(hi[1][1]), "+f"(hi[1][2]), "+f"(hi[1][3]), "+f"(hi[2][0]),             \
+      "+f"(hi[2][1]), "+f"(hi[2][2]), "+f"(hi[2][3]), "+f"(hi[3][0]), "+f"(hi[3][1]),             \
+      "+f"(hi[3][2]), "+f"(hi[3][3]), "+f"(hi[4][0]), "+f"(hi[4][1]), "+f"(hi[4][2]),             \
+      "+f"(hi[4][3]), "+f"(hi[5][0]), "+f"(hi[5][1]), "+f"(hi[5][2]), "+f"(hi[5][3]),             \
+      "+f"(hi[6][0]), "+f"(hi[6][1]), "+f"(hi[6][2]), "+f"(hi[6][3]), "+f"(hi[7][0]),             \
+      "+f"(hi[7][1]), "+f"(hi[7][2]), "+f"(hi[7][3])
+
 /// d (64 x 128, f32, d[nt][e] as in mma.cuh's C fragments of n-tile nt) += a (64 x 16,
 /// bf16, the warp's 16 rows as an mma.cuh A fragment) * b (16 x 128, bf16, in shared memory
 /// behind the descriptor `b`). kTransB 0: b K-major, 1: b N-major.
@@ -153,18 +169,7 @@ __device__ __forceinline__ void mma_m64n128k16(float (&d)[16][4], const u32 (&a)
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" KJIT_WGMMA_ACC_N128
       "}, {%64,%65,%66,%67}, %68, p, 1, 1, %69;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
-        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]),
-        "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),
-        "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]),
-        "+f"(d[15][2]), "+f"(d[15][3])
+      : KJIT_WGMMA_OUT_N128(d, (d + 8))
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransB));
 }
 
@@ -179,20 +184,22 @@ __device__ __forceinline__ void mma_m64n128k16_ss(float (&d_lo)[8][4], float (&d
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" KJIT_WGMMA_ACC_N128
       "}, %64, %65, p, 1, 1, 0, %66;\n}\n"
-      : "+f"(d_lo[0][0]), "+f"(d_lo[0][1]), "+f"(d_lo[0][2]), "+f"(d_lo[0][3]), "+f"(d_lo[1][0]),
-        "+f"(d_lo[1][1]), "+f"(d_lo[1][2]), "+f"(d_lo[1][3]), "+f"(d_lo[2][0]), "+f"(d_lo[2][1]),
-        "+f"(d_lo[2][2]), "+f"(d_lo[2][3]), "+f"(d_lo[3][0]), "+f"(d_lo[3][1]), "+f"(d_lo[3][2]),
-        "+f"(d_lo[3][3]), "+f"(d_lo[4][0]), "+f"(d_lo[4][1]), "+f"(d_lo[4][2]), "+f"(d_lo[4][3]),
-        "+f"(d_lo[5][0]), "+f"(d_lo[5][1]), "+f"(d_lo[5][2]), "+f"(d_lo[5][3]), "+f"(d_lo[6][0]),
-        "+f"(d_lo[6][1]), "+f"(d_lo[6][2]), "+f"(d_lo[6][3]), "+f"(d_lo[7][0]), "+f"(d_lo[7][1]),
-        "+f"(d_lo[7][2]), "+f"(d_lo[7][3]), "+f"(d_hi[0][0]), "+f"(d_hi[0][1]), "+f"(d_hi[0][2]),
-        "+f"(d_hi[0][3]), "+f"(d_hi[1][0]), "+f"(d_hi[1][1]), "+f"(d_hi[1][2]), "+f"(d_hi[1][3]),
-        "+f"(d_hi[2][0]), "+f"(d_hi[2][1]), "+f"(d_hi[2][2]), "+f"(d_hi[2][3]), "+f"(d_hi[3][0]),
-        "+f"(d_hi[3][1]), "+f"(d_hi[3][2]), "+f"(d_hi[3][3]), "+f"(d_hi[4][0]), "+f"(d_hi[4][1]),
-        "+f"(d_hi[4][2]), "+f"(d_hi[4][3]), "+f"(d_hi[5][0]), "+f"(d_hi[5][1]), "+f"(d_hi[5][2]),
-        "+f"(d_hi[5][3]), "+f"(d_hi[6][0]), "+f"(d_hi[6][1]), "+f"(d_hi[6][2]), "+f"(d_hi[6][3]),
-        "+f"(d_hi[7][0]), "+f"(d_hi[7][1]), "+f"(d_hi[7][2]), "+f"(d_hi[7][3])
+      : KJIT_WGMMA_OUT_N128(d_lo, d_hi)
       : "l"(a), "l"(b), "n"(kTransB));
+}
+
+/// d (64 x 128: columns 0..63 in d_lo, 64..127 in d_hi, as mma_m64n128k16_ss's) += a (64 x 16,
+/// bf16, the warp's 16 rows as an mma.cuh A fragment) * b (16 x 128, behind `b`, as in
+/// mma_m64n128k16_ss): the register-A form of the two-accumulator product.
+template <int kTransB>
+__device__ __forceinline__ void mma_m64n128k16(float (&d_lo)[8][4], float (&d_hi)[8][4],
+                                               const u32 (&a)[4], u64 b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" KJIT_WGMMA_ACC_N128
+      "}, {%64,%65,%66,%67}, %68, p, 1, 1, %69;\n}\n"
+      : KJIT_WGMMA_OUT_N128(d_lo, d_hi)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransB));
 }
 
 /// setmaxnreg (sm_90a, warpgroup-aligned): this warpgroup gives registers back to the block's

@@ -275,13 +275,12 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillStateSmem gdn_prefill_state_smem(int k, 
 }
 
 /// The warp-specialized kernel (ws.cuh, sm_90a, K = V = 128): three stages of a chunk's k, q, v
-/// and scales, two slots of T' and P^T, the state warpgroups' shared S tile, the full / empty /
+/// and scales, two slots of T' and P^T, the full / empty /
 /// p_ready mbarriers per stage and chunk_ready (the chunk warpgroup's T', P^T and scales of the
 /// stage's chunk are in), and the chunk warpgroup's own tiles.
 struct GdnPrefillWsSmem {
   GdnPrefillStateSmem state;  // the stages (k0, q, v, sc0; k1 - k0 apart); t0 and p: slot 0 below
   u32 tp_stride;              // bytes from one T' / P^T slot to the next (two slots)
-  u32 s_tile;                 // bf16 [64][k] swizzled: a state warpgroup's rows of S at chunk start
   u32 chunk_ready;            // u64 [3]
   u32 t_ready;                // u64 [2]: the state side's T' of a chunk is in (by chunk parity)
   u32 a;                      // f32 [64][68]: A, and the parked f32 blocks of T above its diagonal
@@ -432,9 +431,7 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillWsSmem gdn_prefill_ws_smem(int k) {
   // Three stages of the chunk's rows (k, q swizzled without the mma.sync padding, v padded as the
   // state kernel's, the scales), then the chunk warpgroup's T' and P^T in a ring of two slots:
   // chunk c's slot is chunk c - 2's, whose stage the chunk warpgroup waits for anyway before it
-  // fills chunk c + 1. The slot saved pays for the state warpgroups' shared S tile (their first
-  // products read S from shared memory: with S's bf16 A fragments in registers ptxas serialized
-  // every wgmma of the kernel, docs/performance.md).
+  // fills chunk c + 1.
   GdnPrefillStateSmem& st = m.state;
   u32 at = 0;
   // k and q: one pair tile (sw128::kPairSlice), q's slices right behind k's (q = k0 + 8 KiB).
@@ -453,8 +450,6 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillWsSmem gdn_prefill_ws_smem(int k) {
   m.tp_stride = 2u * 64u * 64u * 2u;
   st.t1 = st.t0 + m.tp_stride;
   at += 2u * m.tp_stride;
-  m.s_tile = at;
-  at += 64u * u32(k) * 2u;
   st.barriers = at;
   at += 24u * u32(kGdnPrefillWsStages);
   st.total = at;  // (state_wide finds chunk_ready here)

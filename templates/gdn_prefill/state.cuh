@@ -1298,11 +1298,9 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     wgmma::hold_registers(acc_r);
     wgmma::hold_registers(acc_o);
     if constexpr (kWs) {
-      // S_w from the warpgroups' shared S tile (bf16, swizzled, K-major A): with S's A fragments
-      // in registers beside the state and the accumulators, 184 registers were too few for ptxas
-      // to keep any wgmma in flight (C7512: every wgmma of the kernel waited for itself). The
-      // tile is the warpgroup's from its turn until its products have read it.
-      unsigned char* const s_tile = smem + kWsSmem.s_tile;
+      // S_w as register A fragments beside one n = 128 product of the pair tile [k; q] (k's
+      // descriptor spans both): the tensor cores read only the pair tile, where the shared S tile
+      // had every warp store its rows (stmatrix) and the tensor cores read them back each chunk.
       // (q's norms, which only O needs, are the chunk warpgroup's: WsChunkRole::run.)
       // T' of this chunk: the second warpgroup inverts (I + A) from the chunk warpgroup's A tile
       // while it waits for its turn (the first issues its products); its arrivals also hand A's
@@ -1321,46 +1319,24 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         wgmma::fence_shared_writes();  // this thread's T' stores, before wgmma reads them
         mbarrier::arrive(t_ready + par);
         mark(kWsProfStateInverse);
-        // The first warpgroup's products have read the S tile, and its norms are in.
+        // The first warpgroup has issued its products.
         turn_wait();
       }
-      if (goes_first) {
-        // The tile is still this warpgroup's from its turn on the chunk before: all its warps
-        // past the wait for those products before any warp rewrites its rows. (On the GPU each
-        // warp's wait already covers the warpgroup's whole product; the emulation, which retires
-        // a product at any one warp's wait, saw a race under ThreadSanitizer without it.)
-        warpgroup_sync(wg);
-      }
       mark(kWsProfStateTurn);
-      // The warp's 16 rows of the tile, one stmatrix per k-step (its four 8 x 8 matrices are the
-      // A fragment's four registers; lane l gives the address of matrix l / 8's row l % 8): a
-      // quarter of the store instructions of four 4-byte stores.
-      const int st_row = (warp & 3) * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
-      const int st_col = 8 * (lane >> 4);
+      u32 s_frag[kKSteps][4];
 #pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        u32 f[4];
-        state_fragment(s_acc[0], ks, f);
-        mma::stmatrix_x4(mma::smem_addr(sw128_element(s_tile, st_row, 16 * ks + st_col)), f);
-      }
-      wgmma::fence_shared_writes();
-      warpgroup_sync(wg);  // every warp's rows are in before the warpgroup's products read them
-      const u64 s_desc = wgmma::descriptor_sw128(mma::smem_addr(s_tile), 16, kSwAtom);
+      for (int ks = 0; ks < kKSteps; ++ks) state_fragment(s_acc[0], ks, s_frag[ks]);
       wgmma::fence();
-      // S_w K^T and S_w Q^T as one n = 128 product of the pair tile [k; q] (k's descriptor spans
-      // both): the tensor cores read the S tile once a k-step instead of twice. Both waited for
-      // here (R's formation no longer overlaps S_w Q^T), and the S tile is then free at once:
-      // the other warpgroup's turn passes before R instead of after it.
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
-        wgmma::mma_m64n128k16_ss<0>(acc_r, acc_o, wgmma::advance(s_desc, sw128::k_step(0, ks)),
-                                    wgmma::advance(k_desc, sw128::k_step<kPair>(0, ks)));
+        wgmma::mma_m64n128k16<0>(acc_r, acc_o, s_frag[ks],
+                                 wgmma::advance(k_desc, sw128::k_step<kPair>(0, ks)));
       }
       wgmma::commit();
+      if (goes_first) turn_pass();
       wgmma::wait<0>();
       wgmma::hold_registers(acc_r);
       wgmma::hold_registers(acc_o);
-      if (goes_first) turn_pass();
       mark(kWsProfStateFirst);
       // This chunk's P^T and scales from the chunk warpgroup (the second warpgroup waited above).
       if (goes_first) wait_chunk_ready(cur);

@@ -1308,6 +1308,11 @@ template <int kTransB>
 static inline void mma_m64n128k16_ss(float (&d_lo)[8][4], float (&d_hi)[8][4], u64 a, u64 b) {
   emulated::issue<128>(&d_lo[0][0], nullptr, a, b, kTransB, &d_hi[0][0]);
 }
+template <int kTransB>
+static inline void mma_m64n128k16(float (&d_lo)[8][4], float (&d_hi)[8][4], const u32 (&a)[4],
+                                  u64 b) {
+  emulated::issue<128>(&d_lo[0][0], a, 0, b, kTransB, &d_hi[0][0]);
+}
 template <int kRegisters>
 static inline void release_registers() {}
 template <int kRegisters>

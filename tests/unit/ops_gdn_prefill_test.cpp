@@ -1371,8 +1371,6 @@ TEST_CASE(
     regions.push_back({"T'", at + st.t0, 64 * 64 * 2});
     regions.push_back({"P^T", at + st.p, 64 * 64 * 2});
   }
-  CHECK(m.s_tile % 1024 == 0);
-  regions.push_back({"S tile", m.s_tile, 64 * 128 * 2});
   regions.push_back({"full, empty, p_ready", st.barriers, 3 * 8 * kGdnPrefillWsStages});
   regions.push_back({"chunk_ready", m.chunk_ready, 8 * kGdnPrefillWsStages});
   regions.push_back({"t_ready (by chunk parity)", m.t_ready, 8 * 2});
