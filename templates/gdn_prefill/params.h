@@ -346,8 +346,8 @@ enum GdnWsProfileSite : int {
   kWsProfStateInvDiag,     // the inverse's diagonal blocks and the barrier behind them
   kWsProfStateInvFirst,    // its first block products and the barrier behind them
   kWsProfStateInverse,     // its second block products, T' stored (on every other chunk)
-  kWsProfStateTurn,        // waiting for the warpgroup's turn on the S tile
-  kWsProfStateFirst,       // the S tile and S [K; Q]^T (one n = 128 product), the turn passed
+  kWsProfStateTurn,        // waiting for the warpgroup's turn to issue its first products
+  kWsProfStateFirst,       // S [K; Q]^T (S as register A, one n = 128 product a k-step)
   kWsProfStateR,           // R
   kWsProfStateTReady,      // waiting for T' (the other warpgroup's inverse)
   kWsProfStateVn,          // Vn = R T'^T

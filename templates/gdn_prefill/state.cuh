@@ -1176,10 +1176,10 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     [[maybe_unused]] const int cur = st;
     if constexpr (kWs) tp = prof.now();
 #if KJIT_GDN_STATE_WGMMA
-    // kWs: the warpgroups alternate by chunk: on chunk c warpgroup c & 1 goes first on the S tile
-    // while the other inverts (I + A) for T', then the inverting one takes its turn, keeps the
-    // tile and goes first on chunk c + 1. With warpgroup 1 inverting every chunk it was busy ~90%
-    // of its loop and warpgroup 0 waited a quarter of its own for T' (docs/performance.md).
+    // kWs: the warpgroups alternate by chunk: on chunk c warpgroup c & 1 issues its first products
+    // first while the other inverts (I + A) for T', then the inverting one takes its turn and goes
+    // first on chunk c + 1. With warpgroup 1 inverting every chunk it was busy ~90% of its loop
+    // and warpgroup 0 waited a quarter of its own for T' (docs/performance.md).
     [[maybe_unused]] const bool goes_first = wg == int(ws_par);
     if constexpr (kWs && kGdnWsChunkAlone) {  // measurement only: the chunk side's pace
       mbarrier::wait(full + st, (full_phase >> st) & 1u);
@@ -1299,8 +1299,9 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     wgmma::hold_registers(acc_o);
     if constexpr (kWs) {
       // S_w as register A fragments beside one n = 128 product of the pair tile [k; q] (k's
-      // descriptor spans both): the tensor cores read only the pair tile, where the shared S tile
-      // had every warp store its rows (stmatrix) and the tensor cores read them back each chunk.
+      // descriptor spans both): the tensor cores read only the pair tile. A shared S tile, which
+      // every warp stored (stmatrix) and the tensor cores read back each chunk, made the call ~2%
+      // slower at HV = H and ~8% at HV = 2H on the H200 (docs/performance.md, "S as register A").
       // (q's norms, which only O needs, are the chunk warpgroup's: WsChunkRole::run.)
       // T' of this chunk: the second warpgroup inverts (I + A) from the chunk warpgroup's A tile
       // while it waits for its turn (the first issues its products); its arrivals also hand A's

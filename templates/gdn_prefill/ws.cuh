@@ -13,8 +13,9 @@
 //     and K Q^T on wgmma, k's norms from the diagonal of K K^T, q's norms (Q Q^T's diagonal blocks
 //     on mma.sync, into the stage: both state warpgroups scale O's columns by them) and the gates.
 //   warpgroups 0 and 1 (state.cuh, state_wide with a chunk role): the state recurrence on wgmma,
-//     64 rows of V each, taking turns through one shared bf16 S tile for their first products.
-//     By chunk parity one goes first while the other turns A into T' = (I + A)^-1 diag(beta)
+//     64 rows of V each, taking turns to issue their first products (S_w [K; Q]^T, S_w as
+//     register A fragments). By chunk parity one goes first while the other turns A into T' =
+//     (I + A)^-1 diag(beta)
 //     (invert: the forward substitution and the tf32 block products), then takes its turn and
 //     goes first on the next chunk. The inverse moved off the chunk warpgroup, which paced the
 //     kernel (docs/performance.md, "The inverse and q's norms on the state warpgroups"); q's
@@ -35,8 +36,9 @@
 // Registers: 2 x 128 x 192 + 128 x 120 = the block's 168 per thread (setmaxnreg, state.cuh;
 // 200 / 104, where the chunk warpgroup no longer spills, was 0.5-1% slower).
 // With 184 for the state warpgroups ptxas serialized every wgmma of the kernel (C7512, each
-// waited for itself) until S's A fragments left the registers for the shared S tile and P left
-// the state warpgroups; at 192 it keeps them in flight.
+// waited for itself) while S's A fragments were in registers beside P; at 192 it keeps them in
+// flight with S's fragments as the first products' register A (the shared S tile they replaced
+// cost ~2% at HV = H and ~8% at HV = 2H on the H200, docs/performance.md "S as register A").
 #pragma once
 
 #include "templates/gdn_prefill/chunk.cuh"
