@@ -106,8 +106,8 @@ struct GdnPrefillOptions {
   /// 128 on sm_90 and later) or its 128-row wgmma tile ("chunked_bv128_wgmma_p1"; "_p1" with
   /// another tile is a PlanError). "chunked_ws" runs one warp-specialized kernel per (sequence,
   /// value head) instead of the two (sm_90a, K = V = 128, no workspace; a PlanError elsewhere).
-  /// The planner takes it by itself where DRAM is slow next to the SMs (under 30 GB/s per SM:
-  /// the H100, not the H200) and many long sequences fill the SMs; plan.explain() says why or
+  /// The planner takes it by itself where DRAM is slow next to the SMs (under 40 GB/s per SM:
+  /// the H100 and the H200) and many long sequences fill the SMs; plan.explain() says why or
   /// why not (docs/performance.md, "The planner's choice between the two kernels and the
   /// warp-specialized one").
   std::string force_mode;

@@ -396,14 +396,17 @@ void prefer_wgmma(const Problem& pr, const DeviceLimits& device, Decision& choic
 // later 8% cuts, slower at 8k in 4 sequences (HV = 16 and 32: short chains in one wave) and with
 // 64 or fewer pairs. On the H200 (4.8 TB/s, 36 GB/s per SM), after those cuts, in one call: at
 // HV = H 1.4% (32k/16) and 2.6% (128k/16) faster than the two kernels, at HV = 2H 7% and 9%
-// slower. The thresholds sit between those points: below 40 GB/s per SM where HV = H, below 30
-// where HV > H; (sequence, value head) pairs filling at least 7/8 of the SMs, 48 or more chunks
-// per SM in all, and at most kGdnPrefillRankInStateMaxSeqs sequences (the blocks rank them
-// longest first; the measured calls all did). With the kernel's later cuts, at HV = 2H on the
-// H200 it measured within 1% of the two kernels (128k/32 2166-2174 against 2192 us, 32k/32
-// 580-582 against 584) and 12% slower at 8k in 4 sequences: too close to move the threshold.
+// slower. The threshold then sat between those points (below 40 GB/s per SM where HV = H, below
+// 30 where HV > H). With the kernel's later cuts, at HV = 2H on the H200 it measured within 1% of
+// the two kernels (128k/32 2166-2174 against 2192 us, 32k/32 580-582 against 584); once S became
+// the first products' register A (docs/performance.md, "S as register A"), 15% and 13% faster
+// (128k/32 1831.8-1833.0 against 2163.8 us, 32k/32 495.3-496.2 against 571.1; 4b7d212's kernel
+// already 8% and 6% faster there) and 1.5% slower at 8k in 4 sequences, which the chunk count
+// below keeps on the two kernels. So one threshold, 40 GB/s per SM, for every group size;
+// (sequence, value head) pairs filling at least 7/8 of the SMs, 48 or more chunks per SM in all,
+// and at most kGdnPrefillRankInStateMaxSeqs sequences (the blocks rank them longest first; the
+// measured calls all did).
 constexpr std::int64_t kWsMaxBytesPerSmSecond = 40'000'000'000;
-constexpr std::int64_t kWsMaxBytesPerSmSecondShared = 30'000'000'000;
 constexpr std::int64_t kWsMinChunksPerSm = 48;
 
 struct WsVerdict {
@@ -425,7 +428,7 @@ WsVerdict ws_pays(const Problem& pr, const DeviceLimits& device, bool explain) {
   const std::int64_t chunks =
       (pr.tokens + kGdnPrefillChunk - 1) / kGdnPrefillChunk * pr.value_heads;
   const bool shared_qk = pr.value_heads > pr.heads;
-  const std::int64_t max_per_sm = shared_qk ? kWsMaxBytesPerSmSecondShared : kWsMaxBytesPerSmSecond;
+  const std::int64_t max_per_sm = kWsMaxBytesPerSmSecond;
   const bool fast_dram = per_sm >= max_per_sm;
   const bool few_pairs = 8 * pairs < 7 * sms;
   const bool few_chunks = chunks < kWsMinChunksPerSm * sms;
@@ -441,18 +444,15 @@ WsVerdict ws_pays(const Problem& pr, const DeviceLimits& device, bool explain) {
         "warp-specialized kernel in place of the two kernels: {:.1f} GB/s of DRAM bandwidth per "
         "SM (< {} with {}) makes their workspace traffic cost more than its on-chip chunk work; "
         "{} (sequence, value head) pairs for {} SMs, {} chunks x value heads (>= {} per SM); "
-        "measured 1.16-1.22x faster on the H100 and 1.01-1.03x on the H200 (HV = H) at such shapes",
+        "measured 1.16-1.22x faster on the H100, and on the H200 1.01-1.03x (HV = H) and "
+        "1.15x (HV = 2H) at such shapes",
         gbps, max_per_sm / 1'000'000'000, group, pairs, sms, chunks, kWsMinChunksPerSm);
   } else {
     v.why = fmt::format(
         "two kernels, not the warp-specialized one: {}",
         fast_dram   ? fmt::format("{:.1f} GB/s of DRAM bandwidth per SM (>= {} with {}: the "
-                                    "workspace traffic is cheap enough{})",
-                                  gbps, max_per_sm / 1'000'000'000, group,
-                                shared_qk ? "; the two kernels compute each chunk's products "
-                                              "once per q/k head, and at HV = 2H on the H200, "
-                                              "36, they measured level with it (within 1%) or faster"
-                                            : "")
+                                    "workspace traffic is cheap enough)",
+                                  gbps, max_per_sm / 1'000'000'000, group)
         : few_pairs ? fmt::format("{} (sequence, value head) pairs leave more than 1/8 of {} SMs "
                                   "idle (one block walks each)",
                                   pairs, sms)
