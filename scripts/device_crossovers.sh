@@ -2,8 +2,9 @@
 # For the GPU machine: the measurements behind the planner's device-dependent choices, in one
 # device call on one build, with a compact summary last (docs/performance.md, "The planner's
 # choice between the two kernels and the warp-specialized one" and "The prefill's span on the
-# H100"). Both choices follow DeviceLimits::dram_bytes_per_second per SM (gdn_prefill's also the
-# value heads per q/k head), so run it on every GPU the rules should hold for and compare:
+# H100"). Both choices follow DeviceLimits::dram_bytes_per_second per SM (gdn_prefill's one
+# threshold for HV = H and HV > H since "S as register A"), so run it on every GPU the rules
+# should hold for and compare:
 #   - the live limits the planner sees (the GPU test printing them, and the DRAM figure);
 #   - causal_conv1d's prefill: the planner's span beside spans 64 and 32 forced;
 #   - gdn_prefill: bench_gdn_prefill with the planner's modes (and FlashInfer's SM90 kernel when
@@ -49,8 +50,8 @@ elapsed gdn_prefill planner
 env "${main_only[@]}" KJIT_PREFILL_BENCH_FORCE=chunked_ws KJIT_PREFILL_ANCHOR_LIB= \
   timeout 150 ./bench/bench_gdn_prefill >"$out/prefill_ws.txt" 2>&1
 elapsed gdn_prefill ws
-# The two kernels forced (main table): where the planner takes ws, its other side. The rule also
-# depends on the value heads per q/k head (HV = H and 2H in the table).
+# The two kernels forced (main table): where the planner takes ws, its other side (HV = H and 2H
+# in the table: the rule once depended on them).
 KJIT_PREFILL_BENCH_MAIN_ONLY=1 KJIT_PREFILL_BENCH_FORCE=chunked_bv128_wgmma KJIT_PREFILL_ANCHOR_LIB= \
   timeout 100 ./bench/bench_gdn_prefill >"$out/prefill_two.txt" 2>&1
 elapsed gdn_prefill two kernels
