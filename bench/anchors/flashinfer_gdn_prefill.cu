@@ -168,6 +168,21 @@ __global__ void __launch_bounds__(kL2WarpsPerBlock * 32)
   }
 }
 
+// FlashInfer's launcher for HV = H (kGva false) or HV a multiple of H; bf16, beta and alpha given,
+// the initial state read, no checkpoints.
+template <bool kGva>
+void launch(cudaStream_t stream, void* out, float* state_out, const void* q, const void* k,
+            const void* v, const float* state_in, const float* alpha, const float* beta,
+            const long long* cu_seqlens, void* workspace, int num_seqs, int num_heads,
+            int num_value_heads, int head_dim, long long total_tokens, float scale, int sm_count) {
+  flat::launch_delta_rule_prefill_kernel_gbai<kGva, true, true, true, false, cutlass::arch::Sm90,
+                                              nv_bfloat16, nv_bfloat16, float>(
+      stream, static_cast<nv_bfloat16*>(out), state_out, static_cast<nv_bfloat16 const*>(q),
+      static_cast<nv_bfloat16 const*>(k), static_cast<nv_bfloat16 const*>(v), state_in, alpha, beta,
+      reinterpret_cast<int64_t const*>(cu_seqlens), static_cast<uint8_t*>(workspace), num_seqs,
+      num_heads, num_heads, num_value_heads, num_value_heads, head_dim,
+      static_cast<int64_t>(total_tokens), scale, sm_count, nullptr, nullptr, 0);
+}
 }  // namespace
 
 extern "C" {
@@ -237,23 +252,10 @@ __attribute__((visibility("default"))) int kjit_anchor_gdn_prefill(
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   const bool is_gva = num_value_heads > num_heads;
   try {
-    if (is_gva) {
-      flat::launch_delta_rule_prefill_kernel_gbai<
-          true, true, true, true, false, cutlass::arch::Sm90, nv_bfloat16, nv_bfloat16, float>(
-          s, static_cast<nv_bfloat16*>(out), state_out, static_cast<nv_bfloat16 const*>(q),
-          static_cast<nv_bfloat16 const*>(k), static_cast<nv_bfloat16 const*>(v), state_in, alpha,
-          beta, reinterpret_cast<int64_t const*>(cu_seqlens), static_cast<uint8_t*>(workspace),
-          num_seqs, num_heads, num_heads, num_value_heads, num_value_heads, head_dim,
-          (int64_t)total_tokens, scale, sm_count, nullptr, nullptr, 0);
-    } else {
-      flat::launch_delta_rule_prefill_kernel_gbai<
-          false, true, true, true, false, cutlass::arch::Sm90, nv_bfloat16, nv_bfloat16, float>(
-          s, static_cast<nv_bfloat16*>(out), state_out, static_cast<nv_bfloat16 const*>(q),
-          static_cast<nv_bfloat16 const*>(k), static_cast<nv_bfloat16 const*>(v), state_in, alpha,
-          beta, reinterpret_cast<int64_t const*>(cu_seqlens), static_cast<uint8_t*>(workspace),
-          num_seqs, num_heads, num_heads, num_value_heads, num_value_heads, head_dim,
-          (int64_t)total_tokens, scale, sm_count, nullptr, nullptr, 0);
-    }
+    (is_gva ? launch<true> : launch<false>)(s, out, state_out, q, k, v, state_in, alpha, beta,
+                                            cu_seqlens, workspace, num_seqs, num_heads,
+                                            num_value_heads, head_dim, total_tokens, scale,
+                                            sm_count);
   } catch (const std::exception& e) {
     // "run failed" = launch error (CUTLASS consumed the cudaError with cudaGetLastError).
     cudaError_t last = cudaGetLastError();
