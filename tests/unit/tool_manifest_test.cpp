@@ -202,22 +202,38 @@ TEST_CASE("the issue's manifest ranges plan on sm_90 and sm_100a") {
   CHECK_FALSE(enumeration.specs.empty());
 }
 
-// kjit precompile plans each line on every product of an arch: gdn_prefill at many long
-// sequences with two value heads per q/k head takes the warp-specialized kernel on an H100 and
-// the two kernels on an H200, and a bundle for sm_90 must serve both.
+// kjit precompile plans each line on every product of an arch: causal_conv1d's prefill takes spans
+// of 32 tokens on an H100 and 64 on an H200 (its span follows the DRAM bandwidth per SM), and a
+// bundle for sm_90 must serve both. (gdn_prefill's ws kernel once differed between them too, at
+// HV = 2H; both take it now.)
 TEST_CASE("an sm_90 bundle holds the kernels the H100 and the H200 plan") {
   const Manifest manifest = parse_manifest(
-      "gdn_prefill tokens=131072 seqs=16 heads=16 v_heads=32 k=128 v=128 dtype=bf16\n", "ws.txt");
-  const auto families = [&](const std::vector<DeviceLimits>& devices) {
+      "causal_conv1d tokens=131072 seqs=16 dim=8192 dtype=bf16 width=4\n"
+      "gdn_prefill tokens=131072 seqs=16 heads=16 v_heads=32 k=128 v=128 dtype=bf16\n",
+      "span.txt");
+  const auto specs = [&](const std::vector<DeviceLimits>& devices) {
     std::set<std::string> out;
-    for (const KernelSpec& spec : enumerate_specs(manifest, devices).specs) out.insert(spec.family);
+    for (const KernelSpec& spec : enumerate_specs(manifest, devices).specs) {
+      out.insert(spec.family == "causal_conv1d" ? spec.str() : spec.family);
+    }
     return out;
   };
   const std::vector<DeviceLimits> products = DeviceLimits::products_of(Arch::parse("sm_90"));
-  CHECK(families({products[0]}) == std::set<std::string>{"gdn_prefill_ws"});
-  CHECK(families({products[1]}) == std::set<std::string>{"gdn_prefill_chunk", "gdn_prefill_state"});
-  CHECK(families(products) ==
-        std::set<std::string>{"gdn_prefill_chunk", "gdn_prefill_state", "gdn_prefill_ws"});
+  const auto h100 = specs({products[0]}), h200 = specs({products[1]}), both = specs(products);
+  const auto span_of = [](const std::set<std::string>& set) {
+    std::string spans;
+    for (const std::string& s : set) {
+      if (s.find("causal_conv1d") == 0)
+        spans += s.substr(s.find("span="), s.find(",mode") - s.find("span=")) + ";";
+    }
+    return spans;
+  };
+  CHECK(span_of(h100) == "span=32;");
+  CHECK(span_of(h200) == "span=64;");
+  CHECK(span_of(both) == "span=32;span=64;");
+  CHECK(h100.count("gdn_prefill_ws") == 1);
+  CHECK(h200.count("gdn_prefill_ws") == 1);
+  CHECK(both.size() == 3);
 }
 
 TEST_CASE("a manifest range with no accepted value is an error naming the line") {
