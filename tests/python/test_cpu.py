@@ -95,8 +95,8 @@ def test_plan_gdn_prefill():
 def test_plan_gdn_prefill_state_kernel_overlaps_the_chunk_kernel_from_sm_90():
     # The whole-V state tile (one block per SM) starts during the chunk kernel's last blocks
     # (programmatic dependent launch); sm_80 has no griddepcontrol, so its launches serialize.
-    # (Two value heads per q/k head: at one the H200 takes the warp-specialized kernel.)
-    shape = dict(tokens=32768, seqs=16, heads=16, v_heads=32, k=128, v=128)
+    # (8k tokens in 4 sequences: with more chunks the H200 takes the warp-specialized kernel.)
+    shape = dict(tokens=8192, seqs=4, heads=16, v_heads=32, k=128, v=128)
     hopper = kjit.plan("gdn_prefill", arch="h200", **shape)
     assert [launch.overlaps_previous for launch in hopper.launches] == [False, True]
     ampere = kjit.plan("gdn_prefill", arch="sm_80", **shape)
