@@ -445,7 +445,7 @@ WsVerdict ws_pays(const Problem& pr, const DeviceLimits& device, bool explain) {
         "SM (< {} with {}) makes their workspace traffic cost more than its on-chip chunk work; "
         "{} (sequence, value head) pairs for {} SMs, {} chunks x value heads (>= {} per SM); "
         "measured 1.16-1.22x faster on the H100, and on the H200 1.01-1.03x (HV = H) and "
-        "1.15x (HV = 2H) at such shapes",
+        "1.15-1.18x (HV = 2H) at such shapes",
         gbps, max_per_sm / 1'000'000'000, group, pairs, sms, chunks, kWsMinChunksPerSm);
   } else {
     v.why = fmt::format(
