@@ -49,6 +49,7 @@ done
 
 includes=(-I"$out/flashinfer/include" -I"$out/flashinfer/csrc" -I"$out/cutlass/include"
   -I"$out/cutlass/tools/util/include")
+# shellcheck disable=SC2054 # (the commas are inside one nvcc flag)
 common=(-std=c++20 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a -Xcompiler -fPIC
   -Xcompiler -fvisibility=hidden --expt-relaxed-constexpr -static-global-template-stub=false
   -Xfatbin=-compress-all)

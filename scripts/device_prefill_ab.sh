@@ -23,7 +23,7 @@ mkdir -p "$OUT"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no GPU")
 force=${PREFILL_AB_FORCE-chunked_ws}
 bench_env=(KJIT_PREFILL_BENCH_MAIN_ONLY=1 KJIT_PREFILL_BENCH_NO_VERIFY=1)
-[ -n "$force" ] && bench_env+=(KJIT_PREFILL_BENCH_FORCE=$force)
+[ -n "$force" ] && bench_env+=("KJIT_PREFILL_BENCH_FORCE=$force")
 AB_TARGETS=${AB_TARGETS:-kjit_gpu_tests bench_gdn_prefill} \
   AB_TESTS=${AB_TESTS:-gdn_prefill chunked*;gdn_prefill: *;gdn_prefill context-parallel*} \
   AB_SANITIZE=${AB_SANITIZE-gdn_prefill chunked_ws*} AB_SANITIZE_TOOLS=${AB_SANITIZE_TOOLS:-racecheck} \
