@@ -275,9 +275,9 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillStateSmem gdn_prefill_state_smem(int k, 
 }
 
 /// The warp-specialized kernel (ws.cuh, sm_90a, K = V = 128): three stages of a chunk's k, q, v
-/// and scales, two slots of T' and P^T, the full / empty /
-/// p_ready mbarriers per stage and chunk_ready (the chunk warpgroup's T', P^T and scales of the
-/// stage's chunk are in), and the chunk warpgroup's own tiles.
+/// and scales, two slots of T' and P^T, the full / empty / p_ready mbarriers per stage and
+/// chunk_ready (the chunk warpgroup's T', P^T and scales of the stage's chunk are in), and the
+/// chunk warpgroup's own tiles.
 struct GdnPrefillWsSmem {
   GdnPrefillStateSmem state;  // the stages (k0, q, v, sc0; k1 - k0 apart); t0 and p: slot 0 below
   u32 tp_stride;              // bytes from one T' / P^T slot to the next (two slots)

@@ -427,9 +427,7 @@ WsVerdict ws_pays(const Problem& pr, const DeviceLimits& device, bool explain) {
   const std::int64_t pairs = pr.seqs * pr.value_heads;
   const std::int64_t chunks =
       (pr.tokens + kGdnPrefillChunk - 1) / kGdnPrefillChunk * pr.value_heads;
-  const bool shared_qk = pr.value_heads > pr.heads;
-  const std::int64_t max_per_sm = kWsMaxBytesPerSmSecond;
-  const bool fast_dram = per_sm >= max_per_sm;
+  const bool fast_dram = per_sm >= kWsMaxBytesPerSmSecond;
   const bool few_pairs = 8 * pairs < 7 * sms;
   const bool few_chunks = chunks < kWsMinChunksPerSm * sms;
   const bool unranked = pr.seqs > static_cast<std::int64_t>(kGdnPrefillRankInStateMaxSeqs);
@@ -437,8 +435,9 @@ WsVerdict ws_pays(const Problem& pr, const DeviceLimits& device, bool explain) {
   if (!explain) return v;
   const double gbps = static_cast<double>(per_sm) * 1e-9;
   const std::string group =
-      shared_qk ? fmt::format("{} value heads share each of {} q/k heads", pr.value_heads, pr.heads)
-                : std::string("one value head per q/k head");
+      pr.value_heads > pr.heads
+          ? fmt::format("{} value heads share each of {} q/k heads", pr.value_heads, pr.heads)
+          : std::string("one value head per q/k head");
   if (v.pays) {
     v.why = fmt::format(
         "warp-specialized kernel in place of the two kernels: {:.1f} GB/s of DRAM bandwidth per "
@@ -446,13 +445,13 @@ WsVerdict ws_pays(const Problem& pr, const DeviceLimits& device, bool explain) {
         "{} (sequence, value head) pairs for {} SMs, {} chunks x value heads (>= {} per SM); "
         "measured 1.16-1.22x faster on the H100, and on the H200 1.01-1.03x (HV = H) and "
         "1.15-1.18x (HV = 2H) at such shapes",
-        gbps, max_per_sm / 1'000'000'000, group, pairs, sms, chunks, kWsMinChunksPerSm);
+        gbps, kWsMaxBytesPerSmSecond / 1'000'000'000, group, pairs, sms, chunks, kWsMinChunksPerSm);
   } else {
     v.why = fmt::format(
         "two kernels, not the warp-specialized one: {}",
         fast_dram   ? fmt::format("{:.1f} GB/s of DRAM bandwidth per SM (>= {} with {}: the "
                                     "workspace traffic is cheap enough)",
-                                  gbps, max_per_sm / 1'000'000'000, group)
+                                  gbps, kWsMaxBytesPerSmSecond / 1'000'000'000, group)
         : few_pairs ? fmt::format("{} (sequence, value head) pairs leave more than 1/8 of {} SMs "
                                   "idle (one block walks each)",
                                   pairs, sms)
