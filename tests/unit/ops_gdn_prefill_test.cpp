@@ -866,6 +866,21 @@ TEST_CASE("gdn_prefill argument errors name the argument") {
   CHECK(err([&](TV&, TV&, TV&, GdnGates&, TV& cu2, TV&, TV&, TV&, GdnPrefillOptions&) {
           cu2 = view(DType::f32, {n + 1});
         }).find("cu_seqlens") != std::string::npos);
+  // Tokens without a sequence: refused (nothing would be launched and out left unwritten); no
+  // tokens and no sequences plan an empty launch.
+  CHECK(err([&](TV&, TV&, TV&, GdnGates&, TV& cu2, TV&, TV& idx2, TV&, GdnPrefillOptions&) {
+          cu2 = view(DType::i32, {1});
+          idx2 = view(DType::i32, {0});
+        }).find("(N = 0 sequences) but q has T = 100 tokens") != std::string::npos);
+  CHECK(err([&](TV& q2, TV& k2, TV& v2, GdnGates& g2, TV& cu2, TV&, TV& idx2, TV& out2,
+                GdnPrefillOptions&) {
+          q2 = k2 = view(DType::bf16, {0, h, k});
+          v2 = out2 = view(DType::bf16, {0, hv, v});
+          g2 = GdnGates::raw(view(DType::f32, {0, hv}), view(DType::f32, {0, hv}),
+                             view(DType::f32, {hv}), view(DType::f32, {hv}));
+          cu2 = view(DType::i32, {1});
+          idx2 = view(DType::i32, {0});
+        }).empty());
   CHECK(err([&](TV&, TV&, TV&, GdnGates&, TV&, TV&, TV&, TV&, GdnPrefillOptions& o) {
           // Never dereferenced by the planner; non-null marks the option as given.
           alignas(16) static unsigned char marker[16];
