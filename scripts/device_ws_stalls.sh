@@ -7,7 +7,7 @@
 # its instructions, its share of the warp samples and its top stall reasons; then the stall mix
 # of each role and the kernel's issue figures. Region k holds the code before the k-th clock
 # read; in the builds measured so far the state role's reads come first in loop order (full,
-# chunk_ready, inverse x 3, turn, S products, chunk_ready, R, t_ready, Vn, O + update, store; a
+# chunk_ready, inverse x 3, S products, chunk_ready, R, t_ready, Vn, O + update, store; a
 # q norms read before chunk_ready until the norms moved to the chunk warpgroup) and the chunk
 # warpgroup's after them (full, empty + fill, q norms, products, k norms, decay, t_ready, A stores):
 # check that against the instruction counts before reading a region by its name.

@@ -346,7 +346,6 @@ enum GdnWsProfileSite : int {
   kWsProfStateInvDiag,     // the inverse's diagonal blocks and the barrier behind them
   kWsProfStateInvFirst,    // its first block products and the barrier behind them
   kWsProfStateInverse,     // its second block products, T' stored (on every other chunk)
-  kWsProfStateTurn,        // waiting for the warpgroup's turn to issue its first products
   kWsProfStateFirst,       // S [K; Q]^T (S as register A, one n = 128 product a k-step)
   kWsProfStateR,           // R
   kWsProfStateTReady,      // waiting for T' (the other warpgroup's inverse)
@@ -391,8 +390,6 @@ KJIT_GDN_PREFILL_HD constexpr const char* gdn_ws_profile_site_name(int site) {
       return "inv first";
     case kWsProfStateInverse:
       return "inv second";
-    case kWsProfStateTurn:
-      return "turn";
     case kWsProfStateFirst:
       return "S products";
     case kWsProfStateR:

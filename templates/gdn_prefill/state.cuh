@@ -1101,7 +1101,11 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   // after warpgroup 0, and warpgroup 0 its next chunk's only after warpgroup 1 has issued this
   // one's. Each warpgroup's element-wise work (R, Vn, the outputs) then runs while the other's
   // products hold the tensor cores, instead of both waiting on the tensor cores at once.
-  constexpr bool kTakeTurns = kWarps == 8 && kHandoff;
+  // Not in the warp-specialized kernel: since S became its register A operand (no shared S tile
+  // between the warpgroups) the turns only made one warpgroup wait for the other's issue; without
+  // them the call took 1.6% less at 128k/16 and the same at HV = 2H on an H100
+  // (docs/performance.md, "No turns, and the decay pass in one body").
+  constexpr bool kTakeTurns = kWarps == 8 && kHandoff && !kWs;
   const int wg = warp >> 2;
   const auto turn_wait = [&] {
     if constexpr (kTakeTurns) named_barrier::sync<256>(2 + wg);
@@ -1110,8 +1114,6 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     if constexpr (kTakeTurns) named_barrier::arrive<256>(3 - wg);
   };
   // Warpgroup 0 goes first; the arrivals balance at the end (warpgroup 0 waits once more).
-  // kWs: warpgroup c & 1 goes first on chunk c and passes; the other waits, inverts before its
-  // turn and keeps the tile for chunk c + 1 (one wait and one pass a chunk, balanced in it).
   if (!kWs && wg == 1) turn_pass();
 #endif
   if constexpr (kHandoff) {
@@ -1177,9 +1179,9 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     if constexpr (kWs) tp = prof.now();
 #if KJIT_GDN_STATE_WGMMA
     // kWs: the warpgroups alternate by chunk: on chunk c warpgroup c & 1 issues its first products
-    // first while the other inverts (I + A) for T', then the inverting one takes its turn and goes
-    // first on chunk c + 1. With warpgroup 1 inverting every chunk it was busy ~90% of its loop
-    // and warpgroup 0 waited a quarter of its own for T' (docs/performance.md).
+    // at once while the other inverts (I + A) for T' before its own, and goes first on chunk
+    // c + 1. With warpgroup 1 inverting every chunk it was busy ~90% of its loop and warpgroup 0
+    // waited a quarter of its own for T' (docs/performance.md).
     [[maybe_unused]] const bool goes_first = wg == int(ws_par);
     if constexpr (kWs && kGdnWsChunkAlone) {  // measurement only: the chunk side's pace
       mbarrier::wait(full + st, (full_phase >> st) & 1u);
@@ -1304,8 +1306,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       // slower at HV = H and ~8% at HV = 2H on the H200 (docs/performance.md, "S as register A").
       // (q's norms, which only O needs, are the chunk warpgroup's: WsChunkRole::run.)
       // T' of this chunk: the second warpgroup inverts (I + A) from the chunk warpgroup's A tile
-      // while it waits for its turn (the first issues its products); its arrivals also hand A's
-      // tile back.
+      // before its products (the first issues its own meanwhile); its arrivals also hand A's tile
+      // back.
       if (!goes_first) {
         wait_chunk_ready(cur);
         mark(kWsProfStateChunkReady);
@@ -1320,10 +1322,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         wgmma::fence_shared_writes();  // this thread's T' stores, before wgmma reads them
         mbarrier::arrive(t_ready + par);
         mark(kWsProfStateInverse);
-        // The first warpgroup has issued its products.
-        turn_wait();
       }
-      mark(kWsProfStateTurn);
       u32 s_frag[kKSteps][4];
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) state_fragment(s_acc[0], ks, s_frag[ks]);
@@ -1334,7 +1333,6 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
                                  wgmma::advance(k_desc, sw128::k_step<kPair>(0, ks)));
       }
       wgmma::commit();
-      if (goes_first) turn_pass();
       wgmma::wait<0>();
       wgmma::hold_registers(acc_r);
       wgmma::hold_registers(acc_o);
@@ -1384,8 +1382,6 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
       form_r(acc_r, s_v + vw, kLdV, s_sc, t4, ra, kd);
     }
     if constexpr (kWs) {
-      // (The other warpgroup's turn passed after step 1; the warpgroup going second keeps the
-      // tile for the next chunk.)
       mark(kWsProfStateR);
       mbarrier::wait(t_ready + par, (t_ready_phase >> par) & 1u);
       t_ready_phase ^= 1u << par;

@@ -13,13 +13,13 @@
 //     and K Q^T on wgmma, k's norms from the diagonal of K K^T, q's norms (Q Q^T's diagonal blocks
 //     on mma.sync, into the stage: both state warpgroups scale O's columns by them) and the gates.
 //   warpgroups 0 and 1 (state.cuh, state_wide with a chunk role): the state recurrence on wgmma,
-//     64 rows of V each, taking turns to issue their first products (S_w [K; Q]^T, S_w as
-//     register A fragments). By chunk parity one goes first while the other turns A into T' =
-//     (I + A)^-1 diag(beta)
-//     (invert: the forward substitution and the tf32 block products), then takes its turn and
-//     goes first on the next chunk. The inverse moved off the chunk warpgroup, which paced the
-//     kernel (docs/performance.md, "The inverse and q's norms on the state warpgroups"); q's
-//     norms went with it and came back once the chunk warpgroup's gate loads no longer waited
+//     64 rows of V each (first products S_w [K; Q]^T, S_w as register A fragments). By chunk
+//     parity one issues its products at once while the other turns A into T' = (I + A)^-1
+//     diag(beta) before its own (invert: the forward substitution and the tf32 block products),
+//     and goes first on the next chunk; no turns order their issue any more (docs/performance.md,
+//     "No turns, and the decay pass in one body"). The inverse moved off the chunk warpgroup, which
+//     paced the kernel (docs/performance.md, "The inverse and q's norms on the state warpgroups");
+//     q's norms went with it and came back once the chunk warpgroup's gate loads no longer waited
 //     ("Gate loads without a wait, q's norms back", docs/performance.md); the alternation since
 //     warpgroup 1 alone, inverting every chunk, was busy ~90% of its loop while warpgroup 0
 //     waited (docs/performance.md, "Where the warpgroups wait").
@@ -86,8 +86,8 @@ struct WsBlockTimeline {
   }
 };
 
-/// The named barrier of the chunk warpgroup's four warps (0 is __syncthreads, 2 and 3 the state
-/// warpgroups' turns, 5 and 6 their warpgroup barriers).
+/// The named barrier of the chunk warpgroup's four warps (0 is __syncthreads, 2 and 3 the two
+/// kernels' turns, 5 and 6 the state warpgroups' barriers).
 __device__ __forceinline__ void chunk_group_sync() { named_barrier::sync<4, 128>(); }
 
 /// The chunk warpgroup of gdn_prefill_ws_kernel (see the top of the file). Template parameters
