@@ -15,11 +15,16 @@
 #
 # Knobs: PREFILL_AB_FORCE (default chunked_ws; empty: the planner's modes), PREFILL_AB_FEW (the
 # few-sequences shapes beside FlashInfer, default 16/16/16x8192,16/16/8x4096), PREFILL_AB_BUDGET
-# (seconds after which no second pass starts, default 380), and device_ab.sh's own (AB_TESTS ...).
+# (seconds after which no second pass starts, default 380), PREFILL_AB_LOGS (the logs' folder on the
+# GPU machine, default /tmp/prefill-ab-logs; $OUT gets them as prefill_ab_logs.tgz), and
+# device_ab.sh's own (AB_TESTS ...).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-export OUT=${OUT:-$root/out}
-mkdir -p "$OUT"
+# Every log goes to a folder of its own and, at the end, into one archive in $OUT: the device tool
+# returns at most 8 files a call, fewer than two trees' logs, tails and passes make.
+final_out=${OUT:-$root/out}
+export OUT=${PREFILL_AB_LOGS:-/tmp/prefill-ab-logs}
+rm -rf "$OUT" && mkdir -p "$OUT" "$final_out"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no GPU")
 force=${PREFILL_AB_FORCE-chunked_ws}
 bench_env=(KJIT_PREFILL_BENCH_MAIN_ONLY=1 KJIT_PREFILL_BENCH_NO_VERIFY=1)
@@ -62,3 +67,4 @@ fi
 echo "=== $(grep -E "^\[[0-9]+ s\]" "$OUT/ab.log" | tr '\n' ' ') total $SECONDS s"
 echo "=== tests"
 cat "$OUT/summary.txt" 2>/dev/null
+tar -C "$OUT" -czf "$final_out/prefill_ab_logs.tgz" . && echo "=== logs: prefill_ab_logs.tgz in \$OUT"

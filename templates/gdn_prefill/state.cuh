@@ -1103,8 +1103,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   // products hold the tensor cores, instead of both waiting on the tensor cores at once.
   // Not in the warp-specialized kernel: since S became its register A operand (no shared S tile
   // between the warpgroups) the turns only made one warpgroup wait for the other's issue; without
-  // them the call took 1.6% less at 128k/16 and the same at HV = 2H on an H100
-  // (docs/performance.md, "No turns, and the decay pass in one body").
+  // them the call took 0-1.6% less at 128k/16 and -1.1 to +0.3% at HV = 2H (three H100 calls,
+  // docs/performance.md, "No turns, and the decay pass in one body").
   constexpr bool kTakeTurns = kWarps == 8 && kHandoff && !kWs;
   const int wg = warp >> 2;
   const auto turn_wait = [&] {
