@@ -28,7 +28,7 @@ command -v ncu >/dev/null || { echo "ncu is not on PATH: nothing measured"; exit
 source "$root/scripts/lib.sh"
 kjit_ws_profile_build "$src" "$src/build" "$out/ws_stalls" || exit 1
 
-cd "$src/build"
+cd "$src/build" || exit 1
 report=/tmp/kjit-ws-stalls
 KJIT_LOG=warn KJIT_CACHE_DIR=/tmp/kjit-stalls-cache KJIT_PREFILL_BENCH_FORCE=chunked_ws \
   timeout 300 ncu --clock-control none --set full --import-source no -k regex:gdn_prefill_ws \
