@@ -142,6 +142,16 @@ void ArgChecks::contiguous(std::string_view argument, const TensorView& view) co
   fail(fmt::format("{} must be contiguous, got {}", argument, view.str()));
 }
 
+void ArgChecks::tokens_in_groups(std::string_view offsets, std::string_view count_name,
+                                 std::string_view groups, std::int64_t count,
+                                 std::string_view tokens_argument, std::int64_t tokens) const {
+  if (count > 0 || tokens == 0) return;
+  fail(
+      fmt::format("{} holds 1 offset ({} = 0 {}) but {} has T = {} tokens; accepted: {} >= 1 {} "
+                  "whose offsets end at T, or T = 0",
+                  offsets, count_name, groups, tokens_argument, tokens, count_name, groups));
+}
+
 void ArgChecks::stride_multiple(std::string_view argument, const TensorView& view, int dim,
                                 std::int64_t elements) const {
   if (view.shape[dim] <= 1 || view.strides[dim] % elements == 0) return;

@@ -106,6 +106,15 @@ class ArgChecks {
   /// No stride 0 along a dimension of extent > 1 (an output's elements would alias).
   void no_broadcast(std::string_view argument, const TensorView& view) const;
 
+  /// Offsets of `count` groups (`offsets`: [count + 1], e.g. cu_seqlens) over `tokens` rows of
+  /// `tokens_argument`: with no group, no token may be left (the last offset is T, and nothing
+  /// would be launched to write the tokens' outputs): "<offsets> holds 1 offset (<count_name> = 0
+  /// <groups>) but <tokens_argument> has T = t tokens; accepted: ...". The offsets themselves stay
+  /// on the device.
+  void tokens_in_groups(std::string_view offsets, std::string_view count_name,
+                        std::string_view groups, std::int64_t count,
+                        std::string_view tokens_argument, std::int64_t tokens) const;
+
   /// Slot indices read back from the device (debug checks): every index that is not padding
   /// (< 0, or <= 0 with `nonpositive_is_padding`) is below `slots` and appears once; `rows` says
   /// whose indices they are ("rows", "sequences").

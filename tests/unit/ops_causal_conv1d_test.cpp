@@ -708,6 +708,9 @@ TEST_CASE("causal_conv1d argument errors name the argument, its value and what i
     Prefill v = prefill_views(100, 2, 64);
     v.cu = TensorView::contiguous(fake(4), DType::f32, {3});
     expect(v, none, {"cu_seqlens has dtype f32", "i32, i64"});
+    // Tokens without a sequence: nothing would write their out rows.
+    expect(prefill_views(100, 0, 64), none,
+           {"cu_seqlens holds 1 offset (N = 0 sequences) but x has T = 100 tokens", "N >= 1"});
     v = prefill_views(100, 2, 64);
     v.indices = TensorView::contiguous(fake(5), DType::i32, {3});
     expect(v, none, {"state_indices has shape [3]", "[N] = [2]"});

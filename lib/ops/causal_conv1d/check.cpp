@@ -255,6 +255,7 @@ Problem check_prefill(const Args& args) {
     fail(op, "cu_seqlens has shape [0]; expected [N + 1] (at least the leading 0)");
   }
   p.seqs = cu_seqlens.shape[0] - 1;
+  checks(op).tokens_in_groups("cu_seqlens", "N", "sequences", p.seqs, "x", p.tokens);
   if (p.seqs > kMaxSeqs) {
     fail(op, fmt::format("cu_seqlens describes N = {} sequences; accepted: at most 2^24", p.seqs));
   }

@@ -202,14 +202,7 @@ Problem check_arguments(const Args& args) {
   if (cu_seqlens.shape[0] < 1) fail("cu_seqlens must hold N + 1 >= 1 offsets");
   kChecks.contiguous("cu_seqlens", cu_seqlens);
   pr.seqs = cu_seqlens.shape[0] - 1;
-  // cu_seqlens' last offset is T: with no sequence, tokens would be left without one, their out
-  // rows unwritten (nothing is launched). Checked here, as the values stay on the device.
-  if (pr.seqs == 0 && pr.tokens > 0) {
-    fail(
-        fmt::format("cu_seqlens holds 1 offset (N = 0 sequences) but q has T = {} tokens; "
-                    "accepted: N >= 1 sequences whose offsets end at T, or T = 0",
-                    pr.tokens));
-  }
+  kChecks.tokens_in_groups("cu_seqlens", "N", "sequences", pr.seqs, "q", pr.tokens);
 
   require_rank(state, "state", 4, "[slots, HV, V, K]");
   kChecks.dtype_in("state", state, {DType::f32, DType::bf16});
