@@ -1114,7 +1114,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     if constexpr (kTakeTurns) named_barrier::arrive<256>(3 - wg);
   };
   // Warpgroup 0 goes first; the arrivals balance at the end (warpgroup 0 waits once more).
-  if (!kWs && wg == 1) turn_pass();
+  if (wg == 1) turn_pass();
 #endif
   if constexpr (kHandoff) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1723,7 +1723,7 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     }
   }
 #if KJIT_GDN_STATE_WGMMA
-  if (!kWs && wg == 0) turn_wait();
+  if (wg == 0) turn_wait();
 #endif
   // No copies are in flight at exit: none is issued past the end of the sequence.
   if constexpr (kPhase == 0) {
