@@ -304,7 +304,9 @@ inline constexpr int kGdnPrefillWsStages = 3;
 /// 3, 4 and 5 take one part out: the chunk warpgroup's copies (the stages keep what they held),
 /// its decay pass (A and P^T), the inverse (since e0d91e9 a state warpgroup's); 8, 6
 /// and 7 take the same part out of the chunk warpgroup alone (as 2, where the inverse no longer
-/// runs at all). Values from 9 on are the whole kernel with a switch of their own (branches'
+/// runs at all); 9 the state warpgroups' output stores (O is still computed: each tile's store
+/// stays behind a row test that never holds, what a store through the bulk copy engine could
+/// save at most). Values from 10 on are the whole kernel with a switch of their own (branches'
 /// measurement builds); the chunk warpgroup runs alone only at 2, 6, 7 and 8.
 #ifndef KJIT_GDN_WS_PACE
 #define KJIT_GDN_WS_PACE 0
@@ -316,6 +318,7 @@ inline constexpr bool kGdnWsChunkAlone =
 inline constexpr bool kGdnWsNoCopies = KJIT_GDN_WS_PACE == 3 || KJIT_GDN_WS_PACE == 8;
 inline constexpr bool kGdnWsNoDecay = KJIT_GDN_WS_PACE == 4 || KJIT_GDN_WS_PACE == 6;
 inline constexpr bool kGdnWsNoInverse = KJIT_GDN_WS_PACE == 5 || KJIT_GDN_WS_PACE == 7;
+inline constexpr bool kGdnWsNoOutStores = KJIT_GDN_WS_PACE == 9;
 
 /// Threads of the warp-specialized kernel: two state warpgroups, then the chunk warpgroup.
 inline constexpr int kGdnPrefillWsThreads = 384;
