@@ -33,7 +33,7 @@ cmake --build "$build" --target kjit_gpu_tests bench_causal_conv1d bench_gdn_pre
 elapsed built
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 export KJIT_LOG=warn KJIT_CACHE_DIR=${KJIT_CACHE_DIR:-/tmp/kjit-cache}
-cd "$build"
+cd "$build" || exit 1
 timeout 60 ./tests/kjit_gpu_tests -tc='planner gpu: the driver*' >"$out/limits.log" 2>&1
 if grep -q '^SKIPPED' "$out/limits.log"; then
   grep -m1 '^SKIPPED' "$out/limits.log"
@@ -52,7 +52,7 @@ env "${main_only[@]}" KJIT_PREFILL_BENCH_FORCE=chunked_ws KJIT_PREFILL_ANCHOR_LI
 elapsed gdn_prefill ws
 # The two kernels forced (main table): where the planner takes ws, its other side (HV = H and 2H
 # in the table: the rule once depended on them).
-KJIT_PREFILL_BENCH_MAIN_ONLY=1 KJIT_PREFILL_BENCH_FORCE=chunked_bv128_wgmma KJIT_PREFILL_ANCHOR_LIB= \
+KJIT_PREFILL_BENCH_MAIN_ONLY=1 KJIT_PREFILL_BENCH_FORCE=chunked_bv128_wgmma KJIT_PREFILL_ANCHOR_LIB='' \
   timeout 100 ./bench/bench_gdn_prefill >"$out/prefill_two.txt" 2>&1
 elapsed gdn_prefill two kernels
 
@@ -92,4 +92,4 @@ if [ -f "$out/prefill_profile.txt" ]; then
   echo "=== gdn_prefill ws profile (cycles per chunk and warp at each site)"
   sed -n '/cycles per chunk and warp/,$p' "$out/prefill_profile.txt" | cut -c1-400
 fi
-elapsed done
+elapsed "done"
