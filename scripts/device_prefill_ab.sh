@@ -16,7 +16,8 @@
 # Knobs: PREFILL_AB_FORCE (default chunked_ws; empty: the planner's modes), PREFILL_AB_FEW (the
 # few-sequences shapes beside FlashInfer, default 16/16/16x8192,16/16/8x4096), PREFILL_AB_BUDGET
 # (seconds after which no second pass starts, default 380), PREFILL_AB_LOGS (the logs' folder on the
-# GPU machine, default /tmp/prefill-ab-logs; $OUT gets them as prefill_ab_logs.tgz), and
+# GPU machine, default /tmp/prefill-ab-logs, emptied at the start: name a folder of its own, not
+# $OUT; $OUT gets the logs as prefill_ab_logs.tgz), and
 # device_ab.sh's own (AB_TESTS ...).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,6 +25,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 # returns at most 8 files a call, fewer than two trees' logs, tails and passes make.
 final_out=${OUT:-$root/out}
 export OUT=${PREFILL_AB_LOGS:-/tmp/prefill-ab-logs}
+if [ "$(realpath -m "$OUT")" = "$(realpath -m "$final_out")" ]; then
+  echo "PREFILL_AB_LOGS must not be \$OUT ($final_out): it is emptied first" >&2
+  exit 1
+fi
 rm -rf "$OUT" && mkdir -p "$OUT" "$final_out"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo "no GPU")
 force=${PREFILL_AB_FORCE-chunked_ws}

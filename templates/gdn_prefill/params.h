@@ -304,10 +304,11 @@ inline constexpr int kGdnPrefillWsStages = 3;
 /// 3, 4 and 5 take one part out: the chunk warpgroup's copies (the stages keep what they held),
 /// its decay pass (A and P^T), the inverse (since e0d91e9 a state warpgroup's); 8, 6
 /// and 7 take the same part out of the chunk warpgroup alone (as 2, where the inverse no longer
-/// runs at all); 9 the state warpgroups' output stores (O is still computed: each tile's store
-/// stays behind a row test that never holds, what a store through the bulk copy engine could
-/// save at most). Values from 10 on are the whole kernel with a switch of their own (branches'
-/// measurement builds); the chunk warpgroup runs alone only at 2, 6, 7 and 8.
+/// runs at all); 9 the state warpgroups' output stores of bf16 out, the bench's (O is still
+/// computed: each tile's store stays behind a row test that never holds, what a store through the
+/// bulk copy engine could save at most; f16 and f32 out keep their stores). Values from 10 on are
+/// the whole kernel with a switch of their own (branches' measurement builds); the chunk warpgroup
+/// runs alone only at 2, 6, 7 and 8.
 #ifndef KJIT_GDN_WS_PACE
 #define KJIT_GDN_WS_PACE 0
 #endif
