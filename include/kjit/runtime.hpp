@@ -59,6 +59,22 @@ class Workspace {
   Stream stream_ = nullptr;
 };
 
+/// A tiled TMA tensor map to encode (Runtime::encode_tensor_map): a tensor of `rank` dimensions
+/// in global memory, innermost first, and the box one copy moves.
+struct TensorMapRequest {
+  DType element = DType::bf16;
+  int rank = 0;
+  const void* base = nullptr;
+  /// Elements of each dimension, innermost first.
+  std::uint64_t dims[5] = {};
+  /// Bytes between consecutive indices of dimensions 1 .. rank - 1 (dimension 0 is contiguous).
+  std::uint64_t strides[4] = {};
+  /// Elements of the box in each dimension.
+  std::uint32_t box[5] = {};
+  /// The shared-memory swizzle of the box's rows: 0 (none), 32, 64 or 128 bytes.
+  int swizzle_bytes = 0;
+};
+
 /// Ties plan -> cache/compile -> load -> launch together. Thread-safe. One process normally
 /// uses Runtime::global(); tests make their own with explicit Settings.
 class Runtime {
@@ -152,6 +168,10 @@ class Runtime {
                       const char* what);
   /// Whether `stream` is capturing a graph.
   bool capturing(Stream stream);
+  /// Encodes `request` into `map` (128 bytes, 64-byte aligned: a CUtensorMap) with the driver's
+  /// cuTensorMapEncodeTiled. False, with `why` saying why, when the driver refuses the request
+  /// (the caller then takes a path without the map); DriverError when no driver loads.
+  bool encode_tensor_map(const TensorMapRequest& request, void* map, std::string* why = nullptr);
   /// Waits for `stream`, then copies `bytes` from device address `device_ptr` to `host`.
   void copy_to_host(void* host, const void* device_ptr, std::size_t bytes, Stream stream);
 

@@ -309,6 +309,7 @@ LoadResult load(const std::string& library) {
   KJIT_RESOLVE(cuEventSynchronize);
   KJIT_RESOLVE(cuEventElapsedTime);
   KJIT_RESOLVE(cuEventQuery);
+  KJIT_RESOLVE(cuTensorMapEncodeTiled);
 #undef KJIT_RESOLVE
   if (!missing.empty()) {
     out.error = fmt::format("the CUDA driver '{}' (CUDA {}) lacks entry points kjit needs: {}{}{}",

@@ -69,6 +69,8 @@ struct DriverApi {
   decltype(&::cuEventSynchronize) cuEventSynchronize = nullptr;
   decltype(&::cuEventElapsedTime) cuEventElapsedTime = nullptr;
   decltype(&::cuEventQuery) cuEventQuery = nullptr;
+  /// TMA tensor maps (Runtime::encode_tensor_map): host-side encoding, no context needed.
+  decltype(&::cuTensorMapEncodeTiled) cuTensorMapEncodeTiled = nullptr;
 };
 
 /// The process-wide driver API, loaded and cuInit()ed on first call from `library` (a soname or

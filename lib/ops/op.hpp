@@ -25,6 +25,10 @@
 //                                           problem. Without it the key is the problem.
 //   std::string workspace_hint(bytes)       what a failed workspace allocation's message adds
 //                                           (in place of run()'s workspace_hint argument).
+//   void attach_tensor_maps(Params&, Problem, Choice, Runtime&)
+//                                           TMA tensor maps of the call's tensors into the
+//                                           parameter block (they hold its pointers: encoded per
+//                                           call, after params()).
 //
 // Every launch of a plan takes the same parameter block.
 //
@@ -140,7 +144,10 @@ void run(const Args& args, const typename Family::Problem& problem, Target targe
       throw DriverError(fmt::format("{}; {}", error.what(), hint), error.result(), error.call());
     }
   }
-  const auto params = Family::params(args, problem, choice, workspace.data());
+  auto params = Family::params(args, problem, choice, workspace.data());
+  if constexpr (requires { Family::attach_tensor_maps(params, problem, choice, runtime); }) {
+    Family::attach_tensor_maps(params, problem, choice, runtime);
+  }
   for (std::size_t i = 0; i < resolved.plan.launches.size(); ++i) {
     runtime.launch(resolved, i, stream, &params, sizeof params);
   }

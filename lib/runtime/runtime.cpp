@@ -11,6 +11,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <future>
 #include <map>
 #include <mutex>
@@ -473,6 +474,58 @@ int Runtime::device_of(Stream stream, int requested) {
         requested, static_cast<void*>(stream), device, requested));
   }
   return device;
+}
+
+bool Runtime::encode_tensor_map(const TensorMapRequest& request, void* map, std::string* why) {
+  const driver::DriverApi& api = driver::driver_api(impl_->settings.cuda_driver_library);
+  const auto refuse = [&](const std::string& text) {
+    if (why != nullptr) *why = text;
+    std::memset(map, 0, sizeof(CUtensorMap));
+    return false;
+  };
+  CUtensorMapDataType type;
+  switch (request.element) {
+    case DType::bf16:
+      type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+      break;
+    case DType::f16:
+      type = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+      break;
+    case DType::f32:
+      type = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+      break;
+    default:
+      return refuse(fmt::format("element type {}", to_string(request.element)));
+  }
+  CUtensorMapSwizzle swizzle;
+  switch (request.swizzle_bytes) {
+    case 0:
+      swizzle = CU_TENSOR_MAP_SWIZZLE_NONE;
+      break;
+    case 32:
+      swizzle = CU_TENSOR_MAP_SWIZZLE_32B;
+      break;
+    case 64:
+      swizzle = CU_TENSOR_MAP_SWIZZLE_64B;
+      break;
+    case 128:
+      swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+      break;
+    default:
+      return refuse(fmt::format("swizzle of {} bytes", request.swizzle_bytes));
+  }
+  if (request.rank < 1 || request.rank > 5) return refuse(fmt::format("rank {}", request.rank));
+  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
+  const CUresult r = api.cuTensorMapEncodeTiled(
+      static_cast<CUtensorMap*>(map), type, static_cast<cuuint32_t>(request.rank),
+      const_cast<void*>(request.base), reinterpret_cast<const cuuint64_t*>(request.dims),
+      reinterpret_cast<const cuuint64_t*>(request.strides),
+      reinterpret_cast<const cuuint32_t*>(request.box), element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return refuse(fmt::format("cuTensorMapEncodeTiled: {}", driver::describe(r)));
+  return true;
 }
 
 DeviceLimits Runtime::device_limits(int device) {

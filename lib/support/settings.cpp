@@ -67,6 +67,18 @@ Settings Settings::from_env() {
   s.allow_compile_in_capture = env_flag("KJIT_ALLOW_COMPILE_IN_CAPTURE");
   s.debug_checks = env_flag("KJIT_DEBUG_CHECKS");
   s.disable_programmatic_launch = env_flag("KJIT_DISABLE_PROGRAMMATIC_LAUNCH");
+  if (const std::string maps = env("KJIT_TENSOR_MAPS"); maps == "loads") {
+    s.tensor_map_loads = true;
+  } else if (maps == "stores") {
+    s.tensor_map_stores = true;
+  } else if (maps.empty() || maps == "0" || maps == "off" || maps == "none") {
+    s.tensor_map_loads = s.tensor_map_stores = false;
+  } else if (maps == "1" || maps == "on" || maps == "all") {
+    s.tensor_map_loads = s.tensor_map_stores = true;
+  } else {
+    throw InvalidArgument(
+        fmt::format("KJIT_TENSOR_MAPS={}: expected 0 (none), loads, stores or 1 (both)", maps));
+  }
   return s;
 }
 

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cache/bundle.hpp"
@@ -286,6 +287,32 @@ TEST_CASE("deployment: KJIT_LOG is read in any case") {
     ::setenv("KJIT_LOG", saved_value.c_str(), 1);
   } else {
     ::unsetenv("KJIT_LOG");
+  }
+}
+
+TEST_CASE("settings: KJIT_TENSOR_MAPS picks the warp-specialized kernel's TMA copies") {
+  const char* saved = std::getenv("KJIT_TENSOR_MAPS");
+  const std::string saved_value = saved != nullptr ? saved : "";
+  ::unsetenv("KJIT_TENSOR_MAPS");
+  CHECK_FALSE(Settings::from_env().tensor_map_loads);  // off until timed on a GPU
+  CHECK_FALSE(Settings::from_env().tensor_map_stores);
+  for (const auto& [text, loads, stores] :
+       {std::tuple{"0", false, false}, std::tuple{"loads", true, false},
+        std::tuple{"stores", false, true}, std::tuple{"1", true, true},
+        std::tuple{"all", true, true}, std::tuple{"none", false, false}}) {
+    CAPTURE(text);
+    ::setenv("KJIT_TENSOR_MAPS", text, 1);
+    const Settings s = Settings::from_env();
+    CHECK(s.tensor_map_loads == loads);
+    CHECK(s.tensor_map_stores == stores);
+  }
+  ::setenv("KJIT_TENSOR_MAPS", "load", 1);
+  CHECK_THROWS_WITH_AS(Settings::from_env(), doctest::Contains("KJIT_TENSOR_MAPS=load: expected"),
+                       InvalidArgument);
+  if (saved != nullptr) {
+    ::setenv("KJIT_TENSOR_MAPS", saved_value.c_str(), 1);
+  } else {
+    ::unsetenv("KJIT_TENSOR_MAPS");
   }
 }
 
