@@ -5,6 +5,7 @@
 #pragma once
 
 #include "templates/common/gdn_state_layout.h"
+#include "templates/common/tensor_map.h"
 #include "templates/common/types.h"
 
 // The layout function runs on both sides; host compilers do not know __host__ __device__.
@@ -291,10 +292,14 @@ struct GdnPrefillWsSmem {
   u32 rq;                     // f32 [3][64]: 1 / |q_i| by stage (state warpgroup 0 writes it)
   u32 rk;                     // f32 [2][64], by chunk parity
   u32 beta_t;                 // f32 [2][64]: beta for the state side's inverse, by chunk parity
+  u32 out_tiles;              // bf16 [8 warps][64][16]: each state warp's O of a chunk for its
+                              // TMA store (32-byte swizzle, kGdnPrefillWsOutTileBytes apart)
   u32 total;
 };
 
 inline constexpr int kGdnPrefillWsStages = 3;
+/// A state warp's tile of O for the TMA store of bf16 out: 64 tokens x its 16 values.
+inline constexpr u32 kGdnPrefillWsOutTileBytes = 64u * 16u * 2u;
 
 /// A measurement switch of the warp-specialized kernel, 0 (the kernel) unless a build defines it:
 /// 1, the chunk warpgroup only copies and signals (the state warpgroups' pace alone); 2, the
@@ -473,6 +478,9 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillWsSmem gdn_prefill_ws_smem(int k) {
   at += 2u * 256u;
   m.beta_t = at;
   at += 2u * 256u;
+  at = (at + 1023u) & ~1023u;
+  m.out_tiles = at;
+  at += 8u * kGdnPrefillWsOutTileBytes;
   m.total = at;
   return m;
 }
@@ -481,6 +489,13 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillWsSmem gdn_prefill_ws_smem(int k) {
 /// strides are in elements of the tensor they belong to; the last dimension of every tensor is
 /// contiguous.
 struct GdnPrefillParams {
+  /// The warp-specialized kernel's TMA maps of q, k and v (boxes of 64 columns x 1 head x 64
+  /// tokens, 128-byte swizzle: ops/gdn_prefill input_tensor_maps), encoded per call; read only
+  /// when tma_inputs != 0. First, so that their 64-byte alignment costs no padding.
+  TensorMap q_map, k_map, v_map;
+  /// Its map of bf16 out {V, HV, T} (boxes of 16 values x 1 head x 64 tokens, 32-byte swizzle: a
+  /// state warp's part of a chunk, output_tensor_map); read only when tma_out != 0.
+  TensorMap out_map;
   /// q, k [T, H, K]; v [T, HV, V].
   const void* q;
   const void* k;
@@ -562,6 +577,12 @@ struct GdnPrefillParams {
   i64 cp_segments;
   float scale;
   float softplus_threshold;
+  /// 1: q_map, k_map and v_map hold this call's maps (the warp-specialized kernel then loads
+  /// whole chunks by TMA boxes); 0: every kernel copies with cp.async.
+  u32 tma_inputs;
+  /// 1: out_map holds this call's map (the warp-specialized kernel stores whole chunks of bf16
+  /// out by TMA boxes); 0: plain stores.
+  u32 tma_out;
   /// Measurement only (KJIT_GDN_WS_PROFILE builds of the warp-specialized kernel): u64 [blocks,
   /// 12, kGdnWsProfileSites] cycle sums, or null. Every other build ignores it.
   unsigned long long* profile;

@@ -29,6 +29,7 @@
 #include "templates/common/mma.cuh"
 #include "templates/common/named_barrier.cuh"
 #include "templates/common/swizzle.cuh"
+#include "templates/common/tma.cuh"
 #include "templates/common/vec.cuh"
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #include "templates/common/wgmma.cuh"
@@ -864,6 +865,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
         // going second on it.
         mbarrier::init(reinterpret_cast<u64*>(smem + kWsSmem.t_ready), kGdnPrefillThreads);
         mbarrier::init(reinterpret_cast<u64*>(smem + kWsSmem.t_ready) + 1, kGdnPrefillThreads);
+        // The full barriers, to the async proxy: TMA boxes complete their bytes on them.
+        mbarrier::fence_init();
       }
       __syncthreads();
       if (warp >= kWarps) {
@@ -890,6 +893,11 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   // Whether this block's outputs are stored (always, but in the segment pass only for segment
   // 0's state rows): blocks that store none skip the products that only feed O.
   const bool want_out = cp.out;
+  // The warp-specialized kernel stores a whole chunk of bf16 out by TMA when the call has a map
+  // of out (tma_out; a sequence's last partial chunk keeps the plain stores).
+  [[maybe_unused]] const auto ws_tma_store = [&](int rows) {
+    return kWs && rows == kGdnPrefillChunk && p.tma_out != 0;
+  };
 
   // The chunk starting at token t into stage `st` (cp.async, 16 bytes per thread and copy; rows
   // past the end of the sequence zero-filled), one commit group per chunk.
@@ -1491,6 +1499,40 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
     // that a lane holds (i = 8 nt + g, v = 2 t4 + 8 hf and + 1) and stores 4 bytes, not 2 x 2.
     if (!want_out) {
       // (A context-parallel segment from zero or from the identity: no outputs.)
+    } else if (OutIsBf16<Tout>::value && ws_tma_store(rows)) {
+#if KJIT_GDN_STATE_WGMMA
+      // The ws kernel's whole chunks of bf16 out by one TMA box per warp: its 64 tokens x 16
+      // values into its own tile by four stmatrix .trans (a lane's pairs of v at token rows; no
+      // movmatrix, no 64-bit addresses), then one lane hands the tile to the copy engine. The
+      // warp's own tile and __syncwarp: no warpgroup barrier (a box per warpgroup, two barriers a
+      // chunk, lost ~1% at HV = H, docs/performance.md "The outputs by TMA").
+      unsigned char* const tile = smem + kWsSmem.out_tiles + u32(warp) * kGdnPrefillWsOutTileBytes;
+      // The previous chunk's store has read the tile (issued a whole chunk ago).
+      if (lane == 0) tma::wait_group_read<0>();
+      __syncwarp();
+      const int m = lane >> 3, k = lane & 7;
+#pragma unroll
+      for (int pair = 0; pair < 4; ++pair) {
+        // Matrix m: token rows 8 (2 pair + m / 2) .. + 7, values 8 (m % 2) .. + 7 (hf).
+        u32 r[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int nt = 2 * pair + (j >> 1), hf = j & 1;
+          r[j] = mma::pack_bf16(acc_o[nt][2 * hf], acc_o[nt][2 * hf + 1]);
+        }
+        // Token row i at 32 i bytes, its two 16-byte halves swapped where bit 2 of i is set (the
+        // map's 32-byte swizzle: the eight rows of a matrix in eight bank groups).
+        const int i = 8 * (2 * pair + (m >> 1)) + k;
+        mma::stmatrix_x4_trans(mma::smem_addr(tile + 32 * i + ((((m & 1) ^ (i >> 2)) & 1) << 4)),
+                               r);
+      }
+      wgmma::fence_shared_writes();  // the stmatrix writes, before the copy engine reads them
+      __syncwarp();
+      if (lane == 0) {
+        tma::store_3d(&p.out_map, int(v0 + vw), int(hv), int(t0), tile);
+        tma::commit_group();
+      }
+#endif
     } else if constexpr (OutIsBf16<Tout>::value) {
       Tout* const o_rows = o_base + (t0 + g) * p.out_stride_t + 2 * t4;
       // Without checkpoints the row pointer advances by 8 rows a tile: two adds, where o_rows + 8
@@ -1725,6 +1767,8 @@ __device__ __forceinline__ void state_wide(const GdnPrefillParams& p) {
   }
 #if KJIT_GDN_STATE_WGMMA
   if (wg == 0) turn_wait();
+  // The warp's TMA stores of out have written global memory before the block ends.
+  if (kWs && lane == 0 && p.tma_out != 0) tma::wait_group<0>();
 #endif
   // No copies are in flight at exit: none is issued past the end of the sequence.
   if constexpr (kPhase == 0) {

@@ -41,6 +41,7 @@
 // cost ~2% at HV = H and ~8% at HV = 2H on the H200, docs/performance.md "S as register A").
 #pragma once
 
+#include "templates/common/tma.cuh"
 #include "templates/gdn_prefill/chunk.cuh"
 #include "templates/gdn_prefill/state.cuh"
 
@@ -165,6 +166,11 @@ struct WsChunkRole {
     }
     const i64 bos = w.bos, eos = w.eos;
     if (bos >= eos) return;
+    if (ctid == 0 && p.tma_inputs != 0) {
+      tma::prefetch_map(&p.k_map);
+      tma::prefetch_map(&p.q_map);
+      tma::prefetch_map(&p.v_map);
+    }
     const auto rows_at = [&](i64 t) { return static_cast<int>(eos - t < 64 ? eos - t : 64); };
 
     // A chunk's raw q, k and v rows (swizzled, rows in order) into stage st, rows
@@ -180,6 +186,28 @@ struct WsChunkRole {
       }
       const int rows = rows_at(t);
       unsigned char* const base = smem + st * kStage;
+      if (rows == kGdnPrefillChunk && p.tma_inputs != 0) {
+        // A whole chunk by six TMA boxes (k, q and v, two 64-column slices each: exactly the
+        // sw128 slices the copies below fill), issued by one thread, which also tells the stage's
+        // full barrier their bytes; the others arrive at once (128 arrivals, as the copies').
+        // The copy engine then computes every address: no per-thread copies, no row pointers.
+        if (ctid == 0) {
+          mbarrier::arrive_expect_tx(full + st, 6u * sw128::kSlice);
+          const int qk_head = int(w.h), v_head = int(w.hv), token = int(t);
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            tma::load_3d(base + kS.k0 + s * sw128::kPairSlice, &p.k_map, 64 * s, qk_head, token,
+                         full + st);
+            tma::load_3d(base + kS.q + s * sw128::kPairSlice, &p.q_map, 64 * s, qk_head, token,
+                         full + st);
+            tma::load_3d(base + kS.v + s * sw128::kSlice, &p.v_map, 64 * s, v_head, token,
+                         full + st);
+          }
+        } else {
+          mbarrier::arrive(full + st);
+        }
+        return;
+      }
       const __nv_bfloat16* src_q = w.q_g + (t + copy_r0) * p.q_stride_t + copy_part * 8;
       const __nv_bfloat16* src_k = w.k_g + (t + copy_r0) * p.k_stride_t + copy_part * 8;
       const __nv_bfloat16* src_v = w.v_g + (t + copy_r0) * p.v_stride_t + copy_part * 8;
@@ -403,7 +431,7 @@ template <typename Tin, typename Tgate, typename Tparam, typename Tstate, typena
           typename Tcu, typename Tidx, int kK, int kV, bool kGated, bool kL2Norm, bool kCkpt,
           int kStateLayout = kGdnStateVMajor>
 __global__ void __launch_bounds__(kGdnPrefillWsThreads, 1)
-    gdn_prefill_ws_kernel(const GdnPrefillParams p) {
+    gdn_prefill_ws_kernel(const __grid_constant__ GdnPrefillParams p) {
 #if KJIT_GDN_STATE_WGMMA
   static_assert(kK == 128 && kV == 128, "the warp-specialized kernel is laid out for K = V = 128");
   // Measurement only (KJIT_GDN_WS_PROFILE): the block's place in the call's timeline.

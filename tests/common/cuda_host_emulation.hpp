@@ -20,6 +20,7 @@
 #define __forceinline__ inline
 #define __global__
 #define __launch_bounds__(...)
+#define __grid_constant__
 // Shared memory is ordinary memory here (a test that needs it static redefines __shared__).
 #define __shared__
 #define __align__(n) __attribute__((aligned(n)))

@@ -70,6 +70,7 @@ extern "C" void __tsan_ignore_thread_end();
 #define __CUDA_ARCH__ 900
 #define __CUDA_ARCH_FEAT_SM90_ALL 1
 
+#include "templates/common/tensor_map.h"
 #include "templates/common/types.h"
 
 // --- the CUDA types and intrinsics the templates use beyond cuda_host_emulation.hpp ----------
@@ -196,6 +197,66 @@ struct Copy {
   bool valid;
 };
 
+/// What the emulation's TMA boxes read from a kjit::TensorMap: the test encodes the same request
+/// the runtime would hand the driver (encode_tensor_map) into the map's 128 bytes, in this form.
+struct EmulatedTensorMap {
+  const void* base;
+  std::uint64_t dims[3];
+  std::uint64_t strides[2];  // bytes of dimensions 1 and 2
+  std::uint32_t box[3];
+  std::uint32_t element_bytes;
+  std::int32_t swizzle_bytes;
+  std::int32_t rank;
+};
+static_assert(sizeof(EmulatedTensorMap) <= sizeof(kjit::TensorMap));
+
+/// A TMA store of a box: the map, the box's coordinates, its shared-memory source.
+struct BulkStore {
+  EmulatedTensorMap map;
+  long long c[3];
+  const unsigned char* src;
+};
+
+/// The request's map for the emulated TMA (rank 3 only; dimension 0 contiguous).
+inline void encode_tensor_map(kjit::TensorMap& map, const void* base, int rank,
+                              const std::uint64_t* dims, const std::uint64_t* strides,
+                              const std::uint32_t* box, std::uint32_t element_bytes,
+                              int swizzle_bytes) {
+  EmulatedTensorMap m{};
+  m.base = base;
+  m.rank = rank;
+  for (int i = 0; i < 3 && i < rank; ++i) {
+    m.dims[i] = dims[i];
+    m.box[i] = box[i];
+  }
+  for (int i = 0; i < 2 && i + 1 < rank; ++i) m.strides[i] = strides[i];
+  m.element_bytes = element_bytes;
+  m.swizzle_bytes = swizzle_bytes;
+  map = kjit::TensorMap{};
+  std::memcpy(&map, &m, sizeof m);
+}
+
+inline EmulatedTensorMap decode_tensor_map(const kjit::TensorMap& map) {
+  EmulatedTensorMap m;
+  std::memcpy(&m, &map, sizeof m);
+  return m;
+}
+
+/// Where byte `offset` of a box (its rows one after another) sits in shared memory under the
+/// map's swizzle: bits 4.. of the offset (the 16-byte piece) XORed with its 128-byte line's
+/// index modulo swizzle / 16 (128 bytes: a piece with the row of 8; 32 bytes: the half of a
+/// 32-byte row with bit 2 of the row).
+inline std::uint32_t swizzled(std::uint32_t offset, const EmulatedTensorMap& m) {
+  if (m.swizzle_bytes == 0) return offset;
+  const std::uint32_t mask = std::uint32_t(m.swizzle_bytes) / 16 - 1;
+  return offset ^ (((offset >> 7) & mask) << 4);
+}
+
+/// The shared-memory alignment of a box under the map's swizzle (the pattern's period).
+inline std::uint32_t box_alignment(const EmulatedTensorMap& m) {
+  return m.swizzle_bytes == 0 ? 128u : 8u * std::uint32_t(m.swizzle_bytes);
+}
+
 /// A warpgroup product issued and not yet retired: the thread's accumulators, its warp's A
 /// fragments (register A) or A's descriptor (shared A), B's descriptor.
 struct Product {
@@ -214,6 +275,8 @@ struct AsyncArrival {
   std::vector<Copy> copies;
   u64* bar;
   const void* issuer;  // the issuing thread's synchronization address
+  /// > 0: a TMA box, which completes this many bytes on `bar` when it lands (no arrival).
+  long long tx_bytes = 0;
 };
 
 /// What a thread index keeps from one block of a launch to the next: its fiber (stack, saved
@@ -250,6 +313,10 @@ struct Fiber {
   // wgmma: products of the open group and of the committed groups, oldest first.
   std::vector<Product> open_products;
   std::vector<std::vector<Product>> product_groups;
+  // TMA stores (cp.async.bulk.tensor, bulk groups): of the open group and of the committed
+  // groups, oldest first; each reads its shared tile only when a wait retires its group.
+  std::vector<BulkStore> open_stores;
+  std::vector<std::vector<BulkStore>> store_groups;
 };
 
 /// The 32 lanes of one warp meeting for a collective operation: each puts up to 32 bytes in, and
@@ -544,7 +611,7 @@ static void complete_in_flight(std::size_t i) {
   block->in_flight.erase(block->in_flight.begin() + static_cast<std::ptrdiff_t>(i));
   acquire(event.issuer);  // the copies follow what their thread did before it issued them
   land(event.copies);
-  if (event.bar != nullptr) mbarrier_arrive(event.bar, 1, 0);
+  if (event.bar != nullptr) mbarrier_arrive(event.bar, event.tx_bytes > 0 ? 0 : 1, -event.tx_bytes);
 }
 
 // --- mbarriers -------------------------------------------------------------------------------
@@ -634,6 +701,12 @@ static void fiber_entry() {
     acquire(start_edge);
 #endif
     fiber_body();
+    if (!block->current->open_stores.empty() || !block->current->store_groups.empty()) {
+      const Bookkeeping bookkeeping;
+      fail(
+          "the thread ended with TMA stores it did not wait for (cp.async.bulk.wait_group): "
+          "their shared source may be gone before they read it");
+    }
     finish_block();
   }
 }
@@ -1116,6 +1189,115 @@ static inline void bulk_load(void* dst, const void* src, u32 bytes, u64* bar, u6
   emu::mbarrier_arrive(bar, 0, -static_cast<long long>(bytes));
 }
 }  // namespace mbarrier
+
+namespace tma {
+static inline void prefetch_map(const TensorMap*) {}
+/// A box of a map the test encoded (kjit_sm90_emulation::encode_tensor_map): poisoned at once,
+/// landing (16-byte pieces, swizzled as the map says, zeros outside the tensor) and completing
+/// its bytes on `bar` at a random later step, as cp.async's arrivals do.
+static inline void load_3d(void* dst, const TensorMap* map, int c0, int c1, int c2, u64* bar) {
+  namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
+  (void)emu::mbarrier_of(bar, "TMA box");
+  const emu::EmulatedTensorMap m = emu::decode_tensor_map(*map);
+  if (m.rank != 3) emu::fail("TMA box: a 3-dimensional load through a map of another rank");
+  const u32 row_bytes = m.box[0] * m.element_bytes;
+  if (row_bytes % 16 != 0 || (m.swizzle_bytes != 0 && row_bytes != u32(m.swizzle_bytes))) {
+    emu::fail(
+        "TMA box: rows the emulation does not lay out (a multiple of 16 bytes, and the "
+        "swizzle's span when swizzled)");
+  }
+  const auto shared =
+      reinterpret_cast<std::uintptr_t>(dst) - reinterpret_cast<std::uintptr_t>(emu::block->smem);
+  if (shared % emu::box_alignment(m) != 0) {
+    emu::fail("TMA box: the shared destination is not aligned as the map's swizzle needs");
+  }
+  const u32 pieces = row_bytes / 16, rows = m.box[1] * m.box[2];
+  const u32 bytes = rows * row_bytes;
+  {
+    const emu::KernelAccess access;
+    std::memset(emu::shared_at(static_cast<u32>(shared), bytes), 0xFF, bytes);  // until it lands
+  }
+  emu::Fiber& f = *emu::block->current;
+  emu::release(&f);
+  emu::AsyncArrival event{{}, bar, &f, bytes};
+  const auto* base = static_cast<const unsigned char*>(m.base);
+  for (u32 r = 0; r < rows; ++r) {
+    using i64 = long long;
+    const i64 i1 = c1 + i64(r % m.box[1]), i2 = c2 + i64(r / m.box[1]);
+    for (u32 j = 0; j < pieces; ++j) {
+      const i64 i0 = c0 + i64(j * 16 / m.element_bytes);
+      const bool inside = i0 >= 0 && i0 + 16 / m.element_bytes <= i64(m.dims[0]) && i1 >= 0 &&
+                          i1 < i64(m.dims[1]) && i2 >= 0 && i2 < i64(m.dims[2]);
+      void* to = static_cast<unsigned char*>(dst) + emu::swizzled(r * row_bytes + j * 16, m);
+      const void* from =
+          inside ? base + i2 * i64(m.strides[1]) + i1 * i64(m.strides[0]) + i0 * m.element_bytes
+                 : m.base;
+      event.copies.push_back({to, from, inside});
+    }
+  }
+  emu::block->in_flight.push_back(std::move(event));
+  emu::maybe_yield();
+}
+/// A box out to global memory: recorded in the thread's open bulk group; it reads its tile and
+/// writes (the elements inside the tensor) when a wait retires its group.
+static inline void store_3d(const TensorMap* map, int c0, int c1, int c2, const void* src) {
+  namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
+  const emu::EmulatedTensorMap m = emu::decode_tensor_map(*map);
+  if (m.rank != 3) emu::fail("TMA store: a 3-dimensional store through a map of another rank");
+  const auto shared =
+      reinterpret_cast<std::uintptr_t>(src) - reinterpret_cast<std::uintptr_t>(emu::block->smem);
+  if (shared % emu::box_alignment(m) != 0) {
+    emu::fail("TMA store: the shared source is not aligned as the map's swizzle needs");
+  }
+  (void)emu::shared_at(static_cast<u32>(shared), m.box[0] * m.box[1] * m.box[2] * m.element_bytes);
+  emu::block->current->open_stores.push_back(
+      {m, {c0, c1, c2}, static_cast<const unsigned char*>(src)});
+  emu::maybe_yield();
+}
+static inline void commit_group() {
+  namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
+  emu::Fiber& f = *emu::block->current;
+  f.store_groups.push_back(std::move(f.open_stores));
+  f.open_stores.clear();
+}
+/// Retires this thread's oldest store groups until kPending are left: each reads its tile now.
+template <int kPending>
+static inline void wait_group() {
+  namespace emu = kjit_sm90_emulation;
+  const emu::Bookkeeping bookkeeping;
+  emu::Fiber& f = *emu::block->current;
+  while (f.store_groups.size() > std::size_t(kPending)) {
+    const emu::KernelAccess access;
+    using i64 = long long;
+    for (const emu::BulkStore& st : f.store_groups.front()) {
+      const emu::EmulatedTensorMap& m = st.map;
+      const u32 row_bytes = m.box[0] * m.element_bytes;
+      auto* base = static_cast<unsigned char*>(const_cast<void*>(m.base));
+      for (u32 r = 0; r < m.box[1] * m.box[2]; ++r) {
+        const i64 i1 = st.c[1] + r % m.box[1], i2 = st.c[2] + r / m.box[1];
+        if (i1 < 0 || i1 >= i64(m.dims[1]) || i2 < 0 || i2 >= i64(m.dims[2])) continue;
+        for (u32 e = 0; e < m.box[0]; ++e) {
+          const i64 i0 = st.c[0] + e;
+          if (i0 < 0 || i0 >= i64(m.dims[0])) continue;
+          std::memcpy(base + i2 * i64(m.strides[1]) + i1 * i64(m.strides[0]) + i0 * m.element_bytes,
+                      st.src + emu::swizzled(r * row_bytes + e * m.element_bytes, m),
+                      m.element_bytes);
+        }
+      }
+    }
+    f.store_groups.erase(f.store_groups.begin());
+  }
+  emu::maybe_yield();
+}
+/// (The emulation's stores read their tiles only at a wait: .read waits the same.)
+template <int kPending>
+static inline void wait_group_read() {
+  wait_group<kPending>();
+}
+}  // namespace tma
 
 namespace mma {
 static inline u32 transpose8x8(u32 x) {

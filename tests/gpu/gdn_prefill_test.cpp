@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -17,8 +18,10 @@
 #include "common/host_data.hpp"
 #include "kjit/ops/gdn_decode.hpp"
 #include "kjit/ops/gdn_prefill.hpp"
+#include "kjit/runtime.hpp"
 #include "ops/gdn_prefill_reference.hpp"
 #include "support/numeric.hpp"
+#include "templates/common/tensor_map.h"
 
 namespace kjit {
 namespace {
@@ -64,6 +67,8 @@ struct Case {
   // out's heads this many elements further apart than V (rows hv * (V + pad) apart), the gaps
   // checked untouched: 2 makes the strides even but not multiples of 4.
   std::int64_t out_head_pad = 0;
+  // The runtime the call runs on (its settings: e.g. the TMA paths); null: test::runtime().
+  Runtime* runtime = nullptr;
 };
 
 DeviceBuffer upload(const Bytes& host) {
@@ -231,7 +236,7 @@ void run_case(const Case& c) {
     GdnPrefillOptions options;
     if (c.workspace) options.workspace = TensorView::contiguous(dws.get(), DType::u8, {ws_bytes});
     options.l2norm_qk = c.l2norm;
-    options.runtime = &test::runtime();
+    options.runtime = c.runtime != nullptr ? c.runtime : &test::runtime();
     options.device = test::device();
     options.force_mode = c.force_mode;
     if (c.separate_final) {
@@ -649,6 +654,96 @@ TEST_CASE("gdn_prefill chunked: P formed by the wgmma state kernel's two warpgro
   c.force_mode = "chunked_bv128_wgmma_p1";
   c.expect_state_p = 1;
   run_case(c);
+}
+
+/// A runtime whose gdn_prefill calls take the ws kernel's TMA loads and stores (KJIT_TENSOR_MAPS=1,
+/// off by default), over the suite's cache.
+Runtime& tma_runtime() {
+  static Runtime rt([] {
+    Settings settings = test::runtime().settings();
+    settings.tensor_map_loads = settings.tensor_map_stores = true;
+    return settings;
+  }());
+  return rt;
+}
+
+TEST_CASE(
+    "gdn_prefill chunked_ws: Runtime::encode_tensor_map takes the kernel's maps, refuses bad "
+    "ones") {
+  if (!on_compute_capability_9_0("the warp-specialized kernel's tensor maps")) return;
+  DeviceBuffer buffer(1 << 20);
+  TensorMapRequest r;  // q of [T = 1000, H = 4, 128] bf16, boxes of a 64-column slice x 64 tokens
+  r.element = DType::bf16;
+  r.rank = 3;
+  r.base = buffer.get();
+  r.dims[0] = 128;
+  r.dims[1] = 4;
+  r.dims[2] = 1000;
+  r.strides[0] = 256;
+  r.strides[1] = 4 * 256;
+  r.box[0] = 64;
+  r.box[1] = 1;
+  r.box[2] = 64;
+  r.swizzle_bytes = 128;
+  alignas(64) TensorMap map{};
+  std::string why;
+  CHECK(test::runtime().encode_tensor_map(r, &map, &why));
+  CHECK(why.empty());
+  TensorMapRequest out = r;  // out's boxes: a state warp's 16 values, 32-byte swizzle
+  out.box[0] = 16;
+  out.swizzle_bytes = 32;
+  CHECK(test::runtime().encode_tensor_map(out, &map, &why));
+  TensorMapRequest bad = r;
+  bad.base = static_cast<unsigned char*>(buffer.get()) + 8;  // not 16-byte aligned
+  CHECK_FALSE(test::runtime().encode_tensor_map(bad, &map, &why));
+  MESSAGE("refused: " << why);
+  CHECK(why.find("cuTensorMapEncodeTiled") != std::string::npos);
+  bad = r;
+  bad.box[0] = 128;  // 256-byte rows under a 128-byte swizzle
+  CHECK_FALSE(test::runtime().encode_tensor_map(bad, &map, &why));
+  bad = r;
+  bad.swizzle_bytes = 48;
+  CHECK_FALSE(test::runtime().encode_tensor_map(bad, &map, &why));
+  CHECK(why.find("swizzle") != std::string::npos);
+}
+
+TEST_CASE("gdn_prefill chunked_ws: q, k, v and out through TMA tensor maps (KJIT_TENSOR_MAPS=1)") {
+  if (!on_compute_capability_9_0("the warp-specialized kernel")) return;
+  const std::string mode = "chunked_ws";
+  {
+    Case c;  // lengths around the chunk and the stage ring: whole chunks by boxes, the rest not
+    c.lengths = {65, 0, 130, 1, 1000, 63, 64, 2000, 192, 193};
+    c.force_mode = mode;
+    c.expect_mode = mode;
+    c.runtime = &tma_runtime();
+    run_case(c);
+  }
+  {
+    Case c;  // out heads padded to 272 bytes (a stride TMA takes), GVA, raw gates, graph replay
+    c.lengths = {129, 5, 640, 64};
+    c.heads = 1;
+    c.value_heads = 3;
+    c.out_head_pad = 8;
+    c.separate_final = true;
+    c.capture = true;
+    c.force_mode = mode;
+    c.runtime = &tma_runtime();
+    run_case(c);
+  }
+  {
+    Case c;  // out heads 4 bytes apart from a multiple of 16 (no map of out: plain stores), K-major
+    c.lengths = {129, 5, 640};
+    c.k_major = true;
+    c.out_head_pad = 2;
+    c.force_mode = mode;
+    c.runtime = &tma_runtime();
+    run_case(c);
+  }
+  run_case([&] {  // f32 out (plain stores), checkpoints, precomputed gates
+    Case c = checkpoint_case(mode);
+    c.runtime = &tma_runtime();
+    return c;
+  }());
 }
 
 TEST_CASE("gdn_prefill chunked_ws: the warp-specialized kernel (sm_90a), every option") {

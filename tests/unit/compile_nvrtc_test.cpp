@@ -286,6 +286,29 @@ TEST_CASE("gdn_prefill_state's wide tiles compile to wgmma for sm_90a without sp
   CHECK(plain.ptx.find("mma.sync") != std::string::npos);
 }
 
+TEST_CASE("gdn_prefill_ws compiles its TMA loads and stores for sm_90a without spilling") {
+  // Both TMA paths (KJIT_TENSOR_MAPS) are compiled into every ws kernel beside the cp.async
+  // copies and plain stores; the parameter block decides per call. The bench's spec, and a form
+  // with checkpoints, a bf16 K-major pool, f16 out (no TMA store) and precomputed gates.
+  const Compiler& c = nvrtc();
+  for (const char* spec :
+       {"gdn_prefill_ws:qkv=bf16,gate=bf16,param=f32,state=f32,out=bf16,cu=i32,index=i32,k=128,"
+        "v=128,gated=0,l2norm=1,ckpt=0@sm_90a",
+        "gdn_prefill_ws:qkv=bf16,gate=f32,param=f32,state=bf16,out=f16,cu=i64,index=i64,k=128,"
+        "v=128,gated=1,l2norm=1,ckpt=1,state_layout=kv@sm_90a"}) {
+    CAPTURE(spec);
+    const CompiledKernel kernel = c.compile(KernelSpec::parse(spec));
+    CHECK(is_elf(kernel.cubin));
+    CHECK(kernel.ptx.find("cp.async.bulk.tensor.3d.shared::cluster.global") != std::string::npos);
+    CHECK(kernel.ptx.find("mbarrier.arrive.expect_tx") != std::string::npos);
+    const bool bf16_out = std::string(spec).find("out=bf16") != std::string::npos;
+    CHECK((kernel.ptx.find("cp.async.bulk.tensor.3d.global.shared::cta") != std::string::npos) ==
+          bf16_out);
+    CHECK(kernel.resources.spill_store_bytes == 0);
+    CHECK_FALSE(wgmma_serialization(kernel.log, kernel.lowered_name).has_value());
+  }
+}
+
 TEST_CASE("gdn_prefill_state with 3 stages hands them over by mbarriers on sm_90, not on sm_80") {
   // What the planner emits for the wide tiles on sm_90 and later; sm_80 keeps the block barrier.
   const Compiler& c = nvrtc();

@@ -274,8 +274,34 @@ void run(const Case& c, const std::vector<Kernel>& kernels) {
     Bytes workspace(
         static_cast<std::size_t>(ops::prefill::Family::workspace_bytes(problem, planned.choice)),
         0xFF);
-    const GdnPrefillParams params =
+    GdnPrefillParams params =
         ops::prefill::Family::params(args, problem, planned.choice, workspace.data());
+    // The ws kernel's TMA paths through maps of the emulation's form (the runtime encodes the
+    // same requests with the driver): interleavings 0, 1, 2, 3 take loads and stores, neither
+    // (cp.async copies, plain stores), the loads only, the stores only.
+    const bool tma_loads = schedule % 4 == 0 || schedule % 4 == 2;
+    const bool tma_stores = schedule % 4 == 0 || schedule % 4 == 3;
+    CAPTURE(tma_loads);
+    CAPTURE(tma_stores);
+    const auto encode = [](const ops::prefill::TensorMapSlot& slot) {
+      const TensorMapRequest& r = slot.request;
+      kjit_sm90_emulation::encode_tensor_map(*slot.map, r.base, r.rank, r.dims, r.strides, r.box,
+                                             static_cast<std::uint32_t>(size_of(r.element)),
+                                             r.swizzle_bytes);
+    };
+    if (tma_loads) {
+      const ops::prefill::InputTensorMaps maps =
+          ops::prefill::input_tensor_maps(params, problem, planned.choice);
+      for (int i = 0; i < maps.count; ++i) encode(maps.slots[i]);
+      params.tma_inputs = maps.count > 0 ? 1 : 0;
+      if (c.mode == "chunked_ws") REQUIRE(maps.count == 3);
+    }
+    if (tma_stores) {
+      const auto slot = ops::prefill::output_tensor_map(params, problem, planned.choice);
+      if (slot) encode(*slot);
+      params.tma_out = slot ? 1 : 0;
+      if (c.mode == "chunked_ws") REQUIRE(slot.has_value() == (c.out == DType::bf16));
+    }
     for (std::size_t i = 0; i < kernels.size(); ++i) {
       const PlannedLaunch& launch = planned.plan.launches[i];
       REQUIRE(launch.spec.str() == kernels[i].spec);
@@ -535,6 +561,133 @@ TEST_CASE("gdn_prefill context-parallel emulated: wgmma passes, checkpoints, bf1
           {pass(2), &emulate<&gdn_prefill_state_cp_kernel<__nv_bfloat16, __nv_bfloat16, float, int,
                                                           int, 128, 128, 128, true, 2, 3>,
                              gdn_prefill_detail::smem, sizeof(gdn_prefill_detail::smem)>}});
+}
+
+}  // namespace
+}  // namespace kjit
+
+namespace kjit {
+namespace {
+
+TEST_CASE("gdn_prefill input_tensor_maps: the ws kernel's calls get q, k and v maps TMA can take") {
+  using ops::prefill::Choice;
+  using ops::prefill::Path;
+  using ops::prefill::Problem;
+  alignas(64) static unsigned char buffer[4096];
+  Problem pr;
+  pr.tokens = 1000;
+  pr.seqs = 3;
+  pr.heads = 2;
+  pr.value_heads = 4;
+  pr.k = pr.v = 128;
+  pr.qkv = DType::bf16;
+  Choice ws;
+  ws.path = Path::warp_specialized;
+  const auto params = [&] {
+    GdnPrefillParams p{};
+    p.q = buffer;
+    p.k = buffer + 64;
+    p.v = buffer + 128;
+    // q and k as views of one [T, 2 H + HV, 128] projection (an engine's mixed_qkv).
+    p.q_stride_t = p.k_stride_t = p.v_stride_t = 8 * 128;
+    p.q_stride_h = p.k_stride_h = p.v_stride_h = 128;
+    return p;
+  };
+  GdnPrefillParams p = params();
+  const ops::prefill::InputTensorMaps maps = ops::prefill::input_tensor_maps(p, pr, ws);
+  REQUIRE(maps.count == 3);
+  CHECK(maps.slots[0].map == &p.q_map);
+  CHECK(maps.slots[1].map == &p.k_map);
+  CHECK(maps.slots[2].map == &p.v_map);
+  for (int i = 0; i < 3; ++i) {
+    const TensorMapRequest& r = maps.slots[i].request;
+    CAPTURE(i);
+    CHECK(r.element == DType::bf16);
+    CHECK(r.rank == 3);
+    CHECK(r.dims[0] == 128);
+    CHECK(r.dims[1] == (i == 2 ? 4u : 2u));
+    CHECK(r.dims[2] == 1000);
+    CHECK(r.strides[0] == 256);   // a head: 128 bf16
+    CHECK(r.strides[1] == 2048);  // a token: 8 heads' rows
+    CHECK(r.box[0] == 64);        // one 128-byte sw128 slice
+    CHECK(r.box[1] == 1);
+    CHECK(r.box[2] == 64);  // a chunk
+    CHECK(r.swizzle_bytes == 128);
+  }
+  CHECK(maps.slots[0].request.base == buffer);
+  CHECK(maps.slots[2].request.base == buffer + 128);
+
+  // No maps: other paths, an address TMA cannot take, strides of no whole 16 bytes, T >= 2^31.
+  Choice chunked = ws;
+  chunked.path = Path::chunked;
+  CHECK(ops::prefill::input_tensor_maps(p, pr, chunked).count == 0);
+  p = params();
+  p.k = buffer + 8;
+  CHECK(ops::prefill::input_tensor_maps(p, pr, ws).count == 0);
+  p = params();
+  p.v_stride_t = 8 * 128 + 4;
+  CHECK(ops::prefill::input_tensor_maps(p, pr, ws).count == 0);
+  p = params();
+  p.q_stride_h = 0;
+  CHECK(ops::prefill::input_tensor_maps(p, pr, ws).count == 0);
+  p = params();
+  Problem long_call = pr;
+  long_call.tokens = std::int64_t{1} << 31;
+  CHECK(ops::prefill::input_tensor_maps(p, long_call, ws).count == 0);
+  long_call.tokens = (std::int64_t{1} << 31) - 1;
+  CHECK(ops::prefill::input_tensor_maps(p, long_call, ws).count == 3);
+}
+
+TEST_CASE("gdn_prefill output_tensor_map: bf16 out of the ws kernel, in boxes of a state warp") {
+  using ops::prefill::Choice;
+  using ops::prefill::Path;
+  using ops::prefill::Problem;
+  alignas(64) static unsigned char buffer[4096];
+  Problem pr;
+  pr.tokens = 777;
+  pr.seqs = 2;
+  pr.heads = 2;
+  pr.value_heads = 4;
+  pr.k = pr.v = 128;
+  pr.out = DType::bf16;
+  Choice ws;
+  ws.path = Path::warp_specialized;
+  GdnPrefillParams p{};
+  p.out = buffer + 16;
+  p.out_stride_t = 4 * 136;  // heads padded to 272 bytes
+  p.out_stride_h = 136;
+  const auto slot = ops::prefill::output_tensor_map(p, pr, ws);
+  REQUIRE(slot.has_value());
+  CHECK(slot->map == &p.out_map);
+  const TensorMapRequest& r = slot->request;
+  CHECK(r.base == buffer + 16);
+  CHECK(r.element == DType::bf16);
+  CHECK(r.rank == 3);
+  CHECK(r.dims[0] == 128);
+  CHECK(r.dims[1] == 4);
+  CHECK(r.dims[2] == 777);
+  CHECK(r.strides[0] == 272);
+  CHECK(r.strides[1] == 4 * 272);
+  CHECK(r.box[0] == 16);  // a state warp's 16 values
+  CHECK(r.box[1] == 1);
+  CHECK(r.box[2] == 64);
+  CHECK(r.swizzle_bytes == 32);
+
+  Problem other = pr;
+  other.out = DType::f32;
+  CHECK_FALSE(ops::prefill::output_tensor_map(p, other, ws).has_value());
+  other = pr;
+  other.tokens = std::int64_t{1} << 31;
+  CHECK_FALSE(ops::prefill::output_tensor_map(p, other, ws).has_value());
+  Choice chunked = ws;
+  chunked.path = Path::chunked;
+  CHECK_FALSE(ops::prefill::output_tensor_map(p, pr, chunked).has_value());
+  GdnPrefillParams q = p;
+  q.out = buffer + 8;
+  CHECK_FALSE(ops::prefill::output_tensor_map(q, pr, ws).has_value());
+  q = p;
+  q.out_stride_t = 4 * 136 + 1;
+  CHECK_FALSE(ops::prefill::output_tensor_map(q, pr, ws).has_value());
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -163,7 +164,38 @@ struct Family {
   static bool launches_nothing(const Problem& problem) { return problem.seqs == 0; }
   static GdnPrefillParams params(const Args& args, const Problem& problem, const Choice& choice,
                                  void* workspace);
+  /// The warp-specialized kernel's TMA maps of q, k and v (input_tensor_maps) and of out
+  /// (output_tensor_map), encoded into `params` by the runtime as Settings::tensor_map_loads and
+  /// tensor_map_stores ask (both off by default); params.tma_inputs and tma_out say they are
+  /// there. A map the driver refuses leaves the kernel on its cp.async copies or plain stores.
+  static void attach_tensor_maps(GdnPrefillParams& params, const Problem& problem,
+                                 const Choice& choice, Runtime& runtime);
 };
+
+/// One TMA map a call's kernel reads through, and where in the parameter block it goes.
+struct TensorMapSlot {
+  TensorMap* map = nullptr;
+  TensorMapRequest request;
+};
+
+/// The maps of q, k and v for the warp-specialized kernel's whole chunks: each {128 columns, heads,
+/// T} (bf16), boxes of 64 columns x 1 head x 64 tokens with 128-byte swizzle (the stages'
+/// sw128 slices). None (count 0) on the other paths, or when a base address is not 16-byte
+/// aligned or a stride is no multiple of 16 bytes below 2^40, or T >= 2^31 (a box coordinate is
+/// an int): TMA cannot address those, and the kernel copies with cp.async.
+struct InputTensorMaps {
+  TensorMapSlot slots[3];
+  int count = 0;
+};
+InputTensorMaps input_tensor_maps(GdnPrefillParams& params, const Problem& problem,
+                                  const Choice& choice);
+
+/// The map of bf16 out for the warp-specialized kernel's whole chunks: {128 values, HV, T}, boxes
+/// of 16 values x 1 head x 64 tokens (a state warp's part of a chunk) with 32-byte swizzle.
+/// None on the other paths, for f16 or f32 out, or where TMA cannot address out (as
+/// input_tensor_maps); the kernel then stores with plain stores.
+std::optional<TensorMapSlot> output_tensor_map(GdnPrefillParams& params, const Problem& problem,
+                                               const Choice& choice);
 
 /// Every check of a call but the mode's (check.cpp); a launch with no sequences returns after
 /// these, as it always did, whatever options.force_mode says.

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -40,6 +41,101 @@ std::string Family::workspace_hint(std::size_t bytes) {
   return fmt::format(
       "pass options.workspace ({} bytes for this call, as plan_gdn_prefill's reasons say) instead",
       bytes);
+}
+
+InputTensorMaps input_tensor_maps(GdnPrefillParams& p, const Problem& pr, const Choice& choice) {
+  InputTensorMaps maps;
+  if (choice.path != Path::warp_specialized || pr.qkv != DType::bf16 || pr.k != 128 ||
+      pr.v != 128 || pr.tokens >= (std::int64_t{1} << 31)) {
+    return maps;
+  }
+  constexpr std::int64_t kElement = 2;
+  const auto addressable = [](const void* base, std::int64_t stride_t, std::int64_t stride_h) {
+    const auto fits = [](std::int64_t bytes) {
+      return bytes > 0 && bytes % 16 == 0 && bytes < (std::int64_t{1} << 40);
+    };
+    return reinterpret_cast<std::uintptr_t>(base) % 16 == 0 && fits(stride_t * kElement) &&
+           fits(stride_h * kElement);
+  };
+  const auto add = [&](TensorMap* map, const void* base, std::int64_t heads, std::int64_t stride_t,
+                       std::int64_t stride_h) {
+    TensorMapSlot& slot = maps.slots[maps.count++];
+    slot.map = map;
+    TensorMapRequest& r = slot.request;
+    r.element = DType::bf16;
+    r.rank = 3;
+    r.base = base;
+    r.dims[0] = 128;
+    r.dims[1] = static_cast<std::uint64_t>(heads);
+    r.dims[2] = static_cast<std::uint64_t>(pr.tokens);
+    r.strides[0] = static_cast<std::uint64_t>(stride_h * kElement);
+    r.strides[1] = static_cast<std::uint64_t>(stride_t * kElement);
+    r.box[0] = 64;
+    r.box[1] = 1;
+    r.box[2] = kGdnPrefillChunk;
+    r.swizzle_bytes = 128;
+  };
+  if (!addressable(p.q, p.q_stride_t, p.q_stride_h) ||
+      !addressable(p.k, p.k_stride_t, p.k_stride_h) ||
+      !addressable(p.v, p.v_stride_t, p.v_stride_h)) {
+    return maps;
+  }
+  add(&p.q_map, p.q, pr.heads, p.q_stride_t, p.q_stride_h);
+  add(&p.k_map, p.k, pr.heads, p.k_stride_t, p.k_stride_h);
+  add(&p.v_map, p.v, pr.value_heads, p.v_stride_t, p.v_stride_h);
+  return maps;
+}
+
+std::optional<TensorMapSlot> output_tensor_map(GdnPrefillParams& p, const Problem& pr,
+                                               const Choice& choice) {
+  if (choice.path != Path::warp_specialized || pr.out != DType::bf16 || pr.v != 128 ||
+      pr.tokens >= (std::int64_t{1} << 31)) {
+    return std::nullopt;
+  }
+  constexpr std::int64_t kElement = 2;
+  const auto fits = [](std::int64_t bytes) {
+    return bytes > 0 && bytes % 16 == 0 && bytes < (std::int64_t{1} << 40);
+  };
+  if (reinterpret_cast<std::uintptr_t>(p.out) % 16 != 0 || !fits(p.out_stride_t * kElement) ||
+      !fits(p.out_stride_h * kElement)) {
+    return std::nullopt;
+  }
+  TensorMapSlot slot;
+  slot.map = &p.out_map;
+  TensorMapRequest& r = slot.request;
+  r.element = DType::bf16;
+  r.rank = 3;
+  r.base = p.out;
+  r.dims[0] = 128;
+  r.dims[1] = static_cast<std::uint64_t>(pr.value_heads);
+  r.dims[2] = static_cast<std::uint64_t>(pr.tokens);
+  r.strides[0] = static_cast<std::uint64_t>(p.out_stride_h * kElement);
+  r.strides[1] = static_cast<std::uint64_t>(p.out_stride_t * kElement);
+  r.box[0] = 16;
+  r.box[1] = 1;
+  r.box[2] = kGdnPrefillChunk;
+  r.swizzle_bytes = 32;
+  return slot;
+}
+
+void Family::attach_tensor_maps(GdnPrefillParams& p, const Problem& pr, const Choice& choice,
+                                Runtime& runtime) {
+  p.tma_inputs = 0;
+  p.tma_out = 0;
+  const Settings& settings = runtime.settings();
+  if (settings.tensor_map_loads) {
+    const InputTensorMaps maps = input_tensor_maps(p, pr, choice);
+    bool encoded = maps.count > 0;
+    for (int i = 0; i < maps.count && encoded; ++i) {
+      encoded = runtime.encode_tensor_map(maps.slots[i].request, maps.slots[i].map);
+    }
+    p.tma_inputs = encoded ? 1 : 0;
+  }
+  if (settings.tensor_map_stores) {
+    if (const std::optional<TensorMapSlot> slot = output_tensor_map(p, pr, choice)) {
+      p.tma_out = runtime.encode_tensor_map(slot->request, slot->map) ? 1 : 0;
+    }
+  }
 }
 
 GdnPrefillParams Family::params(const Args& args, const Problem& pr, const Choice& choice,
