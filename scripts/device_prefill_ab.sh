@@ -8,12 +8,15 @@
 #   2. bench_gdn_prefill on the working tree with the planner's modes and FlashInfer beside it
 #      (main table and PREFILL_AB_FEW shapes), when .anchors/fi/libkjit_fi_prefill.so is there
 #      (scripts/build_flashinfer_anchor.sh builds it here);
-#   3. a second ws pass on every tree in reverse order, while the call has time left.
+#   3. the working tree's benchmark again under each environment of PREFILL_AB_VARIANTS (e.g.
+#      "KJIT_TENSOR_MAPS=loads;KJIT_TENSOR_MAPS=1": settings A/B'd in one build);
+#   4. a second ws pass on every tree and variant in reverse order, while the call has time left.
 #
 #   here:   bash scripts/device_ab.sh prepare main [REV...]; bash scripts/build_flashinfer_anchor.sh
 #   there:  bash scripts/device_prefill_ab.sh   (carry .deps, .ab and .anchors/fi/libkjit_fi_prefill.so)
 #
-# Knobs: PREFILL_AB_FORCE (default chunked_ws; empty: the planner's modes), PREFILL_AB_FEW (the
+# Knobs: PREFILL_AB_FORCE (default chunked_ws; empty: the planner's modes), PREFILL_AB_VARIANTS
+# (';'-separated environments for step 3, each one or more VAR=value), PREFILL_AB_FEW (the
 # few-sequences shapes beside FlashInfer, default 16/16/16x8192,16/16/8x4096), PREFILL_AB_BUDGET
 # (seconds after which no second pass starts, default 380), PREFILL_AB_LOGS (the logs' folder on the
 # GPU machine, default /tmp/prefill-ab-logs, emptied at the start: name a folder of its own, not
@@ -45,8 +48,23 @@ if [ -f "$anchor" ]; then
     timeout 200 ./bench/bench_gdn_prefill >"$OUT/anchor.txt" 2>&1
   echo "rc=$?" >>"$OUT/anchor.txt")
 fi
+# Settings A/B'd in the working tree's build: one bench run per environment, named by its index.
+variants=()
+[ -n "${PREFILL_AB_VARIANTS:-}" ] && IFS=';' read -r -a variants <<<"$PREFILL_AB_VARIANTS"
+run_variant() { # run_variant INDEX OUTFILE
+  local -a vars
+  read -r -a vars <<<"${variants[$1]}"
+  (cd /tmp/ab-build-work && env "${bench_env[@]}" "${vars[@]}" KJIT_CACHE_DIR="/tmp/ab-cache-v$1" \
+    timeout 90 ./bench/bench_gdn_prefill >"$2" 2>&1
+  echo "rc=$? (${variants[$1]})" >>"$2")
+}
+for i in "${!variants[@]}"; do run_variant "$i" "$OUT/bench-work-v$i.txt"; done
 pass2=()
 if [ "$SECONDS" -lt "${PREFILL_AB_BUDGET:-380}" ]; then
+  for ((i = ${#variants[@]} - 1; i >= 0; i--)); do
+    run_variant "$i" "$OUT/pass2-work-v$i.txt"
+    pass2+=("$OUT/pass2-work-v$i.txt")
+  done
   for build in /tmp/ab-build-work $(ls -dr /tmp/ab-build-[0-9][0-9]-* 2>/dev/null); do
     [ "$SECONDS" -lt $((${PREFILL_AB_BUDGET:-380} + 120)) ] || break
     name=$(basename "$build")
@@ -63,6 +81,7 @@ rows() {
   echo
 }
 echo "=== GPU: $gpu; ws forced: ${force:-no (planner)}"
+for i in "${!variants[@]}"; do echo "    work-v$i: ${variants[$i]}"; done
 for f in "$OUT"/bench-*.txt; do echo "-- pass 1 $(basename "$f" .txt): $(rows "$f")"; done
 for f in "${pass2[@]}"; do echo "-- pass 2 $(basename "$f" .txt): $(rows "$f")"; done
 if [ -f "$OUT/anchor.txt" ]; then
