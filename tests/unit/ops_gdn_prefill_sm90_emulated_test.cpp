@@ -636,6 +636,11 @@ TEST_CASE("gdn_prefill input_tensor_maps: the ws kernel's calls get q, k and v m
   CHECK(ops::prefill::input_tensor_maps(p, long_call, ws).count == 0);
   long_call.tokens = (std::int64_t{1} << 31) - 1;
   CHECK(ops::prefill::input_tensor_maps(p, long_call, ws).count == 3);
+  Problem short_call = pr;  // no whole chunk
+  short_call.tokens = 63;
+  CHECK(ops::prefill::input_tensor_maps(p, short_call, ws).count == 0);
+  short_call.tokens = 64;
+  CHECK(ops::prefill::input_tensor_maps(p, short_call, ws).count == 3);
 }
 
 TEST_CASE("gdn_prefill output_tensor_map: bf16 out of the ws kernel, in boxes of a state warp") {
@@ -678,6 +683,8 @@ TEST_CASE("gdn_prefill output_tensor_map: bf16 out of the ws kernel, in boxes of
   CHECK_FALSE(ops::prefill::output_tensor_map(p, other, ws).has_value());
   other = pr;
   other.tokens = std::int64_t{1} << 31;
+  CHECK_FALSE(ops::prefill::output_tensor_map(p, other, ws).has_value());
+  other.tokens = 63;
   CHECK_FALSE(ops::prefill::output_tensor_map(p, other, ws).has_value());
   Choice chunked = ws;
   chunked.path = Path::chunked;

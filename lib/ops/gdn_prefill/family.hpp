@@ -182,7 +182,8 @@ struct TensorMapSlot {
 /// T} (bf16), boxes of 64 columns x 1 head x 64 tokens with 128-byte swizzle (the stages'
 /// sw128 slices). None (count 0) on the other paths, or when a base address is not 16-byte
 /// aligned or a stride is no multiple of 16 bytes below 2^40, or T >= 2^31 (a box coordinate is
-/// an int): TMA cannot address those, and the kernel copies with cp.async.
+/// an int): TMA cannot address those, and the kernel copies with cp.async; nor for T < 64 (no
+/// whole chunk).
 struct InputTensorMaps {
   TensorMapSlot slots[3];
   int count = 0;

@@ -45,8 +45,9 @@ std::string Family::workspace_hint(std::size_t bytes) {
 
 InputTensorMaps input_tensor_maps(GdnPrefillParams& p, const Problem& pr, const Choice& choice) {
   InputTensorMaps maps;
+  // (Fewer tokens than a chunk: no whole chunk, nothing a box would carry.)
   if (choice.path != Path::warp_specialized || pr.qkv != DType::bf16 || pr.k != 128 ||
-      pr.v != 128 || pr.tokens >= (std::int64_t{1} << 31)) {
+      pr.v != 128 || pr.tokens < kGdnPrefillChunk || pr.tokens >= (std::int64_t{1} << 31)) {
     return maps;
   }
   constexpr std::int64_t kElement = 2;
@@ -89,7 +90,7 @@ InputTensorMaps input_tensor_maps(GdnPrefillParams& p, const Problem& pr, const 
 std::optional<TensorMapSlot> output_tensor_map(GdnPrefillParams& p, const Problem& pr,
                                                const Choice& choice) {
   if (choice.path != Path::warp_specialized || pr.out != DType::bf16 || pr.v != 128 ||
-      pr.tokens >= (std::int64_t{1} << 31)) {
+      pr.tokens < kGdnPrefillChunk || pr.tokens >= (std::int64_t{1} << 31)) {
     return std::nullopt;
   }
   constexpr std::int64_t kElement = 2;
