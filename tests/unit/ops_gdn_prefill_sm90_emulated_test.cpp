@@ -563,26 +563,31 @@ TEST_CASE("gdn_prefill context-parallel emulated: wgmma passes, checkpoints, bf1
                              gdn_prefill_detail::smem, sizeof(gdn_prefill_detail::smem)>}});
 }
 
-}  // namespace
-}  // namespace kjit
-
-namespace kjit {
-namespace {
+/// A problem and the choice of the warp-specialized kernel at K = V = 128, bf16 q/k/v and out,
+/// for the tensor-map rules.
+ops::prefill::Problem ws_map_problem(std::int64_t tokens) {
+  ops::prefill::Problem pr;
+  pr.tokens = tokens;
+  pr.seqs = 3;
+  pr.heads = 2;
+  pr.value_heads = 4;
+  pr.k = pr.v = 128;
+  pr.qkv = pr.out = DType::bf16;
+  return pr;
+}
+ops::prefill::Choice ws_choice() {
+  ops::prefill::Choice ws;
+  ws.path = ops::prefill::Path::warp_specialized;
+  return ws;
+}
 
 TEST_CASE("gdn_prefill input_tensor_maps: the ws kernel's calls get q, k and v maps TMA can take") {
   using ops::prefill::Choice;
   using ops::prefill::Path;
   using ops::prefill::Problem;
   alignas(64) static unsigned char buffer[4096];
-  Problem pr;
-  pr.tokens = 1000;
-  pr.seqs = 3;
-  pr.heads = 2;
-  pr.value_heads = 4;
-  pr.k = pr.v = 128;
-  pr.qkv = DType::bf16;
-  Choice ws;
-  ws.path = Path::warp_specialized;
+  const Problem pr = ws_map_problem(1000);
+  const Choice ws = ws_choice();
   const auto params = [&] {
     GdnPrefillParams p{};
     p.q = buffer;
@@ -648,15 +653,8 @@ TEST_CASE("gdn_prefill output_tensor_map: bf16 out of the ws kernel, in boxes of
   using ops::prefill::Path;
   using ops::prefill::Problem;
   alignas(64) static unsigned char buffer[4096];
-  Problem pr;
-  pr.tokens = 777;
-  pr.seqs = 2;
-  pr.heads = 2;
-  pr.value_heads = 4;
-  pr.k = pr.v = 128;
-  pr.out = DType::bf16;
-  Choice ws;
-  ws.path = Path::warp_specialized;
+  const Problem pr = ws_map_problem(777);
+  const Choice ws = ws_choice();
   GdnPrefillParams p{};
   p.out = buffer + 16;
   p.out_stride_t = 4 * 136;  // heads padded to 272 bytes
