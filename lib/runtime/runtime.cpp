@@ -10,6 +10,7 @@
 #include <array>
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <future>
@@ -477,6 +478,13 @@ int Runtime::device_of(Stream stream, int requested) {
 }
 
 bool Runtime::encode_tensor_map(const TensorMapRequest& request, void* map, std::string* why) {
+  // (The driver writes the map with 64-byte stores: a misaligned one is a caller's bug, not a
+  // request the driver refuses.)
+  if (map == nullptr || reinterpret_cast<std::uintptr_t>(map) % alignof(CUtensorMap) != 0) {
+    throw InvalidArgument(
+        fmt::format("encode_tensor_map: map {} is not a {}-byte aligned CUtensorMap of {} bytes",
+                    map, alignof(CUtensorMap), sizeof(CUtensorMap)));
+  }
   const driver::DriverApi& api = driver::driver_api(impl_->settings.cuda_driver_library);
   const auto refuse = [&](const std::string& text) {
     if (why != nullptr) *why = text;

@@ -491,7 +491,8 @@ KJIT_GDN_PREFILL_HD constexpr GdnPrefillWsSmem gdn_prefill_ws_smem(int k) {
 struct GdnPrefillParams {
   /// The warp-specialized kernel's TMA maps of q, k and v (boxes of 64 columns x 1 head x 64
   /// tokens, 128-byte swizzle: ops/gdn_prefill input_tensor_maps), encoded per call; read only
-  /// when tma_inputs != 0. First, so that their 64-byte alignment costs no padding.
+  /// when tma_inputs != 0. First, so that their 128-byte alignment (CUDA 13's CUtensorMap) costs no
+  /// padding.
   TensorMap q_map, k_map, v_map;
   /// Its map of bf16 out {V, HV, T} (boxes of 16 values x 1 head x 64 tokens, 32-byte swizzle: a
   /// state warp's part of a chunk, output_tensor_map); read only when tma_out != 0.

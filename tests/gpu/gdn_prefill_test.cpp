@@ -685,7 +685,7 @@ TEST_CASE(
   r.box[1] = 1;
   r.box[2] = 64;
   r.swizzle_bytes = 128;
-  alignas(64) TensorMap map{};
+  TensorMap map{};
   std::string why;
   CHECK(test::runtime().encode_tensor_map(r, &map, &why));
   CHECK(why.empty());

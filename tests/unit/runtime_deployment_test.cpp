@@ -316,6 +316,20 @@ TEST_CASE("settings: KJIT_TENSOR_MAPS picks the warp-specialized kernel's TMA co
   }
 }
 
+TEST_CASE("Runtime::encode_tensor_map refuses a null or misaligned map before the driver") {
+  Runtime runtime(Settings{});
+  TensorMapRequest request;
+  request.rank = 1;
+  request.dims[0] = 64;
+  request.box[0] = 64;
+  CHECK_THROWS_WITH_AS(runtime.encode_tensor_map(request, nullptr),
+                       doctest::Contains("128-byte aligned CUtensorMap of 128 bytes"),
+                       InvalidArgument);
+  alignas(128) unsigned char storage[256];
+  CHECK_THROWS_WITH_AS(runtime.encode_tensor_map(request, storage + 8),
+                       doctest::Contains("encode_tensor_map: map 0x"), InvalidArgument);
+}
+
 TEST_CASE("deployment: entries and bundles compiled twice from empty caches are the same bytes") {
   const LogLevelScope restore;
   CHECK(reproducible_log("ptxas info    : Used 8 registers\n"
