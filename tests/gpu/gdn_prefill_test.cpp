@@ -656,17 +656,6 @@ TEST_CASE("gdn_prefill chunked: P formed by the wgmma state kernel's two warpgro
   run_case(c);
 }
 
-/// A runtime whose gdn_prefill calls take the ws kernel's TMA loads and stores (KJIT_TENSOR_MAPS=1,
-/// off by default), over the suite's cache.
-Runtime& tma_runtime() {
-  static Runtime rt([] {
-    Settings settings = test::runtime().settings();
-    settings.tensor_map_loads = settings.tensor_map_stores = true;
-    return settings;
-  }());
-  return rt;
-}
-
 TEST_CASE(
     "gdn_prefill chunked_ws: Runtime::encode_tensor_map takes the kernel's maps, refuses bad "
     "ones") {
@@ -710,12 +699,17 @@ TEST_CASE(
 TEST_CASE("gdn_prefill chunked_ws: q, k, v and out through TMA tensor maps (KJIT_TENSOR_MAPS=1)") {
   if (!on_compute_capability_9_0("the warp-specialized kernel")) return;
   const std::string mode = "chunked_ws";
+  // A runtime of the suite's settings whose calls take the ws kernel's TMA loads and stores (off
+  // by default), destroyed with the case (as planner_test's).
+  Settings settings = test::runtime().settings();
+  settings.tensor_map_loads = settings.tensor_map_stores = true;
+  Runtime tma_runtime(settings);
   {
     Case c;  // lengths around the chunk and the stage ring: whole chunks by boxes, the rest not
     c.lengths = {65, 0, 130, 1, 1000, 63, 64, 2000, 192, 193};
     c.force_mode = mode;
     c.expect_mode = mode;
-    c.runtime = &tma_runtime();
+    c.runtime = &tma_runtime;
     run_case(c);
   }
   {
@@ -727,7 +721,7 @@ TEST_CASE("gdn_prefill chunked_ws: q, k, v and out through TMA tensor maps (KJIT
     c.separate_final = true;
     c.capture = true;
     c.force_mode = mode;
-    c.runtime = &tma_runtime();
+    c.runtime = &tma_runtime;
     run_case(c);
   }
   {
@@ -736,12 +730,12 @@ TEST_CASE("gdn_prefill chunked_ws: q, k, v and out through TMA tensor maps (KJIT
     c.k_major = true;
     c.out_head_pad = 2;
     c.force_mode = mode;
-    c.runtime = &tma_runtime();
+    c.runtime = &tma_runtime;
     run_case(c);
   }
   run_case([&] {  // f32 out (plain stores), checkpoints, precomputed gates
     Case c = checkpoint_case(mode);
-    c.runtime = &tma_runtime();
+    c.runtime = &tma_runtime;
     return c;
   }());
 }
