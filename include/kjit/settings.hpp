@@ -37,13 +37,12 @@ struct Settings {
   /// before it has finished (LaunchShape::overlaps_previous is cleared when a plan is resolved).
   /// For A/B timing and for tools that do not follow programmatic dependencies.
   bool disable_programmatic_launch = false;
-  /// KJIT_TENSOR_MAPS=loads|stores|1|0: which of gdn_prefill's warp-specialized kernel's copies
-  /// go through TMA tensor maps: q, k and v in (loads), out (stores), both (1), none (0, the
-  /// default: the TMA paths are tested on the CPU emulation but not yet timed on a GPU against
-  /// the cp.async copies and plain stores they would replace, docs/performance.md "TMA paths
-  /// prepared behind KJIT_TENSOR_MAPS").
-  bool tensor_map_loads = false;
-  bool tensor_map_stores = false;
+  /// KJIT_TENSOR_MAPS=1|loads|stores|0: which of gdn_prefill's warp-specialized kernel's copies
+  /// go through TMA tensor maps: both (1, the default), q, k and v in (loads), out (stores), or
+  /// none (0: its cp.async copies and plain stores, for A/B timing and debugging; measured slower,
+  /// docs/performance.md "TMA paths prepared behind KJIT_TENSOR_MAPS").
+  bool tensor_map_loads = true;
+  bool tensor_map_stores = true;
 
   /// Reads the KJIT_* variables (and CUDA_HOME, XDG_CACHE_HOME, HOME). Throws InvalidArgument
   /// naming the variable for a malformed value (e.g. KJIT_LOG=loud).

@@ -69,11 +69,13 @@ Settings Settings::from_env() {
   s.disable_programmatic_launch = env_flag("KJIT_DISABLE_PROGRAMMATIC_LAUNCH");
   if (const std::string maps = env("KJIT_TENSOR_MAPS"); maps == "loads") {
     s.tensor_map_loads = true;
+    s.tensor_map_stores = false;
   } else if (maps == "stores") {
+    s.tensor_map_loads = false;
     s.tensor_map_stores = true;
-  } else if (maps.empty() || maps == "0" || maps == "off" || maps == "none") {
+  } else if (maps == "0" || maps == "off" || maps == "none") {
     s.tensor_map_loads = s.tensor_map_stores = false;
-  } else if (maps == "1" || maps == "on" || maps == "all") {
+  } else if (maps.empty() || maps == "1" || maps == "on" || maps == "all") {
     s.tensor_map_loads = s.tensor_map_stores = true;
   } else {
     throw InvalidArgument(

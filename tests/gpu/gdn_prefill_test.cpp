@@ -696,32 +696,20 @@ TEST_CASE(
   CHECK(why.find("swizzle") != std::string::npos);
 }
 
-TEST_CASE("gdn_prefill chunked_ws: q, k, v and out through TMA tensor maps (KJIT_TENSOR_MAPS=1)") {
+TEST_CASE("gdn_prefill chunked_ws: cp.async copies and plain stores (KJIT_TENSOR_MAPS=0)") {
   if (!on_compute_capability_9_0("the warp-specialized kernel")) return;
   const std::string mode = "chunked_ws";
-  // A runtime of the suite's settings whose calls take the ws kernel's TMA loads and stores (off
-  // by default), destroyed with the case (as planner_test's).
+  // A runtime of the suite's settings whose calls take the ws kernel's paths without TMA tensor
+  // maps (the other cases take them: on by default), destroyed with the case (as planner_test's).
   Settings settings = test::runtime().settings();
-  settings.tensor_map_loads = settings.tensor_map_stores = true;
-  Runtime tma_runtime(settings);
+  settings.tensor_map_loads = settings.tensor_map_stores = false;
+  Runtime plain_runtime(settings);
   {
-    Case c;  // lengths around the chunk and the stage ring: whole chunks by boxes, the rest not
+    Case c;  // lengths around the chunk and the stage ring
     c.lengths = {65, 0, 130, 1, 1000, 63, 64, 2000, 192, 193};
     c.force_mode = mode;
     c.expect_mode = mode;
-    c.runtime = &tma_runtime;
-    run_case(c);
-  }
-  {
-    Case c;  // out heads padded to 272 bytes (a stride TMA takes), GVA, raw gates, graph replay
-    c.lengths = {129, 5, 640, 64};
-    c.heads = 1;
-    c.value_heads = 3;
-    c.out_head_pad = 8;
-    c.separate_final = true;
-    c.capture = true;
-    c.force_mode = mode;
-    c.runtime = &tma_runtime;
+    c.runtime = &plain_runtime;
     run_case(c);
   }
   {
@@ -730,12 +718,12 @@ TEST_CASE("gdn_prefill chunked_ws: q, k, v and out through TMA tensor maps (KJIT
     c.k_major = true;
     c.out_head_pad = 2;
     c.force_mode = mode;
-    c.runtime = &tma_runtime;
+    c.runtime = &plain_runtime;
     run_case(c);
   }
   run_case([&] {  // f32 out (plain stores), checkpoints, precomputed gates
     Case c = checkpoint_case(mode);
-    c.runtime = &tma_runtime;
+    c.runtime = &plain_runtime;
     return c;
   }());
 }
@@ -743,6 +731,17 @@ TEST_CASE("gdn_prefill chunked_ws: q, k, v and out through TMA tensor maps (KJIT
 TEST_CASE("gdn_prefill chunked_ws: the warp-specialized kernel (sm_90a), every option") {
   if (!on_compute_capability_9_0("the warp-specialized kernel")) return;
   const std::string mode = "chunked_ws";
+  {
+    Case c;  // TMA boxes into out heads padded to 272 bytes, GVA, maps encoded for a graph replay
+    c.lengths = {129, 5, 640, 64};
+    c.heads = 1;
+    c.value_heads = 3;
+    c.out_head_pad = 8;
+    c.separate_final = true;
+    c.capture = true;
+    c.force_mode = mode;
+    run_case(c);
+  }
   {
     Case c;  // lengths around the chunk and the stage ring (0, 1, 63 .. 2000), raw bf16 gates
     c.lengths = {65, 0, 130, 1, 1000, 63, 64, 2000, 192, 193};

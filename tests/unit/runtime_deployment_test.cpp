@@ -294,8 +294,10 @@ TEST_CASE("settings: KJIT_TENSOR_MAPS picks the warp-specialized kernel's TMA co
   const char* saved = std::getenv("KJIT_TENSOR_MAPS");
   const std::string saved_value = saved != nullptr ? saved : "";
   ::unsetenv("KJIT_TENSOR_MAPS");
-  CHECK_FALSE(Settings::from_env().tensor_map_loads);  // off until timed on a GPU
-  CHECK_FALSE(Settings::from_env().tensor_map_stores);
+  CHECK(Settings::from_env().tensor_map_loads);  // on by default (timed on the H100)
+  CHECK(Settings::from_env().tensor_map_stores);
+  CHECK(Settings{}.tensor_map_loads);
+  CHECK(Settings{}.tensor_map_stores);
   for (const auto& [text, loads, stores] :
        {std::tuple{"0", false, false}, std::tuple{"loads", true, false},
         std::tuple{"stores", false, true}, std::tuple{"1", true, true},

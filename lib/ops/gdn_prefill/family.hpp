@@ -166,7 +166,7 @@ struct Family {
                                  void* workspace);
   /// The warp-specialized kernel's TMA maps of q, k and v (input_tensor_maps) and of out
   /// (output_tensor_map), encoded into `params` by the runtime as Settings::tensor_map_loads and
-  /// tensor_map_stores ask (both off by default); params.tma_inputs and tma_out say they are
+  /// tensor_map_stores ask (both on by default); params.tma_inputs and tma_out say they are
   /// there. A map the driver refuses leaves the kernel on its cp.async copies or plain stores.
   static void attach_tensor_maps(GdnPrefillParams& params, const Problem& problem,
                                  const Choice& choice, Runtime& runtime);
