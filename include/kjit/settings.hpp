@@ -40,7 +40,7 @@ struct Settings {
   /// KJIT_TENSOR_MAPS=1|loads|stores|0: which of gdn_prefill's warp-specialized kernel's copies
   /// go through TMA tensor maps: both (1, the default), q, k and v in (loads), out (stores), or
   /// none (0: its cp.async copies and plain stores, for A/B timing and debugging; measured slower,
-  /// docs/performance.md "TMA paths prepared behind KJIT_TENSOR_MAPS").
+  /// docs/performance.md "TMA paths behind KJIT_TENSOR_MAPS, then on by default").
   bool tensor_map_loads = true;
   bool tensor_map_stores = true;
 
