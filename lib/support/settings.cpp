@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -18,12 +19,17 @@ std::string env(const char* name) {
   return value != nullptr ? std::string(value) : std::string();
 }
 
+/// A boolean's spellings: 1/0, true/false, on/off, yes/no; none for another text.
+std::optional<bool> parse_flag(const std::string& value) {
+  if (value == "0" || value == "false" || value == "off" || value == "no") return false;
+  if (value == "1" || value == "true" || value == "on" || value == "yes") return true;
+  return std::nullopt;
+}
+
 bool env_flag(const char* name) {
   const std::string value = env(name);
-  if (value.empty() || value == "0" || value == "false" || value == "off" || value == "no") {
-    return false;
-  }
-  if (value == "1" || value == "true" || value == "on" || value == "yes") return true;
+  if (value.empty()) return false;
+  if (const std::optional<bool> flag = parse_flag(value)) return *flag;
   throw InvalidArgument(
       fmt::format("{}={}: expected 0/1, true/false, on/off or yes/no", name, value));
 }
@@ -67,19 +73,22 @@ Settings Settings::from_env() {
   s.allow_compile_in_capture = env_flag("KJIT_ALLOW_COMPILE_IN_CAPTURE");
   s.debug_checks = env_flag("KJIT_DEBUG_CHECKS");
   s.disable_programmatic_launch = env_flag("KJIT_DISABLE_PROGRAMMATIC_LAUNCH");
-  if (const std::string maps = env("KJIT_TENSOR_MAPS"); maps == "loads") {
-    s.tensor_map_loads = true;
-    s.tensor_map_stores = false;
-  } else if (maps == "stores") {
-    s.tensor_map_loads = false;
-    s.tensor_map_stores = true;
-  } else if (maps == "0" || maps == "off" || maps == "none") {
-    s.tensor_map_loads = s.tensor_map_stores = false;
-  } else if (maps.empty() || maps == "1" || maps == "on" || maps == "all") {
-    s.tensor_map_loads = s.tensor_map_stores = true;
-  } else {
-    throw InvalidArgument(
-        fmt::format("KJIT_TENSOR_MAPS={}: expected 0 (none), loads, stores or 1 (both)", maps));
+  // Unset: the defaults (both); else loads, stores, all / none, or a boolean's spelling for both.
+  const std::string maps = env("KJIT_TENSOR_MAPS");
+  if (maps == "loads" || maps == "stores") {
+    s.tensor_map_loads = maps == "loads";
+    s.tensor_map_stores = maps == "stores";
+  } else if (!maps.empty()) {
+    const std::optional<bool> both = maps == "all"    ? true
+                                     : maps == "none" ? false
+                                                      : parse_flag(maps);
+    if (!both) {
+      throw InvalidArgument(fmt::format(
+          "KJIT_TENSOR_MAPS={}: expected 0 (none), loads, stores or 1 (both); also off/on, "
+          "false/true, no/yes, none/all",
+          maps));
+    }
+    s.tensor_map_loads = s.tensor_map_stores = *both;
   }
   return s;
 }

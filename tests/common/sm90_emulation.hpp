@@ -257,6 +257,18 @@ inline std::uint32_t box_alignment(const EmulatedTensorMap& m) {
   return m.swizzle_bytes == 0 ? 128u : 8u * std::uint32_t(m.swizzle_bytes);
 }
 
+/// Element (i0, i1, i2) of the map's tensor in global memory, or null outside the tensor.
+inline unsigned char* tensor_element(const EmulatedTensorMap& m, long long i0, long long i1,
+                                     long long i2) {
+  using i64 = long long;
+  if (i0 < 0 || i0 >= i64(m.dims[0]) || i1 < 0 || i1 >= i64(m.dims[1]) || i2 < 0 ||
+      i2 >= i64(m.dims[2])) {
+    return nullptr;
+  }
+  return static_cast<unsigned char*>(const_cast<void*>(m.base)) + i2 * i64(m.strides[1]) +
+         i1 * i64(m.strides[0]) + i0 * i64(m.element_bytes);
+}
+
 /// A warpgroup product issued and not yet retired: the thread's accumulators, its warp's A
 /// fragments (register A) or A's descriptor (shared A), B's descriptor.
 struct Product {
@@ -1192,6 +1204,26 @@ static inline void bulk_load(void* dst, const void* src, u32 bytes, u64* bar, u6
 
 namespace tma {
 static inline void prefetch_map(const TensorMap*) {}
+/// The map of a 3-dimensional box copy and the box's shared-memory offset, checked: a map of
+/// another rank, or a box not aligned as the map's swizzle needs, fails the block (`what` names
+/// the copy).
+static inline kjit_sm90_emulation::EmulatedTensorMap checked_box(const TensorMap* map,
+                                                                 const void* smem_box,
+                                                                 const char* what, u32* shared) {
+  namespace emu = kjit_sm90_emulation;
+  const emu::EmulatedTensorMap m = emu::decode_tensor_map(*map);
+  if (m.rank != 3)
+    emu::fail(std::string(what) + ": a 3-dimensional copy through a map of rank " +
+              std::to_string(m.rank));
+  const auto offset = reinterpret_cast<std::uintptr_t>(smem_box) -
+                      reinterpret_cast<std::uintptr_t>(emu::block->smem);
+  if (offset % emu::box_alignment(m) != 0) {
+    emu::fail(std::string(what) + ": the shared box is not aligned as the map's swizzle needs");
+  }
+  *shared = static_cast<u32>(offset);
+  (void)emu::shared_at(*shared, m.box[0] * m.box[1] * m.box[2] * m.element_bytes);
+  return m;
+}
 /// A box of a map the test encoded (kjit_sm90_emulation::encode_tensor_map): poisoned at once,
 /// landing (16-byte pieces, swizzled as the map says, zeros outside the tensor) and completing
 /// its bytes on `bar` at a random later step, as cp.async's arrivals do.
@@ -1199,41 +1231,34 @@ static inline void load_3d(void* dst, const TensorMap* map, int c0, int c1, int 
   namespace emu = kjit_sm90_emulation;
   const emu::Bookkeeping bookkeeping;
   (void)emu::mbarrier_of(bar, "TMA box");
-  const emu::EmulatedTensorMap m = emu::decode_tensor_map(*map);
-  if (m.rank != 3) emu::fail("TMA box: a 3-dimensional load through a map of another rank");
+  u32 shared = 0;
+  const emu::EmulatedTensorMap m = checked_box(map, dst, "TMA load", &shared);
   const u32 row_bytes = m.box[0] * m.element_bytes;
   if (row_bytes % 16 != 0 || (m.swizzle_bytes != 0 && row_bytes != u32(m.swizzle_bytes))) {
     emu::fail(
         "TMA box: rows the emulation does not lay out (a multiple of 16 bytes, and the "
         "swizzle's span when swizzled)");
   }
-  const auto shared =
-      reinterpret_cast<std::uintptr_t>(dst) - reinterpret_cast<std::uintptr_t>(emu::block->smem);
-  if (shared % emu::box_alignment(m) != 0) {
-    emu::fail("TMA box: the shared destination is not aligned as the map's swizzle needs");
-  }
   const u32 pieces = row_bytes / 16, rows = m.box[1] * m.box[2];
   const u32 bytes = rows * row_bytes;
   {
     const emu::KernelAccess access;
-    std::memset(emu::shared_at(static_cast<u32>(shared), bytes), 0xFF, bytes);  // until it lands
+    std::memset(emu::shared_at(shared, bytes), 0xFF, bytes);  // until it lands
   }
   emu::Fiber& f = *emu::block->current;
   emu::release(&f);
   emu::AsyncArrival event{{}, bar, &f, bytes};
-  const auto* base = static_cast<const unsigned char*>(m.base);
   for (u32 r = 0; r < rows; ++r) {
     using i64 = long long;
     const i64 i1 = c1 + i64(r % m.box[1]), i2 = c2 + i64(r / m.box[1]);
     for (u32 j = 0; j < pieces; ++j) {
+      // A 16-byte piece lands whole when its first and last elements are inside the tensor.
       const i64 i0 = c0 + i64(j * 16 / m.element_bytes);
-      const bool inside = i0 >= 0 && i0 + 16 / m.element_bytes <= i64(m.dims[0]) && i1 >= 0 &&
-                          i1 < i64(m.dims[1]) && i2 >= 0 && i2 < i64(m.dims[2]);
+      const unsigned char* from = emu::tensor_element(m, i0, i1, i2);
+      const bool inside =
+          from != nullptr && emu::tensor_element(m, i0 + 16 / m.element_bytes - 1, i1, i2);
       void* to = static_cast<unsigned char*>(dst) + emu::swizzled(r * row_bytes + j * 16, m);
-      const void* from =
-          inside ? base + i2 * i64(m.strides[1]) + i1 * i64(m.strides[0]) + i0 * m.element_bytes
-                 : m.base;
-      event.copies.push_back({to, from, inside});
+      event.copies.push_back({to, inside ? from : m.base, inside});
     }
   }
   emu::block->in_flight.push_back(std::move(event));
@@ -1244,14 +1269,8 @@ static inline void load_3d(void* dst, const TensorMap* map, int c0, int c1, int 
 static inline void store_3d(const TensorMap* map, int c0, int c1, int c2, const void* src) {
   namespace emu = kjit_sm90_emulation;
   const emu::Bookkeeping bookkeeping;
-  const emu::EmulatedTensorMap m = emu::decode_tensor_map(*map);
-  if (m.rank != 3) emu::fail("TMA store: a 3-dimensional store through a map of another rank");
-  const auto shared =
-      reinterpret_cast<std::uintptr_t>(src) - reinterpret_cast<std::uintptr_t>(emu::block->smem);
-  if (shared % emu::box_alignment(m) != 0) {
-    emu::fail("TMA store: the shared source is not aligned as the map's swizzle needs");
-  }
-  (void)emu::shared_at(static_cast<u32>(shared), m.box[0] * m.box[1] * m.box[2] * m.element_bytes);
+  u32 shared = 0;
+  const emu::EmulatedTensorMap m = checked_box(map, src, "TMA store", &shared);
   emu::block->current->open_stores.push_back(
       {m, {c0, c1, c2}, static_cast<const unsigned char*>(src)});
   emu::maybe_yield();
@@ -1271,20 +1290,17 @@ static inline void wait_group() {
   emu::Fiber& f = *emu::block->current;
   while (f.store_groups.size() > std::size_t(kPending)) {
     const emu::KernelAccess access;
-    using i64 = long long;
     for (const emu::BulkStore& st : f.store_groups.front()) {
       const emu::EmulatedTensorMap& m = st.map;
       const u32 row_bytes = m.box[0] * m.element_bytes;
-      auto* base = static_cast<unsigned char*>(const_cast<void*>(m.base));
       for (u32 r = 0; r < m.box[1] * m.box[2]; ++r) {
-        const i64 i1 = st.c[1] + r % m.box[1], i2 = st.c[2] + r / m.box[1];
-        if (i1 < 0 || i1 >= i64(m.dims[1]) || i2 < 0 || i2 >= i64(m.dims[2])) continue;
         for (u32 e = 0; e < m.box[0]; ++e) {
-          const i64 i0 = st.c[0] + e;
-          if (i0 < 0 || i0 >= i64(m.dims[0])) continue;
-          std::memcpy(base + i2 * i64(m.strides[1]) + i1 * i64(m.strides[0]) + i0 * m.element_bytes,
-                      st.src + emu::swizzled(r * row_bytes + e * m.element_bytes, m),
-                      m.element_bytes);
+          // (Elements outside the tensor are not written.)
+          if (unsigned char* to = emu::tensor_element(m, st.c[0] + e, st.c[1] + r % m.box[1],
+                                                      st.c[2] + r / m.box[1])) {
+            std::memcpy(to, st.src + emu::swizzled(r * row_bytes + e * m.element_bytes, m),
+                        m.element_bytes);
+          }
         }
       }
     }

@@ -43,80 +43,74 @@ std::string Family::workspace_hint(std::size_t bytes) {
       bytes);
 }
 
+namespace {
+
+/// Whether a call's kernel has whole chunks for TMA boxes: the warp-specialized kernel (K = V =
+/// 128), at least one chunk, and token coordinates that fit a box coordinate (an int).
+bool ws_boxes_possible(const Problem& pr, const Choice& choice) {
+  return choice.path == Path::warp_specialized && pr.k == 128 && pr.v == 128 &&
+         pr.tokens >= kGdnPrefillChunk && pr.tokens < (std::int64_t{1} << 31);
+}
+
+/// The map of a bf16 tensor {128, heads, T} (strides in elements) in boxes of `box_columns` x 1
+/// head x 64 tokens with `swizzle_bytes`, into `map`; none where TMA cannot address the tensor (a
+/// base not 16-byte aligned, a stride no multiple of 16 bytes or not below 2^40).
+std::optional<TensorMapSlot> bf16_box_map(TensorMap* map, const void* base, std::int64_t heads,
+                                          std::int64_t tokens, std::int64_t stride_t,
+                                          std::int64_t stride_h, std::uint32_t box_columns,
+                                          int swizzle_bytes) {
+  constexpr std::int64_t kElement = 2;
+  const auto fits = [](std::int64_t bytes) {
+    return bytes > 0 && bytes % 16 == 0 && bytes < (std::int64_t{1} << 40);
+  };
+  if (reinterpret_cast<std::uintptr_t>(base) % 16 != 0 || !fits(stride_t * kElement) ||
+      !fits(stride_h * kElement)) {
+    return std::nullopt;
+  }
+  TensorMapSlot slot;
+  slot.map = map;
+  TensorMapRequest& r = slot.request;
+  r.element = DType::bf16;
+  r.rank = 3;
+  r.base = base;
+  r.dims[0] = 128;
+  r.dims[1] = static_cast<std::uint64_t>(heads);
+  r.dims[2] = static_cast<std::uint64_t>(tokens);
+  r.strides[0] = static_cast<std::uint64_t>(stride_h * kElement);
+  r.strides[1] = static_cast<std::uint64_t>(stride_t * kElement);
+  r.box[0] = box_columns;
+  r.box[1] = 1;
+  r.box[2] = kGdnPrefillChunk;
+  r.swizzle_bytes = swizzle_bytes;
+  return slot;
+}
+
+}  // namespace
+
 InputTensorMaps input_tensor_maps(GdnPrefillParams& p, const Problem& pr, const Choice& choice) {
   InputTensorMaps maps;
-  // (Fewer tokens than a chunk: no whole chunk, nothing a box would carry.)
-  if (choice.path != Path::warp_specialized || pr.qkv != DType::bf16 || pr.k != 128 ||
-      pr.v != 128 || pr.tokens < kGdnPrefillChunk || pr.tokens >= (std::int64_t{1} << 31)) {
-    return maps;
-  }
-  constexpr std::int64_t kElement = 2;
-  const auto addressable = [](const void* base, std::int64_t stride_t, std::int64_t stride_h) {
-    const auto fits = [](std::int64_t bytes) {
-      return bytes > 0 && bytes % 16 == 0 && bytes < (std::int64_t{1} << 40);
-    };
-    return reinterpret_cast<std::uintptr_t>(base) % 16 == 0 && fits(stride_t * kElement) &&
-           fits(stride_h * kElement);
-  };
-  const auto add = [&](TensorMap* map, const void* base, std::int64_t heads, std::int64_t stride_t,
-                       std::int64_t stride_h) {
-    TensorMapSlot& slot = maps.slots[maps.count++];
-    slot.map = map;
-    TensorMapRequest& r = slot.request;
-    r.element = DType::bf16;
-    r.rank = 3;
-    r.base = base;
-    r.dims[0] = 128;
-    r.dims[1] = static_cast<std::uint64_t>(heads);
-    r.dims[2] = static_cast<std::uint64_t>(pr.tokens);
-    r.strides[0] = static_cast<std::uint64_t>(stride_h * kElement);
-    r.strides[1] = static_cast<std::uint64_t>(stride_t * kElement);
-    r.box[0] = 64;
-    r.box[1] = 1;
-    r.box[2] = kGdnPrefillChunk;
-    r.swizzle_bytes = 128;
-  };
-  if (!addressable(p.q, p.q_stride_t, p.q_stride_h) ||
-      !addressable(p.k, p.k_stride_t, p.k_stride_h) ||
-      !addressable(p.v, p.v_stride_t, p.v_stride_h)) {
-    return maps;
-  }
-  add(&p.q_map, p.q, pr.heads, p.q_stride_t, p.q_stride_h);
-  add(&p.k_map, p.k, pr.heads, p.k_stride_t, p.k_stride_h);
-  add(&p.v_map, p.v, pr.value_heads, p.v_stride_t, p.v_stride_h);
+  if (!ws_boxes_possible(pr, choice) || pr.qkv != DType::bf16) return maps;
+  // 64 columns with 128-byte swizzle: a box is one of the stages' sw128 slices.
+  const std::optional<TensorMapSlot> q =
+      bf16_box_map(&p.q_map, p.q, pr.heads, pr.tokens, p.q_stride_t, p.q_stride_h, 64, 128);
+  const std::optional<TensorMapSlot> k =
+      bf16_box_map(&p.k_map, p.k, pr.heads, pr.tokens, p.k_stride_t, p.k_stride_h, 64, 128);
+  const std::optional<TensorMapSlot> v =
+      bf16_box_map(&p.v_map, p.v, pr.value_heads, pr.tokens, p.v_stride_t, p.v_stride_h, 64, 128);
+  if (!q || !k || !v) return maps;  // all three or none: the kernel has one copy path
+  maps.slots[0] = *q;
+  maps.slots[1] = *k;
+  maps.slots[2] = *v;
+  maps.count = 3;
   return maps;
 }
 
 std::optional<TensorMapSlot> output_tensor_map(GdnPrefillParams& p, const Problem& pr,
                                                const Choice& choice) {
-  if (choice.path != Path::warp_specialized || pr.out != DType::bf16 || pr.v != 128 ||
-      pr.tokens < kGdnPrefillChunk || pr.tokens >= (std::int64_t{1} << 31)) {
-    return std::nullopt;
-  }
-  constexpr std::int64_t kElement = 2;
-  const auto fits = [](std::int64_t bytes) {
-    return bytes > 0 && bytes % 16 == 0 && bytes < (std::int64_t{1} << 40);
-  };
-  if (reinterpret_cast<std::uintptr_t>(p.out) % 16 != 0 || !fits(p.out_stride_t * kElement) ||
-      !fits(p.out_stride_h * kElement)) {
-    return std::nullopt;
-  }
-  TensorMapSlot slot;
-  slot.map = &p.out_map;
-  TensorMapRequest& r = slot.request;
-  r.element = DType::bf16;
-  r.rank = 3;
-  r.base = p.out;
-  r.dims[0] = 128;
-  r.dims[1] = static_cast<std::uint64_t>(pr.value_heads);
-  r.dims[2] = static_cast<std::uint64_t>(pr.tokens);
-  r.strides[0] = static_cast<std::uint64_t>(p.out_stride_h * kElement);
-  r.strides[1] = static_cast<std::uint64_t>(p.out_stride_t * kElement);
-  r.box[0] = 16;
-  r.box[1] = 1;
-  r.box[2] = kGdnPrefillChunk;
-  r.swizzle_bytes = 32;
-  return slot;
+  if (!ws_boxes_possible(pr, choice) || pr.out != DType::bf16) return std::nullopt;
+  // A state warp's 16 values (32-byte rows, 32-byte swizzle).
+  return bf16_box_map(&p.out_map, p.out, pr.value_heads, pr.tokens, p.out_stride_t, p.out_stride_h,
+                      16, 32);
 }
 
 void Family::attach_tensor_maps(GdnPrefillParams& p, const Problem& pr, const Choice& choice,
