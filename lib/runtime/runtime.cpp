@@ -477,6 +477,47 @@ int Runtime::device_of(Stream stream, int requested) {
   return device;
 }
 
+namespace {
+
+/// What cuTensorMapEncodeTiled would refuse in a request (its documented limits), named: checked
+/// here first so that a refusal names the field and its value, and so that the driver never sees
+/// a request it fails (compute-sanitizer counts each failed driver call as an error). Empty: none.
+std::string tensor_map_request_problem(const TensorMapRequest& r) {
+  if (r.rank < 1 || r.rank > 5) return fmt::format("rank {} (1 to 5)", r.rank);
+  if (r.swizzle_bytes != 0 && r.swizzle_bytes != 32 && r.swizzle_bytes != 64 &&
+      r.swizzle_bytes != 128) {
+    return fmt::format("swizzle of {} bytes (0, 32, 64 or 128)", r.swizzle_bytes);
+  }
+  const std::uint64_t element = size_of(r.element);
+  if (reinterpret_cast<std::uintptr_t>(r.base) % 16 != 0) {
+    return fmt::format("base {} is not 16-byte aligned", r.base);
+  }
+  for (int d = 0; d < r.rank; ++d) {
+    if (r.dims[d] == 0 || r.dims[d] > (std::uint64_t{1} << 32)) {
+      return fmt::format("dims[{}] = {} (1 to 2^32)", d, r.dims[d]);
+    }
+    if (r.box[d] == 0 || r.box[d] > 256) return fmt::format("box[{}] = {} (1 to 256)", d, r.box[d]);
+    if (d > 0 && (r.strides[d - 1] % 16 != 0 || r.strides[d - 1] >= (std::uint64_t{1} << 40))) {
+      return fmt::format("strides[{}] = {} bytes (a multiple of 16 below 2^40)", d - 1,
+                         r.strides[d - 1]);
+    }
+  }
+  const std::uint64_t row_bytes = r.box[0] * element;
+  if (row_bytes % 16 != 0) {
+    return fmt::format("box[0] = {} elements of {} bytes: {} bytes, not a multiple of 16", r.box[0],
+                       element, row_bytes);
+  }
+  if (r.swizzle_bytes != 0 && row_bytes > static_cast<std::uint64_t>(r.swizzle_bytes)) {
+    return fmt::format(
+        "box[0] = {} elements of {} bytes: {}-byte rows under a {}-byte swizzle "
+        "(at most the swizzle's span)",
+        r.box[0], element, row_bytes, r.swizzle_bytes);
+  }
+  return {};
+}
+
+}  // namespace
+
 bool Runtime::encode_tensor_map(const TensorMapRequest& request, void* map, std::string* why) {
   // (The driver writes the map with 64-byte stores: a misaligned one is a caller's bug, not a
   // request the driver refuses.)
@@ -485,12 +526,15 @@ bool Runtime::encode_tensor_map(const TensorMapRequest& request, void* map, std:
         fmt::format("encode_tensor_map: map {} is not a {}-byte aligned CUtensorMap of {} bytes",
                     map, alignof(CUtensorMap), sizeof(CUtensorMap)));
   }
-  const driver::DriverApi& api = driver::driver_api(impl_->settings.cuda_driver_library);
   const auto refuse = [&](const std::string& text) {
     if (why != nullptr) *why = text;
     std::memset(map, 0, sizeof(CUtensorMap));
     return false;
   };
+  if (std::string problem = tensor_map_request_problem(request); !problem.empty()) {
+    return refuse(std::move(problem));
+  }
+  const driver::DriverApi& api = driver::driver_api(impl_->settings.cuda_driver_library);
   CUtensorMapDataType type;
   switch (request.element) {
     case DType::bf16:
@@ -522,7 +566,6 @@ bool Runtime::encode_tensor_map(const TensorMapRequest& request, void* map, std:
     default:
       return refuse(fmt::format("swizzle of {} bytes", request.swizzle_bytes));
   }
-  if (request.rank < 1 || request.rank > 5) return refuse(fmt::format("rank {}", request.rank));
   const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
   const CUresult r = api.cuTensorMapEncodeTiled(
       static_cast<CUtensorMap*>(map), type, static_cast<cuuint32_t>(request.rank),

@@ -686,14 +686,17 @@ TEST_CASE(
   bad.base = static_cast<unsigned char*>(buffer.get()) + 8;  // not 16-byte aligned
   CHECK_FALSE(test::runtime().encode_tensor_map(bad, &map, &why));
   MESSAGE("refused: " << why);
-  CHECK(why.find("cuTensorMapEncodeTiled") != std::string::npos);
+  CHECK(why.find("not 16-byte aligned") != std::string::npos);
   bad = r;
   bad.box[0] = 128;  // 256-byte rows under a 128-byte swizzle
   CHECK_FALSE(test::runtime().encode_tensor_map(bad, &map, &why));
+  CHECK(why.find("128-byte swizzle") != std::string::npos);
   bad = r;
   bad.swizzle_bytes = 48;
   CHECK_FALSE(test::runtime().encode_tensor_map(bad, &map, &why));
   CHECK(why.find("swizzle") != std::string::npos);
+  // (kjit's own checks refuse these before the driver: compute-sanitizer's memcheck counts every
+  // failed driver call as an error, and the ws cases run under it.)
 }
 
 TEST_CASE("gdn_prefill chunked_ws: cp.async copies and plain stores (KJIT_TENSOR_MAPS=0)") {

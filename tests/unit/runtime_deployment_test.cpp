@@ -24,6 +24,7 @@
 #include "kjit/runtime.hpp"
 #include "stress/cache_test_support.hpp"
 #include "support/log.hpp"
+#include "templates/common/tensor_map.h"
 
 namespace kjit::cache {
 namespace {
@@ -330,6 +331,58 @@ TEST_CASE("Runtime::encode_tensor_map refuses a null or misaligned map before th
   alignas(128) unsigned char storage[256];
   CHECK_THROWS_WITH_AS(runtime.encode_tensor_map(request, storage + 8),
                        doctest::Contains("encode_tensor_map: map 0x"), InvalidArgument);
+}
+
+TEST_CASE("Runtime::encode_tensor_map names what TMA cannot take, before the driver") {
+  // (No GPU here: each refusal must come before the driver is loaded.)
+  Runtime runtime(Settings{});
+  alignas(16) static unsigned char tensor[1 << 12];
+  TensorMapRequest good;  // [T = 16, 128] bf16 in boxes of 64 columns x 16 rows, 128-byte swizzle
+  good.element = DType::bf16;
+  good.rank = 2;
+  good.base = tensor;
+  good.dims[0] = 128;
+  good.dims[1] = 16;
+  good.strides[0] = 256;
+  good.box[0] = 64;
+  good.box[1] = 16;
+  good.swizzle_bytes = 128;
+  TensorMap map{};
+  const auto refusal = [&](const TensorMapRequest& r) {
+    std::string why;
+    map.words[0] = ~0ull;
+    CHECK_FALSE(runtime.encode_tensor_map(r, &map, &why));
+    CHECK(map.words[0] == 0);  // a refused map is zeroed, never half written
+    return why;
+  };
+  TensorMapRequest r = good;
+  r.base = tensor + 8;
+  CHECK(refusal(r).find("base 0x") != std::string::npos);
+  CHECK(refusal(r).find("not 16-byte aligned") != std::string::npos);
+  r = good;
+  r.strides[0] = 264;
+  CHECK(refusal(r) == "strides[0] = 264 bytes (a multiple of 16 below 2^40)");
+  r = good;
+  r.box[0] = 128;
+  CHECK(refusal(r) ==
+        "box[0] = 128 elements of 2 bytes: 256-byte rows under a 128-byte swizzle (at most the "
+        "swizzle's span)");
+  r = good;
+  r.box[1] = 257;
+  CHECK(refusal(r) == "box[1] = 257 (1 to 256)");
+  r = good;
+  r.dims[1] = 0;
+  CHECK(refusal(r) == "dims[1] = 0 (1 to 2^32)");
+  r = good;
+  r.box[0] = 4;
+  r.swizzle_bytes = 0;
+  CHECK(refusal(r) == "box[0] = 4 elements of 2 bytes: 8 bytes, not a multiple of 16");
+  r = good;
+  r.rank = 6;
+  CHECK(refusal(r) == "rank 6 (1 to 5)");
+  r = good;
+  r.swizzle_bytes = 48;
+  CHECK(refusal(r) == "swizzle of 48 bytes (0, 32, 64 or 128)");
 }
 
 TEST_CASE("deployment: entries and bundles compiled twice from empty caches are the same bytes") {
