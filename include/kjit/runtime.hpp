@@ -169,9 +169,11 @@ class Runtime {
   /// Whether `stream` is capturing a graph.
   bool capturing(Stream stream);
   /// Encodes `request` into `map` (128 bytes, 128-byte aligned as CUDA 13's CUtensorMap) with the
-  /// driver's cuTensorMapEncodeTiled. False, with `why` saying why, when the driver refuses the
-  /// request (the caller then takes a path without the map); DriverError when no driver loads;
-  /// InvalidArgument for a null or misaligned `map`.
+  /// driver's cuTensorMapEncodeTiled. False, with `why` saying why (and `map` zeroed), for a
+  /// request outside TMA's documented limits (checked first, without the driver: base alignment,
+  /// dims, strides, box sizes, the swizzle and its span) or one the driver refuses; the caller then
+  /// takes a path without the map. DriverError when no driver loads; InvalidArgument for a null
+  /// or misaligned `map`.
   bool encode_tensor_map(const TensorMapRequest& request, void* map, std::string* why = nullptr);
   /// Waits for `stream`, then copies `bytes` from device address `device_ptr` to `host`.
   void copy_to_host(void* host, const void* device_ptr, std::size_t bytes, Stream stream);
