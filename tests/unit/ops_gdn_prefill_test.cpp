@@ -395,10 +395,11 @@ std::string error_of(const std::function<void()>& f) {
 // blocks).
 bool ws_rule(const Shapes& s, const DeviceLimits& device) {
   const std::int64_t sms = device.sm_count;
-  const std::int64_t max_per_sm = s.hv > s.h ? 30'000'000'000 : 40'000'000'000;
+  const std::int64_t per_sm = device.dram_bytes_per_second / sms;
+  const std::int64_t min_chunks_per_sm = per_sm < 30'000'000'000 ? 15 : 48;
   return device.arch.major == 9 && device.arch.minor == 0 && s.k == 128 && s.v == 128 &&
-         device.dram_bytes_per_second / sms < max_per_sm && 8 * s.n * s.hv >= 7 * sms &&
-         (s.t + 63) / 64 * s.hv >= 48 * sms && s.n <= 128;
+         per_sm < 40'000'000'000 && 8 * s.n * s.hv >= 7 * sms &&
+         (s.t + 63) / 64 * s.hv >= min_chunks_per_sm * sms && s.n <= 128;
 }
 
 TEST_CASE("gdn_prefill plans are legal for every shape, N = 4096 and T = 100k included") {
@@ -622,20 +623,38 @@ TEST_CASE("gdn_prefill planner: the warp-specialized kernel where DRAM is slow p
     CHECK(on_h200.launches.size() == 1);
     CHECK(said(on_h200, "36.4 GB/s of DRAM bandwidth per SM (< 40 with " + per_head + ")"));
   }
-  CHECK(said(plan_for({8192, 4, 16, 32, 128, 128}, h100),
+  // Short chains: 15 chunks per SM below 30 GB/s per SM (the H100, measured with the TMA paths:
+  // 16/32 8k in 4 sequences 1.13x), 48 on the H200 (not re-measured there).
+  CHECK(plan_for({8192, 4, 16, 32, 128, 128}, h100).mode == "chunked_ws");
+  CHECK(said(plan_for({8192, 4, 16, 32, 128, 128}, h100), "(>= 15 per SM)"));
+  CHECK(said(plan_for({8192, 4, 16, 32, 128, 128}, h200),
              "4096 chunks x value heads, fewer than 48 per SM"));
+  CHECK(said(plan_for({8192, 16, 16, 16, 128, 128}, h200),
+             "2048 chunks x value heads, fewer than 48 per SM"));
+  CHECK(plan_for({8192, 16, 16, 16, 128, 128}, h100).mode == "chunked_ws");  // 16 x 512
   CHECK(plan_for({8192, 4, 16, 16, 128, 128}, h100).mode == "chunked_bv64");
   CHECK(plan_for({32768, 4, 16, 16, 128, 128}, h100).mode == "chunked_bv64");
   CHECK(plan_for({32768, 1, 16, 16, 128, 128}, h100).launches.size() == 4);  // context-parallel
 
-  // The boundaries, on the H100: 116 pairs (8 x 116 >= 7 x 132) and 115; 6336 chunks x value
-  // heads (48 x 132; a partial chunk counts) and one chunk per head fewer; 128 sequences and 129.
+  // The boundaries: 116 pairs (8 x 116 >= 7 x 132) and 115; on the H200 6336 chunks x value
+  // heads (48 x 132; a partial chunk counts) and one chunk per head fewer, on the H100 1980 (15 x
+  // 132) and one fewer; 128 sequences and 129.
   const auto mode = [&](const Shapes& s, const DeviceLimits& d) { return plan_for(s, d).mode; };
   CHECK(mode({6336 * 64 / 58, 2, 2, 58, 128, 128}, h100) == "chunked_ws");  // 116 pairs
   CHECK(mode({6336 * 64 / 23 + 64, 5, 1, 23, 128, 128}, h100) == "chunked_bv128_wgmma");  // 115
-  CHECK(mode({6336 * 64 / 32, 4, 4, 32, 128, 128}, h100) == "chunked_ws");                // 6336
-  CHECK(mode({6336 * 64 / 32 - 64, 4, 4, 32, 128, 128}, h100) == "chunked_bv128_wgmma");  // 6304
-  CHECK(mode({6336 * 64 / 32 - 63, 4, 4, 32, 128, 128}, h100) == "chunked_ws");  // rounds up
+  CHECK(mode({6336 * 64 / 32, 4, 4, 32, 128, 128}, h200) == "chunked_ws");                // 6336
+  CHECK(mode({6336 * 64 / 32 - 64, 4, 4, 32, 128, 128}, h200) == "chunked_bv128_wgmma");  // 6304
+  CHECK(mode({6336 * 64 / 32 - 63, 4, 4, 32, 128, 128}, h200) == "chunked_ws");  // rounds up
+  CHECK(mode({55 * 64, 4, 4, 36, 128, 128}, h100) == "chunked_ws");              // 55 x 36 = 1980
+  CHECK(mode({54 * 64, 4, 4, 36, 128, 128}, h100) == "chunked_bv128_wgmma");     // 1944
+  CHECK(mode({54 * 64 + 1, 4, 4, 36, 128, 128}, h100) == "chunked_ws");          // rounds up
+  // The DRAM threshold of the chunk count: 30 GB/s per SM is the H200's side, a byte less the
+  // H100's.
+  DeviceLimits mid = h100;
+  mid.dram_bytes_per_second = 30'000'000'000LL * mid.sm_count;
+  CHECK(mode({55 * 64, 4, 4, 36, 128, 128}, mid) == "chunked_bv128_wgmma");
+  mid.dram_bytes_per_second -= mid.sm_count;
+  CHECK(mode({55 * 64, 4, 4, 36, 128, 128}, mid) == "chunked_ws");
   CHECK(mode({1 << 20, 128, 1, 1, 128, 128}, h100) == "chunked_ws");
   const Plan too_many = plan_for({1 << 20, 129, 1, 1, 128, 128}, h100);
   CHECK(too_many.mode == "chunked_bv128_wgmma");
@@ -668,7 +687,7 @@ TEST_CASE("gdn_prefill planner: the warp-specialized kernel where DRAM is slow p
     p.value_heads = 32;
     p.k = p.v = 128;
     p.bf16 = p.v16 = true;
-    return ops::prefill::Family::memo_problem(p, h100);
+    return ops::prefill::Family::memo_problem(p, h200);
   };
   const ops::prefill::Problem taken = key(6336 * 2), not_taken = key(6336 * 2 - 64),
                               taken_too = key(100000);

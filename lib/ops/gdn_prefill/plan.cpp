@@ -405,9 +405,15 @@ void prefer_wgmma(const Problem& pr, const DeviceLimits& device, Decision& choic
 // below keeps on the two kernels. So one threshold, 40 GB/s per SM, for every group size;
 // (sequence, value head) pairs filling at least 7/8 of the SMs, 48 or more chunks per SM in all,
 // and at most kGdnPrefillRankInStateMaxSeqs sequences (the blocks rank them longest first; the
-// measured calls all did).
+// measured calls all did). With the TMA paths (thirty-first session, H100, equal lengths) the
+// kernel was 1.21-1.49x faster than the two kernels at 15.5 and 31 chunks per SM (16/16 16 x 512
+// 90.4 against 121.2 us, 8 x 2048 139.3 against 207.1; 16/32 4 x 2048, 8 x 1024, 16 x 512
+// 1.21-1.26x; 8k in 4 uneven sequences at HV = 2H 1.13x): below 30 GB/s per SM the chunk count
+// asks 15 per SM; between 30 and 40 (the H200) it keeps 48 until measured there.
 constexpr std::int64_t kWsMaxBytesPerSmSecond = 40'000'000'000;
+constexpr std::int64_t kWsSlowDramBytesPerSmSecond = 30'000'000'000;
 constexpr std::int64_t kWsMinChunksPerSm = 48;
+constexpr std::int64_t kWsMinChunksPerSmSlowDram = 15;
 
 struct WsVerdict {
   bool pays = false;
@@ -429,7 +435,9 @@ WsVerdict ws_pays(const Problem& pr, const DeviceLimits& device, bool explain) {
       (pr.tokens + kGdnPrefillChunk - 1) / kGdnPrefillChunk * pr.value_heads;
   const bool fast_dram = per_sm >= kWsMaxBytesPerSmSecond;
   const bool few_pairs = 8 * pairs < 7 * sms;
-  const bool few_chunks = chunks < kWsMinChunksPerSm * sms;
+  const std::int64_t min_chunks_per_sm =
+      per_sm < kWsSlowDramBytesPerSmSecond ? kWsMinChunksPerSmSlowDram : kWsMinChunksPerSm;
+  const bool few_chunks = chunks < min_chunks_per_sm * sms;
   const bool unranked = pr.seqs > static_cast<std::int64_t>(kGdnPrefillRankInStateMaxSeqs);
   v.pays = !fast_dram && !few_pairs && !few_chunks && !unranked;
   if (!explain) return v;
@@ -445,7 +453,7 @@ WsVerdict ws_pays(const Problem& pr, const DeviceLimits& device, bool explain) {
         "{} (sequence, value head) pairs for {} SMs, {} chunks x value heads (>= {} per SM); "
         "measured 1.16-1.22x faster on the H100, and on the H200 1.01-1.03x (HV = H) and "
         "1.15-1.18x (HV = 2H) at such shapes",
-        gbps, kWsMaxBytesPerSmSecond / 1'000'000'000, group, pairs, sms, chunks, kWsMinChunksPerSm);
+        gbps, kWsMaxBytesPerSmSecond / 1'000'000'000, group, pairs, sms, chunks, min_chunks_per_sm);
   } else {
     v.why = fmt::format(
         "two kernels, not the warp-specialized one: {}",
@@ -458,7 +466,7 @@ WsVerdict ws_pays(const Problem& pr, const DeviceLimits& device, bool explain) {
         : few_chunks
             ? fmt::format("{} chunks x value heads, fewer than {} per SM (short chains: the two "
                           "kernels spread a chunk's work over more SMs)",
-                          chunks, kWsMinChunksPerSm)
+                          chunks, min_chunks_per_sm)
             : fmt::format("{} sequences, more than the {} its blocks rank longest first", pr.seqs,
                           kGdnPrefillRankInStateMaxSeqs));
   }
