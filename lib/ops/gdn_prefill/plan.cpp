@@ -487,9 +487,10 @@ void take_ws(Decision& choice) {
 std::string ws_layout_text() {
   return fmt::format(
       "per (sequence, value head) one block of {} threads, compiled for sm_90a; a chunk "
-      "warpgroup copies each chunk's q, k, v rows into {} shared-memory stages and computes T', "
-      "P and the scales there one chunk ahead; two state warpgroups carry the state on wgmma; no "
-      "workspace",
+      "warpgroup loads each chunk's q, k, v rows into {} shared-memory stages (TMA boxes where "
+      "the call's tensors take maps and KJIT_TENSOR_MAPS allows, cp.async copies otherwise) and "
+      "computes T', P and the scales there one chunk ahead; two state warpgroups carry the state "
+      "on wgmma and store bf16 out by TMA boxes likewise; no workspace",
       kGdnPrefillWsThreads, kGdnPrefillWsStages);
 }
 
