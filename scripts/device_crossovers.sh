@@ -10,7 +10,8 @@
 #   - gdn_prefill: bench_gdn_prefill with the planner's modes (and FlashInfer's SM90 kernel when
 #     KJIT_PREFILL_ANCHOR_LIB names its library), then with the warp-specialized kernel forced,
 #     then the main table with the two kernels forced (bv128_wgmma); the few-sequence table's
-#     "chunked" column is the two kernels forced too.
+#     "chunked" column is the two kernels forced too; then short chains (equal lengths around the
+#     chunk threshold) with each path forced.
 # Needs .deps carried (scripts/fetch_deps.sh). Knobs: KJIT_BUILD (default /tmp/kjit-build),
 # KJIT_PREFILL_ANCHOR_LIB, KJIT_CROSSOVER_MAIN_ONLY=1 (main prefill tables only, ~40 s less),
 # KJIT_CROSSOVER_PROFILE=1 (also a copy of the tree built with KJIT_GDN_WS_PROFILE 1: where each
@@ -55,6 +56,16 @@ elapsed gdn_prefill ws
 KJIT_PREFILL_BENCH_MAIN_ONLY=1 KJIT_PREFILL_BENCH_FORCE=chunked_bv128_wgmma KJIT_PREFILL_ANCHOR_LIB='' \
   timeout 100 ./bench/bench_gdn_prefill >"$out/prefill_two.txt" 2>&1
 elapsed gdn_prefill two kernels
+# Short chains (the rule's chunk threshold: 15 chunks x value heads per SM below 30 GB/s of DRAM
+# per SM, 48 above; docs/performance.md "Whole chunks by boxes only, ..."): equal lengths around
+# both thresholds, the kernel and the two kernels forced. KJIT_CROSSOVER_SHORT overrides the list.
+short=${KJIT_CROSSOVER_SHORT:-16/16/16x128,16/16/16x256,16/16/8x512,16/16/16x512,16/16/16x1024,16/16/8x2048,16/32/8x256,16/32/4x1024,16/32/16x512,16/32/4x2048,16/16/16x2048}
+for mode in chunked_ws chunked_bv128_wgmma; do
+  KJIT_PREFILL_BENCH_FEW_ONLY=1 KJIT_PREFILL_BENCH_FORCE=$mode KJIT_PREFILL_ANCHOR_LIB='' \
+    KJIT_PREFILL_BENCH_FEW_SHAPES=$short timeout 120 ./bench/bench_gdn_prefill \
+    >"$out/prefill_short_$mode.txt" 2>&1
+done
+elapsed gdn_prefill short chains
 
 if [ "${KJIT_CROSSOVER_PROFILE:-0}" = 1 ]; then
   # The measurement build (scripts/lib.sh); only the benchmark is built.
@@ -84,7 +95,8 @@ for line in open(sys.argv[1]):
         span = d["spec"].split("span=")[1].split(",")[0]
         print(f"  {d['tokens']:>7} planner span={span:>2} {d['us']:9.2f} copy {d['ratio_to_copy']:.3f}")
 PY
-for f in prefill_planner prefill_ws prefill_two; do
+for f in prefill_planner prefill_ws prefill_two prefill_short_chunked_ws \
+  prefill_short_chunked_bv128_wgmma; do
   echo "=== gdn_prefill, $f (GPU us; H, HV, T, seqs | ... )"
   grep -E '^ +16 +(16|32) +|FAILED|mismatch' "$out/$f.txt" | cut -c1-175
 done
