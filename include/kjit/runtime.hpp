@@ -75,6 +75,13 @@ struct TensorMapRequest {
   int swizzle_bytes = 0;
 };
 
+/// Why TMA cannot take `request`, by cuTensorMapEncodeTiled's documented limits (base 16-byte
+/// aligned, dims 1 .. 2^32, strides positive multiples of 16 below 2^40, boxes 1 .. 256 with rows
+/// of whole 16 bytes, a swizzle of 0, 32, 64 or 128 bytes no narrower than a box row), naming the
+/// field and its value; empty when it can. Runtime::encode_tensor_map refuses these before the
+/// driver; the op families ask it when they decide which calls get maps. Needs no driver.
+std::string tensor_map_refusal(const TensorMapRequest& request);
+
 /// Ties plan -> cache/compile -> load -> launch together. Thread-safe. One process normally
 /// uses Runtime::global(); tests make their own with explicit Settings.
 class Runtime {

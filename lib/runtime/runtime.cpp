@@ -477,12 +477,9 @@ int Runtime::device_of(Stream stream, int requested) {
   return device;
 }
 
-namespace {
-
-/// What cuTensorMapEncodeTiled would refuse in a request (its documented limits), named: checked
-/// here first so that a refusal names the field and its value, and so that the driver never sees
-/// a request it fails (compute-sanitizer counts each failed driver call as an error). Empty: none.
-std::string tensor_map_request_problem(const TensorMapRequest& r) {
+// Checked before the driver so that a refusal names the field and its value, and so that the driver
+// never sees a request it fails (compute-sanitizer counts each failed driver call as an error).
+std::string tensor_map_refusal(const TensorMapRequest& r) {
   if (r.rank < 1 || r.rank > 5) return fmt::format("rank {} (1 to 5)", r.rank);
   if (r.swizzle_bytes != 0 && r.swizzle_bytes != 32 && r.swizzle_bytes != 64 &&
       r.swizzle_bytes != 128) {
@@ -497,8 +494,9 @@ std::string tensor_map_request_problem(const TensorMapRequest& r) {
       return fmt::format("dims[{}] = {} (1 to 2^32)", d, r.dims[d]);
     }
     if (r.box[d] == 0 || r.box[d] > 256) return fmt::format("box[{}] = {} (1 to 256)", d, r.box[d]);
-    if (d > 0 && (r.strides[d - 1] % 16 != 0 || r.strides[d - 1] >= (std::uint64_t{1} << 40))) {
-      return fmt::format("strides[{}] = {} bytes (a multiple of 16 below 2^40)", d - 1,
+    if (d > 0 && (r.strides[d - 1] == 0 || r.strides[d - 1] % 16 != 0 ||
+                  r.strides[d - 1] >= (std::uint64_t{1} << 40))) {
+      return fmt::format("strides[{}] = {} bytes (a positive multiple of 16 below 2^40)", d - 1,
                          r.strides[d - 1]);
     }
   }
@@ -516,8 +514,6 @@ std::string tensor_map_request_problem(const TensorMapRequest& r) {
   return {};
 }
 
-}  // namespace
-
 bool Runtime::encode_tensor_map(const TensorMapRequest& request, void* map, std::string* why) {
   // (The driver writes the map with 64-byte stores: a misaligned one is a caller's bug, not a
   // request the driver refuses.)
@@ -531,7 +527,7 @@ bool Runtime::encode_tensor_map(const TensorMapRequest& request, void* map, std:
     std::memset(map, 0, sizeof(CUtensorMap));
     return false;
   };
-  if (std::string problem = tensor_map_request_problem(request); !problem.empty()) {
+  if (std::string problem = tensor_map_refusal(request); !problem.empty()) {
     return refuse(std::move(problem));
   }
   const driver::DriverApi& api = driver::driver_api(impl_->settings.cuda_driver_library);

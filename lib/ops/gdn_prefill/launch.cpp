@@ -53,20 +53,13 @@ bool ws_boxes_possible(const Problem& pr, const Choice& choice) {
 }
 
 /// The map of a bf16 tensor {128, heads, T} (strides in elements) in boxes of `box_columns` x 1
-/// head x 64 tokens with `swizzle_bytes`, into `map`; none where TMA cannot address the tensor (a
-/// base not 16-byte aligned, a stride no multiple of 16 bytes or not below 2^40).
+/// head x 64 tokens with `swizzle_bytes`, into `map`; none where TMA cannot address the tensor
+/// (tensor_map_refusal: e.g. a base not 16-byte aligned, a stride of no whole 16 bytes).
 std::optional<TensorMapSlot> bf16_box_map(TensorMap* map, const void* base, std::int64_t heads,
                                           std::int64_t tokens, std::int64_t stride_t,
                                           std::int64_t stride_h, std::uint32_t box_columns,
                                           int swizzle_bytes) {
   constexpr std::int64_t kElement = 2;
-  const auto fits = [](std::int64_t bytes) {
-    return bytes > 0 && bytes % 16 == 0 && bytes < (std::int64_t{1} << 40);
-  };
-  if (reinterpret_cast<std::uintptr_t>(base) % 16 != 0 || !fits(stride_t * kElement) ||
-      !fits(stride_h * kElement)) {
-    return std::nullopt;
-  }
   TensorMapSlot slot;
   slot.map = map;
   TensorMapRequest& r = slot.request;
@@ -76,12 +69,14 @@ std::optional<TensorMapSlot> bf16_box_map(TensorMap* map, const void* base, std:
   r.dims[0] = 128;
   r.dims[1] = static_cast<std::uint64_t>(heads);
   r.dims[2] = static_cast<std::uint64_t>(tokens);
+  // (A negative stride wraps to past 2^40, which the check refuses.)
   r.strides[0] = static_cast<std::uint64_t>(stride_h * kElement);
   r.strides[1] = static_cast<std::uint64_t>(stride_t * kElement);
   r.box[0] = box_columns;
   r.box[1] = 1;
   r.box[2] = kGdnPrefillChunk;
   r.swizzle_bytes = swizzle_bytes;
+  if (!tensor_map_refusal(r).empty()) return std::nullopt;
   return slot;
 }
 
